@@ -1,0 +1,204 @@
+package bloom_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"testing"
+
+	"github.com/cacheguard/cacheguard/bloom"
+	"github.com/cacheguard/cacheguard/internal/redistest"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+func seq(prefix string, n int) iter.Seq2[string, error] {
+	return func(yield func(string, error) bool) {
+		for i := range n {
+			if !yield(fmt.Sprintf("%s%d", prefix, i), nil) {
+				return
+			}
+		}
+	}
+}
+
+func ids(prefix string, from, to int) []string {
+	out := make([]string, 0, to-from)
+	for i := from; i < to; i++ {
+		out = append(out, fmt.Sprintf("%s%d", prefix, i))
+	}
+	return out
+}
+
+func TestSize(t *testing.T) {
+	m, k := bloom.Size(1_000_000, 0.01)
+	if m != 9_585_059 || k != 7 {
+		t.Fatalf("Size(1e6, 1%%) = %d bits, %d hashes; want 9585059, 7", m, k)
+	}
+}
+
+// measureFP rebuilds a filter of n items at 1% and measures its false-
+// positive rate over n absent items. Every present item must test positive.
+func measureFP(t *testing.T, opts *bloom.Options) (rate float64, f *bloom.Filter) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	f, err := bloom.Open(ctx, c, c.Prefix+":bf", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := int(opts.ExpectedItems)
+	if _, err := f.Rebuild(ctx, seq("id-", n), nil); err != nil {
+		t.Fatal(err)
+	}
+	const batch = 5000
+	for from := 0; from < n; from += batch {
+		got, err := f.TestMany(ctx, ids("id-", from, min(from+batch, n)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, ok := range got {
+			if !ok {
+				t.Fatalf("false negative for id-%d", from+i)
+			}
+		}
+	}
+	fp := 0
+	for from := 0; from < n; from += batch {
+		got, err := f.TestMany(ctx, ids("absent-", from, min(from+batch, n)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ok := range got {
+			if ok {
+				fp++
+			}
+		}
+	}
+	return float64(fp) / float64(n), f
+}
+
+func TestFalsePositiveRate(t *testing.T) {
+	rate, f := measureFP(t, &bloom.Options{ExpectedItems: 100_000, FalsePositiveRate: 0.01})
+	t.Logf("n=100000 p=1%%: measured %.3f%% (config %+v)", rate*100, f.Config())
+	if rate < 0.005 || rate > 0.015 {
+		t.Fatalf("false-positive rate %.3f%% outside [0.5%%, 1.5%%]", rate*100)
+	}
+}
+
+func TestShardedFalsePositiveRate(t *testing.T) {
+	rate, f := measureFP(t, &bloom.Options{ExpectedItems: 100_000, FalsePositiveRate: 0.01, MaxShardBytes: 16 << 10})
+	cfg := f.Config()
+	t.Logf("sharded: %d shards, measured %.3f%%", cfg.Shards, rate*100)
+	if cfg.Shards < 4 {
+		t.Fatalf("want >= 4 shards, got %+v", cfg)
+	}
+	if rate < 0.005 || rate > 0.015 {
+		t.Fatalf("false-positive rate %.3f%% outside [0.5%%, 1.5%%]", rate*100)
+	}
+}
+
+func TestOneCommandPerCall(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	f, err := bloom.Open(ctx, c, c.Prefix+":bf", &bloom.Options{ExpectedItems: 10_000, MaxShardBytes: 1 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Config().Shards < 2 {
+		t.Fatalf("want several shards: %+v", f.Config())
+	}
+	if _, err := f.Rebuild(ctx, seq("", 0), nil); err != nil {
+		t.Fatal(err)
+	}
+	c.Counter.Reset()
+	if err := f.Add(ctx, "x"); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := f.Test(ctx, "x"); err != nil || !ok {
+		t.Fatalf("Test(x) = %v, %v", ok, err)
+	}
+	names := c.Counter.Names()
+	if c.Counter.Commands() != 2 || names["bitfield"] != 1 || names["bitfield_ro"] != 1 {
+		t.Fatalf("Add+Test sent %v, want one BITFIELD and one BITFIELD_RO", names)
+	}
+}
+
+func TestNotReadyUntilRebuiltAndAfterLoss(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	key := c.Prefix + ":bf"
+	f, err := bloom.Open(ctx, c, key, &bloom.Options{ExpectedItems: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Test(ctx, "a"); !errors.Is(err, bloom.ErrNotReady) {
+		t.Fatalf("fresh filter: err = %v, want ErrNotReady", err)
+	}
+	if err := f.Add(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.TestMany(ctx, []string{"a", "b"}); !errors.Is(err, bloom.ErrNotReady) {
+		t.Fatalf("Add alone must not make a filter ready: %v", err)
+	}
+	if _, err := f.Rebuild(ctx, seq("k", 10), nil); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := f.Test(ctx, "k3"); err != nil || !ok {
+		t.Fatalf("after rebuild Test(k3) = %v, %v", ok, err)
+	}
+	if ok, err := f.Test(ctx, "absent"); err != nil || ok {
+		t.Fatalf("after rebuild Test(absent) = %v, %v", ok, err)
+	}
+	// Redis loses the bitmap (eviction, FLUSHDB): never a wrong "absent".
+	if err := c.Del(ctx, key+":1:0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Test(ctx, "k3"); !errors.Is(err, bloom.ErrNotReady) {
+		t.Fatalf("lost bitmap: err = %v, want ErrNotReady", err)
+	}
+}
+
+func TestMismatchAndInvalid(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	key := c.Prefix + ":bf"
+	if _, err := bloom.Open(ctx, c, key, &bloom.Options{ExpectedItems: 1000}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bloom.Open(ctx, c, key, &bloom.Options{ExpectedItems: 1000}); err != nil {
+		t.Fatalf("same sizing must reopen: %v", err)
+	}
+	if _, err := bloom.Open(ctx, c, key, &bloom.Options{ExpectedItems: 2000}); !errors.Is(err, bloom.ErrMismatch) {
+		t.Fatalf("other sizing: err = %v, want ErrMismatch", err)
+	}
+	for _, o := range []*bloom.Options{{FalsePositiveRate: 1.5}, {FalsePositiveRate: -1}, {MaxShardBytes: 1 << 40}} {
+		if _, err := bloom.Open(ctx, c, key+"x", o); !errors.Is(err, bloom.ErrInvalid) {
+			t.Fatalf("%+v: err = %v, want ErrInvalid", o, err)
+		}
+	}
+	if _, err := bloom.Open(ctx, c, "a{b}", nil); !errors.Is(err, bloom.ErrInvalid) {
+		t.Fatalf("braced key: err = %v, want ErrInvalid", err)
+	}
+}
+
+func TestRebuildSourceError(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	f, err := bloom.Open(ctx, c, c.Prefix+":bf", &bloom.Options{ExpectedItems: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	boom := errors.New("db gone")
+	src := func(yield func(string, error) bool) {
+		if yield("a", nil) {
+			yield("", boom)
+		}
+	}
+	if _, err := f.Rebuild(ctx, src, nil); !errors.Is(err, boom) {
+		t.Fatalf("err = %v, want source error", err)
+	}
+	if _, err := f.Test(ctx, "a"); !errors.Is(err, bloom.ErrNotReady) {
+		t.Fatalf("a failed rebuild must not make the filter ready: %v", err)
+	}
+}

@@ -139,7 +139,10 @@ func FuzzDecode(f *testing.F) {
 			func() error { var v product; return codec.Decode(codec.Msgpack, frame, &v) },
 			func() error { var v []string; return codec.Decode(codec.Msgpack, frame, &v) },
 			func() error { var v map[string]any; return codec.Decode(codec.Msgpack, frame, &v) },
-			func() error { var v any; return codec.Decode(codec.JSON, append([]byte{codec.KindValue, codec.JSON.ID()}, payload...), &v) },
+			func() error {
+				var v any
+				return codec.Decode(codec.JSON, append([]byte{codec.KindValue, codec.JSON.ID()}, payload...), &v)
+			},
 		}
 		for i, decode := range targets {
 			var err error

@@ -146,4 +146,3 @@ func (c *Counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 		return next(ctx, cmds)
 	}
 }
-

@@ -5,18 +5,13 @@ import (
 	"fmt"
 
 	"github.com/cacheguard/cacheguard/bloom"
-	"github.com/cacheguard/cacheguard/internal/redisserver"
+	"github.com/cacheguard/cacheguard/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
 
 func Example() {
 	ctx := context.Background()
-	srv, err := redisserver.Start(ctx, nil) // any redis.UniversalClient will do
-	if err != nil {
-		panic(err)
-	}
-	defer srv.Stop()
-	rdb := redis.NewClient(srv.Options())
+	rdb := redis.NewClient(redistest.Options()) // in your app: &redis.Options{Addr: "localhost:6379"}
 	defer rdb.Close()
 
 	f, err := bloom.Open(ctx, rdb, "example:users:bf", &bloom.Options{

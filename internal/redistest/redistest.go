@@ -20,6 +20,7 @@ import (
 	"testing"
 
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
 
 	"github.com/cacheguard/cacheguard/internal/redisserver"
 )
@@ -42,8 +43,28 @@ func run(m *testing.M) int {
 		return 2
 	}
 	server = s
-	defer s.Stop()
-	return m.Run()
+	code := m.Run()
+	if err := s.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, "redistest:", err)
+		return 2
+	}
+	// Every test closes what it opened: no goroutine may outlive the tests.
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "redistest: goroutines left behind:", err)
+			return 3
+		}
+	}
+	return code
+}
+
+// Options returns go-redis options that dial the running server, for examples
+// that build their own client (in an application: &redis.Options{Addr: ...}).
+func Options() *redis.Options {
+	if server == nil {
+		panic("redistest: no redis-server; call redistest.Main from TestMain")
+	}
+	return server.Options()
 }
 
 // Server returns the running server; it fails the test if Main did not start one.

@@ -1,0 +1,32 @@
+# make test : what CI runs (.ci/run): installs redis-server if missing, then
+#             gofmt check, go vet and go test -race over every package.
+# make demo : runs the demo against a redis-server it starts itself.
+# make bench: the benchmarks, with allocations.
+GO ?= go
+PKGS := ./...
+
+.PHONY: test demo bench deps fmt-check vet fuzz
+
+deps:
+	@./scripts/ensure-deps.sh
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+vet:
+	$(GO) vet $(PKGS)
+
+test: deps fmt-check vet
+	$(GO) test -race -count=1 -timeout 15m $(PKGS)
+
+demo: deps
+	$(GO) run ./examples/quickstart
+
+bench: deps
+	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+
+# Longer fuzzing than the seeds every `go test` runs.
+fuzz:
+	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 60s ./codec
+	$(GO) test -run '^$$' -fuzz FuzzKeyEncoding -fuzztime 60s ./guard

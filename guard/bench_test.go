@@ -1,0 +1,161 @@
+package guard_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/cacheguard/cacheguard/guard"
+	"github.com/cacheguard/cacheguard/internal/redistest"
+)
+
+// The Get benchmarks run against the harness's redis-server on a unix socket.
+// Compare each with BenchmarkRawGet: the ratio is the guard's overhead on top
+// of the round trip every cache-aside read pays anyway.
+
+func benchGuard(b *testing.B, known int) (*redistest.Conn, *guard.Guard, *db) {
+	b.Helper()
+	c := redistest.Connect(b)
+	g, err := guard.New(context.Background(), c, "product", &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 100_000})
+	if err != nil {
+		b.Fatal(err)
+	}
+	d := newDB(known)
+	if _, err := g.Rebuild(context.Background(), ids("p", known), nil); err != nil {
+		b.Fatal(err)
+	}
+	return c, g, d
+}
+
+func BenchmarkGet(b *testing.B) {
+	ctx := context.Background()
+	b.Run("hit", func(b *testing.B) {
+		_, g, d := benchGuard(b, 1000)
+		for i := range 1000 {
+			if _, err := guard.Get(ctx, g, fmt.Sprintf("p%d", i), d.load); err != nil {
+				b.Fatal(err)
+			}
+		}
+		keys := make([]string, 1000)
+		for i := range keys {
+			keys[i] = fmt.Sprintf("p%d", i)
+		}
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			if _, err := guard.Get(ctx, g, keys[i%1000], d.load); err != nil {
+				b.Fatal(err)
+			}
+			i++
+		}
+	})
+	b.Run("reject", func(b *testing.B) {
+		_, g, d := benchGuard(b, 1000)
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			if _, err := guard.Get(ctx, g, fmt.Sprintf("u%d", i%100_000), d.load); err == nil {
+				b.Fatal("unknown ID found")
+			}
+			i++
+		}
+	})
+	b.Run("miss", func(b *testing.B) {
+		c, g, d := benchGuard(b, 1000)
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			b.StopTimer()
+			id := fmt.Sprintf("p%d", i%1000)
+			c.Del(ctx, c.Prefix+":product:{"+id+"}")
+			b.StartTimer()
+			if _, err := guard.Get(ctx, g, id, d.load); err != nil {
+				b.Fatal(err)
+			}
+			i++
+		}
+	})
+	b.Run("hit-parallel", func(b *testing.B) {
+		_, g, d := benchGuard(b, 1000)
+		for i := range 1000 {
+			if _, err := guard.Get(ctx, g, fmt.Sprintf("p%d", i), d.load); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			i := 0
+			for pb.Next() {
+				if _, err := guard.Get(ctx, g, fmt.Sprintf("p%d", i%1000), d.load); err != nil {
+					b.Error(err)
+					return
+				}
+				i++
+			}
+		})
+	})
+}
+
+// BenchmarkRawGet is the floor: a plain go-redis GET of the same bytes, with
+// and without decoding them.
+func BenchmarkRawGet(b *testing.B) {
+	ctx := context.Background()
+	c := redistest.Connect(b)
+	rdb := redis.NewClient(&redis.Options{Network: c.Options().Network, Addr: c.Options().Addr})
+	defer rdb.Close()
+	payload, _ := msgpack.Marshal(product{ID: "p1", Name: "product p1", Price: 1})
+	for i := range 1000 {
+		rdb.Set(ctx, fmt.Sprintf("%s:%d", c.Prefix, i), payload, 0)
+	}
+	keys := make([]string, 1000)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("%s:%d", c.Prefix, i)
+	}
+	b.Run("bytes", func(b *testing.B) {
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			if err := rdb.Get(ctx, keys[i%1000]).Err(); err != nil {
+				b.Fatal(err)
+			}
+			i++
+		}
+	})
+	b.Run("decode", func(b *testing.B) {
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			raw, err := rdb.Get(ctx, keys[i%1000]).Bytes()
+			if err != nil {
+				b.Fatal(err)
+			}
+			var p product
+			if err := msgpack.Unmarshal(raw, &p); err != nil {
+				b.Fatal(err)
+			}
+			i++
+		}
+	})
+	b.Run("decode-parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			i := 0
+			for pb.Next() {
+				raw, err := rdb.Get(ctx, fmt.Sprintf("%s:%d", c.Prefix, i%1000)).Bytes()
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				var p product
+				if err := msgpack.Unmarshal(raw, &p); err != nil {
+					b.Error(err)
+					return
+				}
+				i++
+			}
+		})
+	})
+}

@@ -1,0 +1,542 @@
+package guard_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"iter"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/guard"
+	"github.com/cacheguard/cacheguard/internal/redisserver"
+	"github.com/cacheguard/cacheguard/internal/redistest"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+type product struct {
+	ID    string
+	Name  string
+	Price int
+}
+
+func ids(prefix string, n int) iter.Seq2[string, error] {
+	return func(yield func(string, error) bool) {
+		for i := range n {
+			if !yield(fmt.Sprintf("%s%d", prefix, i), nil) {
+				return
+			}
+		}
+	}
+}
+
+// db is a source of truth with a call counter.
+type db struct {
+	mu    sync.Mutex
+	rows  map[string]product
+	calls atomic.Int64
+	delay time.Duration
+}
+
+func newDB(n int) *db {
+	d := &db{rows: map[string]product{}}
+	for i := range n {
+		id := fmt.Sprintf("p%d", i)
+		d.rows[id] = product{ID: id, Name: "product " + id, Price: i}
+	}
+	return d
+}
+
+func (d *db) load(ctx context.Context, id string) (product, error) {
+	d.calls.Add(1)
+	if d.delay > 0 {
+		select {
+		case <-time.After(d.delay):
+		case <-ctx.Done():
+			return product{}, ctx.Err()
+		}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	p, ok := d.rows[id]
+	if !ok {
+		return product{}, fmt.Errorf("product %s: %w (%w)", id, guard.ErrNotFound, sql.ErrNoRows)
+	}
+	return p, nil
+}
+
+func (d *db) set(p product) {
+	d.mu.Lock()
+	d.rows[p.ID] = p
+	d.mu.Unlock()
+}
+
+// setup opens a Guard on a fresh prefix, rebuilt from the first n rows of d.
+func setup(t *testing.T, n int, opts *guard.Options) (*redistest.Conn, *guard.Guard, *db) {
+	t.Helper()
+	c := redistest.Connect(t)
+	var o guard.Options
+	if opts != nil {
+		o = *opts
+	}
+	o.KeyPrefix = c.Prefix
+	if o.ExpectedItems == 0 {
+		o.ExpectedItems = 10_000
+	}
+	g, err := guard.New(context.Background(), c, "product", &o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := newDB(n)
+	if _, err := g.Rebuild(context.Background(), ids("p", n), nil); err != nil {
+		t.Fatal(err)
+	}
+	c.Counter.Reset()
+	return c, g, d
+}
+
+func TestRoundTrips(t *testing.T) {
+	ctx := context.Background()
+	c, g, d := setup(t, 100, nil)
+	if err := g.Add(ctx, "ghost"); err != nil { // in the filter, not in the DB
+		t.Fatal(err)
+	}
+
+	// Miss: the read round trip, then the write.
+	c.Counter.Reset()
+	p, err := guard.Get(ctx, g, "p7", d.load)
+	if err != nil || p.Name != "product p7" {
+		t.Fatalf("miss: %+v, %v", p, err)
+	}
+	t.Logf("miss: %d round trips, commands %v", c.Counter.RoundTrips(), c.Counter.Names())
+
+	check := func(what, id string, wantErr error, trips int64) {
+		t.Helper()
+		c.Counter.Reset()
+		calls := d.calls.Load()
+		_, err := guard.Get(ctx, g, id, d.load)
+		if !errors.Is(err, wantErr) && !(wantErr == nil && err == nil) {
+			t.Fatalf("%s: err = %v, want %v", what, err, wantErr)
+		}
+		if got := c.Counter.RoundTrips(); got != trips {
+			t.Fatalf("%s: %d round trips (%v), want %d", what, got, c.Counter.Names(), trips)
+		}
+		if d.calls.Load() != calls {
+			t.Fatalf("%s: loader called", what)
+		}
+	}
+	check("hit", "p7", nil, 1)
+	check("bloom reject", "nope", guard.ErrNotFound, 1)
+	if _, err := guard.Get(ctx, g, "ghost", d.load); !errors.Is(err, guard.ErrNotFound) {
+		t.Fatalf("ghost: %v", err)
+	}
+	check("empty marker", "ghost", guard.ErrNotFound, 1)
+	check("bad key", "", guard.ErrInvalidKey, 0)
+	check("bad key", strings.Repeat("x", 129), guard.ErrInvalidKey, 0)
+	check("bad key", "a\x00b", guard.ErrInvalidKey, 0)
+
+	st := g.Stats()
+	if st.Hits != 1 || st.BloomRejects != 1 || st.EmptyHits != 1 || st.Misses != 2 || st.Loads != 2 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestPenetration: 10,000 distinct unknown IDs against a filter holding
+// 10,000 known IDs at p = 1%: only false positives reach the loader, and none
+// of them a second time (empty markers).
+func TestPenetration(t *testing.T) {
+	ctx := context.Background()
+	_, g, d := setup(t, 10_000, &guard.Options{ExpectedItems: 10_000, FalsePositiveRate: 0.01})
+	round := func() int64 {
+		before := d.calls.Load()
+		for i := range 10_000 {
+			_, err := guard.Get(ctx, g, fmt.Sprintf("unknown-%d", i), d.load)
+			if !errors.Is(err, guard.ErrNotFound) {
+				t.Fatalf("unknown-%d: %v", i, err)
+			}
+		}
+		return d.calls.Load() - before
+	}
+	first := round()
+	second := round()
+	t.Logf("loader calls for 10,000 unknown IDs: first pass %d (%.2f%%), second pass %d; stats %+v",
+		first, float64(first)/100, second, g.Stats())
+	if first > 200 {
+		t.Fatalf("first pass: %d loader calls, want <= 2%% (200)", first)
+	}
+	if second != 0 {
+		t.Fatalf("second pass: %d loader calls, want 0", second)
+	}
+	if st := g.Stats(); st.BloomRejects+st.EmptyHits+st.Misses != 20_000 {
+		t.Fatalf("stats do not add up: %+v", st)
+	}
+}
+
+func TestStampedeOneProcess(t *testing.T) {
+	ctx := context.Background()
+	c, g, d := setup(t, 10, nil)
+	d.delay = 50 * time.Millisecond
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	errs := make(chan error, 100)
+	for range 100 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			p, err := guard.Get(ctx, g, "p3", d.load)
+			if err == nil && p.Price != 3 {
+				err = fmt.Errorf("wrong value %+v", p)
+			}
+			if err != nil {
+				errs <- err
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if n := d.calls.Load(); n != 1 {
+		t.Fatalf("loader called %d times, want 1", n)
+	}
+	st := g.Stats()
+	t.Logf("100 callers: %d round trips, stats %+v", c.Counter.RoundTrips(), st)
+	if st.Misses+st.Hits != 100 || st.Loads != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestHitCoalescing: concurrent callers of a cached key share one read.
+func TestHitCoalescing(t *testing.T) {
+	ctx := context.Background()
+	c, g, d := setup(t, 10, nil)
+	if _, err := guard.Get(ctx, g, "p1", d.load); err != nil {
+		t.Fatal(err)
+	}
+	// Hold the connection pool's only reader busy so the callers pile up.
+	c.Counter.Reset()
+	var wg sync.WaitGroup
+	results := make([]product, 200)
+	for i := range results {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p, err := guard.Get(ctx, g, "p1", d.load)
+			if err != nil {
+				t.Error(err)
+			}
+			results[i] = p
+		}()
+	}
+	wg.Wait()
+	for _, p := range results {
+		if p.Price != 1 {
+			t.Fatalf("wrong value %+v", p)
+		}
+	}
+	// Each caller has its own copy (no shared T across callers).
+	results[0].Name = "changed"
+	if results[1].Name == "changed" {
+		t.Fatal("callers share one value")
+	}
+	trips := c.Counter.RoundTrips()
+	t.Logf("200 concurrent hits: %d round trips, %d coalesced", trips, g.Stats().Coalesced)
+	if trips+int64(g.Stats().Coalesced) != 200 {
+		t.Fatalf("round trips %d + coalesced %d != 200", trips, g.Stats().Coalesced)
+	}
+}
+
+func TestTTLJitter(t *testing.T) {
+	ctx := context.Background()
+	const ttl = 100 * time.Second
+	c, g, d := setup(t, 1000, &guard.Options{TTL: ttl})
+	var wg sync.WaitGroup
+	for i := range 1000 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := guard.Get(ctx, g, fmt.Sprintf("p%d", i), d.load); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	lo, hi := time.Duration(1<<62), time.Duration(0)
+	for i := range 1000 {
+		keys, err := c.Keys(ctx, c.Prefix+":product:{p"+fmt.Sprint(i)+"}").Result()
+		if err != nil || len(keys) != 1 {
+			t.Fatalf("key of p%d: %v %v", i, keys, err)
+		}
+		pttl := c.PTTL(ctx, keys[0]).Val()
+		lo, hi = min(lo, pttl), max(hi, pttl)
+	}
+	t.Logf("TTLs of 1,000 keys loaded at once (TTL %v, jitter ±10%%): min %v, max %v", ttl, lo, hi)
+	if lo < 89*time.Second || hi > 110*time.Second {
+		t.Fatalf("TTL outside the ±10%% window: [%v, %v]", lo, hi)
+	}
+	if hi-lo < 15*time.Second {
+		t.Fatalf("TTLs not spread over the window: [%v, %v]", lo, hi)
+	}
+}
+
+func TestEmptyMarkerTTLAndLoaderErrors(t *testing.T) {
+	ctx := context.Background()
+	c, g, _ := setup(t, 0, &guard.Options{EmptyTTL: 30 * time.Second})
+	if err := g.Add(ctx, "gone", "flaky"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := guard.Get(ctx, g, "gone", func(context.Context, string) (product, error) {
+		return product{}, fmt.Errorf("wrapped: %w", guard.ErrNotFound)
+	})
+	if !errors.Is(err, guard.ErrNotFound) {
+		t.Fatalf("err = %v", err)
+	}
+	if pttl := c.PTTL(ctx, c.Prefix+":product:{gone}").Val(); pttl <= 0 || pttl > 33*time.Second {
+		t.Fatalf("marker PTTL %v, want within EmptyTTL 30s ±10%%", pttl)
+	}
+
+	boom := errors.New("db down")
+	_, err = guard.Get(ctx, g, "flaky", func(context.Context, string) (product, error) { return product{}, boom })
+	if !errors.Is(err, boom) || errors.Is(err, guard.ErrNotFound) {
+		t.Fatalf("err = %v, want the loader's error and not ErrNotFound", err)
+	}
+	if n := c.Exists(ctx, c.Prefix+":product:{flaky}").Val(); n != 0 {
+		t.Fatal("a failed load left something in the cache")
+	}
+	if st := g.Stats(); st.LoadErrors != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestCorruptValueIsDroppedAndReloaded(t *testing.T) {
+	ctx := context.Background()
+	c, g, d := setup(t, 10, nil)
+	key := c.Prefix + ":product:{p2}"
+	for _, junk := range [][]byte{
+		{0x01, 0x01, 0xdd, 0xff, 0xff, 0xff, 0xff}, // msgpack OOM bomb
+		[]byte("plain text"),
+		{0x01, 0x02, '{', '}'},                      // another codec's frame
+		{0x01, 0x01, 0xa5, 'h', 'e', 'l', 'l', 'o'}, // a string where a struct is expected
+	} {
+		if err := c.Set(ctx, key, junk, time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+		p, err := guard.Get(ctx, g, "p2", d.load)
+		if err != nil || p.Price != 2 {
+			t.Fatalf("junk % x: got %+v, %v", junk, p, err)
+		}
+		p, err = guard.Get(ctx, g, "p2", d.load) // now a good entry
+		if err != nil || p.Price != 2 {
+			t.Fatalf("after reload: %+v, %v", p, err)
+		}
+	}
+	if st := g.Stats(); st.CorruptValues != 4 || st.Loads != 4 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestKeysAreInjective: IDs built to collide with other keys each get their
+// own entry, and never read or overwrite another's.
+func TestKeysAreInjective(t *testing.T) {
+	ctx := context.Background()
+	seeds := []string{"42", "42:lock", "42}:lock", "x}", "{a}", "{42}", "%7B42%7D", "%", "%25", "{", "}", "bf:meta", "a b", "ünï", strings.Repeat("z", 128)}
+	c, g, _ := setup(t, 0, nil)
+	if err := g.Add(ctx, seeds...); err != nil {
+		t.Fatal(err)
+	}
+	echo := func(_ context.Context, id string) (string, error) { return "value of " + id, nil }
+	for pass := range 2 {
+		for _, id := range seeds {
+			v, err := guard.Get(ctx, g, id, echo)
+			if err != nil || v != "value of "+id {
+				t.Fatalf("pass %d, %q: got %q, %v", pass, id, v, err)
+			}
+		}
+	}
+	keys := c.Keys(ctx, c.Prefix+":product:{*").Val()
+	if len(keys) != len(seeds) {
+		t.Fatalf("%d value keys for %d IDs: %q", len(keys), len(seeds), keys)
+	}
+	for _, bad := range []string{"", "a\x00", "\n", "\x7f", strings.Repeat("y", 129), strings.Repeat("y", 10_000)} {
+		if err := g.Add(ctx, bad); !errors.Is(err, guard.ErrInvalidKey) {
+			t.Fatalf("Add(%q): %v", bad, err)
+		}
+		if err := g.Invalidate(ctx, bad); !errors.Is(err, guard.ErrInvalidKey) {
+			t.Fatalf("Invalidate(%q): %v", bad, err)
+		}
+	}
+}
+
+func TestInvalidate(t *testing.T) {
+	ctx := context.Background()
+	_, g, d := setup(t, 10, nil)
+	if p, _ := guard.Get(ctx, g, "p5", d.load); p.Price != 5 {
+		t.Fatalf("got %+v", p)
+	}
+	d.set(product{ID: "p5", Name: "new", Price: 50})
+	if p, _ := guard.Get(ctx, g, "p5", d.load); p.Price != 5 {
+		t.Fatalf("before Invalidate the cached value stays: %+v", p)
+	}
+	if err := g.Invalidate(ctx, "p5", "p6"); err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := guard.Get(ctx, g, "p5", d.load); p.Price != 50 {
+		t.Fatalf("after Invalidate: %+v", p)
+	}
+}
+
+func TestLoaderPanic(t *testing.T) {
+	ctx := context.Background()
+	_, g, _ := setup(t, 10, nil)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	var got atomic.Int32
+	for range 50 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := guard.Get(ctx, g, "p1", func(context.Context, string) (product, error) {
+				<-start
+				panic("loader bug")
+			})
+			if errors.Is(err, guard.ErrLoaderPanic) {
+				got.Add(1)
+			}
+		}()
+	}
+	time.Sleep(50 * time.Millisecond)
+	close(start)
+	wg.Wait()
+	if got.Load() != 50 {
+		t.Fatalf("%d of 50 callers got ErrLoaderPanic", got.Load())
+	}
+}
+
+func TestContextDeadlineHonoured(t *testing.T) {
+	_, g, d := setup(t, 10, nil)
+	d.delay = 300 * time.Millisecond
+	short, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	patient := make(chan error, 1)
+	go func() {
+		p, err := guard.Get(context.Background(), g, "p4", d.load)
+		if err == nil && p.Price != 4 {
+			err = fmt.Errorf("wrong value %+v", p)
+		}
+		patient <- err
+	}()
+	if _, err := guard.Get(short, g, "p4", d.load); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v, want DeadlineExceeded", err)
+	}
+	if err := <-patient; err != nil {
+		t.Fatalf("the patient caller failed: %v", err)
+	}
+	if d.calls.Load() != 1 {
+		t.Fatalf("%d loads", d.calls.Load())
+	}
+}
+
+// TestFailOpenUntilRebuilt: a filter that was never rebuilt (or that Redis
+// lost) must not reject existing IDs.
+func TestFailOpenUntilRebuilt(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	g, err := guard.New(ctx, c, "product", &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := newDB(10)
+	if p, err := guard.Get(ctx, g, "p1", d.load); err != nil || p.Price != 1 {
+		t.Fatalf("before Rebuild: %+v, %v", p, err)
+	}
+	if st := g.Stats(); st.BloomBypasses != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+	if _, err := g.Rebuild(ctx, ids("p", 10), nil); err != nil {
+		t.Fatal(err)
+	}
+	calls := d.calls.Load()
+	if _, err := guard.Get(ctx, g, "unknown", d.load); !errors.Is(err, guard.ErrNotFound) || d.calls.Load() != calls {
+		t.Fatalf("after Rebuild an unknown ID must be rejected without a load: %v", err)
+	}
+	// Redis loses everything: existing IDs are still served.
+	if err := c.FlushDB(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := guard.Get(ctx, g, "p2", d.load); err != nil || p.Price != 2 {
+		t.Fatalf("after FLUSHDB: %+v, %v", p, err)
+	}
+}
+
+// TestRedisDownIsNotNotFound: when Redis goes away, Get reports a Redis error,
+// never ErrNotFound, and does not call the loader.
+func TestRedisDownIsNotNotFound(t *testing.T) {
+	ctx := context.Background()
+	srv, err := redisserver.Start(ctx, nil) // a server of its own, to kill
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop()
+	rdb := redis.NewClient(&redis.Options{Network: srv.Network, Addr: srv.Addr, MaxRetries: -1})
+	defer rdb.Close()
+	g, err := guard.New(ctx, rdb, "product", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := newDB(10)
+	if _, err := g.Rebuild(ctx, ids("p", 10), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"p1", "unknown"} {
+		_, err := guard.Get(ctx, g, id, d.load)
+		if err == nil || errors.Is(err, guard.ErrNotFound) {
+			t.Fatalf("%s with Redis down: err = %v, want a Redis error", id, err)
+		}
+	}
+	if d.calls.Load() != 0 {
+		t.Fatalf("loader called %d times with Redis down", d.calls.Load())
+	}
+	if st := g.Stats(); st.RedisErrors != 2 {
+		t.Fatalf("stats %+v", st)
+	}
+	if _, err := guard.New(ctx, rdb, "other", nil); err == nil {
+		t.Fatal("New on an unreachable Redis succeeded")
+	}
+}
+
+func TestOptionsValidation(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	bad := []struct {
+		name string
+		o    *guard.Options
+	}{
+		{"a:b", nil}, {"", nil}, {"x{y}", nil},
+		{"ok", &guard.Options{KeyPrefix: "a{b"}},
+		{"ok", &guard.Options{Jitter: 1.5}},
+		{"ok", &guard.Options{TTL: -time.Second}},
+		{"ok", &guard.Options{FalsePositiveRate: 2}},
+		{"ok", &guard.Options{MaxKeyLen: -1}},
+	}
+	for _, b := range bad {
+		if _, err := guard.New(ctx, c, b.name, b.o); !errors.Is(err, guard.ErrInvalidOptions) {
+			t.Errorf("New(%q, %+v): err = %v, want ErrInvalidOptions", b.name, b.o, err)
+		}
+	}
+	if _, err := guard.Get[int](ctx, nil, "x", nil); err == nil {
+		t.Fatal("nil Guard accepted")
+	}
+}

@@ -1,0 +1,53 @@
+package guard
+
+import "sync/atomic"
+
+// Stats are a Guard's counters since New. The first group counts Get calls by
+// how they ended (each caller once, even when callers shared a flight); the
+// second counts operations.
+type Stats struct {
+	Hits         uint64 // answered from a cached value
+	EmptyHits    uint64 // answered ErrNotFound from a cached empty marker
+	BloomRejects uint64 // answered ErrNotFound by the bloom filter
+	Misses       uint64 // answered by a load (value or not found)
+	Coalesced    uint64 // calls that joined another caller's flight
+
+	Loads         uint64 // load calls
+	LoadErrors    uint64 // load calls that failed (other than ErrNotFound)
+	RedisErrors   uint64 // failed Redis reads and writes
+	CorruptValues uint64 // cached entries that did not decode and were dropped
+	BloomBypasses uint64 // probes that found the filter not ready (failed open)
+}
+
+// counters is the live form of Stats; every field is updated atomically.
+type counters struct {
+	hits, empty, rejects, misses, coalesced           atomic.Uint64
+	loads, loadErrors, redisErrors, corrupt, bypasses atomic.Uint64
+}
+
+func (c *counters) count(o outcome, coalesced bool) {
+	switch o {
+	case outHit:
+		c.hits.Add(1)
+	case outEmpty:
+		c.empty.Add(1)
+	case outRejected:
+		c.rejects.Add(1)
+	case outLoaded:
+		c.misses.Add(1)
+	}
+	if coalesced {
+		c.coalesced.Add(1)
+	}
+}
+
+// Stats returns a snapshot of the Guard's counters.
+func (g *Guard) Stats() Stats {
+	c := &g.stats
+	return Stats{
+		Hits: c.hits.Load(), EmptyHits: c.empty.Load(), BloomRejects: c.rejects.Load(),
+		Misses: c.misses.Load(), Coalesced: c.coalesced.Load(),
+		Loads: c.loads.Load(), LoadErrors: c.loadErrors.Load(), RedisErrors: c.redisErrors.Load(),
+		CorruptValues: c.corrupt.Load(), BloomBypasses: c.bypasses.Load(),
+	}
+}

@@ -1,0 +1,135 @@
+package loader_test
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/cacheguard/cacheguard/loader"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestOneFlightManyCallers(t *testing.T) {
+	var g loader.Group[int]
+	var calls atomic.Int32
+	release := make(chan struct{})
+	var wg sync.WaitGroup
+	results := make([]int, 100)
+	for i := range results {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			v, _, err := g.Do(ctx, "k", func(context.Context) (int, error) {
+				calls.Add(1)
+				<-release
+				return 7, nil
+			})
+			if err != nil {
+				t.Error(err)
+			}
+			results[i] = v
+		}()
+	}
+	for calls.Load() == 0 {
+		runtime.Gosched()
+	}
+	time.Sleep(20 * time.Millisecond) // let the rest join the flight
+	close(release)
+	wg.Wait()
+	if calls.Load() != 1 {
+		t.Fatalf("fn ran %d times, want 1", calls.Load())
+	}
+	for i, v := range results {
+		if v != 7 {
+			t.Fatalf("caller %d got %d", i, v)
+		}
+	}
+}
+
+func TestPanicBecomesErrorForEveryCaller(t *testing.T) {
+	var g loader.Group[int]
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	var errs atomic.Int32
+	for range 50 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			_, _, err := g.Do(ctx, "k", func(context.Context) (int, error) {
+				<-start
+				panic("boom")
+			})
+			if errors.Is(err, loader.ErrPanic) {
+				errs.Add(1)
+			}
+		}()
+	}
+	time.Sleep(20 * time.Millisecond)
+	close(start)
+	wg.Wait()
+	if errs.Load() != 50 {
+		t.Fatalf("%d of 50 callers got ErrPanic", errs.Load())
+	}
+	// Uncancellable ctx takes the other path; same outcome.
+	if _, _, err := g.Do(context.Background(), "k2", func(context.Context) (int, error) { panic("x") }); !errors.Is(err, loader.ErrPanic) {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestCallerLeavesOnItsOwnCtxFlightContinues(t *testing.T) {
+	g := loader.Group[string]{Timeout: 5 * time.Second}
+	release := make(chan struct{})
+	var sawCancel atomic.Bool
+	fn := func(ctx context.Context) (string, error) {
+		select {
+		case <-release:
+			return "v", nil
+		case <-ctx.Done():
+			sawCancel.Store(true)
+			return "", ctx.Err()
+		}
+	}
+	short, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	patient := make(chan string)
+	go func() {
+		time.Sleep(5 * time.Millisecond)
+		v, _, err := g.Do(context.Background(), "k", fn)
+		if err != nil {
+			t.Error(err)
+		}
+		patient <- v
+	}()
+	if _, _, err := g.Do(short, "k", fn); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("impatient caller: err = %v, want DeadlineExceeded", err)
+	}
+	close(release)
+	if v := <-patient; v != "v" {
+		t.Fatalf("patient caller got %q", v)
+	}
+	if sawCancel.Load() {
+		t.Fatal("the first caller's deadline reached the flight")
+	}
+}
+
+func TestTimeoutBoundsFlight(t *testing.T) {
+	g := loader.Group[int]{Timeout: 20 * time.Millisecond}
+	_, _, err := g.Do(context.Background(), "k", func(ctx context.Context) (int, error) {
+		<-ctx.Done()
+		return 0, ctx.Err()
+	})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v", err)
+	}
+}

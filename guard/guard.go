@@ -70,10 +70,11 @@ type Options struct {
 	// Jitter spreads TTLs uniformly over ±Jitter·TTL. Default 0.10 (±10%);
 	// a negative value disables jitter; at most 0.9.
 	Jitter float64
-	// ExpectedItems sizes the bloom filter. Default 1,000,000.
+	// ExpectedItems sizes the bloom filter. Default 1,000,000 (see
+	// bloom.Options).
 	ExpectedItems uint64
-	// FalsePositiveRate is the filter's target rate at ExpectedItems.
-	// Default 0.01.
+	// FalsePositiveRate is the filter's target rate at ExpectedItems, in
+	// (0, 0.5]. Default 0.01.
 	FalsePositiveRate float64
 	// MaxKeyLen caps an ID's length in bytes. Default 128.
 	MaxKeyLen int
@@ -125,6 +126,9 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 	g.bloom, err = bloom.Open(ctx, rdb, g.keys.prefix+"bf", &bloom.Options{
 		ExpectedItems: o.ExpectedItems, FalsePositiveRate: o.FalsePositiveRate,
 	})
+	if errors.Is(err, bloom.ErrInvalid) {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("cacheguard: %s: %w", name, err)
 	}
@@ -161,15 +165,6 @@ func resolve(opts *Options) (Options, error) {
 		o.Jitter = 0
 	case o.Jitter > 0.9:
 		return bad("Jitter %v above 0.9", o.Jitter)
-	}
-	if o.ExpectedItems == 0 {
-		o.ExpectedItems = 1_000_000
-	}
-	if o.FalsePositiveRate == 0 {
-		o.FalsePositiveRate = 0.01
-	}
-	if !(o.FalsePositiveRate > 0 && o.FalsePositiveRate <= 0.5) {
-		return bad("FalsePositiveRate %v not in (0, 0.5]", o.FalsePositiveRate)
 	}
 	if o.MaxKeyLen == 0 {
 		o.MaxKeyLen = 128

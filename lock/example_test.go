@@ -1,0 +1,39 @@
+package lock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/internal/redistest"
+	"github.com/cacheguard/cacheguard/lock"
+)
+
+func Example() {
+	ctx := context.Background()
+	rdb := redis.NewClient(redistest.Options()) // in your app: &redis.Options{Addr: "localhost:6379"}
+	defer rdb.Close()
+	locks := lock.New(rdb)
+
+	// The hash tag keeps the lock and its fence key in one cluster slot.
+	l, err := locks.Obtain(ctx, "example:{report-42}:lock", 5*time.Second, nil)
+	if err != nil {
+		panic(err)
+	}
+	stop := l.KeepAlive(ctx, 5*time.Second, func(err error) { fmt.Println("lost:", err) })
+
+	_, err = locks.Obtain(ctx, "example:{report-42}:lock", time.Second, nil)
+	fmt.Println(errors.Is(err, lock.ErrNotObtained))
+
+	// ... work, writing l.Fence() along with the result ...
+	stop()
+	fmt.Println(l.Release(ctx))
+	fmt.Println(errors.Is(l.Release(ctx), lock.ErrNotHeld))
+	// Output:
+	// true
+	// <nil>
+	// true
+}

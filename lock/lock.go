@@ -1,0 +1,277 @@
+// Package lock is a Redis lock with fencing numbers and a watchdog.
+//
+// Obtain sets the lock key to a random 128-bit token with SET NX PX, in a
+// Lua script that also hands out a fencing number for the key: a number that
+// rises with every successful Obtain (it is based on the server's clock, so it
+// keeps rising even after its key expired). Release, Refresh and TTL act only
+// if the key still holds the caller's token (compare-and-act scripts), so a
+// holder whose lock expired can never delete or extend the next holder's
+// lock; it gets ErrNotHeld. A lock protects nothing once it has expired: pass
+// the fencing number to whatever the holder writes, and have the write refuse
+// numbers older than the newest (see guard's write script).
+//
+// The lock key and its fence key must hash to the same Redis Cluster slot:
+// give the key a hash tag ("{order:42}:lock") or set Options.FenceKey.
+package lock
+
+import (
+	"context"
+	cryptorand "crypto/rand"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	// ErrNotObtained: another holder has the lock (and Options.Wait ran out).
+	ErrNotObtained = errors.New("lock: not obtained")
+	// ErrNotHeld: the lock expired or belongs to another holder.
+	ErrNotHeld = errors.New("lock: not held")
+	// ErrInvalid reports a bad key, TTL or option.
+	ErrInvalid = errors.New("lock: invalid argument")
+)
+
+var (
+	//go:embed lua/obtain.lua
+	obtainLua string
+	//go:embed lua/release.lua
+	releaseLua string
+	//go:embed lua/refresh.lua
+	refreshLua string
+	//go:embed lua/pttl.lua
+	pttlLua string
+
+	obtainScript  = redis.NewScript(obtainLua)
+	releaseScript = redis.NewScript(releaseLua)
+	refreshScript = redis.NewScript(refreshLua)
+	pttlScript    = redis.NewScript(pttlLua)
+)
+
+// RedisClient is what the lock needs of a go-redis client: running scripts.
+// *redis.Client, *redis.ClusterClient and redis.UniversalClient all have it.
+type RedisClient interface {
+	redis.Scripter
+}
+
+// Client obtains locks. It is safe for concurrent use.
+type Client struct {
+	rdb RedisClient
+}
+
+// New returns a Client on rdb.
+func New(rdb RedisClient) *Client { return &Client{rdb: rdb} }
+
+// Options tunes Obtain. A nil *Options means defaults: one attempt.
+type Options struct {
+	// Wait is how long Obtain keeps trying while another holder has the
+	// lock. 0: a single attempt. Retries stop early when ctx is done.
+	Wait time.Duration
+	// MinBackoff and MaxBackoff bound the pause between attempts; it starts
+	// at MinBackoff (default 4ms) and doubles up to MaxBackoff (default
+	// 256ms), with full jitter, and never outlasts the holder's remaining TTL.
+	MinBackoff, MaxBackoff time.Duration
+	// FenceKey holds the key's fencing number. Default "<key>:fence".
+	FenceKey string
+	// FenceTTL is the fence key's lifetime, renewed by every Obtain.
+	// Default 24 hours.
+	FenceTTL time.Duration
+}
+
+// Lock is an obtained lock.
+type Lock struct {
+	c     *Client
+	key   string
+	token string
+	fence int64
+}
+
+// Obtain takes the lock key for ttl, retrying as opts says. It returns
+// ErrNotObtained when another holder keeps it; Redis errors are wrapped.
+func (c *Client) Obtain(ctx context.Context, key string, ttl time.Duration, opts *Options) (*Lock, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if key == "" {
+		return nil, fmt.Errorf("%w: empty key", ErrInvalid)
+	}
+	if ttl < time.Millisecond {
+		return nil, fmt.Errorf("%w: TTL %v below 1ms", ErrInvalid, ttl)
+	}
+	if o.FenceKey == "" {
+		o.FenceKey = key + ":fence"
+	}
+	if o.FenceTTL <= 0 {
+		o.FenceTTL = 24 * time.Hour
+	}
+	if o.MinBackoff <= 0 {
+		o.MinBackoff = 4 * time.Millisecond
+	}
+	if o.MaxBackoff < o.MinBackoff {
+		o.MaxBackoff = max(256*time.Millisecond, o.MinBackoff)
+	}
+	token, err := newToken()
+	if err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(o.Wait)
+	backoff := o.MinBackoff
+	for {
+		res, err := obtainScript.Run(ctx, c.rdb, []string{key, o.FenceKey},
+			token, ttl.Milliseconds(), o.FenceTTL.Milliseconds()).Slice()
+		if err != nil {
+			return nil, fmt.Errorf("lock: obtain %s: %w", key, err)
+		}
+		got, holderTTL, fence, err := parseObtain(res)
+		if err != nil {
+			return nil, fmt.Errorf("lock: obtain %s: %w", key, err)
+		}
+		if got {
+			return &Lock{c: c, key: key, token: token, fence: fence}, nil
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return nil, ErrNotObtained
+		}
+		pause := time.Duration(rand.Int64N(int64(backoff)) + 1)
+		if holderTTL > 0 {
+			pause = min(pause, holderTTL)
+		}
+		pause = min(pause, left)
+		backoff = min(2*backoff, o.MaxBackoff)
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+func parseObtain(res []any) (got bool, holderTTL time.Duration, fence int64, err error) {
+	if len(res) != 2 {
+		return false, 0, 0, fmt.Errorf("unexpected reply %v", res)
+	}
+	if flag, _ := res[0].(int64); flag == 1 {
+		s, _ := res[1].(string)
+		fence, err = strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return false, 0, 0, fmt.Errorf("bad fence %v: %w", res[1], err)
+		}
+		return true, 0, fence, nil
+	}
+	ms, _ := res[1].(int64)
+	return false, time.Duration(ms) * time.Millisecond, 0, nil
+}
+
+func newToken() (string, error) {
+	var b [16]byte
+	if _, err := cryptorand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("lock: token: %w", err)
+	}
+	return hex.EncodeToString(b[:]), nil
+}
+
+// Key returns the lock's key.
+func (l *Lock) Key() string { return l.key }
+
+// Token returns the lock's random token.
+func (l *Lock) Token() string { return l.token }
+
+// Fence returns the fencing number handed out with this lock: greater than
+// every number handed out before for the same key.
+func (l *Lock) Fence() int64 { return l.fence }
+
+// Release frees the lock. ErrNotHeld if it had expired or was taken over.
+func (l *Lock) Release(ctx context.Context) error {
+	n, err := releaseScript.Run(ctx, l.c.rdb, []string{l.key}, l.token).Int64()
+	if err != nil {
+		return fmt.Errorf("lock: release %s: %w", l.key, err)
+	}
+	if n != 1 {
+		return ErrNotHeld
+	}
+	return nil
+}
+
+// Refresh sets the lock's TTL to ttl. ErrNotHeld if it had expired or was
+// taken over.
+func (l *Lock) Refresh(ctx context.Context, ttl time.Duration) error {
+	if ttl < time.Millisecond {
+		return fmt.Errorf("%w: TTL %v below 1ms", ErrInvalid, ttl)
+	}
+	n, err := refreshScript.Run(ctx, l.c.rdb, []string{l.key}, l.token, ttl.Milliseconds()).Int64()
+	if err != nil {
+		return fmt.Errorf("lock: refresh %s: %w", l.key, err)
+	}
+	if n != 1 {
+		return ErrNotHeld
+	}
+	return nil
+}
+
+// TTL returns the lock's remaining lifetime, or ErrNotHeld.
+func (l *Lock) TTL(ctx context.Context) (time.Duration, error) {
+	ms, err := pttlScript.Run(ctx, l.c.rdb, []string{l.key}, l.token).Int64()
+	if err != nil {
+		return 0, fmt.Errorf("lock: ttl %s: %w", l.key, err)
+	}
+	if ms < 0 {
+		return 0, ErrNotHeld
+	}
+	return time.Duration(ms) * time.Millisecond, nil
+}
+
+// KeepAlive starts a watchdog that refreshes the lock to ttl every ttl/3
+// while the holder works. It stops when stop is called (stop waits for it) or
+// ctx is done. If a refresh finds the lock gone (ErrNotHeld), or refreshes
+// keep failing until the lock must have expired, it calls onLost once (if
+// non-nil) with the reason and stops.
+//
+// The watchdog goroutine belongs to the caller of KeepAlive: it always ends
+// by the time stop returns.
+func (l *Lock) KeepAlive(ctx context.Context, ttl time.Duration, onLost func(error)) (stop func()) {
+	quit := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(max(ttl/3, time.Millisecond))
+		defer tick.Stop()
+		lastOK := time.Now()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			err := l.Refresh(ctx, ttl)
+			switch {
+			case err == nil:
+				lastOK = time.Now()
+				continue
+			case errors.Is(err, ErrNotHeld):
+			case time.Since(lastOK) < ttl:
+				continue // a passing Redis error; the lock still stands
+			}
+			if onLost != nil {
+				onLost(err)
+			}
+			return
+		}
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() { close(quit) })
+		<-done
+	}
+}

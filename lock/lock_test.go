@@ -1,0 +1,192 @@
+package lock_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cacheguard/cacheguard/internal/redistest"
+	"github.com/cacheguard/cacheguard/lock"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+func TestOneWinnerOutOfHundred(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	lc := lock.New(c)
+	key := c.Prefix + ":{k}:lock"
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	var winners, losers atomic.Int32
+	for range 100 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			_, err := lc.Obtain(ctx, key, 10*time.Second, nil)
+			switch {
+			case err == nil:
+				winners.Add(1)
+			case errors.Is(err, lock.ErrNotObtained):
+				losers.Add(1)
+			default:
+				t.Error(err)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if winners.Load() != 1 || losers.Load() != 99 {
+		t.Fatalf("%d winners, %d losers; want 1 and 99", winners.Load(), losers.Load())
+	}
+}
+
+func TestReleaseAndRefreshNeedTheToken(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	lc := lock.New(c)
+	key := c.Prefix + ":{k}:lock"
+
+	l, err := lc.Obtain(ctx, key, 50*time.Millisecond, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ttl, err := l.TTL(ctx); err != nil || ttl <= 0 || ttl > 50*time.Millisecond {
+		t.Fatalf("TTL = %v, %v", ttl, err)
+	}
+	time.Sleep(80 * time.Millisecond) // expired
+	if err := l.Refresh(ctx, time.Second); !errors.Is(err, lock.ErrNotHeld) {
+		t.Fatalf("refresh after expiry: %v", err)
+	}
+	if err := l.Release(ctx); !errors.Is(err, lock.ErrNotHeld) {
+		t.Fatalf("release after expiry: %v", err)
+	}
+	if _, err := l.TTL(ctx); !errors.Is(err, lock.ErrNotHeld) {
+		t.Fatalf("TTL after expiry: %v", err)
+	}
+
+	other, err := lc.Obtain(ctx, key, time.Minute, nil) // taken by another
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(ctx); !errors.Is(err, lock.ErrNotHeld) {
+		t.Fatalf("release of another's lock: %v", err)
+	}
+	if err := l.Refresh(ctx, time.Second); !errors.Is(err, lock.ErrNotHeld) {
+		t.Fatalf("refresh of another's lock: %v", err)
+	}
+	if ttl := c.PTTL(ctx, key).Val(); ttl < 50*time.Second {
+		t.Fatalf("the other holder's lock was touched: PTTL %v", ttl)
+	}
+	if err := other.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := c.Exists(ctx, key).Val(); n != 0 {
+		t.Fatal("released lock still exists")
+	}
+	if len(other.Token()) != 32 || other.Token() == l.Token() {
+		t.Fatalf("tokens %q %q", l.Token(), other.Token())
+	}
+}
+
+func TestFencesStrictlyIncrease(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	lc := lock.New(c)
+	key := c.Prefix + ":{k}:lock"
+	var last int64
+	for i := range 300 {
+		l, err := lc.Obtain(ctx, key, time.Second, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.Fence() <= last {
+			t.Fatalf("obtain %d: fence %d not above %d", i, l.Fence(), last)
+		}
+		last = l.Fence()
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if i%100 == 50 { // the fence key lost: numbers still rise
+			c.Del(ctx, key+":fence")
+		}
+	}
+}
+
+func TestWaitAndContext(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	lc := lock.New(c)
+	key := c.Prefix + ":{k}:lock"
+	holder, err := lc.Obtain(ctx, key, 100*time.Millisecond, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Waiting long enough: obtained once the holder's lock expires.
+	l, err := lc.Obtain(ctx, key, time.Second, &lock.Options{Wait: 2 * time.Second})
+	if err != nil {
+		t.Fatalf("waiting obtain: %v", err)
+	}
+	if l.Fence() <= holder.Fence() {
+		t.Fatal("fence did not rise")
+	}
+	// A cancelled context stops the retries.
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
+	defer cancel()
+	if _, err := lc.Obtain(cctx, key, time.Second, &lock.Options{Wait: time.Minute}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v, want DeadlineExceeded", err)
+	}
+	if _, err := lc.Obtain(ctx, "", time.Second, nil); !errors.Is(err, lock.ErrInvalid) {
+		t.Fatalf("empty key: %v", err)
+	}
+	if _, err := lc.Obtain(ctx, key, 0, nil); !errors.Is(err, lock.ErrInvalid) {
+		t.Fatalf("zero TTL: %v", err)
+	}
+}
+
+func TestWatchdogOutlivesTTL(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	lc := lock.New(c)
+	key := c.Prefix + ":{k}:lock"
+	const ttl = 150 * time.Millisecond
+	l, err := lc.Obtain(ctx, key, ttl, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lost atomic.Bool
+	stop := l.KeepAlive(ctx, ttl, func(error) { lost.Store(true) })
+	time.Sleep(3 * ttl) // a load three times longer than the TTL
+	if _, err := lc.Obtain(ctx, key, ttl, nil); !errors.Is(err, lock.ErrNotObtained) {
+		t.Fatalf("lock lost during the watchdog: %v", err)
+	}
+	stop()
+	if lost.Load() {
+		t.Fatal("onLost called while the lock was held")
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatalf("release after 3×TTL: %v", err)
+	}
+
+	// The watchdog reports a lock taken away from it.
+	l, err = lc.Obtain(ctx, key, ttl, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reason := make(chan error, 1)
+	stop = l.KeepAlive(ctx, ttl, func(err error) { reason <- err })
+	c.Del(ctx, key)
+	select {
+	case err := <-reason:
+		if !errors.Is(err, lock.ErrNotHeld) {
+			t.Fatalf("onLost(%v), want ErrNotHeld", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("onLost not called after the lock vanished")
+	}
+	stop()
+}

@@ -23,6 +23,7 @@ func benchGuard(b *testing.B, known int) (*redistest.Conn, *guard.Guard, *db) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	b.Cleanup(func() { _ = g.Close() })
 	d := newDB(known)
 	if _, err := g.Rebuild(context.Background(), ids("p", known), nil); err != nil {
 		b.Fatal(err)

@@ -36,6 +36,7 @@ func ExampleGet() {
 	if err != nil {
 		panic(err)
 	}
+	defer g.Close()
 	// Fill the bloom filter from the database once (usually a SELECT id scan).
 	if _, err := g.Rebuild(ctx, func(yield func(string, error) bool) {
 		for id := range products {
@@ -71,6 +72,7 @@ func ExampleGuard_Invalidate() {
 	if err != nil {
 		panic(err)
 	}
+	defer g.Close()
 	price := 100
 	load := func(ctx context.Context, id string) (int, error) { return price, nil }
 	_ = g.Add(ctx, "sku-1") // a new row, after the INSERT committed

@@ -7,11 +7,16 @@
 // its cache entry. A cached value is decoded and returned; a cached empty-value
 // marker ("the source of truth had no such ID", kept for EmptyTTL) and an ID
 // the filter has never seen both end in ErrNotFound without calling load: that
-// stops penetration by floods of unknown IDs. On a miss, the ID's flight calls
-// load once, however many callers in the process ask at the same time (a
-// stampede costs one load, not hundreds), and stores the value for TTL ± Jitter
-// so keys loaded together do not expire together (no avalanche). Concurrent
-// callers for one key share even a hit's round trip.
+// stops penetration by floods of unknown IDs. Concurrent callers of one ID in
+// a process share one flight, even for a hit's round trip. On a miss the
+// flight takes the ID's Redis lock, so that one process at a time loads it:
+// the holder checks the cache again, calls load under a watchdog, writes the
+// value for TTL ± Jitter (keys loaded together do not expire together: no
+// avalanche) in a script that refuses the write if an Invalidate came after
+// the lock was taken (fencing), releases the lock and publishes the ID. Flights
+// in other processes wait for that publish and then read the cache; if the
+// holder dies, its lock expires after LockTTL and the next one loads. A hot
+// key expiring under hundreds of callers in many processes costs one load.
 //
 // One Guard serves one kind of entity: its name scopes its keys, filter and
 // TTLs. Register new IDs with Add after the database commit, drop stale
@@ -29,6 +34,7 @@ import (
 	"iter"
 	"log/slog"
 	"math/rand/v2"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -50,12 +56,19 @@ var (
 	ErrLoaderPanic = loader.ErrPanic
 	// ErrInvalidOptions: New was given a bad name or option.
 	ErrInvalidOptions = errors.New("cacheguard: invalid options")
+	// ErrBusy: another process was loading the ID for longer than LockWait.
+	ErrBusy = loader.ErrBusy
 )
 
-//go:embed lua/del_if_equal.lua
-var delIfEqualLua string
+var (
+	//go:embed lua/del_if_equal.lua
+	delIfEqualLua string
+	//go:embed lua/set_if_fence.lua
+	setIfFenceLua string
 
-var delIfEqual = redis.NewScript(delIfEqualLua)
+	delIfEqual = redis.NewScript(delIfEqualLua)
+	setIfFence = redis.NewScript(setIfFenceLua)
+)
 
 // Options configures a Guard. A nil *Options means all defaults; a zero field
 // means that field's default.
@@ -80,9 +93,20 @@ type Options struct {
 	MaxKeyLen int
 	// Codec encodes cached values. Default codec.Msgpack.
 	Codec codec.Codec
-	// LoadTimeout bounds a flight (Redis read, load and write) on its
-	// detached context. Default 10 seconds.
+	// LoadTimeout bounds a load and its cache write, on a context detached
+	// from the callers'. Default 10 seconds.
 	LoadTimeout time.Duration
+	// LockTTL is the lease of an ID's load lock. A watchdog renews it while
+	// the load runs, so it only matters when a loading process dies: the
+	// others take over about LockTTL later. Default 5 seconds.
+	LockTTL time.Duration
+	// LockWait bounds how long a flight waits for another process's load of
+	// the same ID before Get returns ErrBusy. Default LoadTimeout + LockTTL,
+	// long enough for one full load plus one lost holder.
+	LockWait time.Duration
+	// LoadOnBusy makes a Get that waited LockWait call load itself (without
+	// caching the result) instead of returning ErrBusy.
+	LoadOnBusy bool
 	// Logger receives warnings (filter bypassed, corrupt entries, failed
 	// cache writes). Default: no logging.
 	Logger *slog.Logger
@@ -97,7 +121,8 @@ type Guard struct {
 	bloom *bloom.Filter
 	log   *slog.Logger
 
-	flights   loader.Group[flight]
+	flights   loader.Group[flight] // one flight per value key in this process
+	coord     *loader.Coordinator  // one load per value key across processes
 	stats     counters
 	bypassing atomic.Bool // the filter answered ErrNotReady last time (logged once per episode)
 }
@@ -105,6 +130,7 @@ type Guard struct {
 // New opens the Guard called name (letters, digits, '_', '-', '.') on rdb,
 // creating its bloom filter in Redis if needed. Processes that share a name
 // must agree on ExpectedItems and FalsePositiveRate (else bloom.ErrMismatch).
+// Close the Guard when done with it: it may hold a pub/sub subscription.
 func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Options) (*Guard, error) {
 	if rdb == nil {
 		return nil, fmt.Errorf("%w: nil redis client", ErrInvalidOptions)
@@ -132,6 +158,17 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 	if err != nil {
 		return nil, fmt.Errorf("cacheguard: %s: %w", name, err)
 	}
+	g.coord = loader.NewCoordinator(rdb, g.keys.prefix+"loaded", &loader.CoordinatorOptions{
+		LockTTL:    o.LockTTL,
+		LockWait:   o.LockWait,
+		LoadOnBusy: o.LoadOnBusy,
+		// A fence must outlive any load that may still write with it; past
+		// that, an expired fence only refuses a late write, which is safe.
+		FenceTTL: 2*(o.LoadTimeout+o.LockTTL) + time.Minute,
+		OnLockLost: func(key string, err error) {
+			g.log.Warn("cacheguard: load lock lost while loading", "key", key, "err", err)
+		},
+	})
 	return g, nil
 }
 
@@ -178,8 +215,14 @@ func resolve(opts *Options) (Options, error) {
 	if o.LoadTimeout == 0 {
 		o.LoadTimeout = 10 * time.Second
 	}
-	if o.LoadTimeout < 0 {
-		return bad("LoadTimeout %v", o.LoadTimeout)
+	if o.LockTTL == 0 {
+		o.LockTTL = 5 * time.Second
+	}
+	if o.LockWait == 0 {
+		o.LockWait = o.LoadTimeout + o.LockTTL
+	}
+	if o.LoadTimeout < 0 || o.LockTTL < 10*time.Millisecond || o.LockWait < 0 {
+		return bad("LoadTimeout %v, LockTTL %v (>= 10ms), LockWait %v", o.LoadTimeout, o.LockTTL, o.LockWait)
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -189,6 +232,10 @@ func resolve(opts *Options) (Options, error) {
 
 // Name returns the Guard's name.
 func (g *Guard) Name() string { return g.name }
+
+// Close ends the Guard's pub/sub subscription. Gets that need to wait for
+// another process's load fail after Close.
+func (g *Guard) Close() error { return g.coord.Close() }
 
 // outcome is how a flight ended, counted once per caller.
 type outcome uint8
@@ -271,11 +318,7 @@ func fetch[T any](ctx context.Context, g *Guard, id, vkey string, load func(cont
 		// is not asked.
 		var zero T
 		*out = zero
-		g.stats.corrupt.Add(1)
-		g.log.WarnContext(ctx, "cacheguard: dropping corrupt cache entry", "key", vkey, "err", derr)
-		if err := delIfEqual.Run(ctx, g.rdb, []string{vkey}, raw).Err(); err != nil {
-			g.redisError(ctx, "delete corrupt entry", err)
-		}
+		g.dropCorrupt(ctx, vkey, raw, derr)
 	case errors.Is(err, redis.Nil):
 		maybe, berr := probe.Result()
 		switch {
@@ -299,33 +342,103 @@ func fetch[T any](ctx context.Context, g *Guard, id, vkey string, load func(cont
 		return flight{outcome: outFailed}, fmt.Errorf("cacheguard: %s %q: read: %w", g.name, id, err)
 	}
 
-	// The read above is bounded by the client's timeouts; the load and the
-	// write get LoadTimeout. (A deadline on the whole flight would cost a
-	// timer and four allocations on every hit.)
-	ctx, cancel := context.WithTimeout(ctx, g.opts.LoadTimeout)
-	defer cancel()
-	g.stats.loads.Add(1)
-	val, err := load(ctx, id)
-	if errors.Is(err, ErrNotFound) {
-		if err := g.rdb.Set(ctx, vkey, codec.Empty(), g.jitter(g.opts.EmptyTTL)).Err(); err != nil {
-			g.redisError(ctx, "write empty marker", err)
+	return fill(ctx, g, id, vkey, load, out, decoded)
+}
+
+// fill runs a miss through the Coordinator: one load per key across
+// processes, written with the lock's fence.
+func fill[T any](ctx context.Context, g *Guard, id, vkey string, load func(context.Context, string) (T, error), out *T, decoded *bool) (flight, error) {
+	var (
+		res     flight // what the last check or load found
+		loadErr error  // the last load's own outcome, kept across fence retries
+	)
+	check := func(ctx context.Context) (bool, error) {
+		raw, err := g.rdb.Get(ctx, vkey).Bytes()
+		switch {
+		case errors.Is(err, redis.Nil):
+			return false, nil
+		case err != nil:
+			g.redisError(ctx, "read", err)
+			res = flight{outcome: outFailed}
+			return true, fmt.Errorf("cacheguard: %s %q: read: %w", g.name, id, err)
 		}
-		return flight{outcome: outLoaded}, ErrNotFound
+		var zero T
+		*out = zero
+		switch err := codec.Decode(g.opts.Codec, raw, out); {
+		case err == nil:
+			*decoded = true
+			res = flight{frame: raw, outcome: outHit}
+			return true, nil
+		case errors.Is(err, codec.ErrEmpty):
+			res = flight{outcome: outEmpty}
+			return true, ErrNotFound
+		default:
+			g.dropCorrupt(ctx, vkey, raw, err)
+			return false, nil
+		}
 	}
-	if err != nil {
-		g.stats.loadErrors.Add(1)
-		return flight{outcome: outFailed}, fmt.Errorf("cacheguard: %s %q: load: %w", g.name, id, err)
+	write := func(ctx context.Context, fence int64, frame []byte, ttl time.Duration) error {
+		if fence == 0 { // LoadOnBusy: no lock, no write
+			return nil
+		}
+		ok, err := setIfFence.Run(ctx, g.rdb, []string{vkey, vkey + ":fence"},
+			strconv.FormatInt(fence, 10), frame, g.jitter(ttl).Milliseconds()).Int()
+		switch {
+		case err != nil:
+			// The result is good; only caching it failed. Serve it.
+			g.redisError(ctx, "write", err)
+		case ok == 0:
+			g.stats.staleWrites.Add(1)
+			return loader.ErrFenceLost
+		}
+		return nil
 	}
-	frame, err := codec.Encode(g.opts.Codec, val)
-	if err != nil {
-		g.stats.loadErrors.Add(1)
+	loadOnce := func(ctx context.Context, fence int64) error {
+		ctx, cancel := context.WithTimeout(ctx, g.opts.LoadTimeout)
+		defer cancel()
+		g.stats.loads.Add(1)
+		val, err := load(ctx, id)
+		if errors.Is(err, ErrNotFound) {
+			res, loadErr = flight{outcome: outLoaded}, ErrNotFound
+			return write(ctx, fence, codec.Empty(), g.opts.EmptyTTL)
+		}
+		if err != nil {
+			g.stats.loadErrors.Add(1)
+			res, loadErr = flight{outcome: outFailed}, fmt.Errorf("cacheguard: %s %q: load: %w", g.name, id, err)
+			return loadErr
+		}
+		frame, err := codec.Encode(g.opts.Codec, val)
+		if err != nil {
+			g.stats.loadErrors.Add(1)
+			res, loadErr = flight{outcome: outFailed}, fmt.Errorf("cacheguard: %s %q: %w", g.name, id, err)
+			return loadErr
+		}
+		res, loadErr = flight{frame: frame, outcome: outLoaded}, nil
+		return write(ctx, fence, frame, g.opts.TTL)
+	}
+	err := g.coord.Run(ctx, vkey, check, loadOnce)
+	switch {
+	case err == nil:
+		return res, loadErr // loadErr is ErrNotFound after a marker write
+	case errors.Is(err, loader.ErrFenceLost):
+		// Invalidated again and again until LockWait: serve the freshest
+		// load, uncached.
+		return res, loadErr
+	case errors.Is(err, loader.ErrBusy):
+		return flight{outcome: outFailed}, fmt.Errorf("cacheguard: %s %q: %w", g.name, id, ErrBusy)
+	case err != nil && res.outcome == 0:
+		g.redisError(ctx, "lock", err)
 		return flight{outcome: outFailed}, fmt.Errorf("cacheguard: %s %q: %w", g.name, id, err)
 	}
-	if err := g.rdb.Set(ctx, vkey, frame, g.jitter(g.opts.TTL)).Err(); err != nil {
-		// The value is good; only caching it failed. Serve it.
-		g.redisError(ctx, "write value", err)
+	return res, err
+}
+
+func (g *Guard) dropCorrupt(ctx context.Context, vkey string, raw []byte, why error) {
+	g.stats.corrupt.Add(1)
+	g.log.WarnContext(ctx, "cacheguard: dropping corrupt cache entry", "key", vkey, "err", why)
+	if err := delIfEqual.Run(ctx, g.rdb, []string{vkey}, raw).Err(); err != nil {
+		g.redisError(ctx, "delete corrupt entry", err)
 	}
-	return flight{frame: frame, outcome: outLoaded}, nil
 }
 
 func (g *Guard) redisError(ctx context.Context, op string, err error) {
@@ -358,6 +471,11 @@ func (g *Guard) Add(ctx context.Context, ids ...string) error {
 
 // Invalidate drops the cached values and empty markers of ids, so the next
 // Get loads them again. Call it after the source of truth has changed them.
+//
+// It also deletes each ID's fence, so a load that read the old data before
+// the change and is still running cannot write it afterwards: its fenced
+// write is refused and it loads again. New callers in this process start a
+// new flight instead of joining one that may have read the old data.
 func (g *Guard) Invalidate(ctx context.Context, ids ...string) error {
 	keys := make([]string, 0, len(ids))
 	for _, id := range ids {
@@ -372,14 +490,17 @@ func (g *Guard) Invalidate(ctx context.Context, ids ...string) error {
 	case 0:
 		return nil
 	case 1:
-		err = g.rdb.Del(ctx, keys[0]).Err()
+		err = g.rdb.Del(ctx, keys[0], keys[0]+":fence").Err()
 	default:
-		// One DEL per key: the keys live in different cluster slots.
+		// One DEL per ID (value and fence share a slot; IDs do not).
 		pipe := g.rdb.Pipeline()
 		for _, k := range keys {
-			pipe.Del(ctx, k)
+			pipe.Del(ctx, k, k+":fence")
 		}
 		_, err = pipe.Exec(ctx)
+	}
+	for _, k := range keys {
+		g.flights.Forget(k)
 	}
 	if err != nil {
 		g.redisError(ctx, "invalidate", err)

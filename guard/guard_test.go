@@ -14,12 +14,14 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/cacheguard/cacheguard/codec"
 	"github.com/cacheguard/cacheguard/guard"
 	"github.com/cacheguard/cacheguard/internal/redisserver"
 	"github.com/cacheguard/cacheguard/internal/redistest"
+	"github.com/cacheguard/cacheguard/lock"
 )
 
-func TestMain(m *testing.M) { redistest.Main(m) }
+func TestMain(m *testing.M) { redistest.Main(m, childRoles) }
 
 type product struct {
 	ID    string
@@ -94,6 +96,7 @@ func setup(t *testing.T, n int, opts *guard.Options) (*redistest.Conn, *guard.Gu
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = g.Close() })
 	d := newDB(n)
 	if _, err := g.Rebuild(context.Background(), ids("p", n), nil); err != nil {
 		t.Fatal(err)
@@ -114,6 +117,10 @@ func TestRoundTrips(t *testing.T) {
 	p, err := guard.Get(ctx, g, "p7", d.load)
 	if err != nil || p.Name != "product p7" {
 		t.Fatalf("miss: %+v, %v", p, err)
+	}
+	c.Counter.Reset()
+	if _, err := guard.Get(ctx, g, "p8", d.load); err != nil { // scripts now cached
+		t.Fatal(err)
 	}
 	t.Logf("miss: %d round trips, commands %v", c.Counter.RoundTrips(), c.Counter.Names())
 
@@ -143,7 +150,7 @@ func TestRoundTrips(t *testing.T) {
 	check("bad key", "a\x00b", guard.ErrInvalidKey, 0)
 
 	st := g.Stats()
-	if st.Hits != 1 || st.BloomRejects != 1 || st.EmptyHits != 1 || st.Misses != 2 || st.Loads != 2 {
+	if st.Hits != 1 || st.BloomRejects != 1 || st.EmptyHits != 1 || st.Misses != 3 || st.Loads != 3 {
 		t.Fatalf("stats %+v", st)
 	}
 }
@@ -363,7 +370,12 @@ func TestKeysAreInjective(t *testing.T) {
 			}
 		}
 	}
-	keys := c.Keys(ctx, c.Prefix+":product:{*").Val()
+	var keys []string
+	for _, k := range c.Keys(ctx, c.Prefix+":product:{*").Val() {
+		if strings.HasSuffix(k, "}") { // value keys; the rest are fences
+			keys = append(keys, k)
+		}
+	}
 	if len(keys) != len(seeds) {
 		t.Fatalf("%d value keys for %d IDs: %q", len(keys), len(seeds), keys)
 	}
@@ -397,7 +409,7 @@ func TestInvalidate(t *testing.T) {
 
 func TestLoaderPanic(t *testing.T) {
 	ctx := context.Background()
-	_, g, _ := setup(t, 10, nil)
+	c, g, d := setup(t, 10, nil)
 	start := make(chan struct{})
 	var wg sync.WaitGroup
 	var got atomic.Int32
@@ -419,6 +431,94 @@ func TestLoaderPanic(t *testing.T) {
 	wg.Wait()
 	if got.Load() != 50 {
 		t.Fatalf("%d of 50 callers got ErrLoaderPanic", got.Load())
+	}
+	if pttl := c.PTTL(ctx, c.Prefix+":product:{p1}:lock").Val(); pttl != -2*time.Nanosecond {
+		t.Fatalf("lock PTTL after the panic = %v, want -2 (released)", pttl)
+	}
+	// The process goes on: the next Get loads normally.
+	if p, err := guard.Get(ctx, g, "p1", d.load); err != nil || p.Price != 1 {
+		t.Fatalf("after the panic: %+v, %v", p, err)
+	}
+}
+
+// TestBusy: a lock held elsewhere for longer than LockWait ends in ErrBusy,
+// or with LoadOnBusy in an uncached load of the caller's own.
+func TestBusy(t *testing.T) {
+	ctx := context.Background()
+	c, g, d := setup(t, 10, &guard.Options{LockWait: 100 * time.Millisecond})
+	held, err := lock.New(c).Obtain(ctx, c.Prefix+":product:{p1}:lock", time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release(ctx)
+	if _, err := guard.Get(ctx, g, "p1", d.load); !errors.Is(err, guard.ErrBusy) {
+		t.Fatalf("err = %v, want ErrBusy", err)
+	}
+	if d.calls.Load() != 0 {
+		t.Fatal("loader called although another process holds the lock")
+	}
+	c2 := redistest.Connect(t)
+	g2, err := guard.New(ctx, c2, "product", &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 10_000,
+		LockWait: 100 * time.Millisecond, LoadOnBusy: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g2.Close()
+	if p, err := guard.Get(ctx, g2, "p1", d.load); err != nil || p.Price != 1 {
+		t.Fatalf("LoadOnBusy: %+v, %v", p, err)
+	}
+	if n := c.Exists(ctx, c.Prefix+":product:{p1}").Val(); n != 0 {
+		t.Fatal("LoadOnBusy cached a value without the lock")
+	}
+	if st := g.Stats(); st.LockWaits == 0 || st.LockTimeouts != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestInvalidateBeatsSlowLoader: a load that read the old row before an
+// update cannot cache it after the Invalidate, and its callers get the new
+// row (it loads again under a new fence).
+func TestInvalidateBeatsSlowLoader(t *testing.T) {
+	ctx := context.Background()
+	c, g, d := setup(t, 10, nil)
+	read := make(chan struct{})
+	resume := make(chan struct{})
+	var calls atomic.Int32
+	load := func(ctx context.Context, id string) (product, error) {
+		p, err := d.load(ctx, id)
+		if calls.Add(1) == 1 {
+			close(read)
+			<-resume
+		}
+		return p, err
+	}
+	got := make(chan product)
+	go func() {
+		p, err := guard.Get(ctx, g, "p3", load)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- p
+	}()
+	<-read                                           // the loader has the old row
+	d.set(product{ID: "p3", Name: "new", Price: 33}) // UPDATE commits
+	if err := g.Invalidate(ctx, "p3"); err != nil {
+		t.Fatal(err)
+	}
+	close(resume)
+	if p := <-got; p.Price != 33 {
+		t.Fatalf("Get returned %+v, want the updated row", p)
+	}
+	raw, err := c.Get(ctx, c.Prefix+":product:{p3}").Bytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cached product
+	if err := codec.Decode(codec.Msgpack, raw, &cached); err != nil || cached.Price != 33 {
+		t.Fatalf("cache holds %+v (%v), want the updated row", cached, err)
+	}
+	if st := g.Stats(); st.StaleWrites != 1 || st.Loads != 2 {
+		t.Fatalf("stats %+v", st)
 	}
 }
 
@@ -455,6 +555,7 @@ func TestFailOpenUntilRebuilt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer g.Close()
 	d := newDB(10)
 	if p, err := guard.Get(ctx, g, "p1", d.load); err != nil || p.Price != 1 {
 		t.Fatalf("before Rebuild: %+v, %v", p, err)
@@ -493,6 +594,7 @@ func TestRedisDownIsNotNotFound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer g.Close()
 	d := newDB(10)
 	if _, err := g.Rebuild(ctx, ids("p", 10), nil); err != nil {
 		t.Fatal(err)

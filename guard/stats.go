@@ -17,12 +17,17 @@ type Stats struct {
 	RedisErrors   uint64 // failed Redis reads and writes
 	CorruptValues uint64 // cached entries that did not decode and were dropped
 	BloomBypasses uint64 // probes that found the filter not ready (failed open)
+	StaleWrites   uint64 // cache writes refused because an Invalidate overtook the load
+	LockWaits     uint64 // flights that found another process loading and waited
+	LockTimeouts  uint64 // waits that ran past LockWait (ErrBusy or LoadOnBusy)
+	Wakeups       uint64 // waits ended by the loading process's publish
 }
 
 // counters is the live form of Stats; every field is updated atomically.
 type counters struct {
 	hits, empty, rejects, misses, coalesced           atomic.Uint64
 	loads, loadErrors, redisErrors, corrupt, bypasses atomic.Uint64
+	staleWrites                                       atomic.Uint64
 }
 
 func (c *counters) count(o outcome, coalesced bool) {
@@ -44,7 +49,9 @@ func (c *counters) count(o outcome, coalesced bool) {
 // Stats returns a snapshot of the Guard's counters.
 func (g *Guard) Stats() Stats {
 	c := &g.stats
+	cs := g.coord.Stats()
 	return Stats{
+		StaleWrites: c.staleWrites.Load(), LockWaits: cs.Waits, LockTimeouts: cs.Timeouts, Wakeups: cs.Wakeups,
 		Hits: c.hits.Load(), EmptyHits: c.empty.Load(), BloomRejects: c.rejects.Load(),
 		Misses: c.misses.Load(), Coalesced: c.coalesced.Load(),
 		Loads: c.loads.Load(), LoadErrors: c.loadErrors.Load(), RedisErrors: c.redisErrors.Load(),

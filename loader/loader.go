@@ -1,14 +1,20 @@
-// Package loader runs at most one load per key at a time and lets every
-// caller wait for it on its own terms.
+// Package loader makes a cache miss cost one load per key, however many
+// goroutines and processes ask at once.
 //
-// A Group merges concurrent calls for one key into one flight
-// (golang.org/x/sync/singleflight). The flight runs on a context detached from
-// the first caller's (context.WithoutCancel plus the Group's timeout), so one
-// caller that gives up cannot fail the others; each caller waits on its own
-// ctx and leaves when that ctx is done, while the flight finishes for the rest.
-// A panic in the flight becomes an error wrapping ErrPanic for every caller
-// instead of crashing the process (singleflight.DoChan would re-panic on a
-// fresh goroutine, where nobody can recover it).
+// Two layers do it. A Group merges concurrent calls for one key in one process
+// into one flight (golang.org/x/sync/singleflight). The flight runs on a
+// context detached from the first caller's (context.WithoutCancel, plus the
+// Group's Timeout), so one caller that gives up cannot fail the others; each
+// caller waits on its own ctx and leaves when that ctx is done. A panic in the
+// flight becomes an error wrapping ErrPanic for every caller instead of
+// crashing the process (singleflight.DoChan would re-panic on a fresh
+// goroutine, where nobody can recover it).
+//
+// A Coordinator then makes the flights of different processes take turns
+// through a Redis lock per key (package lock): one holder loads, with the
+// lock's fencing number for its write, while the others wait for its PUBLISH
+// on one pub/sub subscription per Coordinator and read what it stored. See
+// Coordinator for the order of events and what happens when a holder dies.
 package loader
 
 import (
@@ -71,3 +77,7 @@ func (g *Group[R]) run(ctx context.Context, fn func(ctx context.Context) (R, err
 	}()
 	return fn(fctx)
 }
+
+// Forget makes the next call for key start a new flight, even if one is in
+// progress (callers already in that flight still get its result).
+func (g *Group[R]) Forget(key string) { g.sf.Forget(key) }

@@ -9,12 +9,13 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
+	"github.com/cacheguard/cacheguard/internal/redistest"
 	"github.com/cacheguard/cacheguard/loader"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// TestMain starts a redis-server for the Coordinator tests and checks that
+// no goroutine outlives the tests.
+func TestMain(m *testing.M) { redistest.Main(m) }
 
 func TestOneFlightManyCallers(t *testing.T) {
 	var g loader.Group[int]

@@ -84,6 +84,20 @@ type Options struct {
 	FenceTTL time.Duration
 }
 
+// HeldError is the error Obtain returns when another holder keeps the lock;
+// it wraps ErrNotObtained and tells how long the holder's lock had left at
+// the last attempt, so a waiter knows when to try again.
+type HeldError struct {
+	TTL time.Duration
+}
+
+func (e *HeldError) Error() string {
+	return fmt.Sprintf("%v (held by another for %v more)", ErrNotObtained, e.TTL)
+}
+
+// Unwrap makes errors.Is(err, ErrNotObtained) true.
+func (e *HeldError) Unwrap() error { return ErrNotObtained }
+
 // Lock is an obtained lock.
 type Lock struct {
 	c     *Client
@@ -93,7 +107,8 @@ type Lock struct {
 }
 
 // Obtain takes the lock key for ttl, retrying as opts says. It returns
-// ErrNotObtained when another holder keeps it; Redis errors are wrapped.
+// an error wrapping ErrNotObtained (a *HeldError) when another holder keeps
+// it; Redis errors are wrapped.
 func (c *Client) Obtain(ctx context.Context, key string, ttl time.Duration, opts *Options) (*Lock, error) {
 	var o Options
 	if opts != nil {
@@ -138,7 +153,7 @@ func (c *Client) Obtain(ctx context.Context, key string, ttl time.Duration, opts
 		}
 		left := time.Until(deadline)
 		if left <= 0 {
-			return nil, ErrNotObtained
+			return nil, &HeldError{TTL: holderTTL}
 		}
 		pause := time.Duration(rand.Int64N(int64(backoff)) + 1)
 		if holderTTL > 0 {

@@ -69,6 +69,7 @@ func run(ctx context.Context, w io.Writer) error {
 	if err != nil {
 		return err
 	}
+	defer g.Close()
 	defer cleanup(context.WithoutCancel(ctx), rdb, "cg:"+name+":*")
 	n, err := g.Rebuild(ctx, func(yield func(string, error) bool) {
 		for id := range db {

@@ -11,9 +11,11 @@
 package redistest
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -27,13 +29,83 @@ import (
 
 var (
 	server   *redisserver.Server // set by Main before any test runs
+	external *redis.Options      // set instead in a child process (see Spawn)
 	prefixes atomic.Uint64
+)
+
+// childEnv names the variables a child test process reads.
+const (
+	envRedis = "CG_TEST_REDIS" // "network|addr" of the parent's server
+	envRole  = "CG_TEST_ROLE"  // the child's role
 )
 
 // Main starts a redis-server, runs the package's tests and benchmarks, stops
 // the server and exits with the tests' status.
-func Main(m *testing.M) {
+//
+// In a child process started by Spawn, Main instead calls roles[role] with
+// the parent's server and exits with its status: the tests do not run again.
+func Main(m *testing.M, roles ...map[string]func(rdb *redis.Client) int) {
+	if role := os.Getenv(envRole); role != "" {
+		os.Exit(runChild(role, roles))
+	}
 	os.Exit(run(m))
+}
+
+func runChild(role string, roles []map[string]func(*redis.Client) int) int {
+	network, addr, ok := strings.Cut(os.Getenv(envRedis), "|")
+	if !ok {
+		fmt.Fprintln(os.Stderr, "redistest: child without", envRedis)
+		return 2
+	}
+	external = &redis.Options{Network: network, Addr: addr}
+	for _, r := range roles {
+		if fn := r[role]; fn != nil {
+			c := redis.NewClient(Options())
+			defer c.Close()
+			return fn(c)
+		}
+	}
+	fmt.Fprintln(os.Stderr, "redistest: unknown role", role)
+	return 2
+}
+
+// Child is a test process started by Spawn.
+type Child struct {
+	Cmd    *exec.Cmd
+	Stdout bytes.Buffer // what the child printed; read after Wait
+	stderr bytes.Buffer
+}
+
+// Spawn starts this test binary again as a child process in role, connected
+// to this process's redis-server, with extra "NAME=value" environment. The
+// child is killed when the test ends if it is still running.
+func Spawn(t testing.TB, role string, env ...string) *Child {
+	t.Helper()
+	s := Server(t)
+	c := &Child{Cmd: exec.Command(os.Args[0], "-test.run=^$")}
+	c.Cmd.Env = append(os.Environ(), envRole+"="+role, envRedis+"="+s.Network+"|"+s.Addr)
+	c.Cmd.Env = append(c.Cmd.Env, env...)
+	c.Cmd.Stdout, c.Cmd.Stderr = &c.Stdout, &c.stderr
+	if err := c.Cmd.Start(); err != nil {
+		t.Fatalf("redistest: spawn %s: %v", role, err)
+	}
+	t.Cleanup(func() {
+		if c.Cmd.ProcessState == nil {
+			_ = c.Cmd.Process.Kill()
+			_ = c.Cmd.Wait()
+		}
+	})
+	return c
+}
+
+// Wait waits for the child and fails the test if it exited with an error
+// (unless it was killed on purpose: pass killed=true).
+func (c *Child) Wait(t testing.TB, killed bool) {
+	t.Helper()
+	err := c.Cmd.Wait()
+	if err != nil && !killed {
+		t.Fatalf("redistest: child %v: %v\nstderr:\n%s", c.Cmd.Env[len(c.Cmd.Env)-1], err, c.stderr.String())
+	}
 }
 
 func run(m *testing.M) int {
@@ -61,13 +133,18 @@ func run(m *testing.M) int {
 // Options returns go-redis options that dial the running server, for examples
 // that build their own client (in an application: &redis.Options{Addr: ...}).
 func Options() *redis.Options {
+	if external != nil {
+		o := *external
+		return &o
+	}
 	if server == nil {
 		panic("redistest: no redis-server; call redistest.Main from TestMain")
 	}
 	return server.Options()
 }
 
-// Server returns the running server; it fails the test if Main did not start one.
+// Server returns the running server; it fails the test if Main did not start
+// one.
 func Server(t testing.TB) *redisserver.Server {
 	t.Helper()
 	if server == nil {
@@ -90,8 +167,7 @@ type Conn struct {
 // hand-shake is not counted.
 func Connect(t testing.TB) *Conn {
 	t.Helper()
-	s := Server(t)
-	c := redis.NewClient(s.Options())
+	c := redis.NewClient(Server(t).Options())
 	t.Cleanup(func() { _ = c.Close() })
 	if err := c.Ping(context.Background()).Err(); err != nil {
 		t.Fatalf("redistest: ping: %v", err)

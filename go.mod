@@ -3,6 +3,7 @@ module github.com/cacheguard/cacheguard
 go 1.26.0
 
 require (
+	github.com/bits-and-blooms/bitset v1.29.0
 	github.com/cespare/xxhash/v2 v2.3.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/vmihailenco/msgpack/v5 v5.4.1

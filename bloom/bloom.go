@@ -5,20 +5,32 @@
 // positive rate wanted (m = ⌈−n·ln p / ln²2⌉ bits, k = round(m/n·ln 2) probes;
 // 1% costs 9.59 bits and 7 probes per item). An item's k bit positions come
 // from one pair of 64-bit xxhash values by enhanced double hashing, all in one
-// shard chosen by the hash, so testing or adding an item is one BITFIELD_RO or
-// BITFIELD command. Shards are separate keys of at most MaxShardBytes (Redis
-// strings stop at 2^32 bits, and a first far write allocates and blocks), with
-// no hash tag, so on Redis Cluster they spread over the nodes.
+// shard chosen by the hash, so testing an item is one BITFIELD_RO command to
+// one node. Shards are separate keys of at most MaxShardBytes (Redis strings
+// stop at 2^32 bits, and a first far write allocates while Redis blocks),
+// each with its own hash tag so they spread over a cluster, and allocated in
+// full when they are created.
 //
-// The configuration (m, k, shards, hash) lives in a meta hash beside the
-// bitmaps. Open creates it if absent and otherwise compares: a client sized
-// differently gets ErrMismatch instead of silently probing other bits.
+// The layout (m, k, shards, hash, generation) lives in a meta hash. Open
+// creates it if absent and otherwise compares: a client sized differently
+// gets ErrMismatch instead of silently probing other bits.
 //
 // Bit 0 of every shard is a readiness bit, read by every probe in the same
-// command. It is set only when a Rebuild has put every existing ID into the
-// filter. Until then, and after Redis loses the shard (restart without
-// persistence, eviction, FLUSHDB), probes return ErrNotReady rather than a
-// wrong "absent": callers must treat the filter as unavailable and fail open.
+// command. Only Rebuild sets it, once every existing ID is in. Until then, and
+// whenever Redis has lost the shard (restart without persistence, eviction,
+// FLUSHDB), a probe reports ErrNotReady rather than a wrong "absent": callers
+// must fail open. The readiness bit also tells a client that its cached
+// generation was replaced: it re-reads the meta and probes again.
+//
+// Rebuild builds the next generation from the source of truth in local
+// memory (github.com/bits-and-blooms/bitset), uploads it with SETRANGE into a
+// staging key beside each new shard and ORs it in (BITOP, same hash tag), so
+// the bits that Add wrote into the new generation meanwhile are kept. Add
+// writes into both generations from the moment the rebuild is announced in
+// the meta. The switch clears the old generation's readiness bits first (its
+// readers fail open for a moment), then makes the new generation current in
+// one script, then deletes the old shards: at no moment is an existing ID
+// reported absent. A rebuild may also resize the filter.
 package bloom
 
 import (
@@ -26,23 +38,26 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"iter"
 	"math"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/redis/go-redis/v9"
 )
 
 var (
-	// ErrNotReady means the filter cannot answer "absent" yet: it was never
-	// rebuilt, or Redis lost its bitmap. Callers must fail open.
+	// ErrNotReady means the filter cannot answer "absent" now: it was never
+	// rebuilt, or Redis lost it. Callers must fail open.
 	ErrNotReady = errors.New("bloom: filter not ready")
 	// ErrMismatch means the filter in Redis was created with other sizing.
 	ErrMismatch = errors.New("bloom: configuration differs from the filter in Redis")
 	// ErrInvalid reports bad options or an empty key.
 	ErrInvalid = errors.New("bloom: invalid argument")
+	// ErrRebuilding means another process is rebuilding the filter.
+	ErrRebuilding = errors.New("bloom: a rebuild is already running")
 )
 
 const (
@@ -54,12 +69,20 @@ const (
 	hashName     = "xxh64x2"
 	formatV1     = "1"
 	seed2        = 0x9e3779b97f4a7c15 // seed of the second hash
+	// reloadEvery limits how often a client re-reads the meta after
+	// finding a shard not ready.
+	reloadEvery = time.Second
 )
 
-//go:embed lua/create_meta.lua
-var createMetaLua string
+var (
+	//go:embed lua/create_meta.lua
+	createMetaLua string
+	//go:embed lua/set_bits.lua
+	setBitsLua string
 
-var createMeta = redis.NewScript(createMetaLua)
+	createMeta = redis.NewScript(createMetaLua)
+	setBits    = redis.NewScript(setBitsLua)
+)
 
 // Options sizes a filter. A nil *Options means all defaults.
 type Options struct {
@@ -71,78 +94,90 @@ type Options struct {
 	FalsePositiveRate float64
 	// MaxShardBytes caps one bitmap key. Default 64 MiB; at most 512 MiB.
 	MaxShardBytes uint64
+	// OnSaturated, if set, is called (once per generation and client) when
+	// an Add finds that the items added so far push the estimated false-
+	// positive rate above the target by more than SaturationMargin: time to
+	// Rebuild with a larger ExpectedItems.
+	OnSaturated func(Saturation)
+	// SaturationMargin is the relative excess that triggers OnSaturated.
+	// Default 0.5 (a 1% target fires at 1.5%).
+	SaturationMargin float64
 }
 
-// Config is a filter's layout as stored in Redis.
+// Saturation is what OnSaturated is told.
+type Saturation struct {
+	Generation      int64
+	Added           uint64  // items counted into this generation
+	EstimatedFPRate float64 // (1 − e^(−k·n/m))^k for n = Added
+	TargetFPRate    float64
+}
+
+// Config is a filter's layout.
 type Config struct {
-	Bits      uint64 // m: total bits (Shards × ShardBits)
-	Hashes    int    // k: probes per item
-	Shards    int    // number of bitmap keys
-	ShardBits uint64 // bits per shard, excluding the readiness bit
+	Items     uint64  // n the filter was sized for
+	FPRate    float64 // p the filter was sized for
+	Bits      uint64  // m: total bits (Shards × ShardBits)
+	Hashes    int     // k: probes per item
+	Shards    int     // number of bitmap keys
+	ShardBits uint64  // bits per shard, excluding the readiness bit
 }
 
 // Size returns the bits and probes for n items at false-positive rate p.
 func Size(n uint64, p float64) (m uint64, k int) {
 	m = uint64(math.Ceil(-float64(n) * math.Log(p) / (math.Ln2 * math.Ln2)))
-	k = int(math.Round(float64(m) / float64(n) * math.Ln2))
+	k = int(math.Round(float64(m) / float64(max(n, 1)) * math.Ln2))
 	return max(m, 1), max(k, 1)
+}
+
+// layout is one generation of the filter: its sizing and its shard keys.
+type layout struct {
+	gen  int64
+	cfg  Config
+	keys []string
 }
 
 // Filter is an open bloom filter. It is safe for concurrent use.
 type Filter struct {
-	rdb       redis.UniversalClient
-	cfg       Config
-	metaKey   string
-	shardKeys []string
+	rdb           redis.UniversalClient
+	base          string
+	metaKey       string
+	opts          Options // resolved
+	maxShardBytes uint64
+
+	cur        atomic.Pointer[layout] // the generation probes use
+	lastReload atomic.Int64           // unix nanos of the last meta re-read
+	saturated  atomic.Int64           // generation OnSaturated was last called for
 }
 
 // Open opens the filter stored under key, creating it if it does not exist.
-// Keys used: "<key>:meta" and "<key>:<generation>:<shard>"; key must not
-// contain braces (hash tags are the filter's business).
+// Its keys are "<key>:meta" and "{<key>:<generation>:<shard>}"; key must not
+// contain braces.
 func Open(ctx context.Context, rdb redis.UniversalClient, key string, opts *Options) (*Filter, error) {
-	cfg, err := configFor(opts)
+	o, err := resolve(opts)
 	if err != nil {
 		return nil, err
 	}
 	if key == "" || strings.ContainsAny(key, "{}") {
 		return nil, fmt.Errorf("%w: key %q must be non-empty and brace-free", ErrInvalid, key)
 	}
-	f := &Filter{rdb: rdb, cfg: cfg, metaKey: key + ":meta"}
-	fields := cfg.fields()
-	res, err := createMeta.Run(ctx, rdb, []string{f.metaKey}, fields...).Slice()
+	f := &Filter{rdb: rdb, base: key, metaKey: key + ":meta", opts: o}
+	want, err := configFor(o.ExpectedItems, o.FalsePositiveRate, o.MaxShardBytes)
 	if err != nil {
-		return nil, fmt.Errorf("bloom: open %s: %w", key, err)
+		return nil, err
 	}
-	stored, err := parseMeta(res)
+	m, err := f.openMeta(ctx, want)
 	if err != nil {
-		return nil, fmt.Errorf("bloom: open %s: %w", key, err)
+		return nil, err
 	}
-	for i := 0; i < len(fields); i += 2 {
-		name, want := fields[i].(string), fields[i+1].(string)
-		if stored[name] != want {
-			return nil, fmt.Errorf("%w: %s: %s is %q in Redis, %q here", ErrMismatch, key, name, stored[name], want)
-		}
+	if got := m.cur.cfg; got.Bits != want.Bits || got.Hashes != want.Hashes || got.Shards != want.Shards || got.ShardBits != want.ShardBits {
+		return nil, fmt.Errorf("%w: %s holds %d bits, %d hashes, %d shards; these options make %d bits, %d hashes, %d shards",
+			ErrMismatch, key, got.Bits, got.Hashes, got.Shards, want.Bits, want.Hashes, want.Shards)
 	}
-	f.shardKeys = make([]string, cfg.Shards)
-	for i := range f.shardKeys {
-		f.shardKeys[i] = key + ":" + stored["gen"] + ":" + strconv.Itoa(i)
-	}
-	if res[0].(int64) == 1 {
-		// We created the filter: allocate every shard now, with the readiness
-		// bit clear, so that no later write has to grow a string while
-		// Redis blocks.
-		pipe := rdb.Pipeline()
-		for _, sk := range f.shardKeys {
-			pipe.Process(ctx, redis.NewIntSliceCmd(ctx, "BITFIELD", sk, "SET", "u1", cfg.ShardBits, 0))
-		}
-		if _, err := pipe.Exec(ctx); err != nil {
-			return nil, fmt.Errorf("bloom: allocate %s: %w", key, err)
-		}
-	}
+	f.cur.Store(m.cur)
 	return f, nil
 }
 
-func configFor(opts *Options) (Config, error) {
+func resolve(opts *Options) (Options, error) {
 	var o Options
 	if opts != nil {
 		o = *opts
@@ -156,95 +191,104 @@ func configFor(opts *Options) (Config, error) {
 	if o.MaxShardBytes == 0 {
 		o.MaxShardBytes = DefaultMaxShardBytes
 	}
-	if !(o.FalsePositiveRate > 0 && o.FalsePositiveRate <= 0.5) {
-		return Config{}, fmt.Errorf("%w: FalsePositiveRate %v not in (0, 0.5]", ErrInvalid, o.FalsePositiveRate)
+	if o.SaturationMargin <= 0 {
+		o.SaturationMargin = 0.5
 	}
 	if o.MaxShardBytes < 1024 || o.MaxShardBytes*8 > maxShardBits+1 {
-		return Config{}, fmt.Errorf("%w: MaxShardBytes %d not in [1 KiB, 512 MiB]", ErrInvalid, o.MaxShardBytes)
+		return Options{}, fmt.Errorf("%w: MaxShardBytes %d not in [1 KiB, 512 MiB]", ErrInvalid, o.MaxShardBytes)
 	}
-	m, k := Size(o.ExpectedItems, o.FalsePositiveRate)
-	limit := min(o.MaxShardBytes*8, maxShardBits)
+	return o, nil
+}
+
+func configFor(n uint64, p float64, maxShardBytes uint64) (Config, error) {
+	if !(p > 0 && p <= 0.5) {
+		return Config{}, fmt.Errorf("%w: FalsePositiveRate %v not in (0, 0.5]", ErrInvalid, p)
+	}
+	if n == 0 || n > 1<<40 {
+		return Config{}, fmt.Errorf("%w: ExpectedItems %d", ErrInvalid, n)
+	}
+	m, k := Size(n, p)
+	limit := min(maxShardBytes*8, maxShardBits)
 	shards := (m + limit - 1) / limit
 	if shards > 1<<16 {
-		return Config{}, fmt.Errorf("%w: %d items need %d shards", ErrInvalid, o.ExpectedItems, shards)
+		return Config{}, fmt.Errorf("%w: %d items need %d shards", ErrInvalid, n, shards)
 	}
 	shardBits := (m + shards - 1) / shards
-	return Config{Bits: shards * shardBits, Hashes: k, Shards: int(shards), ShardBits: shardBits}, nil
+	return Config{Items: n, FPRate: p, Bits: shards * shardBits, Hashes: k, Shards: int(shards), ShardBits: shardBits}, nil
 }
 
-func (c Config) fields() []any {
-	return []any{
-		"format", formatV1,
-		"hash", hashName,
-		"bits", strconv.FormatUint(c.Bits, 10),
-		"hashes", strconv.Itoa(c.Hashes),
-		"shards", strconv.Itoa(c.Shards),
-		"shard_bits", strconv.FormatUint(c.ShardBits, 10),
-		"gen", "1",
+// shardKeys returns the keys of a generation's shards. Each has a hash tag of
+// its own, so shards spread over cluster slots, and a staging key (":up")
+// shares its slot.
+func (f *Filter) shardKeys(gen int64, shards int) []string {
+	keys := make([]string, shards)
+	for i := range keys {
+		keys[i] = "{" + f.base + ":" + strconv.FormatInt(gen, 10) + ":" + strconv.Itoa(i) + "}"
 	}
+	return keys
 }
 
-func parseMeta(res []any) (map[string]string, error) {
-	if len(res) != 2 {
-		return nil, fmt.Errorf("unexpected meta reply %v", res)
-	}
-	flat, ok := res[1].([]any)
-	if !ok {
-		// RESP3 returns HGETALL as a map.
-		if m, ok := res[1].(map[any]any); ok {
-			out := make(map[string]string, len(m))
-			for k, v := range m {
-				out[fmt.Sprint(k)] = fmt.Sprint(v)
-			}
-			return out, nil
-		}
-		return nil, fmt.Errorf("unexpected meta reply %T", res[1])
-	}
-	out := make(map[string]string, len(flat)/2)
-	for i := 0; i+1 < len(flat); i += 2 {
-		out[fmt.Sprint(flat[i])] = fmt.Sprint(flat[i+1])
-	}
-	return out, nil
-}
-
-// Config returns the filter's layout.
-func (f *Filter) Config() Config { return f.cfg }
+// Config returns the layout of the generation this client probes.
+func (f *Filter) Config() Config { return f.cur.Load().cfg }
 
 // locate returns the shard and the k bit offsets (1-based: bit 0 is the
-// readiness bit) of id, appended to offs.
-func (f *Filter) locate(id string, offs []uint64) (int, []uint64) {
+// readiness bit) of id in layout l, appended to offs.
+func locate(cfg *Config, id string, offs []uint64) (int, []uint64) {
 	h1 := xxhash.Sum64String(id)
 	var d xxhash.Digest
 	d.ResetWithSeed(seed2)
 	_, _ = d.WriteString(id)
 	h2 := d.Sum64()
-	shard := int((h2 >> 32) * uint64(f.cfg.Shards) >> 32)
+	shard := int((h2 >> 32) * uint64(cfg.Shards) >> 32)
 	// Enhanced double hashing (Dillinger & Manolios): x += y; y += i avoids
 	// the short cycles of plain h1 + i·h2.
 	x, y := h1, h2
-	for i := range f.cfg.Hashes {
-		offs = append(offs, 1+x%f.cfg.ShardBits)
+	for i := range cfg.Hashes {
+		offs = append(offs, 1+x%cfg.ShardBits)
 		x += y
 		y += uint64(i)
 	}
 	return shard, offs
 }
 
-// Probe is a test queued in a pipeline; read it after the pipeline ran.
-type Probe struct{ cmd *redis.IntSliceCmd }
+// Probe is a test queued in a pipeline; read it with Result after the
+// pipeline ran.
+type Probe struct {
+	f   *Filter
+	id  string
+	l   *layout
+	cmd *redis.IntSliceCmd
+}
 
 // Queue adds a test of id to pipe as one BITFIELD_RO command, so that a caller
 // can send it in the same round trip as its own commands.
 func (f *Filter) Queue(ctx context.Context, pipe redis.Pipeliner, id string) Probe {
-	cmd := f.testCmd(ctx, id)
+	l := f.cur.Load()
+	cmd := testCmd(ctx, l, id)
 	_ = pipe.Process(ctx, cmd)
-	return Probe{cmd}
+	return Probe{f: f, id: id, l: l, cmd: cmd}
 }
 
-// Result reports whether the item may be present. It returns ErrNotReady when
-// the filter cannot answer, and Redis errors wrapped.
-func (p Probe) Result() (bool, error) {
-	bits, err := p.cmd.Result()
+// Result reports whether the item may be present. If the shard was not
+// ready, it re-reads the meta (at most once a second) and, if another
+// process switched generations meanwhile, tests again in the new one: one
+// more round trip. It returns ErrNotReady when the filter cannot answer, and
+// Redis errors wrapped.
+func (p Probe) Result(ctx context.Context) (bool, error) {
+	maybe, err := verdict(p.cmd)
+	if !errors.Is(err, ErrNotReady) {
+		return maybe, err
+	}
+	if l := p.f.reloaded(ctx); l != nil && l.gen != p.l.gen {
+		cmd := testCmd(ctx, l, p.id)
+		_ = p.f.rdb.Process(ctx, cmd)
+		return verdict(cmd)
+	}
+	return false, ErrNotReady
+}
+
+func verdict(cmd *redis.IntSliceCmd) (bool, error) {
+	bits, err := cmd.Result()
 	if err != nil {
 		return false, fmt.Errorf("bloom: test: %w", err)
 	}
@@ -259,11 +303,11 @@ func (p Probe) Result() (bool, error) {
 	return true, nil
 }
 
-func (f *Filter) testCmd(ctx context.Context, id string) *redis.IntSliceCmd {
+func testCmd(ctx context.Context, l *layout, id string) *redis.IntSliceCmd {
 	var buf [16]uint64
-	shard, offs := f.locate(id, buf[:0])
-	args := make([]any, 0, 2+3*(len(offs)+1))
-	args = append(args, "BITFIELD_RO", f.shardKeys[shard], "GET", "u1", 0)
+	shard, offs := locate(&l.cfg, id, buf[:0])
+	args := make([]any, 0, 5+3*len(offs))
+	args = append(args, "BITFIELD_RO", l.keys[shard], "GET", "u1", 0)
 	for _, o := range offs {
 		args = append(args, "GET", "u1", o)
 	}
@@ -273,24 +317,38 @@ func (f *Filter) testCmd(ctx context.Context, id string) *redis.IntSliceCmd {
 // Test reports whether id may be in the set (false: definitely not). It is
 // one BITFIELD_RO command.
 func (f *Filter) Test(ctx context.Context, id string) (bool, error) {
-	cmd := f.testCmd(ctx, id)
+	l := f.cur.Load()
+	cmd := testCmd(ctx, l, id)
 	_ = f.rdb.Process(ctx, cmd)
-	return Probe{cmd}.Result()
+	return Probe{f: f, id: id, l: l, cmd: cmd}.Result(ctx)
 }
 
 // TestMany tests several ids: one BITFIELD_RO per shard touched, pipelined.
 // The result is in the order of ids. ErrNotReady if any touched shard is not
 // ready.
 func (f *Filter) TestMany(ctx context.Context, ids []string) ([]bool, error) {
+	for attempt := 0; ; attempt++ {
+		l := f.cur.Load()
+		out, err := testMany(ctx, f.rdb, l, ids)
+		if errors.Is(err, ErrNotReady) && attempt == 0 {
+			if nl := f.reloaded(ctx); nl != nil && nl.gen != l.gen {
+				continue
+			}
+		}
+		return out, err
+	}
+}
+
+func testMany(ctx context.Context, rdb redis.UniversalClient, l *layout, ids []string) ([]bool, error) {
 	if len(ids) == 0 {
 		return nil, nil
 	}
-	groups := f.group(ids)
-	pipe := f.rdb.Pipeline()
+	groups := group(&l.cfg, ids)
+	pipe := rdb.Pipeline()
 	cmds := make(map[int]*redis.IntSliceCmd, len(groups))
 	for shard, g := range groups {
 		args := make([]any, 0, 5+3*len(g.offs))
-		args = append(args, "BITFIELD_RO", f.shardKeys[shard], "GET", "u1", 0)
+		args = append(args, "BITFIELD_RO", l.keys[shard], "GET", "u1", 0)
 		for _, o := range g.offs {
 			args = append(args, "GET", "u1", o)
 		}
@@ -301,7 +359,7 @@ func (f *Filter) TestMany(ctx context.Context, ids []string) ([]bool, error) {
 		return nil, fmt.Errorf("bloom: test: %w", err)
 	}
 	out := make([]bool, len(ids))
-	k := f.cfg.Hashes
+	k := l.cfg.Hashes
 	for shard, g := range groups {
 		bits := cmds[shard].Val()
 		if len(bits) != 1+len(g.offs) {
@@ -330,11 +388,11 @@ type shardGroup struct {
 	offs  []uint64 // k offsets per item, in items order
 }
 
-func (f *Filter) group(ids []string) map[int]*shardGroup {
-	groups := make(map[int]*shardGroup, min(f.cfg.Shards, len(ids)))
+func group(cfg *Config, ids []string) map[int]*shardGroup {
+	groups := make(map[int]*shardGroup, min(cfg.Shards, len(ids)))
 	var buf [16]uint64
 	for i, id := range ids {
-		shard, offs := f.locate(id, buf[:0])
+		shard, offs := locate(cfg, id, buf[:0])
 		g := groups[shard]
 		if g == nil {
 			g = &shardGroup{}
@@ -346,98 +404,69 @@ func (f *Filter) group(ids []string) map[int]*shardGroup {
 	return groups
 }
 
-// Add puts id into the filter: one BITFIELD command.
+// Add puts id into the filter. See AddMany.
 func (f *Filter) Add(ctx context.Context, id string) error { return f.AddMany(ctx, []string{id}) }
 
-// AddMany puts ids into the filter: one BITFIELD command per shard touched,
-// pipelined. It does not make a filter ready (see Rebuild).
+// AddMany puts ids into the filter. Call it after the source of truth has
+// committed them. One round trip reads the meta and sets the bits in the
+// generation this client knows (one script per shard touched); if the meta
+// names another generation, or a rebuild in progress, a second round trip
+// sets them there too. AddMany does not make a filter ready (see Rebuild).
 func (f *Filter) AddMany(ctx context.Context, ids []string) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	groups := f.group(ids)
-	cmds := make([]redis.Cmder, 0, len(groups))
-	for shard, g := range groups {
-		args := make([]any, 0, 2+4*len(g.offs))
-		args = append(args, "BITFIELD", f.shardKeys[shard])
-		for _, o := range g.offs {
-			args = append(args, "SET", "u1", o, 1)
-		}
-		cmds = append(cmds, redis.NewIntSliceCmd(ctx, args...))
+	l := f.cur.Load()
+	pipe := f.rdb.Pipeline()
+	meta := pipe.HGetAll(ctx, f.metaKey)
+	added := pipe.HIncrBy(ctx, f.metaKey, "added", int64(len(ids)))
+	queueSetBits(ctx, pipe, l, ids)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("bloom: add: %w", err)
 	}
-	if err := f.run(ctx, cmds); err != nil {
+	m, err := parseMeta(f.base, meta.Val())
+	if err != nil { // the meta is gone: nothing to keep consistent until a rebuild
+		return nil
+	}
+	f.checkSaturation(m.cur, uint64(added.Val()))
+	var more []*layout
+	if m.cur.gen != l.gen {
+		more = append(more, m.cur)
+		f.cur.Store(m.cur)
+	}
+	if m.next != nil && m.next.gen != l.gen {
+		more = append(more, m.next)
+	}
+	if len(more) == 0 {
+		return nil
+	}
+	pipe = f.rdb.Pipeline()
+	for _, nl := range more {
+		queueSetBits(ctx, pipe, nl, ids)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
 		return fmt.Errorf("bloom: add: %w", err)
 	}
 	return nil
 }
 
-// run sends cmds as one command or one pipeline.
-func (f *Filter) run(ctx context.Context, cmds []redis.Cmder) error {
-	if len(cmds) == 1 {
-		return f.rdb.Process(ctx, cmds[0])
+func (f *Filter) checkSaturation(l *layout, added uint64) {
+	if f.opts.OnSaturated == nil || f.saturated.Load() == l.gen {
+		return
 	}
-	pipe := f.rdb.Pipeline()
-	for _, c := range cmds {
-		_ = pipe.Process(ctx, c)
+	k, m := float64(l.cfg.Hashes), float64(l.cfg.Bits)
+	est := math.Pow(1-math.Exp(-k*float64(added)/m), k)
+	if est > l.cfg.FPRate*(1+f.opts.SaturationMargin) && f.saturated.Swap(l.gen) != l.gen {
+		f.opts.OnSaturated(Saturation{Generation: l.gen, Added: added, EstimatedFPRate: est, TargetFPRate: l.cfg.FPRate})
 	}
-	_, err := pipe.Exec(ctx)
-	return err
 }
 
-// RebuildOptions tunes Rebuild. A nil *RebuildOptions means defaults.
-type RebuildOptions struct {
-	// BatchSize is the number of IDs sent per AddMany. Default 1000.
-	BatchSize int
-	// Progress, if set, is called after each batch with the IDs done so far.
-	Progress func(done int)
-}
-
-// Rebuild adds every ID from the source of truth and then marks the filter
-// ready, so that it may answer "absent" from then on. An error from ids stops
-// the rebuild and leaves the readiness unchanged.
-func (f *Filter) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts *RebuildOptions) (int, error) {
-	batch := 1000
-	var progress func(int)
-	if opts != nil {
-		if opts.BatchSize > 0 {
-			batch = opts.BatchSize
+func queueSetBits(ctx context.Context, pipe redis.Pipeliner, l *layout, ids []string) {
+	for shard, g := range group(&l.cfg, ids) {
+		args := make([]any, len(g.offs))
+		for i, o := range g.offs {
+			args[i] = o
 		}
-		progress = opts.Progress
+		setBits.Eval(ctx, pipe, []string{l.keys[shard]}, args...)
 	}
-	buf := make([]string, 0, batch)
-	done := 0
-	flush := func() error {
-		if err := f.AddMany(ctx, buf); err != nil {
-			return err
-		}
-		done += len(buf)
-		buf = buf[:0]
-		if progress != nil {
-			progress(done)
-		}
-		return nil
-	}
-	for id, err := range ids {
-		if err != nil {
-			return done, fmt.Errorf("bloom: rebuild: source: %w", err)
-		}
-		if buf = append(buf, id); len(buf) == batch {
-			if err := flush(); err != nil {
-				return done, err
-			}
-		}
-	}
-	if len(buf) > 0 {
-		if err := flush(); err != nil {
-			return done, err
-		}
-	}
-	cmds := make([]redis.Cmder, len(f.shardKeys))
-	for i, sk := range f.shardKeys {
-		cmds[i] = redis.NewIntSliceCmd(ctx, "BITFIELD", sk, "SET", "u1", 0, 1)
-	}
-	if err := f.run(ctx, cmds); err != nil {
-		return done, fmt.Errorf("bloom: rebuild: mark ready: %w", err)
-	}
-	return done, nil
 }

@@ -35,6 +35,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -107,6 +108,16 @@ type Options struct {
 	// LoadOnBusy makes a Get that waited LockWait call load itself (without
 	// caching the result) instead of returning ErrBusy.
 	LoadOnBusy bool
+	// RebuildFrom, if set, lists every existing ID from the source of truth.
+	// When a Get finds the bloom filter not ready (never built, or lost by
+	// Redis), the Guard rebuilds it from RebuildFrom in the background (at
+	// most one attempt a minute per process; one rebuild at a time across
+	// processes). Without it, call Rebuild yourself.
+	RebuildFrom func(ctx context.Context) iter.Seq2[string, error]
+	// OnBloomSaturated, if set, is told when the IDs added push the filter's
+	// estimated false-positive rate 50% above FalsePositiveRate: rebuild it
+	// bigger (Rebuild with bloom.RebuildOptions.ExpectedItems).
+	OnBloomSaturated func(bloom.Saturation)
 	// Logger receives warnings (filter bypassed, corrupt entries, failed
 	// cache writes). Default: no logging.
 	Logger *slog.Logger
@@ -125,6 +136,14 @@ type Guard struct {
 	coord     *loader.Coordinator  // one load per value key across processes
 	stats     counters
 	bypassing atomic.Bool // the filter answered ErrNotReady last time (logged once per episode)
+
+	// Background rebuilds (RebuildFrom): each runs in a goroutine owned by
+	// the Guard, tracked by rebuilds; Close closes closing, which cancels
+	// them, and waits.
+	lastRebuild atomic.Int64 // unix nanos of the last automatic attempt
+	rebuilds    sync.WaitGroup
+	closing     chan struct{}
+	closeOnce   sync.Once
 }
 
 // New opens the Guard called name (letters, digits, '_', '-', '.') on rdb,
@@ -148,9 +167,18 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 		opts: o,
 		keys: keyspace{prefix: o.KeyPrefix + ":" + name + ":", maxLen: o.MaxKeyLen},
 		log:  o.Logger.With("guard", name),
+
+		closing: make(chan struct{}),
 	}
 	g.bloom, err = bloom.Open(ctx, rdb, g.keys.prefix+"bf", &bloom.Options{
 		ExpectedItems: o.ExpectedItems, FalsePositiveRate: o.FalsePositiveRate,
+		OnSaturated: func(s bloom.Saturation) {
+			g.log.Warn("cacheguard: bloom filter saturated; rebuild it with a larger ExpectedItems",
+				"added", s.Added, "estimated_fp_rate", s.EstimatedFPRate, "target", s.TargetFPRate)
+			if o.OnBloomSaturated != nil {
+				o.OnBloomSaturated(s)
+			}
+		},
 	})
 	if errors.Is(err, bloom.ErrInvalid) {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
@@ -233,9 +261,64 @@ func resolve(opts *Options) (Options, error) {
 // Name returns the Guard's name.
 func (g *Guard) Name() string { return g.name }
 
-// Close ends the Guard's pub/sub subscription. Gets that need to wait for
-// another process's load fail after Close.
-func (g *Guard) Close() error { return g.coord.Close() }
+// Close ends the Guard's pub/sub subscription and any background rebuild.
+// Gets that need to wait for another process's load fail after Close.
+func (g *Guard) Close() error {
+	g.closeOnce.Do(func() { close(g.closing) })
+	g.rebuilds.Wait()
+	return g.coord.Close()
+}
+
+// Info describes the Guard's bloom filter as it is in Redis (see bloom.Info;
+// it counts bits, so keep it off the request path).
+func (g *Guard) Info(ctx context.Context) (bloom.Info, error) {
+	in, err := g.bloom.Info(ctx)
+	if err != nil {
+		return in, fmt.Errorf("cacheguard: %s: %w", g.name, err)
+	}
+	return in, nil
+}
+
+// autoRebuild starts a background Rebuild from RebuildFrom, at most once a
+// minute per process.
+func (g *Guard) autoRebuild() {
+	if g.opts.RebuildFrom == nil {
+		return
+	}
+	now, last := time.Now().UnixNano(), g.lastRebuild.Load()
+	if (last != 0 && now-last < int64(time.Minute)) || !g.lastRebuild.CompareAndSwap(last, now) {
+		return
+	}
+	select {
+	case <-g.closing:
+		return
+	default:
+	}
+	g.rebuilds.Add(1)
+	go func() {
+		defer g.rebuilds.Done()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		done := make(chan struct{})
+		defer close(done)
+		go func() { // ends with the rebuild, or cancels it on Close
+			select {
+			case <-g.closing:
+				cancel()
+			case <-done:
+			}
+		}()
+		n, err := g.bloom.Rebuild(ctx, g.opts.RebuildFrom(ctx), nil)
+		switch {
+		case errors.Is(err, bloom.ErrRebuilding):
+			g.log.Info("cacheguard: bloom filter is being rebuilt by another process")
+		case err != nil:
+			g.log.Error("cacheguard: automatic bloom rebuild failed", "err", err)
+		default:
+			g.log.Info("cacheguard: bloom filter rebuilt", "ids", n)
+		}
+	}()
+}
 
 // outcome is how a flight ended, counted once per caller.
 type outcome uint8
@@ -320,7 +403,7 @@ func fetch[T any](ctx context.Context, g *Guard, id, vkey string, load func(cont
 		*out = zero
 		g.dropCorrupt(ctx, vkey, raw, derr)
 	case errors.Is(err, redis.Nil):
-		maybe, berr := probe.Result()
+		maybe, berr := probe.Result(ctx)
 		switch {
 		case berr == nil && !maybe:
 			return flight{outcome: outRejected}, ErrNotFound
@@ -333,6 +416,7 @@ func fetch[T any](ctx context.Context, g *Guard, id, vkey string, load func(cont
 			if g.bypassing.CompareAndSwap(false, true) {
 				g.log.WarnContext(ctx, "cacheguard: bloom filter not ready (never rebuilt, or lost by Redis); failing open until Rebuild")
 			}
+			g.autoRebuild()
 		default:
 			g.redisError(ctx, "bloom probe", berr)
 			return flight{outcome: outFailed}, fmt.Errorf("cacheguard: %s %q: %w", g.name, id, berr)
@@ -509,10 +593,13 @@ func (g *Guard) Invalidate(ctx context.Context, ids ...string) error {
 	return nil
 }
 
-// Rebuild loads every existing ID from the source of truth into the bloom
-// filter and then lets the filter answer "absent". Run it once when a Guard is
-// first deployed and whenever Redis has lost the filter; until then Get fails
-// open (counted in Stats.BloomBypasses). opts may be nil.
+// Rebuild replaces the bloom filter with one built from every existing ID of
+// the source of truth, and lets it answer "absent". Run it when a Guard is
+// first deployed, when Redis has lost the filter (or set RebuildFrom), now and
+// then to clear the bits of deleted IDs, and to resize it. Until the first
+// Rebuild, Get fails open (counted in Stats.BloomBypasses). No existing ID is
+// reported absent at any moment of a rebuild (see package bloom). opts may be
+// nil.
 func (g *Guard) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts *bloom.RebuildOptions) (int, error) {
 	n, err := g.bloom.Rebuild(ctx, ids, opts)
 	if err != nil {

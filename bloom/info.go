@@ -1,0 +1,65 @@
+package bloom
+
+import (
+	"context"
+	"fmt"
+	"math"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Info describes the filter as it is in Redis.
+type Info struct {
+	Generation int64
+	Config     Config
+	Ready      bool   // every shard has its readiness bit
+	Rebuilding bool   // a rebuild has announced the next generation
+	Added      uint64 // items loaded by the last rebuild plus items added since (repeats count again)
+	BitsSet    uint64 // bits set, readiness bits excluded (BITCOUNT)
+	// FillRatio is BitsSet / Bits; EstimatedItems and EstimatedFPRate derive
+	// from it (n ≈ −m/k·ln(1−fill), p ≈ fill^k).
+	FillRatio       float64
+	EstimatedItems  float64
+	EstimatedFPRate float64
+	MemoryBytes     int64 // MEMORY USAGE of the shards
+}
+
+// Info reads the meta and counts the bits of every shard (BITCOUNT is
+// O(size): meant for operators and dashboards, not the request path).
+func (f *Filter) Info(ctx context.Context) (Info, error) {
+	h, err := f.rdb.HGetAll(ctx, f.metaKey).Result()
+	if err != nil {
+		return Info{}, fmt.Errorf("bloom: info: %w", err)
+	}
+	m, err := parseMeta(f.base, h)
+	if err != nil {
+		return Info{}, fmt.Errorf("bloom: info: %w", err)
+	}
+	l := m.cur
+	pipe := f.rdb.Pipeline()
+	counts := make([]*redis.IntCmd, len(l.keys))
+	ready := make([]*redis.IntCmd, len(l.keys))
+	mem := make([]*redis.IntCmd, len(l.keys))
+	for i, k := range l.keys {
+		counts[i] = pipe.BitCount(ctx, k, nil)
+		ready[i] = pipe.GetBit(ctx, k, 0)
+		mem[i] = pipe.MemoryUsage(ctx, k)
+	}
+	_, _ = pipe.Exec(ctx) // a missing shard answers MEMORY USAGE with nil
+	in := Info{Generation: l.gen, Config: l.cfg, Ready: true, Rebuilding: m.next != nil}
+	fmt.Sscan(h["added"], &in.Added)
+	for i := range l.keys {
+		if err := counts[i].Err(); err != nil {
+			return Info{}, fmt.Errorf("bloom: info: %w", err)
+		}
+		r := ready[i].Val()
+		in.Ready = in.Ready && r == 1
+		in.BitsSet += uint64(counts[i].Val() - r)
+		in.MemoryBytes += mem[i].Val()
+	}
+	mbits, k := float64(l.cfg.Bits), float64(l.cfg.Hashes)
+	in.FillRatio = float64(in.BitsSet) / mbits
+	in.EstimatedItems = -mbits / k * math.Log(1-min(in.FillRatio, 1-1e-12))
+	in.EstimatedFPRate = math.Pow(in.FillRatio, k)
+	return in, nil
+}

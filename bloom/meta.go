@@ -1,0 +1,177 @@
+package bloom
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// meta is the filter's meta hash, parsed.
+type meta struct {
+	cur  *layout
+	next *layout // the generation a rebuild is building, if any
+}
+
+var errNoMeta = errors.New("bloom: meta missing")
+
+func (c Config) fields(prefix string) []any {
+	return []any{
+		prefix + "items", strconv.FormatUint(c.Items, 10),
+		prefix + "fp_rate", strconv.FormatFloat(c.FPRate, 'g', -1, 64),
+		prefix + "bits", strconv.FormatUint(c.Bits, 10),
+		prefix + "hashes", strconv.Itoa(c.Hashes),
+		prefix + "shards", strconv.Itoa(c.Shards),
+		prefix + "shard_bits", strconv.FormatUint(c.ShardBits, 10),
+	}
+}
+
+func parseConfig(h map[string]string, prefix string) (Config, error) {
+	var c Config
+	var err error
+	num := func(name string) uint64 {
+		v, e := strconv.ParseUint(h[prefix+name], 10, 64)
+		if e != nil && err == nil {
+			err = fmt.Errorf("bloom: meta field %s%s = %q", prefix, name, h[prefix+name])
+		}
+		return v
+	}
+	c.Items = num("items")
+	c.Bits = num("bits")
+	c.Hashes = int(num("hashes"))
+	c.Shards = int(num("shards"))
+	c.ShardBits = num("shard_bits")
+	c.FPRate, _ = strconv.ParseFloat(h[prefix+"fp_rate"], 64)
+	if err == nil && (c.Shards < 1 || c.ShardBits < 1 || c.Hashes < 1 || c.Hashes > 16) {
+		err = fmt.Errorf("bloom: meta layout %+v out of range", c)
+	}
+	return c, err
+}
+
+func parseMeta(base string, h map[string]string) (*meta, error) {
+	if len(h) == 0 {
+		return nil, errNoMeta
+	}
+	if h["format"] != formatV1 || h["hash"] != hashName {
+		return nil, fmt.Errorf("%w: format %q hash %q, this client speaks %s/%s", ErrMismatch, h["format"], h["hash"], formatV1, hashName)
+	}
+	f := &Filter{base: base}
+	gen, err := strconv.ParseInt(h["gen"], 10, 64)
+	if err != nil {
+		return nil, fmt.Errorf("bloom: meta gen %q", h["gen"])
+	}
+	cfg, err := parseConfig(h, "")
+	if err != nil {
+		return nil, err
+	}
+	m := &meta{cur: &layout{gen: gen, cfg: cfg, keys: f.shardKeys(gen, cfg.Shards)}}
+	if s := h["next"]; s != "" {
+		ngen, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("bloom: meta next %q", s)
+		}
+		ncfg, err := parseConfig(h, "next_")
+		if err != nil {
+			return nil, err
+		}
+		m.next = &layout{gen: ngen, cfg: ncfg, keys: f.shardKeys(ngen, ncfg.Shards)}
+	}
+	return m, nil
+}
+
+// openMeta reads the meta hash, creating it (and allocating the shards of
+// generation 1) with cfg if it does not exist.
+func (f *Filter) openMeta(ctx context.Context, cfg Config) (*meta, error) {
+	fields := append([]any{"format", formatV1, "hash", hashName, "gen", "1", "added", "0"}, cfg.fields("")...)
+	res, err := createMeta.Run(ctx, f.rdb, []string{f.metaKey}, fields...).Slice()
+	if err != nil {
+		return nil, fmt.Errorf("bloom: open %s: %w", f.base, err)
+	}
+	if len(res) != 2 {
+		return nil, fmt.Errorf("bloom: open %s: unexpected reply %v", f.base, res)
+	}
+	m, err := parseMeta(f.base, flatToMap(res[1]))
+	if err != nil {
+		return nil, fmt.Errorf("bloom: open %s: %w", f.base, err)
+	}
+	if created, _ := res[0].(int64); created == 1 {
+		if err := allocate(ctx, f.rdb, m.cur); err != nil {
+			return nil, fmt.Errorf("bloom: open %s: %w", f.base, err)
+		}
+	}
+	return m, nil
+}
+
+// allocate creates a generation's shards at full size with the readiness
+// bit clear, so that no later write grows a string while Redis blocks.
+func allocate(ctx context.Context, rdb redis.UniversalClient, l *layout) error {
+	pipe := rdb.Pipeline()
+	for _, k := range l.keys {
+		pipe.Process(ctx, redis.NewIntSliceCmd(ctx, "BITFIELD", k, "SET", "u1", l.cfg.ShardBits, 0))
+	}
+	_, err := pipe.Exec(ctx)
+	return err
+}
+
+func flatToMap(v any) map[string]string {
+	out := map[string]string{}
+	switch t := v.(type) {
+	case []any:
+		for i := 0; i+1 < len(t); i += 2 {
+			out[fmt.Sprint(t[i])] = fmt.Sprint(t[i+1])
+		}
+	case map[any]any: // RESP3
+		for k, v := range t {
+			out[fmt.Sprint(k)] = fmt.Sprint(v)
+		}
+	}
+	return out
+}
+
+// reloaded re-reads the meta, at most once per reloadEvery, recreating it if
+// Redis lost it, and returns the current generation (nil if it did not
+// reload or could not).
+func (f *Filter) reloaded(ctx context.Context) *layout {
+	now := time.Now().UnixNano()
+	last := f.lastReload.Load()
+	if now-last < int64(reloadEvery) || !f.lastReload.CompareAndSwap(last, now) {
+		return nil
+	}
+	l, err := f.reload(ctx)
+	if err != nil {
+		return nil
+	}
+	return l
+}
+
+// Reload re-reads the meta now and adopts its current generation. If Redis
+// lost the meta, Reload recreates it with this client's sizing (the new
+// filter is not ready until a Rebuild). Probes reload by themselves when they
+// find a shard not ready; Reload is for callers that know more.
+func (f *Filter) Reload(ctx context.Context) error {
+	_, err := f.reload(ctx)
+	return err
+}
+
+func (f *Filter) reload(ctx context.Context) (*layout, error) {
+	h, err := f.rdb.HGetAll(ctx, f.metaKey).Result()
+	if err != nil {
+		return nil, fmt.Errorf("bloom: reload: %w", err)
+	}
+	m, err := parseMeta(f.base, h)
+	if errors.Is(err, errNoMeta) {
+		cfg, cerr := configFor(f.opts.ExpectedItems, f.opts.FalsePositiveRate, f.opts.MaxShardBytes)
+		if cerr != nil {
+			return nil, cerr
+		}
+		m, err = f.openMeta(ctx, cfg)
+	}
+	if err != nil {
+		return nil, err
+	}
+	f.cur.Store(m.cur)
+	return m.cur, nil
+}

@@ -1,0 +1,311 @@
+package bloom_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cacheguard/cacheguard/bloom"
+	"github.com/cacheguard/cacheguard/internal/redistest"
+)
+
+// TestMillionItemsSharded: n = 1,000,000 at p = 1% in 4+ shards. Measured
+// false-positive rate within [0.7%, 1.3%] over 1,000,000 absent IDs, no false
+// negative, and each probe one command.
+func TestMillionItemsSharded(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	opts := &bloom.Options{ExpectedItems: 1_000_000, FalsePositiveRate: 0.01, MaxShardBytes: 256 << 10}
+	f, err := bloom.Open(ctx, c, c.Prefix+":bf", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Config().Shards < 4 {
+		t.Fatalf("want >= 4 shards: %+v", f.Config())
+	}
+	const n = 1_000_000
+	if _, err := f.Rebuild(ctx, seq("id-", n), nil); err != nil {
+		t.Fatal(err)
+	}
+	const batch = 20_000
+	fp := 0
+	for _, pass := range []string{"id-", "absent-"} {
+		for from := 0; from < n; from += batch {
+			got, err := f.TestMany(ctx, ids(pass, from, from+batch))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, ok := range got {
+				if pass == "id-" && !ok {
+					t.Fatalf("false negative for id-%d", from+i)
+				}
+				if pass == "absent-" && ok {
+					fp++
+				}
+			}
+		}
+	}
+	rate := float64(fp) / n
+	c.Counter.Reset()
+	if _, err := f.Test(ctx, "id-1"); err != nil {
+		t.Fatal(err)
+	}
+	if c.Counter.Commands() != 1 {
+		t.Fatalf("a probe sent %d commands", c.Counter.Commands())
+	}
+	in, err := f.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("n=1e6 p=1%% in %d shards: measured FP %.3f%%; Info: fill %.3f, estimated items %.0f, estimated FP %.3f%%, memory %d bytes (m/8 = %d)",
+		f.Config().Shards, rate*100, in.FillRatio, in.EstimatedItems, in.EstimatedFPRate*100, in.MemoryBytes, in.Config.Bits/8)
+	if rate < 0.007 || rate > 0.013 {
+		t.Fatalf("false-positive rate %.3f%% outside [0.7%%, 1.3%%]", rate*100)
+	}
+	if !in.Ready || in.EstimatedItems < 0.97*n || in.EstimatedItems > 1.03*n {
+		t.Fatalf("Info %+v", in)
+	}
+}
+
+// db is a growing list of IDs: the source of truth for rebuild tests.
+type db struct {
+	mu  sync.Mutex
+	ids []string
+}
+
+func (d *db) insert(id string) {
+	d.mu.Lock()
+	d.ids = append(d.ids, id)
+	d.mu.Unlock()
+}
+
+func (d *db) snapshot() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.ids[:len(d.ids):len(d.ids)]
+}
+
+// scan lists the IDs committed when the scan starts, like a SELECT would.
+func (d *db) scan() iter.Seq2[string, error] {
+	return func(yield func(string, error) bool) {
+		for _, id := range d.snapshot() {
+			if !yield(id, nil) {
+				return
+			}
+		}
+	}
+}
+
+// TestRebuildUnderLoad: while rebuilds run (one of them resizing), writers
+// keep inserting and adding IDs and readers, on other clients, keep testing
+// every ID added so far: no ID is ever reported absent.
+func TestRebuildUnderLoad(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	key := c.Prefix + ":bf"
+	opts := &bloom.Options{ExpectedItems: 100_000, MaxShardBytes: 16 << 10}
+	open := func() *bloom.Filter {
+		f, err := bloom.Open(ctx, redistest.Connect(t), key, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	builder, writer, reader := open(), open(), open()
+	d := &db{}
+	for i := range 50_000 {
+		d.insert(fmt.Sprintf("k%d", i))
+	}
+	if _, err := builder.Rebuild(ctx, d.scan(), nil); err != nil {
+		t.Fatal(err)
+	}
+
+	var added atomic.Int64 // IDs k0..k(added-1) are committed and added
+	added.Store(50_000)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var falseNeg, probes, notReady atomic.Int64
+	fail := make(chan error, 8)
+	wg.Add(1)
+	go func() { // writer: INSERT, then Add
+		defer wg.Done()
+		for i := 50_000; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			id := fmt.Sprintf("k%d", i)
+			d.insert(id)
+			if err := writer.Add(ctx, id); err != nil {
+				fail <- err
+				return
+			}
+			added.Store(int64(i + 1))
+		}
+	}()
+	for r := range 2 {
+		wg.Add(1)
+		go func() { // readers: every ID added so far, in windows
+			defer wg.Done()
+			for w := 0; ; w++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				hi := int(added.Load())
+				lo := (w*997 + r*5000) % max(hi-2000, 1)
+				got, err := reader.TestMany(ctx, ids("k", lo, min(lo+2000, hi)))
+				if errors.Is(err, bloom.ErrNotReady) {
+					notReady.Add(1) // failing open is allowed; a wrong "absent" is not
+					continue
+				}
+				if err != nil {
+					fail <- err
+					return
+				}
+				for i, ok := range got {
+					probes.Add(1)
+					if !ok {
+						falseNeg.Add(1)
+						fail <- fmt.Errorf("k%d reported absent", lo+i)
+						return
+					}
+				}
+			}
+		}()
+	}
+	for i, ro := range []*bloom.RebuildOptions{nil, {ExpectedItems: 200_000}, nil} {
+		time.Sleep(50 * time.Millisecond)
+		n, err := builder.Rebuild(ctx, d.scan(), ro)
+		if err != nil {
+			t.Fatalf("rebuild %d: %v", i, err)
+		}
+		t.Logf("rebuild %d: %d IDs, layout now %+v", i, n, builder.Config())
+	}
+	time.Sleep(50 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	close(fail)
+	for err := range fail {
+		t.Fatal(err)
+	}
+	// Everything added, checked once more after the last switch.
+	final := d.snapshot()
+	got, err := reader.TestMany(ctx, final)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, ok := range got {
+		if !ok {
+			t.Fatalf("%s absent after the rebuilds", final[i])
+		}
+	}
+	t.Logf("%d probes of added IDs during 3 rebuilds, %d false negatives, %d not-ready answers (failed open); %d IDs at the end",
+		probes.Load(), falseNeg.Load(), notReady.Load(), len(final))
+	if reader.Config().Items != 200_000 {
+		t.Fatalf("reader did not follow the resize: %+v", reader.Config())
+	}
+	if probes.Load() == 0 {
+		t.Fatal("no probes ran")
+	}
+}
+
+func TestRebuildExclusiveAndProgress(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	f, err := bloom.Open(ctx, c, c.Prefix+":bf", &bloom.Options{ExpectedItems: 300_000, MaxShardBytes: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last bloom.RebuildProgress
+	release := make(chan struct{})
+	started := make(chan struct{})
+	slow := func(yield func(string, error) bool) {
+		close(started)
+		<-release
+		for i := range 250_000 {
+			if !yield(strconv.Itoa(i), nil) {
+				return
+			}
+		}
+	}
+	done := make(chan error)
+	go func() {
+		_, err := f.Rebuild(ctx, slow, &bloom.RebuildOptions{ChunkBytes: 16 << 10, Progress: func(p bloom.RebuildProgress) { last = p }})
+		done <- err
+	}()
+	<-started
+	if _, err := f.Rebuild(ctx, seq("x", 1), nil); !errors.Is(err, bloom.ErrRebuilding) {
+		t.Fatalf("second rebuild: %v, want ErrRebuilding", err)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if last.IDs != 250_000 || last.BytesUploaded != last.BytesTotal || last.BytesTotal < f.Config().Bits/8 {
+		t.Fatalf("last progress %+v", last)
+	}
+}
+
+// BenchmarkRebuildVsAddMany loads the same IDs into a filter twice: with
+// Rebuild (local build, SETRANGE upload) and with AddMany in batches of
+// 1,000. CG_BENCH_IDS sets the count (default 10,000,000). Run it with
+// -benchtime 1x; it reports both wall times, the speed-up and the Redis
+// memory against m/8.
+func BenchmarkRebuildVsAddMany(b *testing.B) {
+	n := 10_000_000
+	if s := os.Getenv("CG_BENCH_IDS"); s != "" {
+		n, _ = strconv.Atoi(s)
+	}
+	ctx := context.Background()
+	c := redistest.Connect(b)
+	opts := &bloom.Options{ExpectedItems: uint64(n), FalsePositiveRate: 0.01}
+	for b.Loop() {
+		fr, err := bloom.Open(ctx, c, c.Prefix+":rebuild", opts)
+		if err != nil {
+			b.Fatal(err)
+		}
+		start := time.Now()
+		if _, err := fr.Rebuild(ctx, seq("id-", n), nil); err != nil {
+			b.Fatal(err)
+		}
+		rebuild := time.Since(start)
+
+		fa, err := bloom.Open(ctx, c, c.Prefix+":addmany", opts)
+		if err != nil {
+			b.Fatal(err)
+		}
+		start = time.Now()
+		batch := make([]string, 0, 1000)
+		for i := range n {
+			batch = append(batch, "id-"+strconv.Itoa(i))
+			if len(batch) == cap(batch) {
+				if err := fa.AddMany(ctx, batch); err != nil {
+					b.Fatal(err)
+				}
+				batch = batch[:0]
+			}
+		}
+		addMany := time.Since(start)
+
+		in, err := fr.Info(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(rebuild.Seconds(), "rebuild-s")
+		b.ReportMetric(addMany.Seconds(), "addmany-s")
+		b.ReportMetric(addMany.Seconds()/rebuild.Seconds(), "speedup")
+		b.ReportMetric(float64(in.MemoryBytes), "redis-bytes")
+		b.ReportMetric(float64(in.Config.Bits/8), "m/8-bytes")
+		c.Del(ctx, c.Prefix+":rebuild:meta", c.Prefix+":addmany:meta")
+	}
+}

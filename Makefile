@@ -1,5 +1,7 @@
 # make test : what CI runs (.ci/run): installs redis-server if missing, then
-#             gofmt check, go vet and go test -race over every package.
+#             gofmt check, go vet, go test -race over every package against a
+#             private redis-server, and the Redis-facing packages once more
+#             against a private 3-master, 3-replica Redis Cluster.
 # make demo : runs the demo against a redis-server it starts itself.
 # make bench: the benchmarks, with allocations.
 GO ?= go
@@ -17,8 +19,11 @@ fmt-check:
 vet:
 	$(GO) vet $(PKGS)
 
+CLUSTER_PKGS := ./bloom ./lock ./loader ./guard
+
 test: deps fmt-check vet
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
+	CG_TEST_CLUSTER=1 $(GO) test -race -count=1 -timeout 15m $(CLUSTER_PKGS)
 
 demo: deps
 	$(GO) run ./examples/quickstart

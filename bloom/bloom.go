@@ -70,8 +70,10 @@ const (
 	formatV1     = "1"
 	seed2        = 0x9e3779b97f4a7c15 // seed of the second hash
 	// reloadEvery limits how often a client re-reads the meta after
-	// finding a shard not ready.
-	reloadEvery = time.Second
+	// finding a shard not ready: often enough that readers follow a
+	// generation switch within a blink, rarely enough that a lost filter
+	// costs each process at most ten HGETALLs a second.
+	reloadEvery = 100 * time.Millisecond
 )
 
 var (
@@ -270,7 +272,7 @@ func (f *Filter) Queue(ctx context.Context, pipe redis.Pipeliner, id string) Pro
 }
 
 // Result reports whether the item may be present. If the shard was not
-// ready, it re-reads the meta (at most once a second) and, if another
+// ready, it re-reads the meta (at most ten times a second) and, if another
 // process switched generations meanwhile, tests again in the new one: one
 // more round trip. It returns ErrNotReady when the filter cannot answer, and
 // Redis errors wrapped.

@@ -6,12 +6,11 @@ import (
 
 	"github.com/cacheguard/cacheguard/bloom"
 	"github.com/cacheguard/cacheguard/internal/redistest"
-	"github.com/redis/go-redis/v9"
 )
 
 func Example() {
 	ctx := context.Background()
-	rdb := redis.NewClient(redistest.Options()) // in your app: &redis.Options{Addr: "localhost:6379"}
+	rdb := redistest.NewClient() // in your app: redis.NewClient(&redis.Options{Addr: "localhost:6379"})
 	defer rdb.Close()
 
 	f, err := bloom.Open(ctx, rdb, "example:users:bf", &bloom.Options{

@@ -201,6 +201,10 @@ func TestRebuildUnderLoad(t *testing.T) {
 	// Everything added, checked once more after the last switch.
 	final := d.snapshot()
 	got, err := reader.TestMany(ctx, final)
+	for deadline := time.Now().Add(5 * time.Second); errors.Is(err, bloom.ErrNotReady) && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond) // the reader follows the last switch on its next reload
+		got, err = reader.TestMany(ctx, final)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,7 +25,7 @@ import (
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
-var childRoles = map[string]func(*redis.Client) int{
+var childRoles = map[string]func(redis.UniversalClient) int{
 	"stampede":      childStampede,
 	"crash-holder":  childCrashHolder,
 	"crash-waiter":  childCrashWaiter,
@@ -33,7 +33,7 @@ var childRoles = map[string]func(*redis.Client) int{
 }
 
 // childGuard opens the parent's Guard: same prefix, name and sizing.
-func childGuard(rdb *redis.Client) *guard.Guard {
+func childGuard(rdb redis.UniversalClient) *guard.Guard {
 	lockTTL, _ := time.ParseDuration(os.Getenv("LOCK_TTL"))
 	g, err := guard.New(context.Background(), rdb, "product", &guard.Options{
 		KeyPrefix: os.Getenv("PREFIX"), ExpectedItems: 10_000, LockTTL: lockTTL,
@@ -46,7 +46,7 @@ func childGuard(rdb *redis.Client) *guard.Guard {
 }
 
 // barrier waits until n processes have reached it.
-func barrier(rdb *redis.Client, name string, n int64) {
+func barrier(rdb redis.UniversalClient, name string, n int64) {
 	ctx := context.Background()
 	rdb.Incr(ctx, name)
 	for {
@@ -67,7 +67,7 @@ type stampedeResult struct {
 // childStampede: ROUNDS keys in turn, GOROUTINES callers each, all processes
 // starting each key together; the loader counts its calls in Redis and takes
 // 50 ms.
-func childStampede(rdb *redis.Client) int {
+func childStampede(rdb redis.UniversalClient) int {
 	ctx := context.Background()
 	prefix := os.Getenv("PREFIX")
 	procs, _ := strconv.ParseInt(os.Getenv("PROCS"), 10, 64)
@@ -173,7 +173,7 @@ func TestStampedeAcrossProcesses(t *testing.T) {
 }
 
 // childCrashHolder takes the lock by loading with a loader that never ends.
-func childCrashHolder(rdb *redis.Client) int {
+func childCrashHolder(rdb redis.UniversalClient) int {
 	ctx := context.Background()
 	prefix := os.Getenv("PREFIX")
 	g := childGuard(rdb)
@@ -195,7 +195,7 @@ type crashResult struct {
 }
 
 // childCrashWaiter calls Get while the holder is loading.
-func childCrashWaiter(rdb *redis.Client) int {
+func childCrashWaiter(rdb redis.UniversalClient) int {
 	ctx := context.Background()
 	prefix := os.Getenv("PREFIX")
 	g := childGuard(rdb)
@@ -289,7 +289,7 @@ type staleResult struct {
 // childStale runs ROUNDS rounds of the stale-set race on KEYS keys: a reader
 // whose loader reads the source (v1) and stalls; a writer that, meanwhile,
 // writes v2 to the source and calls Invalidate; then the reader resumes.
-func childStale(rdb *redis.Client) int {
+func childStale(rdb redis.UniversalClient) int {
 	ctx := context.Background()
 	prefix := os.Getenv("PREFIX")
 	rounds, _ := strconv.Atoi(os.Getenv("ROUNDS"))

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/cacheguard/cacheguard/guard"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
@@ -19,7 +17,7 @@ type Product struct {
 
 func ExampleGet() {
 	ctx := context.Background()
-	rdb := redis.NewClient(redistest.Options()) // in your app: &redis.Options{Addr: "localhost:6379"}
+	rdb := redistest.NewClient() // in your app: redis.NewClient(&redis.Options{Addr: "localhost:6379"})
 	defer rdb.Close()
 
 	// Stands in for the database.
@@ -66,7 +64,7 @@ func ExampleGet() {
 
 func ExampleGuard_Invalidate() {
 	ctx := context.Background()
-	rdb := redis.NewClient(redistest.Options())
+	rdb := redistest.NewClient()
 	defer rdb.Close()
 	g, err := guard.New(ctx, rdb, "example-price", nil)
 	if err != nil {

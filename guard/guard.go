@@ -34,6 +34,7 @@ import (
 	"iter"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -140,10 +141,11 @@ type Guard struct {
 	// Background rebuilds (RebuildFrom): each runs in a goroutine owned by
 	// the Guard, tracked by rebuilds; Close closes closing, which cancels
 	// them, and waits.
-	lastRebuild atomic.Int64 // unix nanos of the last automatic attempt
-	rebuilds    sync.WaitGroup
-	closing     chan struct{}
-	closeOnce   sync.Once
+	lastRebuild    atomic.Int64 // unix nanos of the last automatic attempt
+	lastSlotReload atomic.Int64 // unix nanos of the last cluster slot-map reload we asked for
+	rebuilds       sync.WaitGroup
+	closing        chan struct{}
+	closeOnce      sync.Once
 }
 
 // New opens the Guard called name (letters, digits, '_', '-', '.') on rdb,
@@ -528,6 +530,17 @@ func (g *Guard) dropCorrupt(ctx context.Context, vkey string, raw []byte, why er
 func (g *Guard) redisError(ctx context.Context, op string, err error) {
 	g.stats.redisErrors.Add(1)
 	g.log.WarnContext(ctx, "cacheguard: redis "+op+" failed", "err", err)
+	// A cluster client re-reads the slot map on MOVED replies, or when it is
+	// ten seconds old; a pipeline to a dead master gets no MOVED and can go
+	// on failing for close to a minute after a failover. A network error
+	// makes us ask for a reload (at most once a second).
+	var ne net.Error
+	if cc, ok := g.rdb.(*redis.ClusterClient); ok && errors.As(err, &ne) {
+		now, last := time.Now().UnixNano(), g.lastSlotReload.Load()
+		if now-last > int64(time.Second) && g.lastSlotReload.CompareAndSwap(last, now) {
+			cc.ReloadState(ctx)
+		}
+	}
 }
 
 // jitter returns d spread uniformly over d·(1 ± Jitter), at least 1ms.

@@ -32,7 +32,7 @@ func TestCoordinatorOneLoadManyCoordinators(t *testing.T) {
 	}
 	var wg sync.WaitGroup
 	for range 8 {
-		co := loader.NewCoordinator(redistest.Connect(t).Client, c.Prefix+":ch", nil)
+		co := loader.NewCoordinator(redistest.Connect(t).UniversalClient, c.Prefix+":ch", nil)
 		defer co.Close()
 		wg.Add(1)
 		go func() {
@@ -58,7 +58,7 @@ func TestCoordinatorOneLoadManyCoordinators(t *testing.T) {
 func TestCoordinatorReleasesOnPanicAndError(t *testing.T) {
 	ctx := context.Background()
 	c := redistest.Connect(t)
-	co := loader.NewCoordinator(c.Client, c.Prefix+":ch", nil)
+	co := loader.NewCoordinator(c.UniversalClient, c.Prefix+":ch", nil)
 	defer co.Close()
 	key := c.Prefix + ":{k}"
 	no := func(context.Context) (bool, error) { return false, nil }

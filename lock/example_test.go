@@ -6,15 +6,13 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/cacheguard/cacheguard/internal/redistest"
 	"github.com/cacheguard/cacheguard/lock"
 )
 
 func Example() {
 	ctx := context.Background()
-	rdb := redis.NewClient(redistest.Options()) // in your app: &redis.Options{Addr: "localhost:6379"}
+	rdb := redistest.NewClient() // in your app: redis.NewClient(&redis.Options{Addr: "localhost:6379"})
 	defer rdb.Close()
 	locks := lock.New(rdb)
 

@@ -150,6 +150,22 @@ func (s *Server) waitReady(ctx context.Context, done <-chan struct{}) error {
 	}
 }
 
+// exited reports whether the process has ended.
+func (s *Server) exited() bool {
+	s.mu.Lock()
+	done := s.done
+	s.mu.Unlock()
+	if done == nil {
+		return true
+	}
+	select {
+	case <-done:
+		return true
+	default:
+		return false
+	}
+}
+
 // Options returns go-redis options that dial this server.
 func (s *Server) Options() *redis.Options {
 	return &redis.Options{Network: s.Network, Addr: s.Addr}

@@ -6,6 +6,11 @@
 // on that server with a Counter hook and a key prefix unique to the test, so
 // tests can run in parallel on one server without seeing each other's keys.
 //
+// With CG_TEST_CLUSTER=1 in the environment, Main starts a real Redis Cluster
+// instead (3 masters, 3 replicas, `redis-cli --cluster create`) and every
+// Conn is a cluster client: `make test` runs the Redis-facing packages both
+// ways.
+//
 // There is no fake: if redis-server is missing, Main fails loudly and says how
 // to install it (`make test` installs it).
 package redistest
@@ -28,15 +33,23 @@ import (
 )
 
 var (
-	server   *redisserver.Server // set by Main before any test runs
-	external *redis.Options      // set instead in a child process (see Spawn)
+	server   *redisserver.Server  // set by Main before any test runs, or
+	cluster  *redisserver.Cluster // this, in cluster mode
+	external []string             // in a child process: "network|addr" or "cluster|addr,addr,..."
 	prefixes atomic.Uint64
 )
+
+// ClusterMode reports whether the tests run against a Redis Cluster.
+func ClusterMode() bool {
+	return os.Getenv(envCluster) == "1" || (len(external) > 0 && external[0] == "cluster")
+}
 
 // childEnv names the variables a child test process reads.
 const (
 	envRedis = "CG_TEST_REDIS" // "network|addr" of the parent's server
 	envRole  = "CG_TEST_ROLE"  // the child's role
+	// envCluster selects cluster mode.
+	envCluster = "CG_TEST_CLUSTER"
 )
 
 // Main starts a redis-server, runs the package's tests and benchmarks, stops
@@ -44,23 +57,23 @@ const (
 //
 // In a child process started by Spawn, Main instead calls roles[role] with
 // the parent's server and exits with its status: the tests do not run again.
-func Main(m *testing.M, roles ...map[string]func(rdb *redis.Client) int) {
+func Main(m *testing.M, roles ...map[string]func(rdb redis.UniversalClient) int) {
 	if role := os.Getenv(envRole); role != "" {
 		os.Exit(runChild(role, roles))
 	}
 	os.Exit(run(m))
 }
 
-func runChild(role string, roles []map[string]func(*redis.Client) int) int {
+func runChild(role string, roles []map[string]func(redis.UniversalClient) int) int {
 	network, addr, ok := strings.Cut(os.Getenv(envRedis), "|")
 	if !ok {
 		fmt.Fprintln(os.Stderr, "redistest: child without", envRedis)
 		return 2
 	}
-	external = &redis.Options{Network: network, Addr: addr}
+	external = []string{network, addr}
 	for _, r := range roles {
 		if fn := r[role]; fn != nil {
-			c := redis.NewClient(Options())
+			c := newClient()
 			defer c.Close()
 			return fn(c)
 		}
@@ -81,9 +94,15 @@ type Child struct {
 // child is killed when the test ends if it is still running.
 func Spawn(t testing.TB, role string, env ...string) *Child {
 	t.Helper()
-	s := Server(t)
+	target := ""
+	if cluster != nil {
+		target = "cluster|" + strings.Join(cluster.Addrs(), ",")
+	} else {
+		s := Server(t)
+		target = s.Network + "|" + s.Addr
+	}
 	c := &Child{Cmd: exec.Command(os.Args[0], "-test.run=^$")}
-	c.Cmd.Env = append(os.Environ(), envRole+"="+role, envRedis+"="+s.Network+"|"+s.Addr)
+	c.Cmd.Env = append(os.Environ(), envRole+"="+role, envRedis+"="+target)
 	c.Cmd.Env = append(c.Cmd.Env, env...)
 	c.Cmd.Stdout, c.Cmd.Stderr = &c.Stdout, &c.stderr
 	if err := c.Cmd.Start(); err != nil {
@@ -109,6 +128,17 @@ func (c *Child) Wait(t testing.TB, killed bool) {
 }
 
 func run(m *testing.M) int {
+	if ClusterMode() {
+		c, err := redisserver.StartCluster(context.Background(), 3, 1)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "redistest:", err)
+			return 2
+		}
+		cluster = c
+		code := m.Run()
+		c.Stop()
+		return leakCheck(code)
+	}
 	s, err := redisserver.Start(context.Background(), nil)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "redistest:", err)
@@ -120,6 +150,10 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "redistest:", err)
 		return 2
 	}
+	return leakCheck(code)
+}
+
+func leakCheck(code int) int {
 	// Every test closes what it opened: no goroutine may outlive the tests.
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
@@ -130,32 +164,40 @@ func run(m *testing.M) int {
 	return code
 }
 
-// Options returns go-redis options that dial the running server, for examples
-// that build their own client (in an application: &redis.Options{Addr: ...}).
-func Options() *redis.Options {
-	if external != nil {
-		o := *external
-		return &o
-	}
-	if server == nil {
-		panic("redistest: no redis-server; call redistest.Main from TestMain")
-	}
-	return server.Options()
-}
-
-// Server returns the running server; it fails the test if Main did not start
-// one.
+// Server returns the running standalone server; it fails the test if Main
+// did not start one (or started a cluster).
 func Server(t testing.TB) *redisserver.Server {
 	t.Helper()
 	if server == nil {
-		t.Fatal("redistest: no redis-server; call redistest.Main from TestMain")
+		t.Fatal("redistest: no standalone redis-server; call redistest.Main from TestMain")
 	}
 	return server
 }
 
+// newClient returns a client on whatever Main started (or the parent's, in a
+// child process).
+func newClient() redis.UniversalClient {
+	switch {
+	case len(external) == 2 && external[0] == "cluster":
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(external[1], ",")})
+	case len(external) == 2:
+		return redis.NewClient(&redis.Options{Network: external[0], Addr: external[1]})
+	case cluster != nil:
+		return redis.NewClusterClient(cluster.Options())
+	case server != nil:
+		return redis.NewClient(server.Options())
+	}
+	panic("redistest: no redis-server; call redistest.Main from TestMain")
+}
+
+// NewClient returns a new client on the test server (a cluster client in
+// cluster mode), for examples that build their own; the caller closes it.
+// In an application: redis.NewClient(&redis.Options{Addr: "localhost:6379"}).
+func NewClient() redis.UniversalClient { return newClient() }
+
 // Conn is a test's view of the server.
 type Conn struct {
-	*redis.Client
+	redis.UniversalClient
 	// Counter counts what this client sends.
 	Counter *Counter
 	// Prefix is unique to the test; use it as a key prefix.
@@ -167,15 +209,51 @@ type Conn struct {
 // hand-shake is not counted.
 func Connect(t testing.TB) *Conn {
 	t.Helper()
-	c := redis.NewClient(Server(t).Options())
+	if server == nil && cluster == nil {
+		t.Fatal("redistest: no redis-server; call redistest.Main from TestMain")
+	}
+	c := newClient()
 	t.Cleanup(func() { _ = c.Close() })
 	if err := c.Ping(context.Background()).Err(); err != nil {
 		t.Fatalf("redistest: ping: %v", err)
 	}
+	if cc, ok := c.(*redis.ClusterClient); ok { // learn the slots before counting
+		if err := cc.ForEachShard(context.Background(), func(ctx context.Context, n *redis.Client) error {
+			return n.Ping(ctx).Err()
+		}); err != nil {
+			t.Fatalf("redistest: ping shards: %v", err)
+		}
+	}
 	ctr := &Counter{}
 	c.AddHook(ctr)
 	name := strings.NewReplacer("/", ".", " ", "_").Replace(t.Name())
-	return &Conn{Client: c, Counter: ctr, Prefix: fmt.Sprintf("t%d.%s", prefixes.Add(1), name)}
+	return &Conn{UniversalClient: c, Counter: ctr, Prefix: fmt.Sprintf("t%d.%s", prefixes.Add(1), name)}
+}
+
+// AllKeys returns the keys matching pattern on every master (KEYS on one node
+// would miss the others' in a cluster).
+func (c *Conn) AllKeys(ctx context.Context, pattern string) ([]string, error) {
+	var out []string
+	var mu sync.Mutex
+	each := func(ctx context.Context, n *redis.Client) error {
+		keys, err := n.Keys(ctx, pattern).Result()
+		mu.Lock()
+		out = append(out, keys...)
+		mu.Unlock()
+		return err
+	}
+	if cc, ok := c.UniversalClient.(*redis.ClusterClient); ok {
+		return out, cc.ForEachMaster(ctx, each)
+	}
+	return out, each(ctx, c.UniversalClient.(*redis.Client))
+}
+
+// FlushMasters empties every master.
+func (c *Conn) FlushMasters(ctx context.Context) error {
+	if cc, ok := c.UniversalClient.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return n.FlushDB(ctx).Err() })
+	}
+	return c.UniversalClient.FlushDB(ctx).Err()
 }
 
 // Counter is a redis.Hook that counts round trips (a single command or a whole

@@ -1,0 +1,107 @@
+package guard_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/guard"
+	"github.com/cacheguard/cacheguard/internal/redisserver"
+)
+
+// TestClusterFailover: a Guard on a real 3-master, 3-replica Redis Cluster
+// keeps serving when a master is SIGKILLed: after the replica takes over, the
+// same client answers every known ID again (never a false ErrNotFound, even
+// during the failover) and Info describes the filter.
+// readSome reads n known IDs and counts Redis errors; a false ErrNotFound
+// fails the test.
+func readSome(t *testing.T, g *guard.Guard, d *db, n int) (errs int) {
+	t.Helper()
+	for i := range n {
+		id := fmt.Sprintf("p%d", i)
+		p, err := guard.Get(context.Background(), g, id, d.load)
+		switch {
+		case errors.Is(err, guard.ErrNotFound):
+			t.Fatalf("%s: false ErrNotFound", id)
+		case err != nil:
+			if errs == 0 {
+				t.Logf("%s: %v", id, err)
+			}
+			errs++
+		case p.ID != id:
+			t.Fatalf("%s: got %+v", id, p)
+		}
+	}
+	return errs
+}
+
+func TestClusterFailover(t *testing.T) {
+	ctx := context.Background()
+	cl, err := redisserver.StartCluster(ctx, 3, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Stop()
+	// Short dial and read timeouts: during the failover, calls to the dead
+	// master fail fast instead of stalling the test.
+	opts := cl.Options()
+	opts.DialTimeout, opts.ReadTimeout, opts.MaxRedirects = 200*time.Millisecond, 500*time.Millisecond, 1
+	rdb := redis.NewClusterClient(opts)
+	defer rdb.Close()
+	// Several shards, so the filter spreads over the masters too.
+	g, err := guard.New(ctx, rdb, "product", &guard.Options{ExpectedItems: 200_000, LockTTL: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	d := newDB(1000)
+	if _, err := g.Rebuild(ctx, ids("p", 1000), nil); err != nil {
+		t.Fatal(err)
+	}
+	readAll := func() int { return readSome(t, g, d, 1000) }
+	if errs := readAll(); errs != 0 {
+		t.Fatalf("%d errors on a healthy cluster", errs)
+	}
+	if _, err := guard.Get(ctx, g, "unknown", d.load); !errors.Is(err, guard.ErrNotFound) {
+		t.Fatalf("unknown: %v", err)
+	}
+
+	masters, err := cl.Masters(ctx)
+	if err != nil || len(masters) != 3 {
+		t.Fatalf("masters: %d, %v", len(masters), err)
+	}
+	if err := masters[0].Kill(); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	during := readSome(t, g, d, 30)
+	if err := cl.WaitHealthy(ctx, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("cluster healthy again %v after the kill", time.Since(killed).Round(time.Millisecond))
+	// The same client, no restart: go-redis follows the new slot owners.
+	var after int
+	for range 50 {
+		if after = readAll(); after == 0 {
+			break
+		}
+		t.Logf("%d errors at %v", after, time.Since(killed).Round(time.Millisecond))
+		time.Sleep(100 * time.Millisecond)
+	}
+	if after != 0 {
+		t.Fatalf("%d errors after the failover", after)
+	}
+	in, err := g.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("master %s killed; %d Redis errors (no false not-found) during the failover; serving again %v after the kill; Info: generation %d, ready %v, %d shards, %d bits set, estimated FP %.4f%%, stats %+v",
+		masters[0].Addr, during, time.Since(killed).Round(time.Millisecond), in.Generation, in.Ready, in.Config.Shards, in.BitsSet, in.EstimatedFPRate*100, g.Stats())
+	if !in.Ready || in.BitsSet == 0 {
+		t.Fatalf("Info %+v", in)
+	}
+}

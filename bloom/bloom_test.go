@@ -129,6 +129,33 @@ func TestOneCommandPerCall(t *testing.T) {
 	}
 }
 
+// TestAddManyLargeBatch: one AddMany of 20,000 IDs into a single shard (far
+// more offsets than one Lua unpack() can take).
+func TestAddManyLargeBatch(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	f, err := bloom.Open(ctx, c, c.Prefix+":bf", &bloom.Options{ExpectedItems: 100_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Rebuild(ctx, seq("", 0), nil); err != nil {
+		t.Fatal(err)
+	}
+	batch := ids("big-", 0, 20_000)
+	if err := f.AddMany(ctx, batch); err != nil {
+		t.Fatal(err)
+	}
+	got, err := f.TestMany(ctx, batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, ok := range got {
+		if !ok {
+			t.Fatalf("%s missing after AddMany", batch[i])
+		}
+	}
+}
+
 func TestNotReadyUntilRebuiltAndAfterLoss(t *testing.T) {
 	ctx := context.Background()
 	c := redistest.Connect(t)

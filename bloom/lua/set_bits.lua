@@ -9,12 +9,17 @@
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
 end
-local args = {}
-for i = 1, #ARGV do
-  args[#args + 1] = 'SET'
-  args[#args + 1] = 'u1'
-  args[#args + 1] = ARGV[i]
-  args[#args + 1] = 1
+-- BITFIELD takes the offsets in slices: unpack() of more than a few thousand
+-- values overflows Lua's C stack.
+local slice = 1000
+for first = 1, #ARGV, slice do
+  local args = {}
+  for i = first, math.min(first + slice - 1, #ARGV) do
+    args[#args + 1] = 'SET'
+    args[#args + 1] = 'u1'
+    args[#args + 1] = ARGV[i]
+    args[#args + 1] = 1
+  end
+  redis.call('BITFIELD', KEYS[1], unpack(args))
 end
-redis.call('BITFIELD', KEYS[1], unpack(args))
 return 1

@@ -60,6 +60,10 @@ var (
 	ErrInvalidOptions = errors.New("cacheguard: invalid options")
 	// ErrBusy: another process was loading the ID for longer than LockWait.
 	ErrBusy = loader.ErrBusy
+	// ErrUnavailable is wrapped (with the Redis error) by every error that
+	// Redis failing to answer causes: retry later, or serve from the source
+	// of truth. It is never ErrNotFound.
+	ErrUnavailable = errors.New("cacheguard: redis unavailable")
 )
 
 var (
@@ -421,11 +425,11 @@ func fetch[T any](ctx context.Context, g *Guard, id, vkey string, load func(cont
 			g.autoRebuild()
 		default:
 			g.redisError(ctx, "bloom probe", berr)
-			return flight{outcome: outFailed}, fmt.Errorf("cacheguard: %s %q: %w", g.name, id, berr)
+			return flight{outcome: outFailed}, fmt.Errorf("cacheguard: %s %q: %w: %w", g.name, id, ErrUnavailable, berr)
 		}
 	default:
 		g.redisError(ctx, "read", err)
-		return flight{outcome: outFailed}, fmt.Errorf("cacheguard: %s %q: read: %w", g.name, id, err)
+		return flight{outcome: outFailed}, fmt.Errorf("cacheguard: %s %q: read: %w: %w", g.name, id, ErrUnavailable, err)
 	}
 
 	return fill(ctx, g, id, vkey, load, out, decoded)
@@ -446,7 +450,7 @@ func fill[T any](ctx context.Context, g *Guard, id, vkey string, load func(conte
 		case err != nil:
 			g.redisError(ctx, "read", err)
 			res = flight{outcome: outFailed}
-			return true, fmt.Errorf("cacheguard: %s %q: read: %w", g.name, id, err)
+			return true, fmt.Errorf("cacheguard: %s %q: read: %w: %w", g.name, id, ErrUnavailable, err)
 		}
 		var zero T
 		*out = zero
@@ -514,7 +518,7 @@ func fill[T any](ctx context.Context, g *Guard, id, vkey string, load func(conte
 		return flight{outcome: outFailed}, fmt.Errorf("cacheguard: %s %q: %w", g.name, id, ErrBusy)
 	case err != nil && res.outcome == 0:
 		g.redisError(ctx, "lock", err)
-		return flight{outcome: outFailed}, fmt.Errorf("cacheguard: %s %q: %w", g.name, id, err)
+		return flight{outcome: outFailed}, fmt.Errorf("cacheguard: %s %q: %w: %w", g.name, id, ErrUnavailable, err)
 	}
 	return res, err
 }
@@ -549,6 +553,32 @@ func (g *Guard) jitter(d time.Duration) time.Duration {
 		d = time.Duration(float64(d) * (1 + j*(2*rand.Float64()-1)))
 	}
 	return max(d, time.Millisecond)
+}
+
+// MayExist asks only the bloom filter whether id may exist: false means the
+// ID certainly does not (one BITFIELD_RO). It is what HTTP middleware uses to
+// turn away unknown IDs before a handler runs. A malformed ID gives
+// ErrInvalidKey without a Redis command; a filter that is not ready answers
+// true (fail open); Redis failures wrap ErrUnavailable.
+func (g *Guard) MayExist(ctx context.Context, id string) (bool, error) {
+	if _, err := g.keys.value(id); err != nil {
+		return false, err
+	}
+	maybe, err := g.bloom.Test(ctx, id)
+	switch {
+	case err == nil:
+		if !maybe {
+			g.stats.rejects.Add(1)
+		}
+		return maybe, nil
+	case errors.Is(err, bloom.ErrNotReady):
+		g.stats.bypasses.Add(1)
+		g.autoRebuild()
+		return true, nil
+	default:
+		g.redisError(ctx, "bloom probe", err)
+		return false, fmt.Errorf("cacheguard: %s %q: %w: %w", g.name, id, ErrUnavailable, err)
+	}
 }
 
 // Add registers newly created IDs in the bloom filter. Call it after the

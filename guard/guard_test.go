@@ -607,15 +607,18 @@ func TestRedisDownIsNotNotFound(t *testing.T) {
 	}
 	for _, id := range []string{"p1", "unknown"} {
 		_, err := guard.Get(ctx, g, id, d.load)
-		if err == nil || errors.Is(err, guard.ErrNotFound) {
-			t.Fatalf("%s with Redis down: err = %v, want a Redis error", id, err)
+		if !errors.Is(err, guard.ErrUnavailable) || errors.Is(err, guard.ErrNotFound) {
+			t.Fatalf("%s with Redis down: err = %v, want ErrUnavailable", id, err)
 		}
 	}
 	if d.calls.Load() != 0 {
 		t.Fatalf("loader called %d times with Redis down", d.calls.Load())
 	}
-	if st := g.Stats(); st.RedisErrors != 2 {
+	if st := g.Stats(); st.RedisErrors < 2 {
 		t.Fatalf("stats %+v", st)
+	}
+	if _, err := g.MayExist(ctx, "p1"); !errors.Is(err, guard.ErrUnavailable) {
+		t.Fatalf("MayExist with Redis down: %v", err)
 	}
 	if _, err := guard.New(ctx, rdb, "other", nil); err == nil {
 		t.Fatal("New on an unreachable Redis succeeded")
@@ -643,5 +646,32 @@ func TestOptionsValidation(t *testing.T) {
 	}
 	if _, err := guard.Get[int](ctx, nil, "x", nil); err == nil {
 		t.Fatal("nil Guard accepted")
+	}
+}
+
+func TestMayExist(t *testing.T) {
+	ctx := context.Background()
+	c, g, _ := setup(t, 10, nil)
+	for id, want := range map[string]bool{"p1": true, "p9": true, "nope": false} {
+		c.Counter.Reset()
+		got, err := g.MayExist(ctx, id)
+		if err != nil || got != want {
+			t.Fatalf("MayExist(%s) = %v, %v", id, got, err)
+		}
+		if c.Counter.Commands() != 1 {
+			t.Fatalf("MayExist sent %d commands", c.Counter.Commands())
+		}
+	}
+	c.Counter.Reset()
+	if _, err := g.MayExist(ctx, "{x}\x00"); !errors.Is(err, guard.ErrInvalidKey) || c.Counter.Commands() != 0 {
+		t.Fatalf("malformed: %v, %d commands", err, c.Counter.Commands())
+	}
+	fresh, err := guard.New(ctx, c, "fresh", &guard.Options{KeyPrefix: c.Prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fresh.Close()
+	if ok, err := fresh.MayExist(ctx, "anything"); !ok || err != nil {
+		t.Fatalf("not-ready filter must fail open: %v, %v", ok, err)
 	}
 }

@@ -2,12 +2,15 @@
 #             gofmt check, go vet, go test -race over every package against a
 #             private redis-server, and the Redis-facing packages once more
 #             against a private 3-master, 3-replica Redis Cluster.
-# make demo : runs the demo against a redis-server it starts itself.
+# make demo : the demo shop (examples/shop): seeds SQLite, starts its own
+#             redis-server, attacks itself with and without the guard, prints
+#             the table and keeps serving until Ctrl-C
+#             (make demo DEMO_ARGS=-exit stops after the table).
 # make bench: the benchmarks, with allocations.
 GO ?= go
 PKGS := ./...
 
-.PHONY: test demo bench deps fmt-check vet fuzz
+.PHONY: test demo quickstart bench deps fmt-check vet fuzz
 
 deps:
 	@./scripts/ensure-deps.sh
@@ -23,9 +26,15 @@ CLUSTER_PKGS := ./bloom ./lock ./loader ./guard
 
 test: deps fmt-check vet
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
+	cd examples/shop && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 10m ./...
 	CG_TEST_CLUSTER=1 $(GO) test -race -count=1 -timeout 15m $(CLUSTER_PKGS)
 
+DEMO_ARGS ?=
+
 demo: deps
+	cd examples/shop && $(GO) run . demo $(DEMO_ARGS)
+
+quickstart: deps
 	$(GO) run ./examples/quickstart
 
 bench: deps

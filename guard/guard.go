@@ -60,6 +60,8 @@ var (
 	ErrInvalidOptions = errors.New("cacheguard: invalid options")
 	// ErrBusy: another process was loading the ID for longer than LockWait.
 	ErrBusy = loader.ErrBusy
+	// ErrClosed: the Guard was closed.
+	ErrClosed = errors.New("cacheguard: guard closed")
 	// ErrUnavailable is wrapped (with the Redis error) by every error that
 	// Redis failing to answer causes: retry later, or serve from the source
 	// of truth. It is never ErrNotFound.
@@ -150,6 +152,9 @@ type Guard struct {
 	rebuilds       sync.WaitGroup
 	closing        chan struct{}
 	closeOnce      sync.Once
+
+	life   sync.RWMutex // read-held by every running flight; Close takes it to set closed
+	closed bool         // guarded by life
 }
 
 // New opens the Guard called name (letters, digits, '_', '-', '.') on rdb,
@@ -268,10 +273,16 @@ func resolve(opts *Options) (Options, error) {
 func (g *Guard) Name() string { return g.name }
 
 // Close ends the Guard's pub/sub subscription and any background rebuild.
-// Gets that need to wait for another process's load fail after Close.
+//
+// Close waits for the flights that are running (each is bounded by the read,
+// LoadTimeout and LockWait) so that their cache writes land before the caller
+// closes the Redis client; later Gets fail with ErrClosed.
 func (g *Guard) Close() error {
 	g.closeOnce.Do(func() { close(g.closing) })
 	g.rebuilds.Wait()
+	g.life.Lock()
+	g.closed = true
+	g.life.Unlock()
 	return g.coord.Close()
 }
 
@@ -368,6 +379,13 @@ func Get[T any](ctx context.Context, g *Guard, id string, load func(ctx context.
 	)
 	fl, shared, err := g.flights.Do(ctx, vkey, func(fctx context.Context) (flight, error) {
 		mine = true
+		// Close waits for running flights (they write to Redis after their
+		// callers may have left); none starts after it.
+		g.life.RLock()
+		defer g.life.RUnlock()
+		if g.closed {
+			return flight{outcome: outFailed}, ErrClosed
+		}
 		return fetch(fctx, g, id, vkey, load, &v, &decoded)
 	})
 	g.stats.count(fl.outcome, shared && !mine)
@@ -387,17 +405,21 @@ func Get[T any](ctx context.Context, g *Guard, id string, load func(ctx context.
 // write. On a hit it decodes into out (to tell a corrupt entry from a good
 // one) and sets *decoded.
 func fetch[T any](ctx context.Context, g *Guard, id, vkey string, load func(context.Context, string) (T, error), out *T, decoded *bool) (flight, error) {
-	pipe := g.rdb.Pipeline()
-	probe := g.bloom.Queue(ctx, pipe, id)
-	get := pipe.Get(ctx, vkey)
-	_, _ = pipe.Exec(ctx) // errors are read per command below
-	raw, err := get.Bytes()
-	switch {
-	case err == nil:
-		derr := codec.Decode(g.opts.Codec, raw, out)
+	r, ok := peekedFor(ctx, g, id)
+	if !ok {
+		var err error
+		if r, err = g.read(ctx, id, vkey); err != nil {
+			return flight{outcome: outFailed}, err
+		}
+	}
+	switch r.verdict {
+	case verdictRejected:
+		return flight{outcome: outRejected}, ErrNotFound
+	case verdictEntry:
+		derr := codec.Decode(g.opts.Codec, r.raw, out)
 		if derr == nil {
 			*decoded = true
-			return flight{frame: raw, outcome: outHit}, nil
+			return flight{frame: r.raw, outcome: outHit}, nil
 		}
 		if errors.Is(derr, codec.ErrEmpty) {
 			return flight{outcome: outEmpty}, ErrNotFound
@@ -407,32 +429,107 @@ func fetch[T any](ctx context.Context, g *Guard, id, vkey string, load func(cont
 		// is not asked.
 		var zero T
 		*out = zero
-		g.dropCorrupt(ctx, vkey, raw, derr)
-	case errors.Is(err, redis.Nil):
-		maybe, berr := probe.Result(ctx)
-		switch {
-		case berr == nil && !maybe:
-			return flight{outcome: outRejected}, ErrNotFound
-		case berr == nil:
-			if g.bypassing.Load() && g.bypassing.CompareAndSwap(true, false) {
-				g.log.InfoContext(ctx, "cacheguard: bloom filter answering again")
-			}
-		case errors.Is(berr, bloom.ErrNotReady):
-			g.stats.bypasses.Add(1)
-			if g.bypassing.CompareAndSwap(false, true) {
-				g.log.WarnContext(ctx, "cacheguard: bloom filter not ready (never rebuilt, or lost by Redis); failing open until Rebuild")
-			}
-			g.autoRebuild()
-		default:
-			g.redisError(ctx, "bloom probe", berr)
-			return flight{outcome: outFailed}, fmt.Errorf("cacheguard: %s %q: %w: %w", g.name, id, ErrUnavailable, berr)
-		}
-	default:
-		g.redisError(ctx, "read", err)
-		return flight{outcome: outFailed}, fmt.Errorf("cacheguard: %s %q: read: %w: %w", g.name, id, ErrUnavailable, err)
+		g.dropCorrupt(ctx, vkey, r.raw, derr)
 	}
-
 	return fill(ctx, g, id, vkey, load, out, decoded)
+}
+
+// verdict is what the read round trip found.
+type verdict uint8
+
+const (
+	verdictMiss     verdict = iota // no entry, and the filter says maybe (or cannot say)
+	verdictRejected                // no entry, and the filter says absent
+	verdictEntry                   // a cached value or empty marker: raw
+)
+
+type readResult struct {
+	verdict verdict
+	raw     []byte
+}
+
+// read is the one round trip of every Get: the bloom probe and the GET of the
+// value key, pipelined. Redis failures come back wrapping ErrUnavailable.
+func (g *Guard) read(ctx context.Context, id, vkey string) (readResult, error) {
+	pipe := g.rdb.Pipeline()
+	probe := g.bloom.Queue(ctx, pipe, id)
+	get := pipe.Get(ctx, vkey)
+	_, _ = pipe.Exec(ctx) // errors are read per command below
+	raw, err := get.Bytes()
+	switch {
+	case err == nil:
+		return readResult{verdict: verdictEntry, raw: raw}, nil
+	case !errors.Is(err, redis.Nil):
+		g.redisError(ctx, "read", err)
+		return readResult{}, fmt.Errorf("cacheguard: %s %q: read: %w: %w", g.name, id, ErrUnavailable, err)
+	}
+	maybe, berr := probe.Result(ctx)
+	switch {
+	case berr == nil && !maybe:
+		return readResult{verdict: verdictRejected}, nil
+	case berr == nil:
+		if g.bypassing.Load() && g.bypassing.CompareAndSwap(true, false) {
+			g.log.InfoContext(ctx, "cacheguard: bloom filter answering again")
+		}
+	case errors.Is(berr, bloom.ErrNotReady):
+		g.stats.bypasses.Add(1)
+		if g.bypassing.CompareAndSwap(false, true) {
+			g.log.WarnContext(ctx, "cacheguard: bloom filter not ready (never rebuilt, or lost by Redis); failing open until Rebuild")
+		}
+		g.autoRebuild()
+	default:
+		g.redisError(ctx, "bloom probe", berr)
+		return readResult{}, fmt.Errorf("cacheguard: %s %q: %w: %w", g.name, id, ErrUnavailable, berr)
+	}
+	return readResult{verdict: verdictMiss}, nil
+}
+
+// peekKey is the context key under which Peek leaves what it read.
+type peekKey struct{}
+
+type peeked struct {
+	g    *Guard
+	id   string
+	r    readResult
+	used atomic.Bool // a peek serves one Get: a later Get in the same request reads afresh
+}
+
+func peekedFor(ctx context.Context, g *Guard, id string) (readResult, bool) {
+	p, ok := ctx.Value(peekKey{}).(*peeked)
+	if !ok || p.g != g || p.id != id || p.used.Swap(true) {
+		return readResult{}, false
+	}
+	return p.r, true
+}
+
+// Peek does Get's read round trip (bloom probe and cache GET) without
+// loading, and reports whether id may exist: false when the filter has never
+// seen it or an empty marker is cached. It returns a context that carries
+// what it read, so that the next Get of the same id on this Guard with that
+// context (or one derived from it) skips its own read: HTTP middleware built
+// on Peek costs no extra round trip. Only that one Get uses it; any later Get
+// reads afresh (say, after the handler wrote and invalidated). A malformed id gives ErrInvalidKey without a
+// Redis command; Redis failures wrap ErrUnavailable. A filter that is not
+// ready answers true (fail open).
+func (g *Guard) Peek(ctx context.Context, id string) (context.Context, bool, error) {
+	vkey, err := g.keys.value(id)
+	if err != nil {
+		return ctx, false, err
+	}
+	r, err := g.read(ctx, id, vkey)
+	if err != nil {
+		return ctx, false, err
+	}
+	exists := true
+	switch {
+	case r.verdict == verdictRejected:
+		g.stats.rejects.Add(1)
+		exists = false
+	case r.verdict == verdictEntry && len(r.raw) == 1 && r.raw[0] == codec.KindEmpty:
+		g.stats.empty.Add(1)
+		exists = false
+	}
+	return context.WithValue(ctx, peekKey{}, &peeked{g: g, id: id, r: r}), exists, nil
 }
 
 // fill runs a miss through the Coordinator: one load per key across

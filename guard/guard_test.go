@@ -675,3 +675,42 @@ func TestMayExist(t *testing.T) {
 		t.Fatalf("not-ready filter must fail open: %v, %v", ok, err)
 	}
 }
+
+// TestPeek: Peek's read serves the next Get of the same ID (one round trip in
+// all), and only that one.
+func TestPeek(t *testing.T) {
+	ctx := context.Background()
+	c, g, d := setup(t, 10, nil)
+	if _, err := guard.Get(ctx, g, "p1", d.load); err != nil { // cache it
+		t.Fatal(err)
+	}
+	c.Counter.Reset()
+	pctx, ok, err := g.Peek(ctx, "p1")
+	if err != nil || !ok {
+		t.Fatalf("Peek(p1) = %v, %v", ok, err)
+	}
+	if p, err := guard.Get(pctx, g, "p1", d.load); err != nil || p.Price != 1 {
+		t.Fatalf("Get after Peek: %+v, %v", p, err)
+	}
+	if n := c.Counter.RoundTrips(); n != 1 {
+		t.Fatalf("Peek + Get took %d round trips, want 1", n)
+	}
+	if _, err := guard.Get(pctx, g, "p1", d.load); err != nil || c.Counter.RoundTrips() != 2 {
+		t.Fatalf("a second Get must read again: %v, %d round trips", err, c.Counter.RoundTrips())
+	}
+	if _, ok, err := g.Peek(ctx, "unknown"); ok || err != nil {
+		t.Fatalf("Peek(unknown) = %v, %v", ok, err)
+	}
+	// A peek on a miss sends the Get straight to the load.
+	pctx, ok, err = g.Peek(ctx, "p2")
+	if err != nil || !ok {
+		t.Fatalf("Peek(p2) = %v, %v", ok, err)
+	}
+	c.Counter.Reset()
+	if _, err := guard.Get(pctx, g, "p2", d.load); err != nil {
+		t.Fatal(err)
+	}
+	if names := c.Counter.Names(); names["bitfield_ro"] != 0 {
+		t.Fatalf("Get after a peeked miss read again: %v", names)
+	}
+}

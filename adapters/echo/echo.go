@@ -3,10 +3,12 @@
 // its database) sees them.
 //
 // The middleware reads the ID from a path parameter (":id" by default) and
-// asks the Guard's bloom filter (one Redis command): an ID the filter has
-// never seen ends in NotFound(), a malformed one in a 400 (no Redis command),
-// and anything else goes on to the handler, which reads through guard.Get as
-// usual and returns HTTPError(err) on failure. Rejections are *echo.HTTPError
+// does the read round trip of guard.Get (Guard.Peek: bloom probe and cache
+// GET): an ID the filter has never seen (or whose empty marker is cached)
+// ends in NotFound(), a malformed one in a 400 (no Redis command), and
+// anything else goes on to the handler, whose guard.Get reuses what the
+// middleware read (a hit is still one round trip) and returns HTTPError(err)
+// on failure. Rejections are *echo.HTTPError
 // values whose Message is an RFC 9457 Problem, so the application's own error
 // handler renders them (ErrorHandler renders them as application/problem+json),
 // and a filter rejection is byte for byte the handler's own "not found": the
@@ -156,9 +158,12 @@ func MiddlewareWithConfig(g *guard.Guard, cfg Config) labecho.MiddlewareFunc {
 			if !cfg.Valid(id) {
 				return problem(http.StatusBadRequest, "malformed id")
 			}
-			maybe, err := g.MayExist(c.Request().Context(), id)
+			// Peek is Get's own read; the handler's guard.Get reuses it,
+			// so the check costs no extra round trip.
+			ctx, maybe, err := g.Peek(c.Request().Context(), id)
 			switch {
 			case err == nil && maybe:
+				c.SetRequest(c.Request().WithContext(ctx))
 				return next(c)
 			case err == nil:
 				return NotFound()

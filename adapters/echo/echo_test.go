@@ -74,6 +74,10 @@ func TestUnknownKnownMalformed(t *testing.T) {
 	if rec := get(a.e, "/products/1"); rec.Code != 200 || rec.Body.String() != "lamp" {
 		t.Fatalf("known: %d %q", rec.Code, rec.Body)
 	}
+	c.Counter.Reset()
+	if rec := get(a.e, "/products/1"); rec.Code != 200 || c.Counter.RoundTrips() != 1 {
+		t.Fatalf("hit through the middleware: %d, %d round trips", rec.Code, c.Counter.RoundTrips())
+	}
 	real := get(a.e, "/products/3")
 	loads := a.loads.Load()
 	rejected := get(a.e, "/products/999")

@@ -3,10 +3,12 @@
 // its database) sees them.
 //
 // Middleware reads the ID from the request (by default r.PathValue("id")),
-// and asks the Guard's bloom filter (one Redis command): an ID the filter has
-// never seen gets 404, a malformed one 400 (no Redis command at all), and
-// anything else goes on to the handler, which reads through guard.Get as
-// usual. Answers are RFC 9457 problem details (application/problem+json)
+// and does the read round trip of guard.Get (Guard.Peek: bloom probe and
+// cache GET): an ID the filter has never seen, or whose empty marker is
+// cached, gets 404, a malformed one 400 (no Redis command at all), and
+// anything else goes on to the handler, whose guard.Get reuses what the
+// middleware read: a cache hit through the middleware is still one round
+// trip. Answers are RFC 9457 problem details (application/problem+json)
 // without internal error text. The 404 body is the one NotFound writes, byte
 // for byte, so a client cannot tell a filter rejection from the handler's own
 // "not found": the filter is no oracle of which IDs exist. When Redis cannot
@@ -85,10 +87,12 @@ func Middleware(g *guard.Guard, opts *Options) func(http.Handler) http.Handler {
 				write(w, http.StatusBadRequest, badRequestBody)
 				return
 			}
-			maybe, err := g.MayExist(r.Context(), id)
+			// Peek is Get's own read; the handler's guard.Get reuses it,
+			// so the check costs no extra round trip.
+			ctx, maybe, err := g.Peek(r.Context(), id)
 			switch {
 			case err == nil && maybe:
-				next.ServeHTTP(w, r)
+				next.ServeHTTP(w, r.WithContext(ctx))
 			case err == nil:
 				NotFound(w, r)
 			case errors.Is(err, guard.ErrInvalidKey):

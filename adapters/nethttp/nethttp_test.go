@@ -90,6 +90,15 @@ func TestUnknownKnownMalformed(t *testing.T) {
 	if rec := get(t, h, "/users/1"); rec.Code != 200 || rec.Body.String() != "user Ada" {
 		t.Fatalf("known: %d %q", rec.Code, rec.Body)
 	}
+	// A hit through the middleware: the handler's Get reuses its read.
+	c.Counter.Reset()
+	if rec := get(t, h, "/users/1"); rec.Code != 200 || c.Counter.RoundTrips() != 1 {
+		t.Fatalf("hit: %d, %d round trips", rec.Code, c.Counter.RoundTrips())
+	}
+	c.Counter.Reset()
+	if rec := get(t, h, "/users/999"); rec.Code != 404 || c.Counter.RoundTrips() != 1 {
+		t.Fatalf("reject: %d, %d round trips", rec.Code, c.Counter.RoundTrips())
+	}
 
 	// A real not-found from the handler (ID 3 passes the filter, the DB has
 	// no row) and a filter rejection must be indistinguishable.

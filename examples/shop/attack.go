@@ -1,0 +1,253 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// attackOptions sizes the load run.
+type attackOptions struct {
+	Duration   time.Duration // per scenario and path
+	Workers    int           // concurrent clients for penetration and Zipf traffic
+	Burst      int           // concurrent GETs after each invalidation (stampede)
+	HotProduct string
+	Products   int // IDs 1..Products exist (Zipf draws from them)
+	Progress   io.Writer
+}
+
+// result is one row of the table.
+type result struct {
+	Scenario, Path             string
+	Requests, DBQueries, Redis int64
+	Errors                     int64
+	P50, P99                   time.Duration
+	Invalidations              int64
+}
+
+// counters are what /metrics says about one path.
+type counters struct{ db, redis int64 }
+
+func scrape(ctx context.Context, client *http.Client, base, path string) (counters, error) {
+	req, _ := http.NewRequestWithContext(ctx, "GET", base+"/metrics", nil)
+	resp, err := client.Do(req)
+	if err != nil {
+		return counters{}, err
+	}
+	defer resp.Body.Close()
+	var c counters
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		var dst *int64
+		switch {
+		case strings.HasPrefix(line, `shop_db_queries_total{path="`+path+`"}`):
+			dst = &c.db
+		case strings.HasPrefix(line, `shop_redis_commands_total{path="`+path+`"}`):
+			dst = &c.redis
+		default:
+			continue
+		}
+		f := strings.Fields(line)
+		*dst, _ = strconv.ParseInt(f[len(f)-1], 10, 64)
+	}
+	return c, sc.Err()
+}
+
+// attack runs every scenario against the naive baseline and the guarded
+// routes of the shop at base, and returns the rows.
+func attack(ctx context.Context, base string, o attackOptions) ([]result, error) {
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		MaxIdleConns: 512, MaxIdleConnsPerHost: 512, IdleConnTimeout: time.Minute,
+	}}
+	defer client.CloseIdleConnections()
+	paths := map[string]string{"naive": "/naive/products/", "guard": "/products/"}
+	type scen struct {
+		name string
+		run  func(ctx context.Context, prefix string, rec *recorder) int64
+	}
+	scenarios := []scen{
+		{"penetration", func(ctx context.Context, prefix string, rec *recorder) int64 {
+			// Random IDs that do not exist: the database must not pay for them.
+			workers(ctx, o.Workers, func(r *rand.Rand) {
+				rec.get(ctx, client, base+prefix+strconv.Itoa(10_000_000+r.IntN(1_000_000_000)), 404)
+			})
+			return 0
+		}},
+		{"stampede", func(ctx context.Context, prefix string, rec *recorder) int64 {
+			// The hot product is updated (and invalidated), then Burst
+			// clients ask for it at once; again and again.
+			var rounds int64
+			for ctx.Err() == nil {
+				body := fmt.Sprintf(`{"name":"Hot product","price_cents":%d}`, 1000+rounds)
+				req, _ := http.NewRequestWithContext(ctx, "PUT", base+"/products/"+o.HotProduct, strings.NewReader(body))
+				req.Header.Set("Content-Type", "application/json")
+				resp, err := client.Do(req)
+				if err != nil {
+					break
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					rec.errors.Add(1)
+					continue
+				}
+				rounds++
+				var wg sync.WaitGroup
+				start := make(chan struct{})
+				for range o.Burst {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						<-start
+						rec.get(context.WithoutCancel(ctx), client, base+prefix+o.HotProduct, 200)
+					}()
+				}
+				close(start)
+				wg.Wait()
+			}
+			return rounds
+		}},
+		{"zipf", func(ctx context.Context, prefix string, rec *recorder) int64 {
+			// Ordinary traffic: a few popular products, a long tail.
+			workers(ctx, o.Workers, func(r *rand.Rand) {
+				z := rand.NewZipf(r, 1.1, 1, uint64(o.Products-1))
+				rec.get(ctx, client, base+prefix+strconv.FormatUint(1+z.Uint64(), 10), 200)
+			})
+			return 0
+		}},
+	}
+	var out []result
+	for _, sc := range scenarios {
+		for _, path := range []string{"naive", "guard"} {
+			before, err := scrape(ctx, client, base, path)
+			if err != nil {
+				return nil, err
+			}
+			rec := &recorder{}
+			rctx, cancel := context.WithTimeout(ctx, o.Duration)
+			stopProgress := progress(o.Progress, sc.name, path, rec)
+			rounds := sc.run(rctx, paths[path], rec)
+			cancel()
+			stopProgress()
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			after, err := scrape(ctx, client, base, path)
+			if err != nil {
+				return nil, err
+			}
+			p50, p99 := rec.percentiles()
+			out = append(out, result{Scenario: sc.name, Path: path, Requests: rec.n.Load(),
+				DBQueries: after.db - before.db, Redis: after.redis - before.redis,
+				Errors: rec.errors.Load(), P50: p50, P99: p99, Invalidations: rounds})
+		}
+	}
+	return out, nil
+}
+
+// workers runs fn in n goroutines until ctx is done.
+func workers(ctx context.Context, n int, fn func(r *rand.Rand)) {
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(i), uint64(time.Now().UnixNano())))
+			for ctx.Err() == nil {
+				fn(r)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// recorder collects request counts, errors and latencies.
+type recorder struct {
+	n, errors atomic.Int64
+	mu        sync.Mutex // guards lat
+	lat       []time.Duration
+}
+
+func (rec *recorder) get(ctx context.Context, client *http.Client, url string, want int) {
+	start := time.Now()
+	req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+	resp, err := client.Do(req)
+	if err != nil {
+		if ctx.Err() == nil {
+			rec.errors.Add(1)
+			rec.n.Add(1)
+		}
+		return
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	took := time.Since(start)
+	rec.n.Add(1)
+	if resp.StatusCode != want {
+		rec.errors.Add(1)
+	}
+	rec.mu.Lock()
+	rec.lat = append(rec.lat, took)
+	rec.mu.Unlock()
+}
+
+func (rec *recorder) percentiles() (p50, p99 time.Duration) {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.lat) == 0 {
+		return 0, 0
+	}
+	slices.Sort(rec.lat)
+	return rec.lat[len(rec.lat)/2], rec.lat[len(rec.lat)*99/100]
+}
+
+// progress prints a live request count until stop is called.
+func progress(w io.Writer, scenario, path string, rec *recorder) (stop func()) {
+	if w == nil || w == io.Discard {
+		return func() {}
+	}
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() { // owned by the caller of progress; ends when stop is called
+		defer close(finished)
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		for {
+			fmt.Fprintf(w, "\r  %-12s %-6s %8d requests", scenario, path, rec.n.Load())
+			select {
+			case <-done:
+				fmt.Fprintf(w, "\r  %-12s %-6s %8d requests, done\n", scenario, path, rec.n.Load())
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() { close(done); <-finished }
+}
+
+// table renders the rows as a markdown table.
+func table(rows []result) string {
+	var b bytes.Buffer
+	fmt.Fprintln(&b, "| scenario | path | requests | DB queries | Redis commands | p50 | p99 | errors |")
+	fmt.Fprintln(&b, "|---|---|---:|---:|---:|---:|---:|---:|")
+	for _, r := range rows {
+		name := r.Scenario
+		if r.Invalidations > 0 {
+			name = fmt.Sprintf("%s (%d invalidations)", r.Scenario, r.Invalidations)
+		}
+		fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %s | %s | %d |\n", name, r.Path, r.Requests, r.DBQueries, r.Redis,
+			r.P50.Round(10*time.Microsecond), r.P99.Round(10*time.Microsecond), r.Errors)
+	}
+	return b.String()
+}

@@ -1,0 +1,204 @@
+// Command shop is a small but real shop service that reads through
+// cacheguard, and a load generator that shows what the guard saves.
+//
+//	shop demo   [-exit] [-duration 3s]   seed, serve, attack both paths, print the table, keep serving
+//	shop serve  [-addr 127.0.0.1:8080]   just the service
+//	shop attack -url http://127.0.0.1:8080 [-duration 3s]
+//
+// Data lives in SQLite (a file; -db) unless DATABASE_URL names a PostgreSQL
+// database. Redis is REDIS_URL, or else a redis-server the command starts on
+// a free local port and stops on exit. Routes:
+//
+//	GET    /products/:id        Echo + the Echo adapter + guard.Get
+//	POST   /products            insert, then Guard.Add
+//	PUT    /products/:id        update, then Guard.Invalidate
+//	DELETE /products/:id        delete, then Guard.Invalidate
+//	GET    /users/{id}          net/http + the net/http adapter + guard.Get
+//	GET    /naive/products/:id  the baseline: plain cache-aside (GET; on a miss query and SET)
+//	GET    /metrics             Prometheus text: DB queries, Redis commands, guard stats
+//	GET    /healthz
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/internal/redisserver"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	cmd, args := "demo", os.Args[1:]
+	if len(args) > 0 && args[0] != "" && args[0][0] != '-' {
+		cmd, args = args[0], args[1:]
+	}
+	var err error
+	switch cmd {
+	case "demo", "serve":
+		err = runServe(ctx, cmd == "demo", args, os.Stdout, os.Stderr)
+	case "attack":
+		err = runAttack(ctx, args, os.Stdout, os.Stderr)
+	default:
+		err = fmt.Errorf("unknown command %q (demo, serve, attack)", cmd)
+	}
+	if err != nil && !errors.Is(err, context.Canceled) {
+		fmt.Fprintln(os.Stderr, "shop:", err)
+		os.Exit(1)
+	}
+}
+
+func runServe(ctx context.Context, demo bool, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("shop", flag.ContinueOnError)
+	addr := fs.String("addr", "127.0.0.1:0", "listen address")
+	dbPath := fs.String("db", filepath.Join(os.TempDir(), "cacheguard-shop.db"), "SQLite file (when DATABASE_URL is not set)")
+	dbLatency := fs.Duration("db-latency", 2*time.Millisecond, "added to every query, as a networked database's round trip would be")
+	exit := fs.Bool("exit", false, "demo: exit after printing the table")
+	duration := fs.Duration("duration", 3*time.Second, "demo: length of each scenario on each path")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+
+	redisOpts, stopRedis, err := redisFromEnv(ctx, stdout)
+	if err != nil {
+		return err
+	}
+	defer stopRedis()
+
+	dsn := *dbPath
+	if u := os.Getenv("DATABASE_URL"); u != "" {
+		dsn = u
+	}
+	db, err := openStore(ctx, dsn)
+	if err != nil {
+		return fmt.Errorf("database: %w", err)
+	}
+	defer db.Close()
+	start := time.Now()
+	if err := seed(ctx, db, 100_000, 10_000); err != nil {
+		return fmt.Errorf("seed: %w", err)
+	}
+	fmt.Fprintf(stdout, "database ready (%s), seeded in %v\n", redact(dsn), time.Since(start).Round(time.Millisecond))
+
+	shop, err := newShop(ctx, db, redisOpts, *dbLatency, log)
+	if err != nil {
+		return err
+	}
+	defer shop.Close()
+
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: shop.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }() // ends when srv.Shutdown runs below
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+		<-served
+	}()
+	url := "http://" + ln.Addr().String()
+
+	if demo {
+		fmt.Fprintf(stdout, "attacking %s: each scenario for %v on the naive path, then on the guarded path (DB latency %v)\n", url, *duration, *dbLatency)
+		rows, err := attack(ctx, url, attackOptions{Duration: *duration, Workers: 32, Burst: 100, HotProduct: "1", Products: 100_000, Progress: stderr})
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(stdout)
+		fmt.Fprint(stdout, table(rows))
+		fmt.Fprintln(stdout)
+		fmt.Fprint(stdout, summary(rows))
+		if *exit {
+			return nil
+		}
+	}
+	fmt.Fprintf(stdout, "\nshop listening on %s  (try %s/products/42, %s/users/7, %s/metrics; Ctrl-C stops)\n", url, url, url, url)
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-served:
+		return err
+	}
+}
+
+func runAttack(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("attack", flag.ContinueOnError)
+	url := fs.String("url", "http://127.0.0.1:8080", "the shop's base URL")
+	duration := fs.Duration("duration", 3*time.Second, "length of each scenario on each path")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	rows, err := attack(ctx, *url, attackOptions{Duration: *duration, Workers: 32, Burst: 100, HotProduct: "1", Products: 100_000, Progress: stderr})
+	if err != nil {
+		return err
+	}
+	fmt.Fprint(stdout, table(rows))
+	fmt.Fprint(stdout, summary(rows))
+	return nil
+}
+
+// summary states the two ratios the demo is about.
+func summary(rows []result) string {
+	find := func(scenario, path string) result {
+		for _, r := range rows {
+			if r.Scenario == scenario && r.Path == path {
+				return r
+			}
+		}
+		return result{}
+	}
+	pn, pg := find("penetration", "naive"), find("penetration", "guard")
+	sn, sg := find("stampede", "naive"), find("stampede", "guard")
+	ratio := func(a, b int64) float64 {
+		if b == 0 {
+			return 0
+		}
+		return float64(a) / float64(b)
+	}
+	return fmt.Sprintf("penetration: the guarded path sent %.2f%% of the naive path's DB queries per request (%.4f vs %.4f)\n"+
+		"stampede: %.2f DB queries per invalidation guarded, %.2f naive\n",
+		100*ratio(pg.DBQueries*pn.Requests, pn.DBQueries*pg.Requests), ratio(pg.DBQueries, pg.Requests), ratio(pn.DBQueries, pn.Requests),
+		ratio(sg.DBQueries, sg.Invalidations), ratio(sn.DBQueries, sn.Invalidations))
+}
+
+// redisFromEnv connects to REDIS_URL, or starts a private redis-server.
+func redisFromEnv(ctx context.Context, stdout io.Writer) (*redis.Options, func(), error) {
+	if u := os.Getenv("REDIS_URL"); u != "" {
+		o, err := redis.ParseURL(u)
+		return o, func() {}, err
+	}
+	port, err := redisserver.FreePort(false)
+	if err != nil {
+		return nil, nil, err
+	}
+	srv, err := redisserver.Start(ctx, &redisserver.Options{Port: port})
+	if err != nil {
+		return nil, nil, err
+	}
+	fmt.Fprintf(stdout, "started redis-server (pid %d) on %s\n", srv.PID(), srv.Addr)
+	return srv.Options(), func() { _ = srv.Stop() }, nil
+}
+
+func redact(dsn string) string {
+	if i := len("postgres://"); len(dsn) > i && dsn[:i] == "postgres://" {
+		return "postgres://…"
+	}
+	return dsn
+}

@@ -1,0 +1,231 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"iter"
+	"log/slog"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	labecho "github.com/labstack/echo/v4"
+	"github.com/redis/go-redis/v9"
+
+	cgecho "github.com/cacheguard/cacheguard/adapters/echo"
+	"github.com/cacheguard/cacheguard/adapters/nethttp"
+	"github.com/cacheguard/cacheguard/guard"
+)
+
+// Shop is the demo service. The guarded routes and the naive cache-aside
+// baseline share the database and the Redis server, but each has its own
+// Store (query counter) and Redis client (command counter), so /metrics can
+// tell their costs apart.
+type Shop struct {
+	store, naiveStore   *Store // reads of the guarded path and of the baseline
+	writes              *Store // POST, PUT, DELETE
+	products, users     *guard.Guard
+	guardRDB, naiveRDB  redis.UniversalClient
+	guardCmds, naiveCmd *cmdCounter
+	log                 *slog.Logger
+}
+
+// newShop opens the guards (creating their bloom filters) and rebuilds them
+// from the database.
+func newShop(ctx context.Context, db *sql.DB, redisOpts *redis.Options, dbLatency time.Duration, log *slog.Logger) (*Shop, error) {
+	s := &Shop{
+		store:      &Store{db: db, latency: dbLatency},
+		naiveStore: &Store{db: db, latency: dbLatency},
+		writes:     &Store{db: db},
+		guardRDB:   redis.NewClient(redisOpts),
+		naiveRDB:   redis.NewClient(redisOpts),
+		guardCmds:  &cmdCounter{},
+		naiveCmd:   &cmdCounter{},
+		log:        log,
+	}
+	s.guardRDB.AddHook(s.guardCmds)
+	s.naiveRDB.AddHook(s.naiveCmd)
+	var err error
+	// Rebuilds read the database directly, not through the counted Store.
+	ids := func(table string) func(context.Context) iter.Seq2[string, error] {
+		raw := &Store{db: db}
+		return func(ctx context.Context) iter.Seq2[string, error] { return raw.IDs(ctx, table) }
+	}
+	s.products, err = guard.New(ctx, s.guardRDB, "product", &guard.Options{
+		ExpectedItems: 200_000, Logger: log, RebuildFrom: ids("products"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.users, err = guard.New(ctx, s.guardRDB, "user", &guard.Options{
+		ExpectedItems: 20_000, Logger: log, RebuildFrom: ids("users"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range []struct {
+		g     *guard.Guard
+		table string
+	}{{s.products, "products"}, {s.users, "users"}} {
+		if _, err := r.g.Rebuild(ctx, ids(r.table)(ctx), nil); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+func (s *Shop) Close() {
+	_ = s.products.Close()
+	_ = s.users.Close()
+	_ = s.guardRDB.Close()
+	_ = s.naiveRDB.Close()
+}
+
+func (s *Shop) loadProduct(ctx context.Context, id string) (Product, error) {
+	p, err := s.store.Product(ctx, id)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Product{}, fmt.Errorf("%w: %w", guard.ErrNotFound, err)
+	}
+	return p, err
+}
+
+func (s *Shop) loadUser(ctx context.Context, id string) (User, error) {
+	u, err := s.store.User(ctx, id)
+	if errors.Is(err, sql.ErrNoRows) {
+		return User{}, fmt.Errorf("%w: %w", guard.ErrNotFound, err)
+	}
+	return u, err
+}
+
+// Handler routes: /products through Echo and the Echo adapter, /users through
+// net/http and the net/http adapter, /naive/products/:id as the baseline.
+func (s *Shop) Handler() http.Handler {
+	e := labecho.New()
+	e.HideBanner, e.HidePort = true, true
+	e.HTTPErrorHandler = cgecho.ErrorHandler(e.DefaultHTTPErrorHandler)
+
+	e.GET("/products/:id", func(c labecho.Context) error {
+		p, err := guard.Get(c.Request().Context(), s.products, c.Param("id"), s.loadProduct)
+		if err != nil {
+			return cgecho.HTTPError(err)
+		}
+		return c.JSON(http.StatusOK, p)
+	}, cgecho.Middleware(s.products))
+
+	e.POST("/products", func(c labecho.Context) error {
+		var in Product
+		if err := c.Bind(&in); err != nil || in.Name == "" {
+			return labecho.NewHTTPError(http.StatusBadRequest, "want {\"name\": ..., \"price_cents\": ...}")
+		}
+		p, err := s.writes.CreateProduct(c.Request().Context(), in.Name, in.PriceCents)
+		if err != nil {
+			return cgecho.HTTPError(err)
+		}
+		// Committed: now the filter may learn the new ID.
+		if err := s.products.Add(c.Request().Context(), p.ID); err != nil {
+			return cgecho.HTTPError(err)
+		}
+		return c.JSON(http.StatusCreated, p)
+	})
+
+	e.PUT("/products/:id", func(c labecho.Context) error {
+		var in Product
+		if err := c.Bind(&in); err != nil || in.Name == "" {
+			return labecho.NewHTTPError(http.StatusBadRequest, "want {\"name\": ..., \"price_cents\": ...}")
+		}
+		in.ID = c.Param("id")
+		if err := s.writes.UpdateProduct(c.Request().Context(), in); errors.Is(err, sql.ErrNoRows) {
+			return cgecho.NotFound()
+		} else if err != nil {
+			return cgecho.HTTPError(err)
+		}
+		if err := s.invalidate(c.Request().Context(), in.ID); err != nil {
+			return cgecho.HTTPError(err)
+		}
+		return c.JSON(http.StatusOK, in)
+	}, cgecho.Middleware(s.products))
+
+	e.DELETE("/products/:id", func(c labecho.Context) error {
+		id := c.Param("id")
+		if err := s.writes.DeleteProduct(c.Request().Context(), id); errors.Is(err, sql.ErrNoRows) {
+			return cgecho.NotFound()
+		} else if err != nil {
+			return cgecho.HTTPError(err)
+		}
+		if err := s.invalidate(c.Request().Context(), id); err != nil {
+			return cgecho.HTTPError(err)
+		}
+		return c.NoContent(http.StatusNoContent)
+	}, cgecho.Middleware(s.products))
+
+	// The baseline: plain cache-aside, no filter, no markers, no lock.
+	e.GET("/naive/products/:id", func(c labecho.Context) error {
+		ctx, id := c.Request().Context(), c.Param("id")
+		if !nethttp.ValidID(id) {
+			return labecho.NewHTTPError(http.StatusBadRequest)
+		}
+		key := "shop:naive:product:" + id
+		if raw, err := s.naiveRDB.Get(ctx, key).Bytes(); err == nil {
+			return c.JSONBlob(http.StatusOK, raw)
+		}
+		p, err := s.naiveStore.Product(ctx, id)
+		if errors.Is(err, sql.ErrNoRows) {
+			return labecho.NewHTTPError(http.StatusNotFound)
+		} else if err != nil {
+			return labecho.NewHTTPError(http.StatusInternalServerError).SetInternal(err)
+		}
+		raw, _ := json.Marshal(p)
+		s.naiveRDB.Set(ctx, key, raw, 10*time.Minute)
+		return c.JSONBlob(http.StatusOK, raw)
+	})
+
+	mux := http.NewServeMux()
+	mux.Handle("GET /users/{id}", nethttp.Middleware(s.users, &nethttp.Options{Logger: s.log})(http.HandlerFunc(
+		func(w http.ResponseWriter, r *http.Request) {
+			u, err := guard.Get(r.Context(), s.users, r.PathValue("id"), s.loadUser)
+			if err != nil {
+				nethttp.Error(w, r, err)
+				return
+			}
+			w.Header().Set("Content-Type", "application/json")
+			_ = json.NewEncoder(w).Encode(u)
+		})))
+	mux.HandleFunc("GET /metrics", s.metrics)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := s.store.db.PingContext(ctx); err != nil {
+			http.Error(w, "database unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		if err := s.guardRDB.Ping(ctx).Err(); err != nil {
+			http.Error(w, "redis unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.Handle("/", e)
+	return mux
+}
+
+// invalidate drops both paths' cached copies after a write.
+func (s *Shop) invalidate(ctx context.Context, id string) error {
+	if err := s.products.Invalidate(ctx, id); err != nil {
+		return err
+	}
+	return s.naiveRDB.Del(ctx, "shop:naive:product:"+id).Err()
+}
+
+// cmdCounter is a redis.Hook that counts commands sent.
+type cmdCounter struct{ n atomic.Int64 }
+
+func (c *cmdCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c *cmdCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { c.n.Add(1); return next(ctx, cmd) }
+}
+func (c *cmdCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { c.n.Add(int64(len(cmds))); return next(ctx, cmds) }
+}

@@ -1,0 +1,151 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/cacheguard/cacheguard/internal/redisserver"
+)
+
+// newTestShop serves the shop on a fresh SQLite file and a private
+// redis-server.
+func newTestShop(t *testing.T, products, users int) (*Shop, *httptest.Server) {
+	t.Helper()
+	ctx := context.Background()
+	srv, err := redisserver.Start(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Stop() })
+	db, err := openStore(ctx, filepath.Join(t.TempDir(), "shop.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	if err := seed(ctx, db, products, users); err != nil {
+		t.Fatal(err)
+	}
+	shop, err := newShop(ctx, db, srv.Options(), 0, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(shop.Handler())
+	t.Cleanup(func() { hs.Close(); shop.Close() })
+	return shop, hs
+}
+
+func do(t *testing.T, method, url, body string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, strings.NewReader(body))
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestProductLifecycle: create → read → update → read (the new value, never
+// the old) → delete → read (404), plus users, metrics and health.
+func TestProductLifecycle(t *testing.T) {
+	shop, hs := newTestShop(t, 1000, 100)
+	code, body := do(t, "POST", hs.URL+"/products", `{"name":"Desk lamp","price_cents":1999}`)
+	if code != 201 {
+		t.Fatalf("create: %d %s", code, body)
+	}
+	var p Product
+	if err := json.Unmarshal([]byte(body), &p); err != nil || p.ID == "" {
+		t.Fatalf("create: %s %v", body, err)
+	}
+	url := hs.URL + "/products/" + p.ID
+	for range 2 { // a miss, then a hit
+		if code, body = do(t, "GET", url, ""); code != 200 || !strings.Contains(body, `"price_cents":1999`) {
+			t.Fatalf("read: %d %s", code, body)
+		}
+	}
+	if code, body = do(t, "PUT", url, `{"name":"Desk lamp","price_cents":2499}`); code != 200 {
+		t.Fatalf("update: %d %s", code, body)
+	}
+	for range 3 {
+		if code, body = do(t, "GET", url, ""); code != 200 || !strings.Contains(body, `"price_cents":2499`) {
+			t.Fatalf("read after update: %d %s", code, body)
+		}
+	}
+	if code, _ = do(t, "DELETE", url, ""); code != 204 {
+		t.Fatalf("delete: %d", code)
+	}
+	if code, body = do(t, "GET", url, ""); code != 404 || !strings.Contains(body, `"status":404`) {
+		t.Fatalf("read after delete: %d %s", code, body)
+	}
+	if code, _ = do(t, "PUT", url, `{"name":"x","price_cents":1}`); code != 404 {
+		t.Fatalf("update of a deleted product: %d", code)
+	}
+
+	if code, body = do(t, "GET", hs.URL+"/users/7", ""); code != 200 || !strings.Contains(body, "User 7") {
+		t.Fatalf("user: %d %s", code, body)
+	}
+	queries := shop.store.queries.Load()
+	if code, _ = do(t, "GET", hs.URL+"/users/99999", ""); code != 404 || shop.store.queries.Load() != queries {
+		t.Fatalf("unknown user: %d, %d queries", code, shop.store.queries.Load()-queries)
+	}
+	if code, _ = do(t, "GET", hs.URL+"/users/%7Bx%7D", ""); code != 400 {
+		t.Fatalf("malformed user id: %d", code)
+	}
+	if code, body = do(t, "GET", hs.URL+"/metrics", ""); code != 200 ||
+		!regexp.MustCompile(`cacheguard_gets_total\{guard="user",outcome="bloom_reject"\} 1\n`).MatchString(body) ||
+		!strings.Contains(body, `shop_db_queries_total{path="guard"}`) {
+		t.Fatalf("metrics: %d\n%s", code, body)
+	}
+	if code, _ = do(t, "GET", hs.URL+"/healthz", ""); code != 200 {
+		t.Fatalf("healthz: %d", code)
+	}
+}
+
+// TestDemoTable runs `shop demo -exit` briefly and checks the figures of the
+// table it prints against what the guard promises.
+func TestDemoTable(t *testing.T) {
+	t.Setenv("REDIS_URL", "")
+	t.Setenv("DATABASE_URL", "")
+	var out bytes.Buffer
+	err := runServe(context.Background(), true, []string{"-exit", "-duration", "700ms", "-db", filepath.Join(t.TempDir(), "demo.db")}, &out, io.Discard)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	t.Log("\n" + out.String())
+	rows := map[string][]int64{}
+	re := regexp.MustCompile(`\| (\w+)(?: \((\d+) invalidations\))? \| (\w+) \| (\d+) \| (\d+) \| (\d+) \|`)
+	for _, m := range re.FindAllStringSubmatch(out.String(), -1) {
+		inval, _ := strconv.ParseInt(m[2], 10, 64)
+		req, _ := strconv.ParseInt(m[4], 10, 64)
+		dbq, _ := strconv.ParseInt(m[5], 10, 64)
+		rows[m[1]+"/"+m[3]] = []int64{req, dbq, inval}
+	}
+	if len(rows) != 6 {
+		t.Fatalf("want 6 rows, got %v", rows)
+	}
+	pn, pg := rows["penetration/naive"], rows["penetration/guard"]
+	if pn[0] == 0 || pg[0] == 0 || float64(pg[1])/float64(pg[0]) > 0.02*float64(pn[1])/float64(pn[0]) {
+		t.Fatalf("penetration: guard %d queries for %d requests, naive %d for %d", pg[1], pg[0], pn[1], pn[0])
+	}
+	sn, sg := rows["stampede/naive"], rows["stampede/guard"]
+	if sg[2] == 0 || sg[1] != sg[2] {
+		t.Fatalf("stampede: guard %d queries for %d invalidations, want one each", sg[1], sg[2])
+	}
+	if sn[1] < 10*sn[2] {
+		t.Fatalf("stampede: the naive path should pay many queries per invalidation: %d for %d", sn[1], sn[2])
+	}
+}

@@ -27,6 +27,7 @@ CLUSTER_PKGS := ./bloom ./lock ./loader ./guard
 test: deps fmt-check vet
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
 	cd examples/shop && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 10m ./...
+	cd benchmarks && $(GO) vet ./... && $(GO) build -o /dev/null .
 	CG_TEST_CLUSTER=1 $(GO) test -race -count=1 -timeout 15m $(CLUSTER_PKGS)
 
 DEMO_ARGS ?=
@@ -37,8 +38,11 @@ demo: deps
 quickstart: deps
 	$(GO) run ./examples/quickstart
 
+# The side-by-side run against the peers (benchmarks/, its own module), then
+# the library's own go test benchmarks (one iteration of the 10M-ID rebuild).
 bench: deps
-	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+	cd benchmarks && $(GO) run . -json results/latest.json
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime 1s $(PKGS)
 
 # Longer fuzzing than the seeds every `go test` runs.
 fuzz:

@@ -1,0 +1,243 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	gocache "github.com/go-redis/cache/v9"
+	"github.com/redis/go-redis/v9"
+	"github.com/vmihailenco/msgpack/v5"
+	zbloom "github.com/zeromicro/go-zero/core/bloom"
+	zcache "github.com/zeromicro/go-zero/core/stores/cache"
+	zredis "github.com/zeromicro/go-zero/core/stores/redis"
+	"github.com/zeromicro/go-zero/core/syncx"
+
+	"github.com/cacheguard/cacheguard/guard"
+)
+
+// Value is what every contender caches: a typical small row.
+type Value struct {
+	ID    string
+	Name  string
+	Price int64
+	Tags  []string
+}
+
+// errNotFound is what the source of truth answers for a missing ID; each
+// contender is told about it in its own way.
+var errNotFound = errors.New("not found")
+
+// Loader is the source of truth.
+type Loader func(ctx context.Context, id string) (Value, error)
+
+// Contender is one way of reading through a Redis cache.
+type Contender interface {
+	Get(ctx context.Context, id string, load Loader) (Value, error)
+	// RedisKey is where the contender keeps id's value (for TTL checks).
+	RedisKey(id string) string
+	Close()
+}
+
+// setup is what every contender is built from.
+type setup struct {
+	addr     string // Redis host:port
+	prefix   string // unique per run and contender
+	ttl      time.Duration
+	existing []string // IDs that exist (bloom-filtered contenders load them)
+	counter  *counter // counts round trips and commands on the contender's client
+	// opened: the filters were built by another process; size them from
+	// existing but do not load them again.
+	opened bool
+}
+
+var contenderNames = []string{"raw", "go-zero", "go-zero+bloom", "go-redis/cache", "go-redis/cache+local", "cacheguard"}
+
+func newContender(ctx context.Context, name string, s setup) (Contender, error) {
+	switch name {
+	case "raw":
+		rdb := redis.NewClient(&redis.Options{Addr: s.addr})
+		rdb.AddHook(s.counter)
+		return &raw{rdb: rdb, prefix: s.prefix, ttl: s.ttl}, nil
+	case "go-zero", "go-zero+bloom":
+		// WithIdentity sets go-redis DisableIdentity (RedisConf.DisableIdentity):
+		// redis-server 7.0 rejects CLIENT SETINFO, and go-zero's breaker counts
+		// that handshake error as a failure.
+		rds := zredis.New(s.addr, zredis.WithHook(s.counter), zredis.WithIdentity())
+		c := &goZero{rds: rds, prefix: s.prefix,
+			c: zcache.NewNode(rds, syncx.NewSingleFlight(), zcache.NewStat(s.prefix), errNotFound,
+				zcache.WithExpiry(s.ttl), zcache.WithNotFoundExpiry(time.Minute))}
+		if name == "go-zero+bloom" {
+			// As go-zero's bloom docs advise: bits = 20 × elements (k is fixed at 14).
+			c.bloom = zbloom.New(rds, s.prefix+":bloom", uint(20*max(len(s.existing), 1)))
+			if s.opened {
+				return c, nil
+			}
+			if err := parallel(len(s.existing), 32, func(i int) error { return c.bloom.AddCtx(ctx, []byte(s.existing[i])) }); err != nil {
+				return nil, err
+			}
+		}
+		return c, nil
+	case "go-redis/cache", "go-redis/cache+local":
+		rdb := redis.NewClient(&redis.Options{Addr: s.addr})
+		rdb.AddHook(s.counter)
+		o := &gocache.Options{Redis: rdb}
+		if name == "go-redis/cache+local" {
+			o.LocalCache = gocache.NewTinyLFU(10_000, s.ttl)
+		}
+		return &goRedisCache{rdb: rdb, c: gocache.New(o), prefix: s.prefix, ttl: s.ttl}, nil
+	case "cacheguard":
+		rdb := redis.NewClient(&redis.Options{Addr: s.addr})
+		rdb.AddHook(s.counter)
+		g, err := guard.New(ctx, rdb, "bench", &guard.Options{KeyPrefix: s.prefix, TTL: s.ttl})
+		if err != nil {
+			return nil, err
+		}
+		if s.opened {
+			return &cacheguard{rdb: rdb, g: g, prefix: s.prefix}, nil
+		}
+		ids := func(yield func(string, error) bool) {
+			for _, id := range s.existing {
+				if !yield(id, nil) {
+					return
+				}
+			}
+		}
+		if _, err := g.Rebuild(ctx, ids, nil); err != nil {
+			return nil, err
+		}
+		return &cacheguard{rdb: rdb, g: g, prefix: s.prefix}, nil
+	}
+	return nil, fmt.Errorf("unknown contender %q", name)
+}
+
+// raw: GET; on a miss load and SET. No protection of any kind.
+type raw struct {
+	rdb    *redis.Client
+	prefix string
+	ttl    time.Duration
+}
+
+func (r *raw) RedisKey(id string) string { return r.prefix + ":" + id }
+func (r *raw) Close()                    { _ = r.rdb.Close() }
+func (r *raw) Get(ctx context.Context, id string, load Loader) (Value, error) {
+	var v Value
+	b, err := r.rdb.Get(ctx, r.RedisKey(id)).Bytes()
+	if err == nil {
+		return v, msgpack.Unmarshal(b, &v)
+	}
+	if !errors.Is(err, redis.Nil) {
+		return v, err
+	}
+	if v, err = load(ctx, id); err != nil {
+		return v, err
+	}
+	b, err = msgpack.Marshal(v)
+	if err != nil {
+		return v, err
+	}
+	return v, r.rdb.Set(ctx, r.RedisKey(id), b, r.ttl).Err()
+}
+
+// goZero: go-zero core/stores/cache TakeCtx (singleflight in-process, "*"
+// placeholder for not-found, ±5% expiry), optionally behind go-zero's bloom.
+type goZero struct {
+	rds    *zredis.Redis
+	c      zcache.Cache
+	bloom  *zbloom.Filter
+	prefix string
+}
+
+func (z *goZero) RedisKey(id string) string { return z.prefix + ":" + id }
+func (z *goZero) Close()                    {}
+func (z *goZero) Get(ctx context.Context, id string, load Loader) (Value, error) {
+	var v Value
+	if z.bloom != nil {
+		ok, err := z.bloom.ExistsCtx(ctx, []byte(id))
+		if err != nil {
+			return v, err
+		}
+		if !ok {
+			return v, errNotFound
+		}
+	}
+	err := z.c.TakeCtx(ctx, &v, z.RedisKey(id), func(val any) error {
+		got, err := load(ctx, id)
+		if err != nil {
+			return err
+		}
+		*val.(*Value) = got
+		return nil
+	})
+	return v, err
+}
+
+// goRedisCache: github.com/go-redis/cache/v9 Once (singleflight in-process),
+// optionally with its local TinyLFU.
+type goRedisCache struct {
+	rdb    *redis.Client
+	c      *gocache.Cache
+	prefix string
+	ttl    time.Duration
+}
+
+func (g *goRedisCache) RedisKey(id string) string { return g.prefix + ":" + id }
+func (g *goRedisCache) Close()                    { _ = g.rdb.Close() }
+func (g *goRedisCache) Get(ctx context.Context, id string, load Loader) (Value, error) {
+	var v Value
+	err := g.c.Once(&gocache.Item{Ctx: ctx, Key: g.RedisKey(id), Value: &v, TTL: g.ttl,
+		Do: func(*gocache.Item) (any, error) { return load(ctx, id) }})
+	return v, err
+}
+
+// cacheguard: guard.Get with default options (TTL set like the others).
+type cacheguard struct {
+	rdb    *redis.Client
+	g      *guard.Guard
+	prefix string
+}
+
+func (c *cacheguard) RedisKey(id string) string { return c.prefix + ":bench:{" + id + "}" }
+func (c *cacheguard) Close()                    { _ = c.g.Close(); _ = c.rdb.Close() }
+func (c *cacheguard) Get(ctx context.Context, id string, load Loader) (Value, error) {
+	return guard.Get(ctx, c.g, id, func(ctx context.Context, id string) (Value, error) {
+		v, err := load(ctx, id)
+		if errors.Is(err, errNotFound) {
+			return v, fmt.Errorf("%w: %w", guard.ErrNotFound, err)
+		}
+		return v, err
+	})
+}
+
+// isNotFound tells a contender's "not found" from a failure.
+func isNotFound(err error) bool {
+	return errors.Is(err, errNotFound) || errors.Is(err, guard.ErrNotFound)
+}
+
+// counter is a redis.Hook counting round trips and commands.
+type counter struct{ trips, cmds atomic.Int64 }
+
+func (c *counter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c *counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.trips.Add(1)
+		c.cmds.Add(1)
+		return next(ctx, cmd)
+	}
+}
+func (c *counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.trips.Add(1)
+		c.cmds.Add(int64(len(cmds)))
+		return next(ctx, cmds)
+	}
+}
+
+// value builds the row for id.
+func value(id string) Value {
+	n, _ := strconv.Atoi(id[max(0, len(id)-4):])
+	return Value{ID: id, Name: "product " + id, Price: int64(100 + n), Tags: []string{"bench", "cache"}}
+}

@@ -1,0 +1,564 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	zbloom "github.com/zeromicro/go-zero/core/bloom"
+	zredis "github.com/zeromicro/go-zero/core/stores/redis"
+
+	"github.com/cacheguard/cacheguard/guard"
+)
+
+// env is what every workload runs against.
+type env struct {
+	addr    string
+	admin   *redis.Client // the runner's own client: INFO, PTTL, counters
+	run     string        // unique per runner invocation
+	hitTime time.Duration
+}
+
+func (e *env) build(ctx context.Context, name, workload string, ttl time.Duration, existing []string) (Contender, *counter, error) {
+	ctr := &counter{}
+	c, err := newContender(ctx, name, setup{addr: e.addr, prefix: e.prefix(name, workload), ttl: ttl, existing: existing, counter: ctr})
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return c, ctr, nil
+}
+
+func (e *env) prefix(name, workload string) string {
+	r := strings.NewReplacer("/", "_", "+", "_")
+	return "b" + e.run + ":" + workload + ":" + r.Replace(name)
+}
+
+// serverCommands is Redis's total_commands_processed.
+func (e *env) serverCommands(ctx context.Context) (int64, error) {
+	info, err := e.admin.Info(ctx, "stats").Result()
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "total_commands_processed:"); ok {
+			return strconv.ParseInt(v, 10, 64)
+		}
+	}
+	return 0, errors.New("no total_commands_processed in INFO")
+}
+
+func ids(prefix string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = prefix + strconv.Itoa(i)
+	}
+	return out
+}
+
+// parallel runs fn(0..n-1) on w goroutines and returns the first error.
+func parallel(n, w int, fn func(i int) error) error {
+	var next atomic.Int64
+	var first error
+	var once sync.Once
+	var wg sync.WaitGroup
+	for range w {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				if err := fn(i); err != nil {
+					once.Do(func() { first = err })
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return first
+}
+
+func pct(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	return sorted[int(q*float64(len(sorted)-1))]
+}
+
+// HitResult: workload 1.
+type HitResult struct {
+	Contender       string
+	Ops             int64
+	OpsPerSec       float64
+	P50, P99        time.Duration
+	TripsPerGet     float64 // client hook
+	ServerCmdsPerOp float64 // INFO total_commands_processed
+	AllocsPerOp     float64
+	VsRaw           float64
+}
+
+// hitPath: 10,000 warm keys, 64 goroutines for a fixed time.
+func hitPath(ctx context.Context, e *env, name string) (HitResult, error) {
+	keys := ids("k", 10_000)
+	load := func(ctx context.Context, id string) (Value, error) { return value(id), nil }
+	c, ctr, err := e.build(ctx, name, "hit", 10*time.Minute, keys)
+	if err != nil {
+		return HitResult{}, err
+	}
+	defer c.Close()
+	if err := parallel(len(keys), 32, func(i int) error { _, err := c.Get(ctx, keys[i], load); return err }); err != nil {
+		return HitResult{}, fmt.Errorf("%s: warm-up: %w", name, err)
+	}
+	const workers = 64
+	samples := make([][]time.Duration, workers)
+	for i := range samples {
+		samples[i] = make([]time.Duration, 0, 1<<17)
+	}
+	var ops, errs atomic.Int64
+	var firstErr atomic.Value
+	trips0 := ctr.trips.Load()
+	server0, err := e.serverCommands(ctx)
+	if err != nil {
+		return HitResult{}, err
+	}
+	runtime.GC()
+	var m0, m1 runtime.MemStats
+	runtime.ReadMemStats(&m0)
+	stop := time.Now().Add(e.hitTime)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(w), 7))
+			s := samples[w]
+			for n := 0; ; n++ {
+				if n%64 == 0 && time.Now().After(stop) {
+					break
+				}
+				t := time.Now()
+				_, err := c.Get(ctx, keys[r.IntN(len(keys))], load)
+				d := time.Since(t)
+				if err != nil {
+					errs.Add(1)
+					firstErr.CompareAndSwap(nil, err)
+				}
+				if len(s) < cap(s) {
+					s = append(s, d)
+				} else {
+					s[r.IntN(len(s))] = d
+				}
+				ops.Add(1)
+			}
+			samples[w] = s
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	runtime.ReadMemStats(&m1)
+	server1, err := e.serverCommands(ctx)
+	if err != nil {
+		return HitResult{}, err
+	}
+	if errs.Load() > 0 {
+		return HitResult{}, fmt.Errorf("%s: %d errors on the hit path, first: %v", name, errs.Load(), firstErr.Load())
+	}
+	var all []time.Duration
+	for _, s := range samples {
+		all = append(all, s...)
+	}
+	slices.Sort(all)
+	n := float64(ops.Load())
+	return HitResult{
+		Contender: name, Ops: ops.Load(), OpsPerSec: n / elapsed.Seconds(),
+		P50: pct(all, 0.5), P99: pct(all, 0.99),
+		TripsPerGet:     float64(ctr.trips.Load()-trips0) / n,
+		ServerCmdsPerOp: float64(server1-server0-1) / n,
+		AllocsPerOp:     float64(m1.Mallocs-m0.Mallocs) / n,
+	}, nil
+}
+
+// PenetrationResult: workload 2.
+type PenetrationResult struct {
+	Contender   string
+	Requests    int
+	LoaderCalls int64
+	OpsPerSec   float64
+}
+
+// penetration: 20,000 distinct nonexistent IDs against 10,000 existing ones.
+func penetration(ctx context.Context, e *env, name string) (PenetrationResult, error) {
+	existing := ids("k", 10_000)
+	c, _, err := e.build(ctx, name, "pen", 10*time.Minute, existing)
+	if err != nil {
+		return PenetrationResult{}, err
+	}
+	defer c.Close()
+	var calls atomic.Int64
+	load := func(ctx context.Context, id string) (Value, error) {
+		calls.Add(1)
+		if strings.HasPrefix(id, "k") {
+			return value(id), nil
+		}
+		return Value{}, errNotFound
+	}
+	missing := ids("missing-", 20_000)
+	start := time.Now()
+	err = parallel(len(missing), 64, func(i int) error {
+		_, err := c.Get(ctx, missing[i], load)
+		if !isNotFound(err) {
+			return fmt.Errorf("%s: %s: want not found, got %v", name, missing[i], err)
+		}
+		return nil
+	})
+	if err != nil {
+		return PenetrationResult{}, err
+	}
+	return PenetrationResult{Contender: name, Requests: len(missing), LoaderCalls: calls.Load(),
+		OpsPerSec: float64(len(missing)) / time.Since(start).Seconds()}, nil
+}
+
+// StampedeResult: workload 3.
+type StampedeResult struct {
+	Contender   string
+	Processes   int
+	Callers     int
+	Keys        int
+	LoaderCalls int64
+	P99         time.Duration
+	MaxLatency  time.Duration
+}
+
+const (
+	stampedeProcs   = 4
+	stampedeWorkers = 100
+	stampedeKeys    = 10
+)
+
+// stampede: 4 OS processes × 100 goroutines on one cold key at a time,
+// loader 50 ms, 10 keys. The processes are this binary again ("child").
+func stampede(ctx context.Context, e *env, name string) (StampedeResult, error) {
+	prefix := e.prefix(name, "stampede")
+	existing := ids("s", stampedeKeys)
+	c, _, err := e.build(ctx, name, "stampede", 10*time.Minute, existing) // creates the filters
+	if err != nil {
+		return StampedeResult{}, err
+	}
+	c.Close()
+	self, err := os.Executable()
+	if err != nil {
+		return StampedeResult{}, err
+	}
+	var cmds []*exec.Cmd
+	outs := make([]strings.Builder, stampedeProcs)
+	for i := range stampedeProcs {
+		cmd := exec.CommandContext(ctx, self, "child", name, e.addr, prefix)
+		cmd.Stdout, cmd.Stderr = &outs[i], os.Stderr
+		if err := cmd.Start(); err != nil {
+			return StampedeResult{}, err
+		}
+		cmds = append(cmds, cmd)
+	}
+	var lat []time.Duration
+	for i, cmd := range cmds {
+		if err := cmd.Wait(); err != nil {
+			return StampedeResult{}, fmt.Errorf("%s: child %d: %w", name, i, err)
+		}
+		var r childResult
+		if err := json.Unmarshal([]byte(outs[i].String()), &r); err != nil {
+			return StampedeResult{}, fmt.Errorf("%s: child %d: %w: %q", name, i, err, outs[i].String())
+		}
+		if r.Errors > 0 {
+			return StampedeResult{}, fmt.Errorf("%s: child %d: %d errors, first: %s", name, i, r.Errors, r.FirstError)
+		}
+		lat = append(lat, r.Latency...)
+	}
+	var calls int64
+	for _, id := range existing {
+		n, err := e.admin.Get(ctx, prefix+":calls:"+id).Int64()
+		if err != nil {
+			return StampedeResult{}, fmt.Errorf("%s: loader counter: %w", name, err)
+		}
+		calls += n
+	}
+	slices.Sort(lat)
+	if len(lat) != stampedeProcs*stampedeWorkers*stampedeKeys {
+		return StampedeResult{}, fmt.Errorf("%s: %d answers, want %d", name, len(lat), stampedeProcs*stampedeWorkers*stampedeKeys)
+	}
+	return StampedeResult{Contender: name, Processes: stampedeProcs, Callers: len(lat), Keys: stampedeKeys,
+		LoaderCalls: calls, P99: pct(lat, 0.99), MaxLatency: lat[len(lat)-1]}, nil
+}
+
+type childResult struct {
+	Latency    []time.Duration
+	Errors     int
+	FirstError string
+}
+
+// runChild is one stampede process: for each key, wait until all processes
+// are ready, then 100 goroutines Get it at once.
+func runChild(ctx context.Context, name, addr, prefix string) error {
+	admin := redis.NewClient(&redis.Options{Addr: addr})
+	defer admin.Close()
+	c, err := newContender(ctx, name, setup{addr: addr, prefix: prefix, ttl: 10 * time.Minute, counter: &counter{},
+		existing: ids("s", stampedeKeys), opened: true})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	load := func(ctx context.Context, id string) (Value, error) {
+		admin.Incr(ctx, prefix+":calls:"+id)
+		time.Sleep(50 * time.Millisecond)
+		return value(id), nil
+	}
+	var res childResult
+	var mu sync.Mutex
+	for k := range stampedeKeys {
+		id := "s" + strconv.Itoa(k)
+		barrier := prefix + ":barrier:" + id
+		admin.Incr(ctx, barrier)
+		for {
+			n, err := admin.Get(ctx, barrier).Int()
+			if err != nil {
+				return err
+			}
+			if n >= stampedeProcs {
+				break
+			}
+			time.Sleep(200 * time.Microsecond)
+		}
+		var wg sync.WaitGroup
+		for range stampedeWorkers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				t := time.Now()
+				v, err := c.Get(ctx, id, load)
+				d := time.Since(t)
+				mu.Lock()
+				defer mu.Unlock()
+				if err == nil && v.ID != id {
+					err = fmt.Errorf("wrong value %+v", v)
+				}
+				if err != nil {
+					if res.Errors == 0 {
+						res.FirstError = err.Error()
+					}
+					res.Errors++
+				}
+				res.Latency = append(res.Latency, d)
+			}()
+		}
+		wg.Wait()
+	}
+	return json.NewEncoder(os.Stdout).Encode(res)
+}
+
+// HotKeyResult: workload 4.
+type HotKeyResult struct {
+	Contender      string
+	Seconds        float64
+	Gets           int64
+	LoaderCalls    int64
+	LoadsPerSecond float64
+	Expiries       float64 // how many times the TTL ran out during the run
+	P99            time.Duration
+}
+
+// hotKey: 32 goroutines on one key whose TTL is short, for several seconds.
+// The TTL is 1 s: go-zero stores TTLs in whole seconds and go-redis/cache
+// replaces any TTL under a second with its 1-hour default.
+func hotKey(ctx context.Context, e *env, name string, d time.Duration) (HotKeyResult, error) {
+	const ttl = time.Second
+	c, _, err := e.build(ctx, name, "hot", ttl, []string{"hot"})
+	if err != nil {
+		return HotKeyResult{}, err
+	}
+	defer c.Close()
+	var calls atomic.Int64
+	load := func(ctx context.Context, id string) (Value, error) {
+		calls.Add(1)
+		time.Sleep(10 * time.Millisecond)
+		return value(id), nil
+	}
+	const workers = 32
+	lat := make([][]time.Duration, workers)
+	var gets atomic.Int64
+	var firstErr atomic.Value
+	stop := time.Now().Add(d)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(stop) {
+				t := time.Now()
+				if _, err := c.Get(ctx, "hot", load); err != nil {
+					firstErr.CompareAndSwap(nil, err)
+				}
+				lat[w] = append(lat[w], time.Since(t))
+				gets.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if err, _ := firstErr.Load().(error); err != nil {
+		return HotKeyResult{}, fmt.Errorf("%s: %w", name, err)
+	}
+	var all []time.Duration
+	for _, l := range lat {
+		all = append(all, l...)
+	}
+	slices.Sort(all)
+	return HotKeyResult{Contender: name, Seconds: d.Seconds(), Gets: gets.Load(), LoaderCalls: calls.Load(),
+		LoadsPerSecond: float64(calls.Load()) / d.Seconds(), Expiries: d.Seconds() / ttl.Seconds(), P99: pct(all, 0.99)}, nil
+}
+
+// AvalancheResult: workload 5.
+type AvalancheResult struct {
+	Contender string
+	Keys      int
+	TTL       time.Duration
+	Min, Max  time.Duration
+	StdDev    time.Duration
+	Spread    float64 // (max − min) / TTL
+}
+
+// avalanche: 5,000 keys loaded at once; how are their TTLs spread?
+func avalanche(ctx context.Context, e *env, name string) (AvalancheResult, error) {
+	const ttl = 10 * time.Minute
+	keys := ids("a", 5000)
+	c, _, err := e.build(ctx, name, "aval", ttl, keys)
+	if err != nil {
+		return AvalancheResult{}, err
+	}
+	defer c.Close()
+	load := func(ctx context.Context, id string) (Value, error) { return value(id), nil }
+	if err := parallel(len(keys), 64, func(i int) error { _, err := c.Get(ctx, keys[i], load); return err }); err != nil {
+		return AvalancheResult{}, fmt.Errorf("%s: %w", name, err)
+	}
+	pipe := e.admin.Pipeline()
+	cmds := make([]*redis.DurationCmd, len(keys))
+	for i, k := range keys {
+		cmds[i] = pipe.PTTL(ctx, c.RedisKey(k))
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return AvalancheResult{}, err
+	}
+	r := AvalancheResult{Contender: name, Keys: len(keys), TTL: ttl, Min: time.Duration(math.MaxInt64)}
+	var sum, sq float64
+	for i, cmd := range cmds {
+		d := cmd.Val()
+		if d <= 0 {
+			return AvalancheResult{}, fmt.Errorf("%s: key %s has PTTL %v", name, c.RedisKey(keys[i]), d)
+		}
+		r.Min, r.Max = min(r.Min, d), max(r.Max, d)
+		sum += float64(d)
+		sq += float64(d) * float64(d)
+	}
+	n := float64(len(cmds))
+	r.StdDev = time.Duration(math.Sqrt(max(sq/n-(sum/n)*(sum/n), 0)))
+	r.Spread = float64(r.Max-r.Min) / float64(ttl)
+	return r, nil
+}
+
+// MemoryResult: workload 6.
+type MemoryResult struct {
+	Filter        string
+	Items         int
+	TargetFP      float64
+	Bytes         int64
+	BoundBytes    float64 // n·log2(1/p)/8
+	VsBound       float64
+	MeasuredFP    float64
+	BitsPerItem   float64
+	TestedAbsents int
+}
+
+// memory: bytes in Redis for 1,000,000 IDs in each bloom filter at a 1%
+// target, and the false-positive rate measured over 100,000 absent IDs.
+func memory(ctx context.Context, e *env) ([]MemoryResult, error) {
+	const n, absents, p = 1_000_000, 100_000, 0.01
+	bound := n * math.Log2(1/p) / 8
+	items := ids("m", n)
+	absent := ids("x", absents)
+	var out []MemoryResult
+
+	// cacheguard: sized from n and p.
+	rdb := redis.NewClient(&redis.Options{Addr: e.addr})
+	defer rdb.Close()
+	g, err := guard.New(ctx, rdb, "mem", &guard.Options{KeyPrefix: e.prefix("cacheguard", "mem"), ExpectedItems: n, FalsePositiveRate: p})
+	if err != nil {
+		return nil, err
+	}
+	defer g.Close()
+	if _, err := g.Rebuild(ctx, func(yield func(string, error) bool) {
+		for _, id := range items {
+			if !yield(id, nil) {
+				return
+			}
+		}
+	}, nil); err != nil {
+		return nil, err
+	}
+	in, err := g.Info(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var fp atomic.Int64
+	if err := parallel(absents, 32, func(i int) error {
+		ok, err := g.MayExist(ctx, absent[i])
+		if ok {
+			fp.Add(1)
+		}
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	out = append(out, MemoryResult{Filter: "cacheguard (n=1e6, p=1%)", Items: n, TargetFP: p, Bytes: in.MemoryBytes,
+		BoundBytes: bound, VsBound: float64(in.MemoryBytes) / bound, MeasuredFP: float64(fp.Load()) / absents,
+		BitsPerItem: float64(in.Config.Bits) / n, TestedAbsents: absents})
+
+	// go-zero: k is fixed at 14; its docs advise bits = 20 × elements.
+	rds := zredis.New(e.addr, zredis.WithIdentity())
+	key := e.prefix("go-zero", "mem") + ":bloom"
+	f := zbloom.New(rds, key, 20*n)
+	if err := parallel(n, 64, func(i int) error { return f.AddCtx(ctx, []byte(items[i])) }); err != nil {
+		return nil, err
+	}
+	bytes, err := e.admin.MemoryUsage(ctx, key).Result()
+	if err != nil {
+		return nil, err
+	}
+	fp.Store(0)
+	if err := parallel(absents, 32, func(i int) error {
+		ok, err := f.ExistsCtx(ctx, []byte(absent[i]))
+		if ok {
+			fp.Add(1)
+		}
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	out = append(out, MemoryResult{Filter: "go-zero bloom (20 bits/item, k=14, as its docs advise)", Items: n, TargetFP: p, Bytes: bytes,
+		BoundBytes: bound, VsBound: float64(bytes) / bound, MeasuredFP: float64(fp.Load()) / absents,
+		BitsPerItem: 20, TestedAbsents: absents})
+	return out, nil
+}

@@ -44,5 +44,5 @@ func Example() {
 	// bloom: filter not ready
 	// 3 <nil>
 	// [true true false]
-	// 958506 7
+	// 1008640 7
 }

@@ -12,12 +12,13 @@ import (
 type Info struct {
 	Generation int64
 	Config     Config
-	Ready      bool   // every shard has its readiness bit
+	Ready      bool   // every shard's first block has its readiness bit
 	Rebuilding bool   // a rebuild has announced the next generation
 	Added      uint64 // items loaded by the last rebuild plus items added since (repeats count again)
 	BitsSet    uint64 // bits set, readiness bits excluded (BITCOUNT)
-	// FillRatio is BitsSet / Bits; EstimatedItems and EstimatedFPRate derive
-	// from it (n ≈ −m/k·ln(1−fill), p ≈ fill^k).
+	// FillRatio is BitsSet over the usable bits (511 of each 512-bit block);
+	// EstimatedItems and EstimatedFPRate derive from it (n ≈ −m/k·ln(1−fill),
+	// p ≈ fill^k, which a blocked filter exceeds by a few percent).
 	FillRatio       float64
 	EstimatedItems  float64
 	EstimatedFPRate float64
@@ -54,10 +55,11 @@ func (f *Filter) Info(ctx context.Context) (Info, error) {
 		}
 		r := ready[i].Val()
 		in.Ready = in.Ready && r == 1
-		in.BitsSet += uint64(counts[i].Val() - r)
+		// A ready shard has every block's readiness bit set.
+		in.BitsSet += uint64(counts[i].Val() - r*int64(l.cfg.ShardBits/blockBits))
 		in.MemoryBytes += mem[i].Val()
 	}
-	mbits, k := float64(l.cfg.Bits), float64(l.cfg.Hashes)
+	mbits, k := float64(l.cfg.Bits/blockBits*usableBits), float64(l.cfg.Hashes)
 	in.FillRatio = float64(in.BitsSet) / mbits
 	in.EstimatedItems = -mbits / k * math.Log(1-min(in.FillRatio, 1-1e-12))
 	in.EstimatedFPRate = math.Pow(in.FillRatio, k)

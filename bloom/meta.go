@@ -45,7 +45,7 @@ func parseConfig(h map[string]string, prefix string) (Config, error) {
 	c.Shards = int(num("shards"))
 	c.ShardBits = num("shard_bits")
 	c.FPRate, _ = strconv.ParseFloat(h[prefix+"fp_rate"], 64)
-	if err == nil && (c.Shards < 1 || c.ShardBits < 1 || c.Hashes < 1 || c.Hashes > 16) {
+	if err == nil && (c.Shards < 1 || c.ShardBits < blockBits || c.ShardBits%blockBits != 0 || c.Hashes < 1 || c.Hashes > 16) {
 		err = fmt.Errorf("bloom: meta layout %+v out of range", c)
 	}
 	return c, err
@@ -105,12 +105,12 @@ func (f *Filter) openMeta(ctx context.Context, cfg Config) (*meta, error) {
 	return m, nil
 }
 
-// allocate creates a generation's shards at full size with the readiness
+// allocate creates a generation's shards at full size with every readiness
 // bit clear, so that no later write grows a string while Redis blocks.
 func allocate(ctx context.Context, rdb redis.UniversalClient, l *layout) error {
 	pipe := rdb.Pipeline()
 	for _, k := range l.keys {
-		pipe.Process(ctx, redis.NewIntSliceCmd(ctx, "BITFIELD", k, "SET", "u1", l.cfg.ShardBits, 0))
+		pipe.Process(ctx, redis.NewIntSliceCmd(ctx, "BITFIELD", k, "SET", "u1", l.cfg.ShardBits-1, 0))
 	}
 	_, err := pipe.Exec(ctx)
 	return err

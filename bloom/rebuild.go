@@ -117,11 +117,14 @@ func (f *Filter) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts
 		return 0, fmt.Errorf("bloom: rebuild: announce generation %d: %v (reply %d)", next.gen, err, ok)
 	}
 
-	// Build the bits locally: one bitset per shard, readiness bit set.
+	// Build the bits locally: one bitset per shard, every block's readiness
+	// bit set.
 	sets := make([]*bitset.BitSet, cfg.Shards)
 	for i := range sets {
-		sets[i] = bitset.New(uint(cfg.ShardBits + 1))
-		sets[i].Set(0)
+		sets[i] = bitset.New(uint(cfg.ShardBits))
+		for b := uint64(0); b < cfg.ShardBits; b += blockBits {
+			sets[i].Set(uint(b))
+		}
 	}
 	count := 0
 	var buf [16]uint64
@@ -129,7 +132,7 @@ func (f *Filter) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts
 		if err != nil {
 			return count, fmt.Errorf("bloom: rebuild: source: %w", err)
 		}
-		shard, offs := locate(&cfg, id, buf[:0])
+		shard, _, offs := locate(&cfg, id, buf[:0])
 		for _, o := range offs {
 			sets[shard].Set(uint(o))
 		}
@@ -143,7 +146,7 @@ func (f *Filter) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts
 
 	// Upload into staging keys and OR them into the new shards, which may
 	// already hold bits that Add wrote during the build.
-	shardBytes := (cfg.ShardBits + 1 + 7) / 8
+	shardBytes := cfg.ShardBits / 8
 	p0 := RebuildProgress{IDs: count, BytesTotal: shardBytes * uint64(cfg.Shards)}
 	chunk := make([]byte, o.ChunkBytes)
 	for i, set := range sets {
@@ -167,23 +170,16 @@ func (f *Filter) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts
 		sets[i] = nil // let the memory go
 	}
 
-	// Switch. Clear the old generation's readiness bits first: its readers
-	// fail open and re-read the meta instead of missing IDs that Add now
-	// writes only to the new generation.
-	pipe := f.rdb.Pipeline()
-	for _, k := range cur.keys {
-		pipe.Process(ctx, redis.NewIntSliceCmd(ctx, "BITFIELD", k, "SET", "u1", 0, 0))
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		return count, fmt.Errorf("bloom: rebuild: retire generation %d: %w", cur.gen, err)
+	// Switch. Drop the old generation first: its readers find no block,
+	// fail open and re-read the meta, instead of missing IDs that Add now
+	// writes only to the new generation (and Add skips a missing shard).
+	if err := unlink(ctx, f.rdb, cur.keys); err != nil {
+		return count, fmt.Errorf("bloom: rebuild: drop generation %d: %w", cur.gen, err)
 	}
 	if ok, err := switchGen.Run(ctx, f.rdb, []string{f.metaKey}, strconv.FormatInt(next.gen, 10), count).Int(); err != nil || ok != 1 {
 		return count, fmt.Errorf("bloom: rebuild: switch to generation %d: %v (reply %d)", next.gen, err, ok)
 	}
 	f.cur.Store(next)
-	if err := unlink(ctx, f.rdb, cur.keys); err != nil {
-		return count, fmt.Errorf("bloom: rebuild: drop generation %d: %w", cur.gen, err)
-	}
 	return count, nil
 }
 

@@ -653,7 +653,7 @@ func (g *Guard) jitter(d time.Duration) time.Duration {
 }
 
 // MayExist asks only the bloom filter whether id may exist: false means the
-// ID certainly does not (one BITFIELD_RO). It is what HTTP middleware uses to
+// ID certainly does not (one GETRANGE). It is what HTTP middleware uses to
 // turn away unknown IDs before a handler runs. A malformed ID gives
 // ErrInvalidKey without a Redis command; a filter that is not ready answers
 // true (fail open); Redis failures wrap ErrUnavailable.

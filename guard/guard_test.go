@@ -710,7 +710,7 @@ func TestPeek(t *testing.T) {
 	if _, err := guard.Get(pctx, g, "p2", d.load); err != nil {
 		t.Fatal(err)
 	}
-	if names := c.Counter.Names(); names["bitfield_ro"] != 0 {
+	if names := c.Counter.Names(); names["getrange"] != 0 {
 		t.Fatalf("Get after a peeked miss read again: %v", names)
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	gocache "github.com/go-redis/cache/v9"
@@ -17,7 +16,11 @@ import (
 	"github.com/zeromicro/go-zero/core/syncx"
 
 	"github.com/cacheguard/cacheguard/guard"
+	"github.com/cacheguard/cacheguard/internal/cmdcount"
 )
+
+// counter counts round trips and commands on a contender's client.
+type counter = cmdcount.Counter
 
 // Value is what every contender caches: a typical small row.
 type Value struct {
@@ -215,25 +218,6 @@ func (c *cacheguard) Get(ctx context.Context, id string, load Loader) (Value, er
 // isNotFound tells a contender's "not found" from a failure.
 func isNotFound(err error) bool {
 	return errors.Is(err, errNotFound) || errors.Is(err, guard.ErrNotFound)
-}
-
-// counter is a redis.Hook counting round trips and commands.
-type counter struct{ trips, cmds atomic.Int64 }
-
-func (c *counter) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (c *counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		c.trips.Add(1)
-		c.cmds.Add(1)
-		return next(ctx, cmd)
-	}
-}
-func (c *counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		c.trips.Add(1)
-		c.cmds.Add(int64(len(cmds)))
-		return next(ctx, cmds)
-	}
 }
 
 // value builds the row for id.

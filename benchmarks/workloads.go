@@ -132,7 +132,7 @@ func hitPath(ctx context.Context, e *env, name string) (HitResult, error) {
 	}
 	var ops, errs atomic.Int64
 	var firstErr atomic.Value
-	trips0 := ctr.trips.Load()
+	trips0 := ctr.RoundTrips()
 	server0, err := e.serverCommands(ctx)
 	if err != nil {
 		return HitResult{}, err
@@ -189,7 +189,7 @@ func hitPath(ctx context.Context, e *env, name string) (HitResult, error) {
 	return HitResult{
 		Contender: name, Ops: ops.Load(), OpsPerSec: n / elapsed.Seconds(),
 		P50: pct(all, 0.5), P99: pct(all, 0.99),
-		TripsPerGet:     float64(ctr.trips.Load()-trips0) / n,
+		TripsPerGet:     float64(ctr.RoundTrips()-trips0) / n,
 		ServerCmdsPerOp: float64(server1-server0-1) / n,
 		AllocsPerOp:     float64(m1.Mallocs-m0.Mallocs) / n,
 	}, nil

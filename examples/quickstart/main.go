@@ -20,6 +20,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cacheguard/cacheguard/guard"
+	"github.com/cacheguard/cacheguard/internal/cmdcount"
 	"github.com/cacheguard/cacheguard/internal/redisserver"
 )
 
@@ -44,7 +45,7 @@ func run(ctx context.Context, w io.Writer) error {
 	defer stop()
 	rdb := redis.NewClient(opts)
 	defer rdb.Close()
-	trips := &tripCounter{}
+	trips := &cmdcount.Counter{}
 	rdb.AddHook(trips)
 
 	// The "database": 1,000 products, and a counter of queries.
@@ -85,7 +86,7 @@ func run(ctx context.Context, w io.Writer) error {
 	fmt.Fprintf(w, "%-44s %-28s %8s %12s\n", "step", "result", "DB calls", "round trips")
 
 	step := func(label, id string) {
-		q, t := queries.Load(), trips.n.Load()
+		q, t := queries.Load(), trips.RoundTrips()
 		p, err := guard.Get(ctx, g, id, load)
 		res := fmt.Sprintf("%s, %d", p.Name, p.Price)
 		if errors.Is(err, guard.ErrNotFound) {
@@ -93,7 +94,7 @@ func run(ctx context.Context, w io.Writer) error {
 		} else if err != nil {
 			res = "error: " + err.Error()
 		}
-		fmt.Fprintf(w, "%-44s %-28s %8d %12d\n", label, res, queries.Load()-q, trips.n.Load()-t)
+		fmt.Fprintf(w, "%-44s %-28s %8d %12d\n", label, res, queries.Load()-q, trips.RoundTrips()-t)
 	}
 	step("Get 42 (cold: miss, load, cache)", "42")
 	step("Get 42 again (hit)", "42")
@@ -104,7 +105,7 @@ func run(ctx context.Context, w io.Writer) error {
 	step("Get 1000 (in filter, not in DB: marker set)", "1000")
 	step("Get 1000 again (empty-value marker hit)", "1000")
 
-	q, t := queries.Load(), trips.n.Load()
+	q, t := queries.Load(), trips.RoundTrips()
 	var wg sync.WaitGroup
 	var ok atomic.Int64
 	for range 100 {
@@ -118,7 +119,7 @@ func run(ctx context.Context, w io.Writer) error {
 	}
 	wg.Wait()
 	fmt.Fprintf(w, "%-44s %-28s %8d %12d\n", "100 goroutines Get 7 at once (cold)",
-		fmt.Sprintf("%d got product 7", ok.Load()), queries.Load()-q, trips.n.Load()-t)
+		fmt.Sprintf("%d got product 7", ok.Load()), queries.Load()-q, trips.RoundTrips()-t)
 
 	st := g.Stats()
 	fmt.Fprintf(w, "\nStats: hits %d, misses %d, bloom rejects %d, empty-marker hits %d, coalesced %d, loads %d\n",
@@ -147,15 +148,4 @@ func cleanup(ctx context.Context, rdb *redis.Client, pattern string) {
 	for iter.Next(ctx) {
 		rdb.Del(ctx, iter.Val())
 	}
-}
-
-// tripCounter counts round trips: one per command or pipeline sent.
-type tripCounter struct{ n atomic.Int64 }
-
-func (c *tripCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (c *tripCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error { c.n.Add(1); return next(ctx, cmd) }
-}
-func (c *tripCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error { c.n.Add(1); return next(ctx, cmds) }
 }

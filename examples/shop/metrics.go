@@ -22,8 +22,8 @@ func (s *Shop) metrics(w http.ResponseWriter, r *http.Request) {
 		fmt.Sprintf(`{path="guard"} %d`, s.store.queries.Load()),
 		fmt.Sprintf(`{path="naive"} %d`, s.naiveStore.queries.Load()))
 	counter("shop_redis_commands_total", "Redis commands sent, by request path.",
-		fmt.Sprintf(`{path="guard"} %d`, s.guardCmds.n.Load()),
-		fmt.Sprintf(`{path="naive"} %d`, s.naiveCmd.n.Load()))
+		fmt.Sprintf(`{path="guard"} %d`, s.guardCmds.Commands()),
+		fmt.Sprintf(`{path="naive"} %d`, s.naiveCmd.Commands()))
 	var gets, ops []string
 	for _, g := range []*guard.Guard{s.products, s.users} {
 		st, n := g.Stats(), g.Name()

@@ -9,7 +9,6 @@ import (
 	"iter"
 	"log/slog"
 	"net/http"
-	"sync/atomic"
 	"time"
 
 	labecho "github.com/labstack/echo/v4"
@@ -18,6 +17,7 @@ import (
 	cgecho "github.com/cacheguard/cacheguard/adapters/echo"
 	"github.com/cacheguard/cacheguard/adapters/nethttp"
 	"github.com/cacheguard/cacheguard/guard"
+	"github.com/cacheguard/cacheguard/internal/cmdcount"
 )
 
 // Shop is the demo service. The guarded routes and the naive cache-aside
@@ -29,7 +29,7 @@ type Shop struct {
 	writes              *Store // POST, PUT, DELETE
 	products, users     *guard.Guard
 	guardRDB, naiveRDB  redis.UniversalClient
-	guardCmds, naiveCmd *cmdCounter
+	guardCmds, naiveCmd *cmdcount.Counter
 	log                 *slog.Logger
 }
 
@@ -42,8 +42,8 @@ func newShop(ctx context.Context, db *sql.DB, redisOpts *redis.Options, dbLatenc
 		writes:     &Store{db: db},
 		guardRDB:   redis.NewClient(redisOpts),
 		naiveRDB:   redis.NewClient(redisOpts),
-		guardCmds:  &cmdCounter{},
-		naiveCmd:   &cmdCounter{},
+		guardCmds:  &cmdcount.Counter{},
+		naiveCmd:   &cmdcount.Counter{},
 		log:        log,
 	}
 	s.guardRDB.AddHook(s.guardCmds)
@@ -217,15 +217,4 @@ func (s *Shop) invalidate(ctx context.Context, id string) error {
 		return err
 	}
 	return s.naiveRDB.Del(ctx, "shop:naive:product:"+id).Err()
-}
-
-// cmdCounter is a redis.Hook that counts commands sent.
-type cmdCounter struct{ n atomic.Int64 }
-
-func (c *cmdCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (c *cmdCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error { c.n.Add(1); return next(ctx, cmd) }
-}
-func (c *cmdCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error { c.n.Add(int64(len(cmds))); return next(ctx, cmds) }
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
+	"github.com/cacheguard/cacheguard/internal/cmdcount"
 	"github.com/cacheguard/cacheguard/internal/redisserver"
 )
 
@@ -256,68 +257,5 @@ func (c *Conn) FlushMasters(ctx context.Context) error {
 	return c.UniversalClient.FlushDB(ctx).Err()
 }
 
-// Counter is a redis.Hook that counts round trips (a single command or a whole
-// pipeline is one) and commands, and remembers command names.
-type Counter struct {
-	trips, cmds atomic.Int64
-	mu          sync.Mutex // guards names
-	names       map[string]int
-}
-
-// RoundTrips is the number of round trips since the last Reset.
-func (c *Counter) RoundTrips() int64 { return c.trips.Load() }
-
-// Commands is the number of commands since the last Reset.
-func (c *Counter) Commands() int64 { return c.cmds.Load() }
-
-// Names returns how often each command name was sent since the last Reset.
-func (c *Counter) Names() map[string]int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	out := make(map[string]int, len(c.names))
-	for k, v := range c.names {
-		out[k] = v
-	}
-	return out
-}
-
-// Reset zeroes the counts.
-func (c *Counter) Reset() {
-	c.trips.Store(0)
-	c.cmds.Store(0)
-	c.mu.Lock()
-	c.names = nil
-	c.mu.Unlock()
-}
-
-func (c *Counter) note(cmds []redis.Cmder) {
-	c.trips.Add(1)
-	c.cmds.Add(int64(len(cmds)))
-	c.mu.Lock()
-	if c.names == nil {
-		c.names = map[string]int{}
-	}
-	for _, cmd := range cmds {
-		c.names[cmd.Name()]++
-	}
-	c.mu.Unlock()
-}
-
-// DialHook implements redis.Hook.
-func (c *Counter) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-// ProcessHook implements redis.Hook.
-func (c *Counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		c.note([]redis.Cmder{cmd})
-		return next(ctx, cmd)
-	}
-}
-
-// ProcessPipelineHook implements redis.Hook.
-func (c *Counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		c.note(cmds)
-		return next(ctx, cmds)
-	}
-}
+// Counter counts round trips and commands (see internal/cmdcount).
+type Counter = cmdcount.Counter

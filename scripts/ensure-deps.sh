@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Installs what `make test`, `make demo` and `make bench` need when it is
-# missing: redis-server and redis-cli (Debian packages). Go modules come from
-# the Go module proxy through the go command itself.
+# missing: redis-server and redis-cli, and PostgreSQL for the shop's test of
+# its PostgreSQL path (Debian packages). Go modules come from the Go module
+# proxy through the go command itself.
 set -euo pipefail
 
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
 fi

@@ -63,6 +63,11 @@ func do(t *testing.T, method, url, body string) (int, string) {
 // the old) → delete → read (404), plus users, metrics and health.
 func TestProductLifecycle(t *testing.T) {
 	shop, hs := newTestShop(t, 1000, 100)
+	lifecycle(t, shop, hs)
+}
+
+func lifecycle(t *testing.T, shop *Shop, hs *httptest.Server) {
+	t.Helper()
 	code, body := do(t, "POST", hs.URL+"/products", `{"name":"Desk lamp","price_cents":1999}`)
 	if code != 201 {
 		t.Fatalf("create: %d %s", code, body)

@@ -44,6 +44,10 @@ func openStore(ctx context.Context, dsn string) (*sql.DB, error) {
 		if db, err = sql.Open("pgx", dsn); err != nil {
 			return nil, err
 		}
+		// Keep connections: database/sql keeps 2 idle by default, and a
+		// PostgreSQL connection takes milliseconds to open.
+		db.SetMaxOpenConns(32)
+		db.SetMaxIdleConns(32)
 		_, err = db.ExecContext(ctx, `
 			CREATE TABLE IF NOT EXISTS products (id BIGSERIAL PRIMARY KEY, name TEXT NOT NULL, price_cents BIGINT NOT NULL);
 			CREATE TABLE IF NOT EXISTS users (id BIGSERIAL PRIMARY KEY, name TEXT NOT NULL, email TEXT NOT NULL)`)
@@ -52,6 +56,7 @@ func openStore(ctx context.Context, dsn string) (*sql.DB, error) {
 			return nil, err
 		}
 		db.SetMaxOpenConns(8)
+		db.SetMaxIdleConns(8)
 		_, err = db.ExecContext(ctx, `
 			CREATE TABLE IF NOT EXISTS products (id INTEGER PRIMARY KEY, name TEXT NOT NULL, price_cents INTEGER NOT NULL);
 			CREATE TABLE IF NOT EXISTS users (id INTEGER PRIMARY KEY, name TEXT NOT NULL, email TEXT NOT NULL)`)

@@ -539,29 +539,34 @@ func fill[T any](ctx context.Context, g *Guard, id, vkey string, load func(conte
 		res     flight // what the last check or load found
 		loadErr error  // the last load's own outcome, kept across fence retries
 	)
-	check := func(ctx context.Context) (bool, error) {
-		raw, err := g.rdb.Get(ctx, vkey).Bytes()
-		switch {
-		case errors.Is(err, redis.Nil):
-			return false, nil
-		case err != nil:
-			g.redisError(ctx, "read", err)
-			res = flight{outcome: outFailed}
-			return true, fmt.Errorf("cacheguard: %s %q: read: %w: %w", g.name, id, ErrUnavailable, err)
-		}
-		var zero T
-		*out = zero
-		switch err := codec.Decode(g.opts.Codec, raw, out); {
-		case err == nil:
-			*decoded = true
-			res = flight{frame: raw, outcome: outHit}
-			return true, nil
-		case errors.Is(err, codec.ErrEmpty):
-			res = flight{outcome: outEmpty}
-			return true, ErrNotFound
-		default:
-			g.dropCorrupt(ctx, vkey, raw, err)
-			return false, nil
+	// check reads the cache in the Coordinator's round trip (after the lock
+	// attempt) or in one of its own.
+	check := func(ctx context.Context, pipe redis.Pipeliner) func() (bool, error) {
+		get := pipe.Get(ctx, vkey)
+		return func() (bool, error) {
+			raw, err := get.Bytes()
+			switch {
+			case errors.Is(err, redis.Nil):
+				return false, nil
+			case err != nil:
+				g.redisError(ctx, "read", err)
+				res = flight{outcome: outFailed}
+				return true, fmt.Errorf("cacheguard: %s %q: read: %w: %w", g.name, id, ErrUnavailable, err)
+			}
+			var zero T
+			*out = zero
+			switch err := codec.Decode(g.opts.Codec, raw, out); {
+			case err == nil:
+				*decoded = true
+				res = flight{frame: raw, outcome: outHit}
+				return true, nil
+			case errors.Is(err, codec.ErrEmpty):
+				res = flight{outcome: outEmpty}
+				return true, ErrNotFound
+			default:
+				g.dropCorrupt(ctx, vkey, raw, err)
+				return false, nil
+			}
 		}
 	}
 	write := func(ctx context.Context, fence int64, frame []byte, ttl time.Duration) error {

@@ -42,22 +42,32 @@ type CoordinatorOptions struct {
 // Coordinator makes one process at a time load a key, across all processes
 // that share a Redis and a channel name, and wakes the others when it is done.
 //
-// Run tries the key's lock ("<key>:lock", fence "<key>:fence": give key a hash
-// tag on Redis Cluster). The holder checks the cache again (another process
-// may have filled it between the caller's read and the lock), runs the load
-// with the lock's fencing number under a watchdog, releases the lock and
-// PUBLISHes the key. The others subscribe (one subscription per Coordinator,
-// fanned out in-process), check the cache once subscribed so that a publish
-// cannot slip between the check and the wait, and wait for the publish, the
-// holder's lease to run out, or LockWait. Woken, they check the cache; if the
-// holder failed or died they try the lock themselves.
+// Run sends one round trip with an attempt on the key's lock ("<key>:lock",
+// fence "<key>:fence": give key a hash tag on Redis Cluster) and, queued after
+// it, the caller's read of the cache: for the holder that read is the re-check
+// with the lock taken (another process may have filled the cache between the
+// caller's first read and the lock). The holder runs the load with the lock's
+// fencing number under a watchdog, then releases the lock and PUBLISHes the
+// key in one script. The others subscribe (one subscription per Coordinator,
+// fanned out in-process), read the cache once subscribed so that a publish
+// cannot slip between the read and the wait, and wait for the publish, the
+// holder's lease to run out, or LockWait. Woken, they read the cache; if the
+// holder failed or died they try the lock themselves. A miss thus costs the
+// holder three round trips besides its first read: lock and re-check, its
+// write, release and publish.
 type Coordinator struct {
+	rdb   redis.UniversalClient
 	locks *lock.Client
 	wake  waker
 	opts  CoordinatorOptions
 
 	waits, timeouts, wakeups atomic.Uint64
 }
+
+// Check queues a read of the cache into pipe and returns a function that,
+// after the pipeline ran, reports whether the cache answers (done) and with
+// what error.
+type Check func(ctx context.Context, pipe redis.Pipeliner) (answer func() (done bool, err error))
 
 // NewCoordinator returns a Coordinator that publishes on channel. Close it to
 // end its subscription.
@@ -76,6 +86,7 @@ func NewCoordinator(rdb redis.UniversalClient, channel string, opts *Coordinator
 		o.FenceTTL = 24 * time.Hour
 	}
 	return &Coordinator{
+		rdb:   rdb,
 		locks: lock.New(rdb),
 		wake:  waker{rdb: rdb, channel: channel},
 		opts:  o,
@@ -97,29 +108,38 @@ func (c *Coordinator) Stats() CoordinatorStats {
 	return CoordinatorStats{Waits: c.waits.Load(), Timeouts: c.timeouts.Load(), Wakeups: c.wakeups.Load()}
 }
 
-// Run fills key once across processes. check reports whether the cache now
-// answers (done) and with what error; load runs with the lock held and its
-// fencing number, and returns ErrFenceLost if its write was refused. Run
-// returns the error of the check or load that finished the job, ErrBusy, or
-// a Redis error.
-func (c *Coordinator) Run(ctx context.Context, key string,
-	check func(ctx context.Context) (done bool, err error),
-	load func(ctx context.Context, fence int64) error,
-) error {
+// Run fills key once across processes. check reads the cache; load runs with
+// the lock held and its fencing number, and returns ErrFenceLost if its write
+// was refused. Run returns the error of the check or load that finished the
+// job, ErrBusy, or a Redis error.
+func (c *Coordinator) Run(ctx context.Context, key string, check Check, load func(ctx context.Context, fence int64) error) error {
 	deadline := time.Now().Add(c.opts.LockWait)
+	lockOpts := &lock.Options{FenceKey: key + ":fence", FenceTTL: c.opts.FenceTTL}
 	for {
-		l, err := c.locks.Obtain(ctx, key+":lock", c.opts.LockTTL,
-			&lock.Options{FenceKey: key + ":fence", FenceTTL: c.opts.FenceTTL})
-		if err == nil {
-			err = c.hold(ctx, l, key, check, load)
+		pipe := c.rdb.Pipeline()
+		q, err := c.locks.Queue(ctx, pipe, key+":lock", c.opts.LockTTL, lockOpts)
+		if err != nil {
+			return err
+		}
+		answer := check(ctx, pipe)
+		_, _ = pipe.Exec(ctx) // errors are read per command
+		l, err := q.Result(ctx)
+		var held *lock.HeldError
+		switch {
+		case err == nil:
+			if !q.InPipeline() { // the read ran before the lock was taken
+				answer = c.checkNow(ctx, check)
+			}
+			err = c.hold(ctx, l, key, answer, load)
 			if errors.Is(err, ErrFenceLost) && time.Now().Before(deadline) {
 				continue // overtaken by an invalidation: load again, newer fence
 			}
 			return err
-		}
-		var held *lock.HeldError
-		if !errors.As(err, &held) {
+		case !errors.As(err, &held):
 			return err
+		}
+		if done, err := answer(); done || err != nil {
+			return err // filled meanwhile by the holder
 		}
 		c.waits.Add(1)
 		done, err := c.wait(ctx, key, held.TTL, deadline, check)
@@ -136,10 +156,18 @@ func (c *Coordinator) Run(ctx context.Context, key string,
 	}
 }
 
-// hold runs check and load with the lock held, then releases the lock and
-// publishes the key, also when load panics.
+// checkNow runs check in a round trip of its own.
+func (c *Coordinator) checkNow(ctx context.Context, check Check) func() (bool, error) {
+	pipe := c.rdb.Pipeline()
+	answer := check(ctx, pipe)
+	_, _ = pipe.Exec(ctx)
+	return answer
+}
+
+// hold reads the re-check's answer and runs load with the lock held, then
+// releases the lock and publishes the key, also when load panics.
 func (c *Coordinator) hold(ctx context.Context, l *lock.Lock, key string,
-	check func(context.Context) (bool, error), load func(context.Context, int64) error,
+	answer func() (bool, error), load func(context.Context, int64) error,
 ) error {
 	stop := l.KeepAlive(ctx, c.opts.LockTTL, func(err error) {
 		if c.opts.OnLockLost != nil {
@@ -148,12 +176,11 @@ func (c *Coordinator) hold(ctx context.Context, l *lock.Lock, key string,
 	})
 	defer func() {
 		stop()
-		// Release first, then publish: a woken waiter that finds no value
-		// can take the lock at once.
-		_ = l.Release(context.WithoutCancel(ctx))
-		_ = c.wake.publish(context.WithoutCancel(ctx), key)
+		// One script: release first, then publish, so that a woken waiter
+		// that finds no value can take the lock at once.
+		_ = l.ReleaseAndPublish(context.WithoutCancel(ctx), c.wake.channel, key)
 	}()
-	if done, err := check(ctx); done || err != nil {
+	if done, err := answer(); done || err != nil {
 		return err
 	}
 	return load(ctx, l.Fence())
@@ -161,16 +188,14 @@ func (c *Coordinator) hold(ctx context.Context, l *lock.Lock, key string,
 
 // wait blocks until the holder publishes key, its lease (holderTTL) runs out,
 // or the deadline passes. done reports that check answered.
-func (c *Coordinator) wait(ctx context.Context, key string, holderTTL time.Duration, deadline time.Time,
-	check func(context.Context) (bool, error),
-) (done bool, err error) {
+func (c *Coordinator) wait(ctx context.Context, key string, holderTTL time.Duration, deadline time.Time, check Check) (done bool, err error) {
 	woken, cancel, err := c.wake.register(ctx, key)
 	if err != nil {
 		return true, err
 	}
 	defer cancel()
 	// Subscribed: a publish from now on reaches us, so check before waiting.
-	if done, err := check(ctx); done || err != nil {
+	if done, err := c.checkNow(ctx, check)(); done || err != nil {
 		return true, err
 	}
 	t := time.NewTimer(max(min(holderTTL+5*time.Millisecond, time.Until(deadline)), 0))
@@ -182,7 +207,7 @@ func (c *Coordinator) wait(ctx context.Context, key string, holderTTL time.Durat
 	case <-ctx.Done():
 		return true, ctx.Err()
 	}
-	if done, err := check(ctx); done || err != nil {
+	if done, err := c.checkNow(ctx, check)(); done || err != nil {
 		return true, err
 	}
 	return false, nil

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/cacheguard/cacheguard/internal/redistest"
 	"github.com/cacheguard/cacheguard/loader"
 )
@@ -20,7 +22,9 @@ func TestCoordinatorOneLoadManyCoordinators(t *testing.T) {
 	key := c.Prefix + ":{k}"
 	var loads, wakeups atomic.Int32
 	var filled atomic.Bool
-	check := func(context.Context) (bool, error) { return filled.Load(), nil }
+	check := func(context.Context, redis.Pipeliner) func() (bool, error) {
+		return func() (bool, error) { return filled.Load(), nil }
+	}
 	load := func(ctx context.Context, fence int64) error {
 		if fence <= 0 {
 			t.Errorf("fence %d", fence)
@@ -61,7 +65,9 @@ func TestCoordinatorReleasesOnPanicAndError(t *testing.T) {
 	co := loader.NewCoordinator(c.UniversalClient, c.Prefix+":ch", nil)
 	defer co.Close()
 	key := c.Prefix + ":{k}"
-	no := func(context.Context) (bool, error) { return false, nil }
+	no := func(context.Context, redis.Pipeliner) func() (bool, error) {
+		return func() (bool, error) { return false, nil }
+	}
 	func() {
 		defer func() { _ = recover() }()
 		_ = co.Run(ctx, key, no, func(context.Context, int64) error { panic("boom") })

@@ -47,11 +47,14 @@ var (
 	refreshLua string
 	//go:embed lua/pttl.lua
 	pttlLua string
+	//go:embed lua/release_publish.lua
+	releasePublishLua string
 
 	obtainScript  = redis.NewScript(obtainLua)
 	releaseScript = redis.NewScript(releaseLua)
 	refreshScript = redis.NewScript(refreshLua)
 	pttlScript    = redis.NewScript(pttlLua)
+	relPubScript  = redis.NewScript(releasePublishLua)
 )
 
 // RedisClient is what the lock needs of a go-redis client: running scripts.
@@ -110,27 +113,9 @@ type Lock struct {
 // an error wrapping ErrNotObtained (a *HeldError) when another holder keeps
 // it; Redis errors are wrapped.
 func (c *Client) Obtain(ctx context.Context, key string, ttl time.Duration, opts *Options) (*Lock, error) {
-	var o Options
-	if opts != nil {
-		o = *opts
-	}
-	if key == "" {
-		return nil, fmt.Errorf("%w: empty key", ErrInvalid)
-	}
-	if ttl < time.Millisecond {
-		return nil, fmt.Errorf("%w: TTL %v below 1ms", ErrInvalid, ttl)
-	}
-	if o.FenceKey == "" {
-		o.FenceKey = key + ":fence"
-	}
-	if o.FenceTTL <= 0 {
-		o.FenceTTL = 24 * time.Hour
-	}
-	if o.MinBackoff <= 0 {
-		o.MinBackoff = 4 * time.Millisecond
-	}
-	if o.MaxBackoff < o.MinBackoff {
-		o.MaxBackoff = max(256*time.Millisecond, o.MinBackoff)
+	o, err := resolve(key, ttl, opts)
+	if err != nil {
+		return nil, err
 	}
 	token, err := newToken()
 	if err != nil {
@@ -171,6 +156,89 @@ func (c *Client) Obtain(ctx context.Context, key string, ttl time.Duration, opts
 	}
 }
 
+func resolve(key string, ttl time.Duration, opts *Options) (Options, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if key == "" {
+		return o, fmt.Errorf("%w: empty key", ErrInvalid)
+	}
+	if ttl < time.Millisecond {
+		return o, fmt.Errorf("%w: TTL %v below 1ms", ErrInvalid, ttl)
+	}
+	if o.FenceKey == "" {
+		o.FenceKey = key + ":fence"
+	}
+	if o.FenceTTL <= 0 {
+		o.FenceTTL = 24 * time.Hour
+	}
+	if o.MinBackoff <= 0 {
+		o.MinBackoff = 4 * time.Millisecond
+	}
+	if o.MaxBackoff < o.MinBackoff {
+		o.MaxBackoff = max(256*time.Millisecond, o.MinBackoff)
+	}
+	return o, nil
+}
+
+// Queued is one attempt to obtain a lock, queued in a pipeline.
+type Queued struct {
+	c               *Client
+	key, token      string
+	ttl             time.Duration
+	o               Options
+	cmd             *redis.Cmd
+	outsidePipeline bool
+}
+
+// Queue adds one attempt to obtain key to pipe (Options.Wait is ignored), so
+// that a caller can send it together with its own commands: Redis runs one
+// connection's commands in order, so commands queued after it on keys of the
+// same hash slot run with the lock already taken (or not). Read the outcome
+// with Result after the pipeline ran.
+func (c *Client) Queue(ctx context.Context, pipe redis.Pipeliner, key string, ttl time.Duration, opts *Options) (*Queued, error) {
+	o, err := resolve(key, ttl, opts)
+	if err != nil {
+		return nil, err
+	}
+	token, err := newToken()
+	if err != nil {
+		return nil, err
+	}
+	q := &Queued{c: c, key: key, token: token, ttl: ttl, o: o}
+	q.cmd = obtainScript.EvalSha(ctx, pipe, []string{key, o.FenceKey}, token, ttl.Milliseconds(), o.FenceTTL.Milliseconds())
+	return q, nil
+}
+
+// Result returns the lock, an error wrapping ErrNotObtained (a *HeldError),
+// or a Redis error. A pipeline cannot load a script: if Redis did not know
+// the obtain script yet, Result makes the attempt itself, outside the
+// pipeline (InPipeline then reports false).
+func (q *Queued) Result(ctx context.Context) (*Lock, error) {
+	res, err := q.cmd.Slice()
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		q.outsidePipeline = true
+		res, err = obtainScript.Run(ctx, q.c.rdb, []string{q.key, q.o.FenceKey},
+			q.token, q.ttl.Milliseconds(), q.o.FenceTTL.Milliseconds()).Slice()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("lock: obtain %s: %w", q.key, err)
+	}
+	got, holderTTL, fence, err := parseObtain(res)
+	if err != nil {
+		return nil, fmt.Errorf("lock: obtain %s: %w", q.key, err)
+	}
+	if !got {
+		return nil, &HeldError{TTL: holderTTL}
+	}
+	return &Lock{c: q.c, key: q.key, token: q.token, fence: fence}, nil
+}
+
+// InPipeline reports whether the attempt ran inside the pipeline, in order
+// with the commands queued after it.
+func (q *Queued) InPipeline() bool { return !q.outsidePipeline }
+
 func parseObtain(res []any) (got bool, holderTTL time.Duration, fence int64, err error) {
 	if len(res) != 2 {
 		return false, 0, 0, fmt.Errorf("unexpected reply %v", res)
@@ -208,6 +276,21 @@ func (l *Lock) Fence() int64 { return l.fence }
 // Release frees the lock. ErrNotHeld if it had expired or was taken over.
 func (l *Lock) Release(ctx context.Context) error {
 	n, err := releaseScript.Run(ctx, l.c.rdb, []string{l.key}, l.token).Int64()
+	if err != nil {
+		return fmt.Errorf("lock: release %s: %w", l.key, err)
+	}
+	if n != 1 {
+		return ErrNotHeld
+	}
+	return nil
+}
+
+// ReleaseAndPublish frees the lock (if still held) and PUBLISHes message on
+// channel in the same script: one round trip for a holder that must wake
+// waiters. ErrNotHeld if it had expired or was taken over (the message is
+// published all the same).
+func (l *Lock) ReleaseAndPublish(ctx context.Context, channel, message string) error {
+	n, err := relPubScript.Run(ctx, l.c.rdb, []string{l.key}, l.token, channel, message).Int64()
 	if err != nil {
 		return fmt.Errorf("lock: release %s: %w", l.key, err)
 	}

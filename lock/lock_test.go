@@ -190,3 +190,85 @@ func TestWatchdogOutlivesTTL(t *testing.T) {
 	}
 	stop()
 }
+
+// TestQueueInPipeline: an attempt queued in a pipeline runs before the
+// commands queued after it; without the script loaded it is made outside.
+func TestQueueInPipeline(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	lc := lock.New(c)
+	key := c.Prefix + ":{k}:lock"
+	if err := c.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	pipe := c.Pipeline()
+	q, err := lc.Queue(ctx, pipe, key, time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = pipe.Exec(ctx)
+	l, err := q.Result(ctx)
+	if err != nil || q.InPipeline() {
+		t.Fatalf("without the script: %v, in pipeline %v", err, q.InPipeline())
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	pipe = c.Pipeline()
+	q, _ = lc.Queue(ctx, pipe, key, time.Minute, nil)
+	after := pipe.Get(ctx, key) // queued after the attempt: sees the lock
+	_, _ = pipe.Exec(ctx)
+	l, err = q.Result(ctx)
+	if err != nil || !q.InPipeline() {
+		t.Fatalf("with the script: %v, in pipeline %v", err, q.InPipeline())
+	}
+	if after.Val() != l.Token() {
+		t.Fatalf("the command queued after the attempt saw %q, want the token", after.Val())
+	}
+
+	pipe = c.Pipeline()
+	q2, _ := lc.Queue(ctx, pipe, key, time.Minute, nil)
+	_, _ = pipe.Exec(ctx)
+	var held *lock.HeldError
+	if _, err := q2.Result(ctx); !errors.As(err, &held) || held.TTL <= 0 || !errors.Is(err, lock.ErrNotObtained) {
+		t.Fatalf("second attempt: %v", err)
+	}
+	if _, err := lc.Queue(ctx, c.Pipeline(), "", time.Second, nil); !errors.Is(err, lock.ErrInvalid) {
+		t.Fatalf("empty key: %v", err)
+	}
+}
+
+func TestReleaseAndPublish(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	lc := lock.New(c)
+	key := c.Prefix + ":{k}:lock"
+	channel := c.Prefix + ":done"
+	ps := c.Subscribe(ctx, channel)
+	defer ps.Close()
+	if _, err := ps.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l, err := lc.Obtain(ctx, key, time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.ReleaseAndPublish(ctx, channel, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if n := c.Exists(ctx, key).Val(); n != 0 {
+		t.Fatal("not released")
+	}
+	msg, err := ps.ReceiveMessage(ctx)
+	if err != nil || msg.Payload != "k" {
+		t.Fatalf("message %v, %v", msg, err)
+	}
+	// Not held any more: ErrNotHeld, and waiters are told all the same.
+	if err := l.ReleaseAndPublish(ctx, channel, "again"); !errors.Is(err, lock.ErrNotHeld) {
+		t.Fatalf("second release: %v", err)
+	}
+	if msg, err := ps.ReceiveMessage(ctx); err != nil || msg.Payload != "again" {
+		t.Fatalf("message %v, %v", msg, err)
+	}
+}

@@ -207,7 +207,7 @@ type Conn struct {
 
 // Connect returns a new client on the server, closed when the test ends. The
 // client has answered a PING before the counter is reset, so the connection
-// hand-shake is not counted.
+// hand-shake is not counted (a second connection dialed later would be).
 func Connect(t testing.TB) *Conn {
 	t.Helper()
 	if server == nil && cluster == nil {
@@ -227,6 +227,12 @@ func Connect(t testing.TB) *Conn {
 	}
 	ctr := &Counter{}
 	c.AddHook(ctr)
+	// A connection dialed after AddHook sends its hand-shake (HELLO, CLIENT
+	// SETINFO) through the hook: dial one now and start counting after it.
+	if err := c.Ping(context.Background()).Err(); err != nil {
+		t.Fatalf("redistest: ping: %v", err)
+	}
+	ctr.Reset()
 	name := strings.NewReplacer("/", ".", " ", "_").Replace(t.Name())
 	return &Conn{UniversalClient: c, Counter: ctr, Prefix: fmt.Sprintf("t%d.%s", prefixes.Add(1), name)}
 }

@@ -57,7 +57,7 @@ type setup struct {
 	opened bool
 }
 
-var contenderNames = []string{"raw", "go-zero", "go-zero+bloom", "go-redis/cache", "go-redis/cache+local", "cacheguard"}
+var contenderNames = []string{"raw", "go-zero", "go-zero+bloom", "go-redis/cache", "go-redis/cache+local", "cacheguard", "cacheguard+local"}
 
 func newContender(ctx context.Context, name string, s setup) (Contender, error) {
 	switch name {
@@ -92,10 +92,14 @@ func newContender(ctx context.Context, name string, s setup) (Contender, error) 
 			o.LocalCache = gocache.NewTinyLFU(10_000, s.ttl)
 		}
 		return &goRedisCache{rdb: rdb, c: gocache.New(o), prefix: s.prefix, ttl: s.ttl}, nil
-	case "cacheguard":
+	case "cacheguard", "cacheguard+local":
 		rdb := redis.NewClient(&redis.Options{Addr: s.addr})
 		rdb.AddHook(s.counter)
-		g, err := guard.New(ctx, rdb, "bench", &guard.Options{KeyPrefix: s.prefix, TTL: s.ttl})
+		o := &guard.Options{KeyPrefix: s.prefix, TTL: s.ttl}
+		if name == "cacheguard+local" {
+			o.Local = &guard.LocalOptions{} // defaults: 10,000 values for 1 s
+		}
+		g, err := guard.New(ctx, rdb, "bench", o)
 		if err != nil {
 			return nil, err
 		}

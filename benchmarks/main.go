@@ -7,7 +7,7 @@
 // Contenders: raw (go-redis GET, on a miss load + SET), go-zero
 // core/stores/cache (TakeCtx) with and without go-zero core/bloom in front,
 // go-redis/cache Once with and without its local TinyLFU, and cacheguard's
-// guard.Get with default options. Every figure is measured in this run; any
+// guard.Get with default options, with and without its in-process cache. Every figure is measured in this run; any
 // contender error stops the run with a non-zero exit.
 package main
 

@@ -121,6 +121,9 @@ type Options struct {
 	// most one attempt a minute per process; one rebuild at a time across
 	// processes). Without it, call Rebuild yourself.
 	RebuildFrom func(ctx context.Context) iter.Seq2[string, error]
+	// Local, if set, keeps values in process memory too (see LocalOptions):
+	// a hit then costs no round trip. Off by default.
+	Local *LocalOptions
 	// OnBloomSaturated, if set, is told when the IDs added push the filter's
 	// estimated false-positive rate 50% above FalsePositiveRate: rebuild it
 	// bigger (Rebuild with bloom.RebuildOptions.ExpectedItems).
@@ -139,6 +142,7 @@ type Guard struct {
 	bloom *bloom.Filter
 	log   *slog.Logger
 
+	local     *local               // the in-process cache, or nil
 	flights   loader.Group[flight] // one flight per value key in this process
 	coord     *loader.Coordinator  // one load per value key across processes
 	stats     counters
@@ -196,6 +200,11 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 	}
 	if err != nil {
 		return nil, fmt.Errorf("cacheguard: %s: %w", name, err)
+	}
+	if o.Local != nil {
+		if g.local, err = newLocal(ctx, rdb, g.keys.prefix+"invalidated", *o.Local); err != nil {
+			return nil, err
+		}
 	}
 	g.coord = loader.NewCoordinator(rdb, g.keys.prefix+"loaded", &loader.CoordinatorOptions{
 		LockTTL:    o.LockTTL,
@@ -283,6 +292,9 @@ func (g *Guard) Close() error {
 	g.life.Lock()
 	g.closed = true
 	g.life.Unlock()
+	if g.local != nil {
+		_ = g.local.close()
+	}
 	return g.coord.Close()
 }
 
@@ -354,6 +366,7 @@ const (
 type flight struct {
 	frame   []byte
 	outcome outcome
+	epoch   uint64 // the local cache's epoch when the flight began
 }
 
 // Get returns the value of id: from the cache, or from load on a miss. It
@@ -371,6 +384,16 @@ func Get[T any](ctx context.Context, g *Guard, id string, load func(ctx context.
 	if err != nil {
 		return zero, err
 	}
+	if g.local != nil {
+		if frame, ok := g.local.get(vkey); ok {
+			var v T
+			if codec.Decode(g.opts.Codec, frame, &v) == nil {
+				g.stats.localHits.Add(1)
+				return v, nil
+			}
+			g.local.drop(vkey)
+		}
+	}
 	// The caller whose function runs the flight keeps the value it decoded
 	// on a hit; the flight's writes to these happen before Do returns.
 	var (
@@ -386,11 +409,20 @@ func Get[T any](ctx context.Context, g *Guard, id string, load func(ctx context.
 		if g.closed {
 			return flight{outcome: outFailed}, ErrClosed
 		}
-		return fetch(fctx, g, id, vkey, load, &v, &decoded)
+		var epoch uint64
+		if g.local != nil {
+			epoch = g.local.epoch.Load() // before the read: see local.put
+		}
+		fl, err := fetch(fctx, g, id, vkey, load, &v, &decoded)
+		fl.epoch = epoch
+		return fl, err
 	})
 	g.stats.count(fl.outcome, shared && !mine)
 	if err != nil {
 		return zero, err
+	}
+	if g.local != nil && mine {
+		g.local.put(vkey, fl.frame, fl.epoch)
 	}
 	if mine && decoded {
 		return v, nil
@@ -515,6 +547,11 @@ func (g *Guard) Peek(ctx context.Context, id string) (context.Context, bool, err
 	vkey, err := g.keys.value(id)
 	if err != nil {
 		return ctx, false, err
+	}
+	if g.local != nil {
+		if _, ok := g.local.get(vkey); ok { // Get will answer from memory
+			return ctx, true, nil
+		}
 	}
 	r, err := g.read(ctx, id, vkey)
 	if err != nil {
@@ -714,22 +751,24 @@ func (g *Guard) Invalidate(ctx context.Context, ids ...string) error {
 		}
 		keys = append(keys, k)
 	}
-	var err error
-	switch len(keys) {
-	case 0:
+	if len(keys) == 0 {
 		return nil
-	case 1:
-		err = g.rdb.Del(ctx, keys[0], keys[0]+":fence").Err()
-	default:
-		// One DEL per ID (value and fence share a slot; IDs do not).
-		pipe := g.rdb.Pipeline()
-		for _, k := range keys {
-			pipe.Del(ctx, k, k+":fence")
-		}
-		_, err = pipe.Exec(ctx)
 	}
+	// One DEL per ID (value and fence share a slot; IDs do not), and a
+	// message per ID for the processes that keep values in memory (Local),
+	// in one round trip.
+	pipe := g.rdb.Pipeline()
+	for _, k := range keys {
+		pipe.Del(ctx, k, k+":fence")
+		pipe.Publish(ctx, g.keys.prefix+"invalidated", k)
+	}
+	_, err := pipe.Exec(ctx)
 	for _, k := range keys {
 		g.flights.Forget(k)
+		if g.local != nil {
+			g.local.epoch.Add(1)
+			g.local.drop(k)
+		}
 	}
 	if err != nil {
 		g.redisError(ctx, "invalidate", err)

@@ -6,7 +6,8 @@ import "sync/atomic"
 // how they ended (each caller once, even when callers shared a flight); the
 // second counts operations.
 type Stats struct {
-	Hits         uint64 // answered from a cached value
+	Hits         uint64 // answered from a value cached in Redis
+	LocalHits    uint64 // answered from process memory (Options.Local)
 	EmptyHits    uint64 // answered ErrNotFound from a cached empty marker
 	BloomRejects uint64 // answered ErrNotFound by the bloom filter
 	Misses       uint64 // answered by a load (value or not found)
@@ -27,7 +28,7 @@ type Stats struct {
 type counters struct {
 	hits, empty, rejects, misses, coalesced           atomic.Uint64
 	loads, loadErrors, redisErrors, corrupt, bypasses atomic.Uint64
-	staleWrites                                       atomic.Uint64
+	staleWrites, localHits                            atomic.Uint64
 }
 
 func (c *counters) count(o outcome, coalesced bool) {
@@ -52,7 +53,7 @@ func (g *Guard) Stats() Stats {
 	cs := g.coord.Stats()
 	return Stats{
 		StaleWrites: c.staleWrites.Load(), LockWaits: cs.Waits, LockTimeouts: cs.Timeouts, Wakeups: cs.Wakeups,
-		Hits: c.hits.Load(), EmptyHits: c.empty.Load(), BloomRejects: c.rejects.Load(),
+		Hits: c.hits.Load(), LocalHits: c.localHits.Load(), EmptyHits: c.empty.Load(), BloomRejects: c.rejects.Load(),
 		Misses: c.misses.Load(), Coalesced: c.coalesced.Load(),
 		Loads: c.loads.Load(), LoadErrors: c.loadErrors.Load(), RedisErrors: c.redisErrors.Load(),
 		CorruptValues: c.corrupt.Load(), BloomBypasses: c.bypasses.Load(),

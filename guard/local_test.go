@@ -1,0 +1,94 @@
+package guard_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/cacheguard/cacheguard/guard"
+	"github.com/cacheguard/cacheguard/internal/redistest"
+)
+
+// TestLocalCache: with Options.Local a repeated hit costs no round trip, and
+// an Invalidate in another process (another Guard on its own client) drops
+// this process's copy.
+func TestLocalCache(t *testing.T) {
+	ctx := context.Background()
+	c, g, d := setup(t, 10, &guard.Options{Local: &guard.LocalOptions{TTL: time.Minute}})
+	c2 := redistest.Connect(t)
+	other, err := guard.New(ctx, c2, "product", &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 10_000, Local: &guard.LocalOptions{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+
+	if p, err := guard.Get(ctx, g, "p1", d.load); err != nil || p.Price != 1 {
+		t.Fatalf("first Get: %+v, %v", p, err)
+	}
+	c.Counter.Reset()
+	for range 100 {
+		if p, err := guard.Get(ctx, g, "p1", d.load); err != nil || p.Price != 1 {
+			t.Fatalf("local Get: %+v, %v", p, err)
+		}
+	}
+	if n := c.Counter.RoundTrips(); n != 0 {
+		t.Fatalf("100 local hits cost %d round trips", n)
+	}
+	if st := g.Stats(); st.LocalHits != 100 {
+		t.Fatalf("stats %+v", st)
+	}
+
+	d.set(product{ID: "p1", Name: "new", Price: 10})
+	if err := other.Invalidate(ctx, "p1"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		p, err := guard.Get(ctx, g, "p1", d.load)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Price == 10 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the other process's Invalidate never reached the local copy")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestLocalCacheTTLAndSize: an entry is served from memory for TTL at most,
+// and the cache keeps at most Size entries.
+func TestLocalCacheTTLAndSize(t *testing.T) {
+	ctx := context.Background()
+	c, g, d := setup(t, 200, &guard.Options{Local: &guard.LocalOptions{TTL: 50 * time.Millisecond, Size: 64}})
+	if _, err := guard.Get(ctx, g, "p1", d.load); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(80 * time.Millisecond)
+	c.Counter.Reset()
+	if _, err := guard.Get(ctx, g, "p1", d.load); err != nil {
+		t.Fatal(err)
+	}
+	if c.Counter.RoundTrips() != 1 {
+		t.Fatalf("an expired local entry must be read from Redis again: %d round trips", c.Counter.RoundTrips())
+	}
+	for i := range 200 {
+		if _, err := guard.Get(ctx, g, fmt.Sprintf("p%d", i), d.load); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Not more than Size (rounded up to the 16 shards) are kept: the rest
+	// cost a round trip again.
+	c.Counter.Reset()
+	for i := range 200 {
+		if _, err := guard.Get(ctx, g, fmt.Sprintf("p%d", i), d.load); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := c.Counter.RoundTrips(); n < 200-64 {
+		t.Fatalf("%d round trips for 200 keys: more than Size entries were kept", n)
+	}
+}

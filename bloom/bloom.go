@@ -236,10 +236,10 @@ func configFor(n uint64, p float64, maxShardBytes uint64) (Config, error) {
 // shardKeys returns the keys of a generation's shards. Each has a hash tag of
 // its own, so shards spread over cluster slots, and a staging key (":up")
 // shares its slot.
-func (f *Filter) shardKeys(gen int64, shards int) []string {
+func shardKeys(base string, gen int64, shards int) []string {
 	keys := make([]string, shards)
 	for i := range keys {
-		keys[i] = "{" + f.base + ":" + strconv.FormatInt(gen, 10) + ":" + strconv.Itoa(i) + "}"
+		keys[i] = "{" + base + ":" + strconv.FormatInt(gen, 10) + ":" + strconv.Itoa(i) + "}"
 	}
 	return keys
 }
@@ -392,23 +392,13 @@ func testMany(ctx context.Context, rdb redis.UniversalClient, l *layout, ids []s
 	return out, nil
 }
 
-type shardGroup struct {
-	items []int    // indexes into ids
-	offs  []uint64 // k offsets per item, in items order
-}
-
-func group(cfg *Config, ids []string) map[int]*shardGroup {
-	groups := make(map[int]*shardGroup, min(cfg.Shards, len(ids)))
+// offsetsByShard groups the bit offsets of ids by shard, for AddMany.
+func offsetsByShard(cfg *Config, ids []string) map[int][]uint64 {
+	groups := make(map[int][]uint64, min(cfg.Shards, len(ids)))
 	var buf [16]uint64
-	for i, id := range ids {
+	for _, id := range ids {
 		shard, _, offs := locate(cfg, id, buf[:0])
-		g := groups[shard]
-		if g == nil {
-			g = &shardGroup{}
-			groups[shard] = g
-		}
-		g.items = append(g.items, i)
-		g.offs = append(g.offs, offs...)
+		groups[shard] = append(groups[shard], offs...)
 	}
 	return groups
 }
@@ -471,9 +461,9 @@ func (f *Filter) checkSaturation(l *layout, added uint64) {
 }
 
 func queueSetBits(ctx context.Context, pipe redis.Pipeliner, l *layout, ids []string) {
-	for shard, g := range group(&l.cfg, ids) {
-		args := make([]any, len(g.offs))
-		for i, o := range g.offs {
+	for shard, offs := range offsetsByShard(&l.cfg, ids) {
+		args := make([]any, len(offs))
+		for i, o := range offs {
 			args[i] = o
 		}
 		setBits.Eval(ctx, pipe, []string{l.keys[shard]}, args...)

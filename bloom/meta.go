@@ -58,7 +58,6 @@ func parseMeta(base string, h map[string]string) (*meta, error) {
 	if h["format"] != formatV1 || h["hash"] != hashName {
 		return nil, fmt.Errorf("%w: format %q hash %q, this client speaks %s/%s", ErrMismatch, h["format"], h["hash"], formatV1, hashName)
 	}
-	f := &Filter{base: base}
 	gen, err := strconv.ParseInt(h["gen"], 10, 64)
 	if err != nil {
 		return nil, fmt.Errorf("bloom: meta gen %q", h["gen"])
@@ -67,7 +66,7 @@ func parseMeta(base string, h map[string]string) (*meta, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &meta{cur: &layout{gen: gen, cfg: cfg, keys: f.shardKeys(gen, cfg.Shards)}}
+	m := &meta{cur: &layout{gen: gen, cfg: cfg, keys: shardKeys(base, gen, cfg.Shards)}}
 	if s := h["next"]; s != "" {
 		ngen, err := strconv.ParseInt(s, 10, 64)
 		if err != nil {
@@ -77,7 +76,7 @@ func parseMeta(base string, h map[string]string) (*meta, error) {
 		if err != nil {
 			return nil, err
 		}
-		m.next = &layout{gen: ngen, cfg: ncfg, keys: f.shardKeys(ngen, ncfg.Shards)}
+		m.next = &layout{gen: ngen, cfg: ncfg, keys: shardKeys(base, ngen, ncfg.Shards)}
 	}
 	return m, nil
 }

@@ -102,7 +102,7 @@ func (f *Filter) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts
 	if err != nil {
 		return 0, err
 	}
-	next := &layout{gen: cur.gen + 1, cfg: cfg, keys: f.shardKeys(cur.gen+1, cfg.Shards)}
+	next := &layout{gen: cur.gen + 1, cfg: cfg, keys: shardKeys(f.base, cur.gen+1, cfg.Shards)}
 
 	// Leftovers of a rebuild that died, then fresh, empty shards.
 	if err := unlink(ctx, f.rdb, append(next.keys, stagingKeys(next.keys)...)); err != nil {

@@ -448,22 +448,31 @@ func fetch[T any](ctx context.Context, g *Guard, id, vkey string, load func(cont
 	case verdictRejected:
 		return flight{outcome: outRejected}, ErrNotFound
 	case verdictEntry:
-		derr := codec.Decode(g.opts.Codec, r.raw, out)
-		if derr == nil {
-			*decoded = true
-			return flight{frame: r.raw, outcome: outHit}, nil
+		if fl, ok, err := answer(ctx, g, vkey, r.raw, out, decoded); ok {
+			return fl, err
 		}
-		if errors.Is(derr, codec.ErrEmpty) {
-			return flight{outcome: outEmpty}, ErrNotFound
-		}
-		// Corrupt or unreadable by this T: drop it unless a writer has
-		// already replaced it, then reload. The ID existed, so the filter
-		// is not asked.
-		var zero T
-		*out = zero
-		g.dropCorrupt(ctx, vkey, r.raw, derr)
 	}
 	return fill(ctx, g, id, vkey, load, out, decoded)
+}
+
+// answer decodes a cache entry into out. ok is false when the entry was
+// corrupt (or unreadable by this T): it is dropped unless a writer has
+// already replaced it, and the caller loads. The ID existed, so the filter
+// is not asked again.
+func answer[T any](ctx context.Context, g *Guard, vkey string, raw []byte, out *T, decoded *bool) (fl flight, ok bool, err error) {
+	var zero T
+	*out = zero // no field of an earlier, failed decode survives
+	switch derr := codec.Decode(g.opts.Codec, raw, out); {
+	case derr == nil:
+		*decoded = true
+		return flight{frame: raw, outcome: outHit}, true, nil
+	case errors.Is(derr, codec.ErrEmpty):
+		return flight{outcome: outEmpty}, true, ErrNotFound
+	default:
+		*out = zero
+		g.dropCorrupt(ctx, vkey, raw, derr)
+		return flight{}, false, nil
+	}
 }
 
 // verdict is what the read round trip found.
@@ -590,20 +599,11 @@ func fill[T any](ctx context.Context, g *Guard, id, vkey string, load func(conte
 				res = flight{outcome: outFailed}
 				return true, fmt.Errorf("cacheguard: %s %q: read: %w: %w", g.name, id, ErrUnavailable, err)
 			}
-			var zero T
-			*out = zero
-			switch err := codec.Decode(g.opts.Codec, raw, out); {
-			case err == nil:
-				*decoded = true
-				res = flight{frame: raw, outcome: outHit}
-				return true, nil
-			case errors.Is(err, codec.ErrEmpty):
-				res = flight{outcome: outEmpty}
-				return true, ErrNotFound
-			default:
-				g.dropCorrupt(ctx, vkey, raw, err)
-				return false, nil
+			fl, ok, err := answer(ctx, g, vkey, raw, out, decoded)
+			if ok {
+				res = fl
 			}
+			return ok, err
 		}
 	}
 	write := func(ctx context.Context, fence int64, frame []byte, ttl time.Duration) error {

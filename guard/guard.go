@@ -504,25 +504,37 @@ func (g *Guard) read(ctx context.Context, id, vkey string) (readResult, error) {
 		g.redisError(ctx, "read", err)
 		return readResult{}, fmt.Errorf("cacheguard: %s %q: read: %w: %w", g.name, id, ErrUnavailable, err)
 	}
-	maybe, berr := probe.Result(ctx)
-	switch {
-	case berr == nil && !maybe:
+	maybe, err := probe.Result(ctx)
+	if maybe, err = g.filterSays(ctx, id, maybe, err); err != nil {
+		return readResult{}, err
+	}
+	if !maybe {
 		return readResult{verdict: verdictRejected}, nil
-	case berr == nil:
+	}
+	return readResult{verdict: verdictMiss}, nil
+}
+
+// filterSays turns a bloom answer into the Guard's: a filter that is not
+// ready means "maybe" (fail open: counted, logged once per episode, and a
+// rebuild started if RebuildFrom is set); Redis failures wrap ErrUnavailable.
+func (g *Guard) filterSays(ctx context.Context, id string, maybe bool, err error) (bool, error) {
+	switch {
+	case err == nil:
 		if g.bypassing.Load() && g.bypassing.CompareAndSwap(true, false) {
 			g.log.InfoContext(ctx, "cacheguard: bloom filter answering again")
 		}
-	case errors.Is(berr, bloom.ErrNotReady):
+		return maybe, nil
+	case errors.Is(err, bloom.ErrNotReady):
 		g.stats.bypasses.Add(1)
 		if g.bypassing.CompareAndSwap(false, true) {
 			g.log.WarnContext(ctx, "cacheguard: bloom filter not ready (never rebuilt, or lost by Redis); failing open until Rebuild")
 		}
 		g.autoRebuild()
+		return true, nil
 	default:
-		g.redisError(ctx, "bloom probe", berr)
-		return readResult{}, fmt.Errorf("cacheguard: %s %q: %w: %w", g.name, id, ErrUnavailable, berr)
+		g.redisError(ctx, "bloom probe", err)
+		return false, fmt.Errorf("cacheguard: %s %q: %w: %w", g.name, id, ErrUnavailable, err)
 	}
-	return readResult{verdict: verdictMiss}, nil
 }
 
 // peekKey is the context key under which Peek leaves what it read.
@@ -695,8 +707,8 @@ func (g *Guard) jitter(d time.Duration) time.Duration {
 }
 
 // MayExist asks only the bloom filter whether id may exist: false means the
-// ID certainly does not (one GETRANGE). It is what HTTP middleware uses to
-// turn away unknown IDs before a handler runs. A malformed ID gives
+// ID certainly does not (one GETRANGE). HTTP middleware uses Peek instead,
+// which also reads the cache for the handler's Get. A malformed ID gives
 // ErrInvalidKey without a Redis command; a filter that is not ready answers
 // true (fail open); Redis failures wrap ErrUnavailable.
 func (g *Guard) MayExist(ctx context.Context, id string) (bool, error) {
@@ -704,25 +716,15 @@ func (g *Guard) MayExist(ctx context.Context, id string) (bool, error) {
 		return false, err
 	}
 	maybe, err := g.bloom.Test(ctx, id)
-	switch {
-	case err == nil:
-		if !maybe {
-			g.stats.rejects.Add(1)
-		}
-		return maybe, nil
-	case errors.Is(err, bloom.ErrNotReady):
-		g.stats.bypasses.Add(1)
-		g.autoRebuild()
-		return true, nil
-	default:
-		g.redisError(ctx, "bloom probe", err)
-		return false, fmt.Errorf("cacheguard: %s %q: %w: %w", g.name, id, ErrUnavailable, err)
+	if maybe, err = g.filterSays(ctx, id, maybe, err); err == nil && !maybe {
+		g.stats.rejects.Add(1)
 	}
+	return maybe, err
 }
 
 // Add registers newly created IDs in the bloom filter. Call it after the
-// source of truth has committed them, before they are read: one BITFIELD per
-// filter shard touched. Malformed IDs make Add fail before any Redis command.
+// source of truth has committed them, before they are read: one round trip
+// (two while a rebuild runs; see bloom.Filter.AddMany). Malformed IDs make Add fail before any Redis command.
 func (g *Guard) Add(ctx context.Context, ids ...string) error {
 	for _, id := range ids {
 		if _, err := g.keys.value(id); err != nil {

@@ -265,3 +265,54 @@ func (c *Conn) FlushMasters(ctx context.Context) error {
 
 // Counter counts round trips and commands (see internal/cmdcount).
 type Counter = cmdcount.Counter
+
+// ConnectAs returns a new client on the server that authenticates as an ACL
+// user (create it first, on every node: see ForEachNode), closed when the
+// test ends. It has no Counter.
+func ConnectAs(t testing.TB, user, password string) redis.UniversalClient {
+	t.Helper()
+	var c redis.UniversalClient
+	switch {
+	case cluster != nil:
+		o := cluster.Options()
+		o.Username, o.Password = user, password
+		c = redis.NewClusterClient(o)
+	case server != nil:
+		o := server.Options()
+		o.Username, o.Password = user, password
+		c = redis.NewClient(o)
+	default:
+		t.Fatal("redistest: no redis-server; call redistest.Main from TestMain")
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// ForEachNode runs fn on every node (masters and replicas in a cluster; the
+// one server otherwise): for per-node settings such as ACL users.
+func (c *Conn) ForEachNode(ctx context.Context, fn func(ctx context.Context, n *redis.Client) error) error {
+	if cc, ok := c.UniversalClient.(*redis.ClusterClient); ok {
+		return cc.ForEachShard(ctx, fn)
+	}
+	return fn(ctx, c.UniversalClient.(*redis.Client))
+}
+
+// Private starts a standalone redis-server of the test's own (to kill, freeze
+// or reconfigure without disturbing other tests) and returns it with a client
+// that does not retry (MaxRetries -1), so a failure shows at once. Both are
+// stopped when the test ends.
+func Private(t testing.TB) (*redisserver.Server, *redis.Client) {
+	t.Helper()
+	srv, err := redisserver.Start(context.Background(), nil)
+	if err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
+	o := srv.Options()
+	o.MaxRetries = -1
+	rdb := redis.NewClient(o)
+	t.Cleanup(func() {
+		_ = rdb.Close()
+		_ = srv.Stop()
+	})
+	return srv, rdb
+}

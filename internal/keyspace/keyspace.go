@@ -1,0 +1,183 @@
+// Package keyspace names every Redis key and channel that cacheguard uses, so
+// that one file says what a Guard touches and every name starts with the
+// Guard's KeyPrefix: a Redis ACL of "~<prefix>:*" and "&<prefix>:*" covers
+// all of it.
+//
+// For a Guard with KeyPrefix p and name n, base = "p:n:":
+//
+//	value of an ID       p:n:{enc(id)}             string: a value frame or an empty marker
+//	its load lock        p:n:{enc(id)}:lock        string: the holder's token
+//	its fence            p:n:{enc(id)}:fence       string: the newest fencing number
+//	filter meta          p:n:bf:meta               hash: layout, generation, rebuild state
+//	filter shard         p:n:bf:{p:n:bf:G:S}       string: bitmap S of generation G
+//	shard staging        p:n:bf:{p:n:bf:G:S}:up    string: a rebuild's upload
+//	filter rebuild lock  p:n:bf:{p:n:bf}:rebuild   string, and its fence ...:rebuild:fence
+//	loads finished       p:n:loaded                channel: value keys whose load ended
+//	invalidations        p:n:invalidated           channel: value keys invalidated
+//
+// Hash tags come after the prefix. The keys of one ID share the ID's tag, so
+// the scripts that touch value, lock and fence together run in one Redis
+// Cluster slot; each filter shard has a tag of its own, so shards spread over
+// the cluster.
+//
+// enc is injective and brace-free: '%', '{' and '}' become "%25", "%7B" and
+// "%7D", every other byte stays as it is. So the hash tag of a value key is
+// exactly the encoded ID (no caller can pick another ID's slot or smuggle in a
+// tag), the first '}' closes it (so "42}:lock" cannot become ID 42's lock
+// key), and distinct IDs always get distinct keys. IDs that are empty, longer
+// than the Guard's MaxKeyLen or hold control bytes (< 0x20, 0x7f) are refused
+// before any Redis command.
+package keyspace
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// ErrInvalidKey is wrapped by Value's error for a malformed ID (re-exported as
+// guard.ErrInvalidKey).
+var ErrInvalidKey = errors.New("cacheguard: invalid key")
+
+// Guard names the keys and channels of one Guard.
+type Guard struct {
+	base   string // "<prefix>:<name>:"
+	maxLen int
+}
+
+// ForGuard returns the names of the Guard called name under prefix, whose IDs
+// are at most maxLen bytes. Both must have been checked with ValidPrefix and
+// ValidName.
+func ForGuard(prefix, name string, maxLen int) Guard {
+	return Guard{base: prefix + ":" + name + ":", maxLen: maxLen}
+}
+
+// Value returns the value key of id, or an error wrapping ErrInvalidKey.
+func (s Guard) Value(id string) (string, error) {
+	if err := s.Check(id); err != nil {
+		return "", err
+	}
+	escapes := strings.Count(id, "%") + strings.Count(id, "{") + strings.Count(id, "}")
+	var b strings.Builder
+	b.Grow(len(s.base) + len(id) + 2*escapes + 2)
+	b.WriteString(s.base)
+	b.WriteByte('{')
+	if escapes == 0 {
+		b.WriteString(id)
+	} else {
+		for i := 0; i < len(id); i++ {
+			switch c := id[i]; c {
+			case '%':
+				b.WriteString("%25")
+			case '{':
+				b.WriteString("%7B")
+			case '}':
+				b.WriteString("%7D")
+			default:
+				b.WriteByte(c)
+			}
+		}
+	}
+	b.WriteByte('}')
+	return b.String(), nil
+}
+
+// Check reports whether id is usable (an error wrapping ErrInvalidKey if not)
+// without building its key.
+func (s Guard) Check(id string) error {
+	if id == "" {
+		return fmt.Errorf("%w: empty", ErrInvalidKey)
+	}
+	if len(id) > s.maxLen {
+		return fmt.Errorf("%w: %d bytes, more than %d", ErrInvalidKey, len(id), s.maxLen)
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; c < 0x20 || c == 0x7f {
+			return fmt.Errorf("%w: control byte 0x%02x at %d", ErrInvalidKey, c, i)
+		}
+	}
+	return nil
+}
+
+// MaxKeyLen is the longest ID accepted, in bytes.
+func (s Guard) MaxKeyLen() int { return s.maxLen }
+
+// Loaded is the channel on which a load's end is published (payload: the
+// value key).
+func (s Guard) Loaded() string { return s.base + "loaded" }
+
+// Invalidated is the channel on which invalidations are published (payload:
+// the value key).
+func (s Guard) Invalidated() string { return s.base + "invalidated" }
+
+// Filter returns the names of the Guard's bloom filter.
+func (s Guard) Filter() Filter { return Filter{base: s.base + "bf"} }
+
+// Lock is the load lock of a value key (same hash tag).
+func Lock(vkey string) string { return vkey + ":lock" }
+
+// Fence is the fence of a key: the fencing numbers handed out with its lock
+// (same hash tag). For a value key, its load lock's fence.
+func Fence(key string) string { return key + ":fence" }
+
+// Filter names the keys of one bloom filter.
+type Filter struct {
+	base string // "<prefix>:<name>:bf", or any brace-free key given to bloom.Open
+}
+
+// ForFilter returns the names of the filter whose keys start with base (which
+// must be brace-free).
+func ForFilter(base string) Filter { return Filter{base: base} }
+
+// Base is the key given to bloom.Open: every key of the filter starts with
+// "<Base>:".
+func (f Filter) Base() string { return f.base }
+
+// Meta is the hash that holds the filter's layout and generation.
+func (f Filter) Meta() string { return f.base + ":meta" }
+
+// Shard is bitmap i of generation gen, with a hash tag of its own.
+func (f Filter) Shard(gen int64, i int) string {
+	g, n := strconv.FormatInt(gen, 10), strconv.Itoa(i)
+	return f.base + ":{" + f.base + ":" + g + ":" + n + "}"
+}
+
+// Staging is where a rebuild uploads a shard's bits before merging them (the
+// shard's hash tag).
+func Staging(shard string) string { return shard + ":up" }
+
+// RebuildLock is the lock that lets one rebuild run at a time; its fence is
+// Fence(RebuildLock()).
+func (f Filter) RebuildLock() string { return f.base + ":{" + f.base + "}:rebuild" }
+
+// ValidName reports whether s is usable as a Guard name: 1 to 64 bytes of
+// letters, digits, '_', '-' and '.'.
+func ValidName(s string) bool {
+	if s == "" || len(s) > 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+// ValidPrefix reports whether s is usable as a KeyPrefix: 1 to 64 printable
+// ASCII bytes without braces, spaces or glob characters (*?[]\, which would
+// make the ACL pattern "<prefix>:*" match more than the prefix). Colons are
+// allowed ("app:cache").
+func ValidPrefix(s string) bool {
+	if s == "" || len(s) > 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c <= ' ' || c >= 0x7f || strings.IndexByte("{}*?[]\\", c) >= 0 {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,53 @@
+// Package pubsub is the one Redis pub/sub subscriber of cacheguard: a Guard's
+// in-process cache listens for invalidations with it, and the loader's waiters
+// listen for finished loads. Each is one SUBSCRIBE, fanned out in-process by
+// the handler it was given.
+package pubsub
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/internal/redisfail"
+)
+
+// Subscription delivers the messages of one channel to a handler.
+//
+// It owns one goroutine, started by Subscribe, that calls the handler for
+// each message in order; Close ends the subscription and waits for that
+// goroutine to return. go-redis reconnects and resubscribes by itself after
+// a dropped connection; messages published while it does are lost, so users
+// must cover a lost message (a timer, a TTL).
+type Subscription struct {
+	ps   *redis.PubSub
+	done chan struct{} // closed when the delivering goroutine has returned
+}
+
+// Subscribe subscribes to channel and returns once Redis has confirmed it:
+// a message published after Subscribe returns reaches handle. Redis failures
+// wrap redisfail.ErrUnavailable.
+func Subscribe(ctx context.Context, rdb redis.UniversalClient, channel string, handle func(payload string)) (*Subscription, error) {
+	ps := rdb.Subscribe(ctx, channel)
+	if _, err := ps.Receive(ctx); err != nil {
+		_ = ps.Close()
+		return nil, fmt.Errorf("subscribe %s: %w", channel, redisfail.Wrap(err))
+	}
+	s := &Subscription{ps: ps, done: make(chan struct{})}
+	msgs := ps.Channel()
+	go func() {
+		defer close(s.done)
+		for m := range msgs { // ends when Close closes ps
+			handle(m.Payload)
+		}
+	}()
+	return s, nil
+}
+
+// Close ends the subscription and waits until the handler is no longer called.
+func (s *Subscription) Close() error {
+	err := s.ps.Close()
+	<-s.done
+	return err
+}

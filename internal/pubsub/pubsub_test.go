@@ -1,0 +1,76 @@
+package pubsub_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/internal/pubsub"
+	"github.com/cacheguard/cacheguard/internal/redisfail"
+	"github.com/cacheguard/cacheguard/internal/redisserver"
+	"github.com/cacheguard/cacheguard/internal/redistest"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+// TestDeliversInOrderAfterSubscribe: a message published once Subscribe has
+// returned is delivered, in order; after Close none is.
+func TestDeliversInOrderAfterSubscribe(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	got := make(chan string, 10)
+	s, err := pubsub.Subscribe(ctx, c, c.Prefix+":ch", func(p string) { got <- p })
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"a", "b", "c"} {
+		if err := c.Publish(ctx, c.Prefix+":ch", p).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, want := range []string{"a", "b", "c"} {
+		select {
+		case p := <-got:
+			if p != want {
+				t.Fatalf("got %q, want %q", p, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("no message %q", want)
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The server drops the subscriber when it sees the connection close.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		n, err := c.Publish(ctx, c.Prefix+":ch", "late").Result()
+		if err == nil && n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after Close the channel still has %d subscribers (%v)", n, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestSubscribeWithRedisDown(t *testing.T) {
+	ctx := context.Background()
+	srv, err := redisserver.Start(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(&redis.Options{Network: srv.Network, Addr: srv.Addr, MaxRetries: -1})
+	defer rdb.Close()
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = srv.Stop()
+	if _, err := pubsub.Subscribe(ctx, rdb, "ch", func(string) {}); !errors.Is(err, redisfail.ErrUnavailable) {
+		t.Fatalf("Subscribe with Redis down: %v", err)
+	}
+}

@@ -36,6 +36,10 @@
 // readers fail open for a moment and re-read the meta), then makes the new
 // generation current in one script: at no moment is an existing ID reported
 // absent. A rebuild may also resize the filter.
+//
+// Every key a filter uses starts with the key given to Open (see
+// internal/keyspace for the layout). Redis failures wrap ErrUnavailable, the
+// same value as guard.ErrUnavailable.
 package bloom
 
 import (
@@ -44,13 +48,15 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/internal/keyspace"
+	"github.com/cacheguard/cacheguard/internal/redisfail"
 )
 
 var (
@@ -63,6 +69,10 @@ var (
 	ErrInvalid = errors.New("bloom: invalid argument")
 	// ErrRebuilding means another process is rebuilding the filter.
 	ErrRebuilding = errors.New("bloom: a rebuild is already running")
+	// ErrUnavailable is wrapped by every error that Redis failing to
+	// answer causes (the value of guard.ErrUnavailable and
+	// lock.ErrUnavailable).
+	ErrUnavailable = redisfail.ErrUnavailable
 )
 
 const (
@@ -75,7 +85,7 @@ const (
 	blockBytes = blockBits / 8
 	usableBits = blockBits - 1
 	hashName   = "xxh64x2-b512"
-	formatV1   = "2"
+	metaFormat = "2"                // the meta hash's field set; a client refuses another
 	seed2      = 0x9e3779b97f4a7c15 // seed of the second hash
 	// reloadEvery limits how often a client re-reads the meta after
 	// finding a shard not ready: often enough that readers follow a
@@ -124,12 +134,12 @@ type Saturation struct {
 
 // Config is a filter's layout.
 type Config struct {
-	Items     uint64  // n the filter was sized for
-	FPRate    float64 // p the filter was sized for
-	Bits      uint64  // m: total bits, readiness bits included (Shards × ShardBits)
-	Hashes    int     // k: bits per item
-	Shards    int     // number of bitmap keys
-	ShardBits uint64  // bits per shard: a whole number of 512-bit blocks
+	ExpectedItems     uint64  // n the filter was sized for (Options.ExpectedItems)
+	FalsePositiveRate float64 // p the filter was sized for (Options.FalsePositiveRate)
+	Bits              uint64  // m: total bits, readiness bits included (Shards × ShardBits)
+	Hashes            int     // k: bits per item
+	Shards            int     // number of bitmap keys
+	ShardBits         uint64  // bits per shard: a whole number of 512-bit blocks
 }
 
 // Size returns the bits and probes for n items at false-positive rate p.
@@ -149,9 +159,9 @@ type layout struct {
 // Filter is an open bloom filter. It is safe for concurrent use.
 type Filter struct {
 	rdb           redis.UniversalClient
-	base          string
-	metaKey       string
-	opts          Options // resolved
+	base          string          // the key given to Open, for messages
+	names         keyspace.Filter // every key of the filter
+	opts          Options         // resolved
 	maxShardBytes uint64
 
 	cur        atomic.Pointer[layout] // the generation probes use
@@ -160,8 +170,8 @@ type Filter struct {
 }
 
 // Open opens the filter stored under key, creating it if it does not exist.
-// Its keys are "<key>:meta" and "{<key>:<generation>:<shard>}"; key must not
-// contain braces.
+// Every key of the filter starts with "<key>:" (its meta is "<key>:meta", its
+// shards "<key>:{<key>:<generation>:<shard>}"); key must not contain braces.
 func Open(ctx context.Context, rdb redis.UniversalClient, key string, opts *Options) (*Filter, error) {
 	o, err := resolve(opts)
 	if err != nil {
@@ -170,7 +180,7 @@ func Open(ctx context.Context, rdb redis.UniversalClient, key string, opts *Opti
 	if key == "" || strings.ContainsAny(key, "{}") {
 		return nil, fmt.Errorf("%w: key %q must be non-empty and brace-free", ErrInvalid, key)
 	}
-	f := &Filter{rdb: rdb, base: key, metaKey: key + ":meta", opts: o}
+	f := &Filter{rdb: rdb, base: key, names: keyspace.ForFilter(key), opts: o}
 	want, err := configFor(o.ExpectedItems, o.FalsePositiveRate, o.MaxShardBytes)
 	if err != nil {
 		return nil, err
@@ -230,16 +240,16 @@ func configFor(n uint64, p float64, maxShardBytes uint64) (Config, error) {
 		return Config{}, fmt.Errorf("%w: %d items need %d shards", ErrInvalid, n, shards)
 	}
 	shardBits := (blocks + shards - 1) / shards * blockBits
-	return Config{Items: n, FPRate: p, Bits: shards * shardBits, Hashes: k, Shards: int(shards), ShardBits: shardBits}, nil
+	return Config{ExpectedItems: n, FalsePositiveRate: p, Bits: shards * shardBits, Hashes: k, Shards: int(shards), ShardBits: shardBits}, nil
 }
 
 // shardKeys returns the keys of a generation's shards. Each has a hash tag of
-// its own, so shards spread over cluster slots, and a staging key (":up")
-// shares its slot.
-func shardKeys(base string, gen int64, shards int) []string {
+// its own, so shards spread over cluster slots, and a staging key shares its
+// slot.
+func shardKeys(names keyspace.Filter, gen int64, shards int) []string {
 	keys := make([]string, shards)
 	for i := range keys {
-		keys[i] = "{" + base + ":" + strconv.FormatInt(gen, 10) + ":" + strconv.Itoa(i) + "}"
+		keys[i] = names.Shard(gen, i)
 	}
 	return keys
 }
@@ -328,7 +338,7 @@ func (p Probe) Result(ctx context.Context) (bool, error) {
 func verdict(cmd *redis.StringCmd, b blockBitsOf) (bool, error) {
 	block, err := cmd.Bytes()
 	if err != nil && !errors.Is(err, redis.Nil) {
-		return false, fmt.Errorf("bloom: test: %w", err)
+		return false, fmt.Errorf("bloom: test: %w", redisfail.Wrap(err))
 	}
 	// A missing shard reads as an empty string: not ready.
 	if len(block) < blockBytes || block[0]&0x80 == 0 {
@@ -379,7 +389,7 @@ func testMany(ctx context.Context, rdb redis.UniversalClient, l *layout, ids []s
 		_ = pipe.Process(ctx, cmds[i])
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return nil, fmt.Errorf("bloom: test: %w", err)
+		return nil, fmt.Errorf("bloom: test: %w", redisfail.Wrap(err))
 	}
 	out := make([]bool, len(ids))
 	for i := range ids {
@@ -417,13 +427,13 @@ func (f *Filter) AddMany(ctx context.Context, ids []string) error {
 	}
 	l := f.cur.Load()
 	pipe := f.rdb.Pipeline()
-	meta := pipe.HGetAll(ctx, f.metaKey)
-	added := pipe.HIncrBy(ctx, f.metaKey, "added", int64(len(ids)))
+	meta := pipe.HGetAll(ctx, f.names.Meta())
+	added := pipe.HIncrBy(ctx, f.names.Meta(), "added", int64(len(ids)))
 	queueSetBits(ctx, pipe, l, ids)
 	if _, err := pipe.Exec(ctx); err != nil {
-		return fmt.Errorf("bloom: add: %w", err)
+		return fmt.Errorf("bloom: add: %w", redisfail.Wrap(err))
 	}
-	m, err := parseMeta(f.base, meta.Val())
+	m, err := parseMeta(f.names, meta.Val())
 	if err != nil { // the meta is gone: nothing to keep consistent until a rebuild
 		return nil
 	}
@@ -444,7 +454,7 @@ func (f *Filter) AddMany(ctx context.Context, ids []string) error {
 		queueSetBits(ctx, pipe, nl, ids)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
-		return fmt.Errorf("bloom: add: %w", err)
+		return fmt.Errorf("bloom: add: %w", redisfail.Wrap(err))
 	}
 	return nil
 }
@@ -455,8 +465,8 @@ func (f *Filter) checkSaturation(l *layout, added uint64) {
 	}
 	k, m := float64(l.cfg.Hashes), float64(l.cfg.Bits)
 	est := math.Pow(1-math.Exp(-k*float64(added)/m), k)
-	if est > l.cfg.FPRate*(1+f.opts.SaturationMargin) && f.saturated.Swap(l.gen) != l.gen {
-		f.opts.OnSaturated(Saturation{Generation: l.gen, Added: added, EstimatedFPRate: est, TargetFPRate: l.cfg.FPRate})
+	if est > l.cfg.FalsePositiveRate*(1+f.opts.SaturationMargin) && f.saturated.Swap(l.gen) != l.gen {
+		f.opts.OnSaturated(Saturation{Generation: l.gen, Added: added, EstimatedFPRate: est, TargetFPRate: l.cfg.FalsePositiveRate})
 	}
 }
 

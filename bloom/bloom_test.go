@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/cacheguard/cacheguard/bloom"
+	"github.com/cacheguard/cacheguard/internal/keyspace"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
@@ -183,7 +184,7 @@ func TestNotReadyUntilRebuiltAndAfterLoss(t *testing.T) {
 		t.Fatalf("after rebuild Test(absent) = %v, %v", ok, err)
 	}
 	// Redis loses the bitmap (eviction, FLUSHDB): never a wrong "absent".
-	if err := c.Del(ctx, "{"+key+":2:0}").Err(); err != nil { // generation 2: the rebuild's
+	if err := c.Del(ctx, keyspace.ForFilter(key).Shard(2, 0)).Err(); err != nil { // generation 2: the rebuild's
 		t.Fatal(err)
 	}
 	if _, err := f.Test(ctx, "k3"); !errors.Is(err, bloom.ErrNotReady) {
@@ -232,5 +233,44 @@ func TestRebuildSourceError(t *testing.T) {
 	}
 	if _, err := f.Test(ctx, "a"); !errors.Is(err, bloom.ErrNotReady) {
 		t.Fatalf("a failed rebuild must not make the filter ready: %v", err)
+	}
+}
+
+// TestRedisDownIsErrUnavailable: every operation that needs Redis reports a
+// dead server with an error wrapping ErrUnavailable, never ErrNotReady (which
+// means "the filter cannot answer", not "Redis cannot").
+func TestRedisDownIsErrUnavailable(t *testing.T) {
+	ctx := context.Background()
+	srv, rdb := redistest.Private(t)
+	f, err := bloom.Open(ctx, rdb, "bf", &bloom.Options{ExpectedItems: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Rebuild(ctx, seq("k", 10), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	ops := map[string]func() error{
+		"Open":     func() error { _, err := bloom.Open(ctx, rdb, "bf2", nil); return err },
+		"Test":     func() error { _, err := f.Test(ctx, "k1"); return err },
+		"TestMany": func() error { _, err := f.TestMany(ctx, []string{"k1", "k2"}); return err },
+		"Add":      func() error { return f.Add(ctx, "k11") },
+		"AddMany":  func() error { return f.AddMany(ctx, []string{"k11", "k12"}) },
+		"Rebuild":  func() error { _, err := f.Rebuild(ctx, seq("k", 10), nil); return err },
+		"Info":     func() error { _, err := f.Info(ctx); return err },
+		"Queue": func() error {
+			pipe := rdb.Pipeline()
+			p := f.Queue(ctx, pipe, "k1")
+			_, _ = pipe.Exec(ctx)
+			_, err := p.Result(ctx)
+			return err
+		},
+	}
+	for name, op := range ops {
+		if err := op(); !errors.Is(err, bloom.ErrUnavailable) || errors.Is(err, bloom.ErrNotReady) {
+			t.Errorf("%s with Redis down: %v, want ErrUnavailable", name, err)
+		}
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"math"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/internal/redisfail"
 )
 
 // Info describes the filter as it is in Redis.
@@ -28,11 +30,11 @@ type Info struct {
 // Info reads the meta and counts the bits of every shard (BITCOUNT is
 // O(size): meant for operators and dashboards, not the request path).
 func (f *Filter) Info(ctx context.Context) (Info, error) {
-	h, err := f.rdb.HGetAll(ctx, f.metaKey).Result()
+	h, err := f.rdb.HGetAll(ctx, f.names.Meta()).Result()
 	if err != nil {
-		return Info{}, fmt.Errorf("bloom: info: %w", err)
+		return Info{}, fmt.Errorf("bloom: info: %w", redisfail.Wrap(err))
 	}
-	m, err := parseMeta(f.base, h)
+	m, err := parseMeta(f.names, h)
 	if err != nil {
 		return Info{}, fmt.Errorf("bloom: info: %w", err)
 	}
@@ -51,7 +53,7 @@ func (f *Filter) Info(ctx context.Context) (Info, error) {
 	fmt.Sscan(h["added"], &in.Added)
 	for i := range l.keys {
 		if err := counts[i].Err(); err != nil {
-			return Info{}, fmt.Errorf("bloom: info: %w", err)
+			return Info{}, fmt.Errorf("bloom: info: %w", redisfail.Wrap(err))
 		}
 		r := ready[i].Val()
 		in.Ready = in.Ready && r == 1

@@ -8,6 +8,9 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/internal/keyspace"
+	"github.com/cacheguard/cacheguard/internal/redisfail"
 )
 
 // meta is the filter's meta hash, parsed.
@@ -20,8 +23,8 @@ var errNoMeta = errors.New("bloom: meta missing")
 
 func (c Config) fields(prefix string) []any {
 	return []any{
-		prefix + "items", strconv.FormatUint(c.Items, 10),
-		prefix + "fp_rate", strconv.FormatFloat(c.FPRate, 'g', -1, 64),
+		prefix + "items", strconv.FormatUint(c.ExpectedItems, 10),
+		prefix + "fp_rate", strconv.FormatFloat(c.FalsePositiveRate, 'g', -1, 64),
 		prefix + "bits", strconv.FormatUint(c.Bits, 10),
 		prefix + "hashes", strconv.Itoa(c.Hashes),
 		prefix + "shards", strconv.Itoa(c.Shards),
@@ -39,24 +42,24 @@ func parseConfig(h map[string]string, prefix string) (Config, error) {
 		}
 		return v
 	}
-	c.Items = num("items")
+	c.ExpectedItems = num("items")
 	c.Bits = num("bits")
 	c.Hashes = int(num("hashes"))
 	c.Shards = int(num("shards"))
 	c.ShardBits = num("shard_bits")
-	c.FPRate, _ = strconv.ParseFloat(h[prefix+"fp_rate"], 64)
+	c.FalsePositiveRate, _ = strconv.ParseFloat(h[prefix+"fp_rate"], 64)
 	if err == nil && (c.Shards < 1 || c.ShardBits < blockBits || c.ShardBits%blockBits != 0 || c.Hashes < 1 || c.Hashes > 16) {
 		err = fmt.Errorf("bloom: meta layout %+v out of range", c)
 	}
 	return c, err
 }
 
-func parseMeta(base string, h map[string]string) (*meta, error) {
+func parseMeta(names keyspace.Filter, h map[string]string) (*meta, error) {
 	if len(h) == 0 {
 		return nil, errNoMeta
 	}
-	if h["format"] != formatV1 || h["hash"] != hashName {
-		return nil, fmt.Errorf("%w: format %q hash %q, this client speaks %s/%s", ErrMismatch, h["format"], h["hash"], formatV1, hashName)
+	if h["format"] != metaFormat || h["hash"] != hashName {
+		return nil, fmt.Errorf("%w: format %q hash %q, this client speaks %s/%s", ErrMismatch, h["format"], h["hash"], metaFormat, hashName)
 	}
 	gen, err := strconv.ParseInt(h["gen"], 10, 64)
 	if err != nil {
@@ -66,7 +69,7 @@ func parseMeta(base string, h map[string]string) (*meta, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &meta{cur: &layout{gen: gen, cfg: cfg, keys: shardKeys(base, gen, cfg.Shards)}}
+	m := &meta{cur: &layout{gen: gen, cfg: cfg, keys: shardKeys(names, gen, cfg.Shards)}}
 	if s := h["next"]; s != "" {
 		ngen, err := strconv.ParseInt(s, 10, 64)
 		if err != nil {
@@ -76,7 +79,7 @@ func parseMeta(base string, h map[string]string) (*meta, error) {
 		if err != nil {
 			return nil, err
 		}
-		m.next = &layout{gen: ngen, cfg: ncfg, keys: shardKeys(base, ngen, ncfg.Shards)}
+		m.next = &layout{gen: ngen, cfg: ncfg, keys: shardKeys(names, ngen, ncfg.Shards)}
 	}
 	return m, nil
 }
@@ -84,21 +87,21 @@ func parseMeta(base string, h map[string]string) (*meta, error) {
 // openMeta reads the meta hash, creating it (and allocating the shards of
 // generation 1) with cfg if it does not exist.
 func (f *Filter) openMeta(ctx context.Context, cfg Config) (*meta, error) {
-	fields := append([]any{"format", formatV1, "hash", hashName, "gen", "1", "added", "0"}, cfg.fields("")...)
-	res, err := createMeta.Run(ctx, f.rdb, []string{f.metaKey}, fields...).Slice()
+	fields := append([]any{"format", metaFormat, "hash", hashName, "gen", "1", "added", "0"}, cfg.fields("")...)
+	res, err := createMeta.Run(ctx, f.rdb, []string{f.names.Meta()}, fields...).Slice()
 	if err != nil {
-		return nil, fmt.Errorf("bloom: open %s: %w", f.base, err)
+		return nil, fmt.Errorf("bloom: open %s: %w", f.base, redisfail.Wrap(err))
 	}
 	if len(res) != 2 {
 		return nil, fmt.Errorf("bloom: open %s: unexpected reply %v", f.base, res)
 	}
-	m, err := parseMeta(f.base, flatToMap(res[1]))
+	m, err := parseMeta(f.names, flatToMap(res[1]))
 	if err != nil {
 		return nil, fmt.Errorf("bloom: open %s: %w", f.base, err)
 	}
 	if created, _ := res[0].(int64); created == 1 {
 		if err := allocate(ctx, f.rdb, m.cur); err != nil {
-			return nil, fmt.Errorf("bloom: open %s: %w", f.base, err)
+			return nil, fmt.Errorf("bloom: open %s: %w", f.base, redisfail.Wrap(err))
 		}
 	}
 	return m, nil
@@ -146,21 +149,15 @@ func (f *Filter) reloaded(ctx context.Context) *layout {
 	return l
 }
 
-// Reload re-reads the meta now and adopts its current generation. If Redis
-// lost the meta, Reload recreates it with this client's sizing (the new
-// filter is not ready until a Rebuild). Probes reload by themselves when they
-// find a shard not ready; Reload is for callers that know more.
-func (f *Filter) Reload(ctx context.Context) error {
-	_, err := f.reload(ctx)
-	return err
-}
-
+// reload re-reads the meta now and adopts its current generation. If Redis
+// lost the meta, it recreates it with this client's sizing (the new filter is
+// not ready until a Rebuild).
 func (f *Filter) reload(ctx context.Context) (*layout, error) {
-	h, err := f.rdb.HGetAll(ctx, f.metaKey).Result()
+	h, err := f.rdb.HGetAll(ctx, f.names.Meta()).Result()
 	if err != nil {
-		return nil, fmt.Errorf("bloom: reload: %w", err)
+		return nil, fmt.Errorf("bloom: reload: %w", redisfail.Wrap(err))
 	}
-	m, err := parseMeta(f.base, h)
+	m, err := parseMeta(f.names, h)
 	if errors.Is(err, errNoMeta) {
 		cfg, cerr := configFor(f.opts.ExpectedItems, f.opts.FalsePositiveRate, f.opts.MaxShardBytes)
 		if cerr != nil {

@@ -13,6 +13,8 @@ import (
 	"github.com/bits-and-blooms/bitset"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/cacheguard/cacheguard/internal/keyspace"
+	"github.com/cacheguard/cacheguard/internal/redisfail"
 	"github.com/cacheguard/cacheguard/lock"
 )
 
@@ -72,9 +74,8 @@ func (f *Filter) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts
 	}
 
 	// One rebuild at a time per filter, across processes.
-	tag := "{" + f.base + "}:rebuild"
 	const leaseTTL = 30 * time.Second
-	l, err := lock.New(f.rdb).Obtain(ctx, tag, leaseTTL, &lock.Options{FenceKey: tag + ":fence"})
+	l, err := lock.New(f.rdb).Obtain(ctx, f.names.RebuildLock(), leaseTTL, nil)
 	if errors.Is(err, lock.ErrNotObtained) {
 		return 0, ErrRebuilding
 	}
@@ -91,7 +92,7 @@ func (f *Filter) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts
 	if err != nil {
 		return 0, fmt.Errorf("bloom: rebuild: %w", err)
 	}
-	n, p := cur.cfg.Items, cur.cfg.FPRate
+	n, p := cur.cfg.ExpectedItems, cur.cfg.FalsePositiveRate
 	if o.ExpectedItems > 0 {
 		n = o.ExpectedItems
 	}
@@ -102,19 +103,21 @@ func (f *Filter) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts
 	if err != nil {
 		return 0, err
 	}
-	next := &layout{gen: cur.gen + 1, cfg: cfg, keys: shardKeys(f.base, cur.gen+1, cfg.Shards)}
+	next := &layout{gen: cur.gen + 1, cfg: cfg, keys: shardKeys(f.names, cur.gen+1, cfg.Shards)}
 
 	// Leftovers of a rebuild that died, then fresh, empty shards.
 	if err := unlink(ctx, f.rdb, append(next.keys, stagingKeys(next.keys)...)); err != nil {
-		return 0, fmt.Errorf("bloom: rebuild: %w", err)
+		return 0, fmt.Errorf("bloom: rebuild: %w", redisfail.Wrap(err))
 	}
 	if err := allocate(ctx, f.rdb, next); err != nil {
-		return 0, fmt.Errorf("bloom: rebuild: %w", err)
+		return 0, fmt.Errorf("bloom: rebuild: %w", redisfail.Wrap(err))
 	}
 	// Announce: from here on Add writes to both generations.
 	args := append([]any{strconv.FormatInt(cur.gen, 10), strconv.FormatInt(next.gen, 10)}, cfg.fields("next_")...)
-	if ok, err := beginRebuild.Run(ctx, f.rdb, []string{f.metaKey}, args...).Int(); err != nil || ok != 1 {
-		return 0, fmt.Errorf("bloom: rebuild: announce generation %d: %v (reply %d)", next.gen, err, ok)
+	if ok, err := beginRebuild.Run(ctx, f.rdb, []string{f.names.Meta()}, args...).Int(); err != nil {
+		return 0, fmt.Errorf("bloom: rebuild: announce generation %d: %w", next.gen, redisfail.Wrap(err))
+	} else if ok != 1 {
+		return 0, fmt.Errorf("bloom: rebuild: announce generation %d: generation %d is no longer current", next.gen, cur.gen)
 	}
 
 	// Build the bits locally: one bitset per shard, every block's readiness
@@ -150,22 +153,22 @@ func (f *Filter) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts
 	p0 := RebuildProgress{IDs: count, BytesTotal: shardBytes * uint64(cfg.Shards)}
 	chunk := make([]byte, o.ChunkBytes)
 	for i, set := range sets {
-		staging := next.keys[i] + ":up"
+		staging := keyspace.Staging(next.keys[i])
 		words := set.Words()
 		for off := uint64(0); off < shardBytes; off += uint64(len(chunk)) {
 			c := chunk[:min(uint64(len(chunk)), shardBytes-off)]
 			redisOrder(c, words, off)
 			if err := f.rdb.SetRange(ctx, staging, int64(off), string(c)).Err(); err != nil {
-				return count, fmt.Errorf("bloom: rebuild: upload: %w", err)
+				return count, fmt.Errorf("bloom: rebuild: upload: %w", redisfail.Wrap(err))
 			}
 			p0.BytesUploaded += uint64(len(c))
 			progress(p0)
 		}
 		if err := f.rdb.BitOpOr(ctx, next.keys[i], next.keys[i], staging).Err(); err != nil {
-			return count, fmt.Errorf("bloom: rebuild: merge: %w", err)
+			return count, fmt.Errorf("bloom: rebuild: merge: %w", redisfail.Wrap(err))
 		}
 		if err := unlink(ctx, f.rdb, []string{staging}); err != nil {
-			return count, fmt.Errorf("bloom: rebuild: %w", err)
+			return count, fmt.Errorf("bloom: rebuild: %w", redisfail.Wrap(err))
 		}
 		sets[i] = nil // let the memory go
 	}
@@ -174,10 +177,12 @@ func (f *Filter) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts
 	// fail open and re-read the meta, instead of missing IDs that Add now
 	// writes only to the new generation (and Add skips a missing shard).
 	if err := unlink(ctx, f.rdb, cur.keys); err != nil {
-		return count, fmt.Errorf("bloom: rebuild: drop generation %d: %w", cur.gen, err)
+		return count, fmt.Errorf("bloom: rebuild: drop generation %d: %w", cur.gen, redisfail.Wrap(err))
 	}
-	if ok, err := switchGen.Run(ctx, f.rdb, []string{f.metaKey}, strconv.FormatInt(next.gen, 10), count).Int(); err != nil || ok != 1 {
-		return count, fmt.Errorf("bloom: rebuild: switch to generation %d: %v (reply %d)", next.gen, err, ok)
+	if ok, err := switchGen.Run(ctx, f.rdb, []string{f.names.Meta()}, strconv.FormatInt(next.gen, 10), count).Int(); err != nil {
+		return count, fmt.Errorf("bloom: rebuild: switch to generation %d: %w", next.gen, redisfail.Wrap(err))
+	} else if ok != 1 {
+		return count, fmt.Errorf("bloom: rebuild: switch to generation %d: it is no longer the announced one", next.gen)
 	}
 	f.cur.Store(next)
 	return count, nil
@@ -200,7 +205,7 @@ func redisOrder(c []byte, words []uint64, off uint64) {
 func stagingKeys(keys []string) []string {
 	out := make([]string, len(keys))
 	for i, k := range keys {
-		out[i] = k + ":up"
+		out[i] = keyspace.Staging(k)
 	}
 	return out
 }

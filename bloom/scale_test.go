@@ -215,7 +215,7 @@ func TestRebuildUnderLoad(t *testing.T) {
 	}
 	t.Logf("%d probes of added IDs during 3 rebuilds, %d false negatives, %d not-ready answers (failed open); %d IDs at the end",
 		probes.Load(), falseNeg.Load(), notReady.Load(), len(final))
-	if reader.Config().Items != 200_000 {
+	if reader.Config().ExpectedItems != 200_000 {
 		t.Fatalf("reader did not follow the resize: %+v", reader.Config())
 	}
 	if probes.Load() == 0 {

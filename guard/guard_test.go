@@ -12,11 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/cacheguard/cacheguard/codec"
 	"github.com/cacheguard/cacheguard/guard"
-	"github.com/cacheguard/cacheguard/internal/redisserver"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 	"github.com/cacheguard/cacheguard/lock"
 )
@@ -586,13 +583,7 @@ func TestFailOpenUntilRebuilt(t *testing.T) {
 // never ErrNotFound, and does not call the loader.
 func TestRedisDownIsNotNotFound(t *testing.T) {
 	ctx := context.Background()
-	srv, err := redisserver.Start(ctx, nil) // a server of its own, to kill
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Stop()
-	rdb := redis.NewClient(&redis.Options{Network: srv.Network, Addr: srv.Addr, MaxRetries: -1})
-	defer rdb.Close()
+	srv, rdb := redistest.Private(t)
 	g, err := guard.New(ctx, rdb, "product", nil)
 	if err != nil {
 		t.Fatal(err)

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/internal/pubsub"
 )
 
 // LocalOptions turns on an in-process cache in front of Redis: values this
@@ -33,8 +35,7 @@ type local struct {
 	// read from Redis before an invalidation must not be kept after it.
 	epoch atomic.Uint64
 
-	ps   *redis.PubSub // invalidation messages
-	done chan struct{} // closed when listen returns
+	sub *pubsub.Subscription // invalidation messages; its goroutine calls invalidated
 }
 
 type localShard struct {
@@ -47,8 +48,8 @@ type localEntry struct {
 	expires int64 // unix nanos
 }
 
-// newLocal subscribes to the invalidation channel and starts the goroutine
-// that applies its messages; close stops both.
+// newLocal subscribes to the invalidation channel, whose goroutine applies
+// its messages; close stops it.
 func newLocal(ctx context.Context, rdb redis.UniversalClient, channel string, o LocalOptions) (*local, error) {
 	if o.Size == 0 {
 		o.Size = 10_000
@@ -59,32 +60,25 @@ func newLocal(ctx context.Context, rdb redis.UniversalClient, channel string, o 
 	if o.Size < 0 || o.TTL < 0 {
 		return nil, fmt.Errorf("%w: Local %+v", ErrInvalidOptions, o)
 	}
-	l := &local{seed: maphash.MakeSeed(), perShard: max(1, (o.Size+15)/16), ttl: o.TTL, done: make(chan struct{})}
+	l := &local{seed: maphash.MakeSeed(), perShard: max(1, (o.Size+15)/16), ttl: o.TTL}
 	for i := range l.shards {
 		l.shards[i].m = map[string]localEntry{}
 	}
-	l.ps = rdb.Subscribe(ctx, channel)
-	if _, err := l.ps.Receive(ctx); err != nil {
-		_ = l.ps.Close()
-		return nil, fmt.Errorf("cacheguard: subscribe %s: %w", channel, err)
+	sub, err := pubsub.Subscribe(ctx, rdb, channel, l.invalidated)
+	if err != nil {
+		return nil, err
 	}
-	go l.listen(l.ps.Channel()) // owned by the Guard; ends when close closes ps
+	l.sub = sub
 	return l, nil
 }
 
-func (l *local) listen(msgs <-chan *redis.Message) {
-	defer close(l.done)
-	for m := range msgs {
-		l.epoch.Add(1)
-		l.drop(m.Payload)
-	}
+// invalidated applies an invalidation message (a value key).
+func (l *local) invalidated(key string) {
+	l.epoch.Add(1)
+	l.drop(key)
 }
 
-func (l *local) close() error {
-	err := l.ps.Close()
-	<-l.done
-	return err
-}
+func (l *local) close() error { return l.sub.Close() }
 
 func (l *local) shard(key string) *localShard {
 	return &l.shards[maphash.String(l.seed, key)%uint64(len(l.shards))]
@@ -123,15 +117,4 @@ func (l *local) drop(key string) {
 	s.mu.Lock()
 	delete(s.m, key)
 	s.mu.Unlock()
-}
-
-func (l *local) len() int {
-	n := 0
-	for i := range l.shards {
-		s := &l.shards[i]
-		s.mu.Lock()
-		n += len(s.m)
-		s.mu.Unlock()
-	}
-	return n
 }

@@ -28,7 +28,7 @@ type Stats struct {
 type counters struct {
 	hits, empty, rejects, misses, coalesced           atomic.Uint64
 	loads, loadErrors, redisErrors, corrupt, bypasses atomic.Uint64
-	staleWrites, localHits                            atomic.Uint64
+	localHits                                         atomic.Uint64
 }
 
 func (c *counters) count(o outcome, coalesced bool) {
@@ -52,7 +52,7 @@ func (g *Guard) Stats() Stats {
 	c := &g.stats
 	cs := g.coord.Stats()
 	return Stats{
-		StaleWrites: c.staleWrites.Load(), LockWaits: cs.Waits, LockTimeouts: cs.Timeouts, Wakeups: cs.Wakeups,
+		StaleWrites: cs.StaleWrites, LockWaits: cs.Waits, LockTimeouts: cs.Timeouts, Wakeups: cs.Wakeups,
 		Hits: c.hits.Load(), LocalHits: c.localHits.Load(), EmptyHits: c.empty.Load(), BloomRejects: c.rejects.Load(),
 		Misses: c.misses.Load(), Coalesced: c.coalesced.Load(),
 		Loads: c.loads.Load(), LoadErrors: c.loadErrors.Load(), RedisErrors: c.redisErrors.Load(),

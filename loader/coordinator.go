@@ -2,72 +2,116 @@ package loader
 
 import (
 	"context"
+	_ "embed"
 	"errors"
+	"fmt"
+	"strconv"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/cacheguard/cacheguard/internal/keyspace"
+	"github.com/cacheguard/cacheguard/internal/redisfail"
 	"github.com/cacheguard/cacheguard/lock"
 )
 
+// ErrBusy: another process held the key's lock for longer than LockWait.
+var ErrBusy = errors.New("loader: lock wait exceeded")
+
+// errFenceLost: the holder's fenced write was refused (an invalidation, or its
+// lock expired and another holder took over); Run loads again.
+var errFenceLost = errors.New("loader: fence superseded")
+
+// Defaults of CoordinatorOptions (guard resolves its own options from these).
+const (
+	DefaultLockTTL  = 5 * time.Second
+	DefaultLockWait = 15 * time.Second
+)
+
 var (
-	// ErrBusy: another process held the key's lock for longer than LockWait.
-	ErrBusy = errors.New("loader: lock wait exceeded")
-	// ErrFenceLost is what a load callback returns when its fenced write was
-	// refused because a newer fence exists (an invalidation, or the lock
-	// expired and another holder took over). Run then loads again.
-	ErrFenceLost = errors.New("loader: fence superseded")
+	//go:embed lua/set_if_fence.lua
+	setIfFenceLua string
+	//go:embed lua/release_publish.lua
+	releasePublishLua string
+
+	setIfFence     = redis.NewScript(setIfFenceLua)
+	releasePublish = redis.NewScript(releasePublishLua)
 )
 
 // CoordinatorOptions tunes a Coordinator. A nil pointer means defaults.
 type CoordinatorOptions struct {
 	// LockTTL is the lease of a key's lock; a watchdog renews it every
 	// LockTTL/3 while the load runs, so it only matters when the holder dies:
-	// the others take over about LockTTL later. Default 5 seconds.
+	// the others take over about LockTTL later. Default DefaultLockTTL.
 	LockTTL time.Duration
 	// LockWait bounds how long a flight waits for other processes' loads of
-	// its key before it gives up with ErrBusy. Default 15 seconds.
+	// its key before it gives up with ErrBusy. Default DefaultLockWait.
 	LockWait time.Duration
-	// LoadOnBusy makes a flight that waited LockWait load by itself (with
-	// fence 0: the load callback must not write) instead of ErrBusy.
+	// LoadOnBusy makes a flight that waited LockWait load by itself, without
+	// writing the result, instead of returning ErrBusy.
 	LoadOnBusy bool
-	// FenceTTL is the lifetime of a key's fence; see lock.Options.
-	// Default 24 hours.
+	// FenceTTL is the lifetime of a key's fence. Default lock.DefaultFenceTTL.
 	FenceTTL time.Duration
 	// OnLockLost, if set, is told when a holder's watchdog lost its lock.
 	OnLockLost func(key string, err error)
+	// OnWriteFailed, if set, is told when Redis failed the holder's write
+	// (the error wraps redisfail.ErrUnavailable). The load's result is still
+	// served; only caching it failed.
+	OnWriteFailed func(key string, err error)
+}
+
+// Filler is what a Coordinator fills a key for: it judges what the cache
+// holds and loads what it lacks.
+type Filler interface {
+	// Cached is given what the cache holds under the key; it reports
+	// whether that answers the call (false: load it, e.g. because it was
+	// corrupt).
+	Cached(ctx context.Context, raw []byte) bool
+	// Load loads the key's value. What it returns is written under the key
+	// for ttl if the holder's fence is still the newest. An error is
+	// returned by Run as is, and nothing is written.
+	Load(ctx context.Context) (frame []byte, ttl time.Duration, err error)
 }
 
 // Coordinator makes one process at a time load a key, across all processes
-// that share a Redis and a channel name, and wakes the others when it is done.
+// that share a Redis and a channel, and wakes the others when it is done.
 //
-// Run sends one round trip with an attempt on the key's lock ("<key>:lock",
-// fence "<key>:fence": give key a hash tag on Redis Cluster) and, queued after
-// it, the caller's read of the cache: for the holder that read is the re-check
-// with the lock taken (another process may have filled the cache between the
-// caller's first read and the lock). The holder runs the load with the lock's
-// fencing number under a watchdog, then releases the lock and PUBLISHes the
-// key in one script. The others subscribe (one subscription per Coordinator,
-// fanned out in-process), read the cache once subscribed so that a publish
-// cannot slip between the read and the wait, and wait for the publish, the
-// holder's lease to run out, or LockWait. Woken, they read the cache; if the
-// holder failed or died they try the lock themselves. A miss thus costs the
-// holder three round trips besides its first read: lock and re-check, its
-// write, release and publish.
+// The order of events of Run, for a value key K:
+//
+//  1. One round trip: an attempt on K's lock (keyspace.Lock(K), with a new
+//     fencing number in keyspace.Fence(K)) and, queued after it, a GET of K.
+//     Lock, fence and value share K's hash tag, and Redis runs one
+//     connection's commands in order, so for the winner that GET is the
+//     re-check with the lock taken: another process may have filled K
+//     between the caller's first read and the lock.
+//  2. The winner whose re-check found K answers from it. Otherwise it loads
+//     under a watchdog that renews the lock every LockTTL/3.
+//  3. The winner writes the load's frame with set_if_fence.lua: only if K's
+//     fence is still its own. An Invalidate deletes the fence, and a lock that
+//     expired and passed to another holder moved it on; either way the write
+//     is refused, and the winner loads again with a new lock and fence (until
+//     LockWait; then it serves its last load uncached).
+//  4. The winner releases the lock and PUBLISHes K in one script
+//     (release_publish.lua), also when the load failed or panicked.
+//  5. A loser whose GET found K answers from it. Otherwise it registers on
+//     the channel (one SUBSCRIBE per Coordinator, fanned out in-process),
+//     reads K again once subscribed, so that a publish cannot slip in
+//     between its read and its wait, and waits for the publish, the holder's
+//     lease to run out, or LockWait. Woken, it reads K; if K is still empty
+//     (the holder failed or died) it goes back to step 1.
+//
+// A miss thus costs the winner four round trips with the caller's first read:
+// read, lock + re-check, write, release + publish.
 type Coordinator struct {
-	rdb   redis.UniversalClient
-	locks *lock.Client
-	wake  waker
-	opts  CoordinatorOptions
+	rdb     redis.UniversalClient
+	locks   *lock.Client
+	wake    waker
+	opts    CoordinatorOptions
+	channel string
 
-	waits, timeouts, wakeups atomic.Uint64
+	waits, timeouts, wakeups, staleWrites atomic.Uint64
 }
-
-// Check queues a read of the cache into pipe and returns a function that,
-// after the pipeline ran, reports whether the cache answers (done) and with
-// what error.
-type Check func(ctx context.Context, pipe redis.Pipeliner) (answer func() (done bool, err error))
 
 // NewCoordinator returns a Coordinator that publishes on channel. Close it to
 // end its subscription.
@@ -77,98 +121,103 @@ func NewCoordinator(rdb redis.UniversalClient, channel string, opts *Coordinator
 		o = *opts
 	}
 	if o.LockTTL <= 0 {
-		o.LockTTL = 5 * time.Second
+		o.LockTTL = DefaultLockTTL
 	}
 	if o.LockWait <= 0 {
-		o.LockWait = 15 * time.Second
-	}
-	if o.FenceTTL <= 0 {
-		o.FenceTTL = 24 * time.Hour
+		o.LockWait = DefaultLockWait
 	}
 	return &Coordinator{
-		rdb:   rdb,
-		locks: lock.New(rdb),
-		wake:  waker{rdb: rdb, channel: channel},
-		opts:  o,
+		rdb:     rdb,
+		locks:   lock.New(rdb),
+		wake:    waker{rdb: rdb, channel: channel},
+		opts:    o,
+		channel: channel,
 	}
 }
 
 // Close ends the Coordinator's subscription. Runs after Close fail.
 func (c *Coordinator) Close() error { return c.wake.close() }
 
-// CoordinatorStats counts a Coordinator's waits.
+// CoordinatorStats counts a Coordinator's waits and refused writes.
 type CoordinatorStats struct {
-	Waits    uint64 // times a flight found the lock held elsewhere and waited
-	Timeouts uint64 // waits that ran past LockWait
-	Wakeups  uint64 // waits ended by the holder's publish
+	Waits       uint64 // times a flight found the lock held elsewhere and waited
+	Timeouts    uint64 // waits that ran past LockWait
+	Wakeups     uint64 // waits ended by the holder's publish
+	StaleWrites uint64 // writes refused because the fence had moved on
 }
 
 // Stats returns the Coordinator's counters.
 func (c *Coordinator) Stats() CoordinatorStats {
-	return CoordinatorStats{Waits: c.waits.Load(), Timeouts: c.timeouts.Load(), Wakeups: c.wakeups.Load()}
+	return CoordinatorStats{Waits: c.waits.Load(), Timeouts: c.timeouts.Load(), Wakeups: c.wakeups.Load(), StaleWrites: c.staleWrites.Load()}
 }
 
-// Run fills key once across processes. check reads the cache; load runs with
-// the lock held and its fencing number, and returns ErrFenceLost if its write
-// was refused. Run returns the error of the check or load that finished the
-// job, ErrBusy, or a Redis error.
-func (c *Coordinator) Run(ctx context.Context, key string, check Check, load func(ctx context.Context, fence int64) error) error {
+// Run fills key once across processes (see Coordinator for the steps). It
+// returns nil when f answered (from the cache or from a load), the load's
+// error, ErrBusy, ctx's error, or a Redis error wrapping
+// redisfail.ErrUnavailable.
+func (c *Coordinator) Run(ctx context.Context, key string, f Filler) error {
 	deadline := time.Now().Add(c.opts.LockWait)
-	lockOpts := &lock.Options{FenceKey: key + ":fence", FenceTTL: c.opts.FenceTTL}
 	for {
 		pipe := c.rdb.Pipeline()
-		q, err := c.locks.Queue(ctx, pipe, key+":lock", c.opts.LockTTL, lockOpts)
+		q, err := c.locks.Queue(ctx, pipe, keyspace.Lock(key), c.opts.LockTTL,
+			&lock.Options{FenceKey: keyspace.Fence(key), FenceTTL: c.opts.FenceTTL})
 		if err != nil {
 			return err
 		}
-		answer := check(ctx, pipe)
+		get := pipe.Get(ctx, key)
 		_, _ = pipe.Exec(ctx) // errors are read per command
 		l, err := q.Result(ctx)
 		var held *lock.HeldError
 		switch {
 		case err == nil:
-			if !q.InPipeline() { // the read ran before the lock was taken
-				answer = c.checkNow(ctx, check)
+			if !q.InPipeline() { // the GET ran before the lock was taken
+				get = c.rdb.Get(ctx, key)
 			}
-			err = c.hold(ctx, l, key, answer, load)
-			if errors.Is(err, ErrFenceLost) && time.Now().Before(deadline) {
-				continue // overtaken by an invalidation: load again, newer fence
+			err = c.hold(ctx, l, key, get, f)
+			if !errors.Is(err, errFenceLost) {
+				return err
 			}
-			return err
+			if !time.Now().Before(deadline) {
+				return nil // invalidated again and again: serve the last load, uncached
+			}
+			continue // overtaken by an invalidation: load again, newer fence
 		case !errors.As(err, &held):
 			return err
 		}
-		if done, err := answer(); done || err != nil {
+		if done, err := c.cached(ctx, get, f); done || err != nil {
 			return err // filled meanwhile by the holder
 		}
 		c.waits.Add(1)
-		done, err := c.wait(ctx, key, held.TTL, deadline, check)
-		if done {
+		if done, err := c.wait(ctx, key, held.TTL, deadline, f); done || err != nil {
 			return err
 		}
 		if !time.Now().Before(deadline) {
 			c.timeouts.Add(1)
 			if c.opts.LoadOnBusy {
-				return load(ctx, 0)
+				_, _, err := f.Load(ctx)
+				return err
 			}
 			return ErrBusy
 		}
 	}
 }
 
-// checkNow runs check in a round trip of its own.
-func (c *Coordinator) checkNow(ctx context.Context, check Check) func() (bool, error) {
-	pipe := c.rdb.Pipeline()
-	answer := check(ctx, pipe)
-	_, _ = pipe.Exec(ctx)
-	return answer
+// cached reads a GET's reply: done when f accepts what the cache holds.
+func (c *Coordinator) cached(ctx context.Context, get *redis.StringCmd, f Filler) (done bool, err error) {
+	raw, err := get.Bytes()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return false, nil
+	case err != nil:
+		return true, fmt.Errorf("loader: read: %w", redisfail.Wrap(err))
+	}
+	return f.Cached(ctx, raw), nil
 }
 
-// hold reads the re-check's answer and runs load with the lock held, then
-// releases the lock and publishes the key, also when load panics.
-func (c *Coordinator) hold(ctx context.Context, l *lock.Lock, key string,
-	answer func() (bool, error), load func(context.Context, int64) error,
-) error {
+// hold runs steps 2 to 4 with the lock held: the re-check's answer, the load
+// and the fenced write, then the release and publish, also when the load
+// panics. It returns errFenceLost when the write was refused.
+func (c *Coordinator) hold(ctx context.Context, l *lock.Lock, key string, get *redis.StringCmd, f Filler) error {
 	stop := l.KeepAlive(ctx, c.opts.LockTTL, func(err error) {
 		if c.opts.OnLockLost != nil {
 			c.opts.OnLockLost(key, err)
@@ -176,26 +225,39 @@ func (c *Coordinator) hold(ctx context.Context, l *lock.Lock, key string,
 	})
 	defer func() {
 		stop()
-		// One script: release first, then publish, so that a woken waiter
-		// that finds no value can take the lock at once.
-		_ = l.ReleaseAndPublish(context.WithoutCancel(ctx), c.wake.channel, key)
+		_ = releasePublish.Run(context.WithoutCancel(ctx), c.rdb, []string{keyspace.Lock(key)}, l.Token(), c.channel, key).Err()
 	}()
-	if done, err := answer(); done || err != nil {
+	if done, err := c.cached(ctx, get, f); done || err != nil {
 		return err
 	}
-	return load(ctx, l.Fence())
+	frame, ttl, err := f.Load(ctx)
+	if err != nil {
+		return err
+	}
+	written, err := setIfFence.Run(ctx, c.rdb, []string{key, keyspace.Fence(key)},
+		strconv.FormatInt(l.Fence(), 10), frame, max(ttl.Milliseconds(), 1)).Int()
+	switch {
+	case err != nil:
+		if c.opts.OnWriteFailed != nil {
+			c.opts.OnWriteFailed(key, redisfail.Wrap(err))
+		}
+	case written == 0:
+		c.staleWrites.Add(1)
+		return errFenceLost
+	}
+	return nil
 }
 
 // wait blocks until the holder publishes key, its lease (holderTTL) runs out,
-// or the deadline passes. done reports that check answered.
-func (c *Coordinator) wait(ctx context.Context, key string, holderTTL time.Duration, deadline time.Time, check Check) (done bool, err error) {
+// or the deadline passes. done reports that f accepted what the cache holds.
+func (c *Coordinator) wait(ctx context.Context, key string, holderTTL time.Duration, deadline time.Time, f Filler) (done bool, err error) {
 	woken, cancel, err := c.wake.register(ctx, key)
 	if err != nil {
 		return true, err
 	}
 	defer cancel()
 	// Subscribed: a publish from now on reaches us, so check before waiting.
-	if done, err := c.checkNow(ctx, check)(); done || err != nil {
+	if done, err := c.cached(ctx, c.rdb.Get(ctx, key), f); done || err != nil {
 		return true, err
 	}
 	t := time.NewTimer(max(min(holderTTL+5*time.Millisecond, time.Until(deadline)), 0))
@@ -207,8 +269,5 @@ func (c *Coordinator) wait(ctx context.Context, key string, holderTTL time.Durat
 	case <-ctx.Done():
 		return true, ctx.Err()
 	}
-	if done, err := c.checkNow(ctx, check)(); done || err != nil {
-		return true, err
-	}
-	return false, nil
+	return c.cached(ctx, c.rdb.Get(ctx, key), f)
 }

@@ -8,32 +8,34 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
+	"github.com/cacheguard/cacheguard/internal/keyspace"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 	"github.com/cacheguard/cacheguard/loader"
 )
 
+// filler answers from any cached bytes and loads with load.
+type filler struct {
+	load func(ctx context.Context) ([]byte, time.Duration, error)
+}
+
+func (f filler) Cached(context.Context, []byte) bool { return true }
+func (f filler) Load(ctx context.Context) ([]byte, time.Duration, error) {
+	return f.load(ctx)
+}
+
 // TestCoordinatorOneLoadManyCoordinators: several Coordinators (as in several
-// processes) fill one key; the load runs once and the rest wake on the publish.
+// processes) fill one key; the load runs once, its write lands, and the rest
+// wake on the publish and read it.
 func TestCoordinatorOneLoadManyCoordinators(t *testing.T) {
 	ctx := context.Background()
 	c := redistest.Connect(t)
 	key := c.Prefix + ":{k}"
 	var loads, wakeups atomic.Int32
-	var filled atomic.Bool
-	check := func(context.Context, redis.Pipeliner) func() (bool, error) {
-		return func() (bool, error) { return filled.Load(), nil }
-	}
-	load := func(ctx context.Context, fence int64) error {
-		if fence <= 0 {
-			t.Errorf("fence %d", fence)
-		}
+	f := filler{load: func(ctx context.Context) ([]byte, time.Duration, error) {
 		loads.Add(1)
 		time.Sleep(50 * time.Millisecond)
-		filled.Store(true)
-		return nil
-	}
+		return []byte("v"), time.Minute, nil
+	}}
 	var wg sync.WaitGroup
 	for range 8 {
 		co := loader.NewCoordinator(redistest.Connect(t).UniversalClient, c.Prefix+":ch", nil)
@@ -41,7 +43,7 @@ func TestCoordinatorOneLoadManyCoordinators(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := co.Run(ctx, key, check, load); err != nil {
+			if err := co.Run(ctx, key, f); err != nil {
 				t.Error(err)
 			}
 			wakeups.Add(int32(co.Stats().Wakeups))
@@ -54,7 +56,10 @@ func TestCoordinatorOneLoadManyCoordinators(t *testing.T) {
 	if wakeups.Load() == 0 {
 		t.Fatal("no waiter was woken by the publish")
 	}
-	if n := c.Exists(ctx, key+":lock").Val(); n != 0 {
+	if v := c.Get(ctx, key).Val(); v != "v" {
+		t.Fatalf("cached %q, want the load's frame", v)
+	}
+	if n := c.Exists(ctx, keyspace.Lock(key)).Val(); n != 0 {
 		t.Fatal("lock left behind")
 	}
 }
@@ -65,34 +70,46 @@ func TestCoordinatorReleasesOnPanicAndError(t *testing.T) {
 	co := loader.NewCoordinator(c.UniversalClient, c.Prefix+":ch", nil)
 	defer co.Close()
 	key := c.Prefix + ":{k}"
-	no := func(context.Context, redis.Pipeliner) func() (bool, error) {
-		return func() (bool, error) { return false, nil }
+	ps := c.Subscribe(ctx, c.Prefix+":ch")
+	defer ps.Close()
+	if _, err := ps.Receive(ctx); err != nil {
+		t.Fatal(err)
 	}
 	func() {
 		defer func() { _ = recover() }()
-		_ = co.Run(ctx, key, no, func(context.Context, int64) error { panic("boom") })
+		_ = co.Run(ctx, key, filler{load: func(context.Context) ([]byte, time.Duration, error) { panic("boom") }})
 	}()
-	if pttl := c.PTTL(ctx, key+":lock").Val(); pttl != -2 {
+	if pttl := c.PTTL(ctx, keyspace.Lock(key)).Val(); pttl != -2 {
 		t.Fatalf("after a panic the lock has PTTL %v, want -2", pttl)
 	}
+	if msg, err := ps.ReceiveMessage(ctx); err != nil || msg.Payload != key {
+		t.Fatalf("after a panic waiters were not told: %v, %v", msg, err)
+	}
 	boom := errors.New("db down")
-	if err := co.Run(ctx, key, no, func(context.Context, int64) error { return boom }); !errors.Is(err, boom) {
+	if err := co.Run(ctx, key, filler{load: func(context.Context) ([]byte, time.Duration, error) { return nil, 0, boom }}); !errors.Is(err, boom) {
 		t.Fatalf("err = %v", err)
 	}
-	if n := c.Exists(ctx, key+":lock").Val(); n != 0 {
-		t.Fatal("lock left behind after an error")
+	if n := c.Exists(ctx, keyspace.Lock(key), key).Val(); n != 0 {
+		t.Fatal("lock or value left behind after an error")
 	}
-	// Fence lost: Run loads again with a newer fence.
-	var fences []int64
-	err := co.Run(ctx, key, no, func(_ context.Context, fence int64) error {
-		fences = append(fences, fence)
+	// An invalidation (the fence deleted) during the load refuses the
+	// write: Run loads again with a newer fence.
+	var fences []string
+	err := co.Run(ctx, key, filler{load: func(ctx context.Context) ([]byte, time.Duration, error) {
+		fences = append(fences, c.Get(ctx, keyspace.Fence(key)).Val())
 		if len(fences) < 3 {
-			return loader.ErrFenceLost
+			c.Del(ctx, keyspace.Fence(key))
 		}
-		return nil
-	})
+		return []byte("v"), time.Minute, nil
+	}})
 	if err != nil || len(fences) != 3 || !(fences[0] < fences[1] && fences[1] < fences[2]) {
 		t.Fatalf("err %v, fences %v", err, fences)
+	}
+	if st := co.Stats(); st.StaleWrites != 2 {
+		t.Fatalf("stale writes %d, want 2", st.StaleWrites)
+	}
+	if v := c.Get(ctx, key).Val(); v != "v" {
+		t.Fatalf("cached %q after the third load", v)
 	}
 	if err := co.Close(); err != nil {
 		t.Fatal(err)

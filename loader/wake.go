@@ -7,6 +7,8 @@ import (
 	"sync"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/internal/pubsub"
 )
 
 // errClosed is returned by register after close.
@@ -21,8 +23,7 @@ type waker struct {
 
 	mu      sync.Mutex                            // guards the fields below
 	waiters map[string]map[chan struct{}]struct{} // key → channels to close on its message
-	ps      *redis.PubSub                         // nil until the first register
-	done    chan struct{}                         // closed when dispatch has returned
+	sub     *pubsub.Subscription                  // nil until the first register
 	closed  bool
 }
 
@@ -36,14 +37,12 @@ func (w *waker) register(ctx context.Context, key string) (ch <-chan struct{}, c
 	if w.closed {
 		return nil, nil, errClosed
 	}
-	if w.ps == nil {
-		ps := w.rdb.Subscribe(ctx, w.channel)
-		if _, err := ps.Receive(ctx); err != nil {
-			_ = ps.Close()
-			return nil, nil, fmt.Errorf("loader: subscribe %s: %w", w.channel, err)
+	if w.sub == nil {
+		sub, err := pubsub.Subscribe(ctx, w.rdb, w.channel, w.dispatch)
+		if err != nil {
+			return nil, nil, fmt.Errorf("loader: %w", err)
 		}
-		w.ps, w.done, w.waiters = ps, make(chan struct{}), map[string]map[chan struct{}]struct{}{}
-		go w.dispatch(ps.Channel(), w.done) // ends when close closes ps
+		w.sub, w.waiters = sub, map[string]map[chan struct{}]struct{}{}
 	}
 	c := make(chan struct{})
 	if w.waiters[key] == nil {
@@ -62,35 +61,25 @@ func (w *waker) register(ctx context.Context, key string) (ch <-chan struct{}, c
 	}, nil
 }
 
-// dispatch wakes the waiters of each key named by a message. go-redis
-// reconnects and resubscribes the PubSub by itself; messages published while
-// it does are lost, which is why waiters also wake on a timer.
-func (w *waker) dispatch(msgs <-chan *redis.Message, done chan<- struct{}) {
-	defer close(done)
-	for m := range msgs {
-		w.mu.Lock()
-		for c := range w.waiters[m.Payload] {
-			close(c)
-		}
-		delete(w.waiters, m.Payload)
-		w.mu.Unlock()
+// dispatch wakes the waiters of the key a message names. It runs on the
+// subscription's goroutine.
+func (w *waker) dispatch(key string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for c := range w.waiters[key] {
+		close(c)
 	}
+	delete(w.waiters, key)
 }
 
-func (w *waker) publish(ctx context.Context, key string) error {
-	return w.rdb.Publish(ctx, w.channel, key).Err()
-}
-
-// close ends the subscription and waits for dispatch to return.
+// close ends the subscription and waits until dispatch is no longer called.
 func (w *waker) close() error {
 	w.mu.Lock()
 	w.closed = true
-	ps, done := w.ps, w.done
+	sub := w.sub
 	w.mu.Unlock()
-	if ps == nil {
+	if sub == nil {
 		return nil
 	}
-	err := ps.Close()
-	<-done
-	return err
+	return sub.Close()
 }

@@ -12,6 +12,9 @@
 //
 // The lock key and its fence key must hash to the same Redis Cluster slot:
 // give the key a hash tag ("{order:42}:lock") or set Options.FenceKey.
+//
+// Redis failures wrap ErrUnavailable, the same value as
+// guard.ErrUnavailable.
 package lock
 
 import (
@@ -27,6 +30,9 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/internal/keyspace"
+	"github.com/cacheguard/cacheguard/internal/redisfail"
 )
 
 var (
@@ -36,7 +42,14 @@ var (
 	ErrNotHeld = errors.New("lock: not held")
 	// ErrInvalid reports a bad key, TTL or option.
 	ErrInvalid = errors.New("lock: invalid argument")
+	// ErrUnavailable is wrapped by every error that Redis failing to
+	// answer causes (the value of guard.ErrUnavailable and
+	// bloom.ErrUnavailable).
+	ErrUnavailable = redisfail.ErrUnavailable
 )
+
+// DefaultFenceTTL is the lifetime of a fence key when Options.FenceTTL is 0.
+const DefaultFenceTTL = 24 * time.Hour
 
 var (
 	//go:embed lua/obtain.lua
@@ -47,14 +60,11 @@ var (
 	refreshLua string
 	//go:embed lua/pttl.lua
 	pttlLua string
-	//go:embed lua/release_publish.lua
-	releasePublishLua string
 
 	obtainScript  = redis.NewScript(obtainLua)
 	releaseScript = redis.NewScript(releaseLua)
 	refreshScript = redis.NewScript(refreshLua)
 	pttlScript    = redis.NewScript(pttlLua)
-	relPubScript  = redis.NewScript(releasePublishLua)
 )
 
 // RedisClient is what the lock needs of a go-redis client: running scripts.
@@ -83,7 +93,7 @@ type Options struct {
 	// FenceKey holds the key's fencing number. Default "<key>:fence".
 	FenceKey string
 	// FenceTTL is the fence key's lifetime, renewed by every Obtain.
-	// Default 24 hours.
+	// Default DefaultFenceTTL (24 hours).
 	FenceTTL time.Duration
 }
 
@@ -127,7 +137,7 @@ func (c *Client) Obtain(ctx context.Context, key string, ttl time.Duration, opts
 		res, err := obtainScript.Run(ctx, c.rdb, []string{key, o.FenceKey},
 			token, ttl.Milliseconds(), o.FenceTTL.Milliseconds()).Slice()
 		if err != nil {
-			return nil, fmt.Errorf("lock: obtain %s: %w", key, err)
+			return nil, fmt.Errorf("lock: obtain %s: %w", key, redisfail.Wrap(err))
 		}
 		got, holderTTL, fence, err := parseObtain(res)
 		if err != nil {
@@ -168,10 +178,10 @@ func resolve(key string, ttl time.Duration, opts *Options) (Options, error) {
 		return o, fmt.Errorf("%w: TTL %v below 1ms", ErrInvalid, ttl)
 	}
 	if o.FenceKey == "" {
-		o.FenceKey = key + ":fence"
+		o.FenceKey = keyspace.Fence(key)
 	}
 	if o.FenceTTL <= 0 {
-		o.FenceTTL = 24 * time.Hour
+		o.FenceTTL = DefaultFenceTTL
 	}
 	if o.MinBackoff <= 0 {
 		o.MinBackoff = 4 * time.Millisecond
@@ -223,7 +233,7 @@ func (q *Queued) Result(ctx context.Context) (*Lock, error) {
 			q.token, q.ttl.Milliseconds(), q.o.FenceTTL.Milliseconds()).Slice()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("lock: obtain %s: %w", q.key, err)
+		return nil, fmt.Errorf("lock: obtain %s: %w", q.key, redisfail.Wrap(err))
 	}
 	got, holderTTL, fence, err := parseObtain(res)
 	if err != nil {
@@ -263,9 +273,6 @@ func newToken() (string, error) {
 	return hex.EncodeToString(b[:]), nil
 }
 
-// Key returns the lock's key.
-func (l *Lock) Key() string { return l.key }
-
 // Token returns the lock's random token.
 func (l *Lock) Token() string { return l.token }
 
@@ -277,22 +284,7 @@ func (l *Lock) Fence() int64 { return l.fence }
 func (l *Lock) Release(ctx context.Context) error {
 	n, err := releaseScript.Run(ctx, l.c.rdb, []string{l.key}, l.token).Int64()
 	if err != nil {
-		return fmt.Errorf("lock: release %s: %w", l.key, err)
-	}
-	if n != 1 {
-		return ErrNotHeld
-	}
-	return nil
-}
-
-// ReleaseAndPublish frees the lock (if still held) and PUBLISHes message on
-// channel in the same script: one round trip for a holder that must wake
-// waiters. ErrNotHeld if it had expired or was taken over (the message is
-// published all the same).
-func (l *Lock) ReleaseAndPublish(ctx context.Context, channel, message string) error {
-	n, err := relPubScript.Run(ctx, l.c.rdb, []string{l.key}, l.token, channel, message).Int64()
-	if err != nil {
-		return fmt.Errorf("lock: release %s: %w", l.key, err)
+		return fmt.Errorf("lock: release %s: %w", l.key, redisfail.Wrap(err))
 	}
 	if n != 1 {
 		return ErrNotHeld
@@ -308,7 +300,7 @@ func (l *Lock) Refresh(ctx context.Context, ttl time.Duration) error {
 	}
 	n, err := refreshScript.Run(ctx, l.c.rdb, []string{l.key}, l.token, ttl.Milliseconds()).Int64()
 	if err != nil {
-		return fmt.Errorf("lock: refresh %s: %w", l.key, err)
+		return fmt.Errorf("lock: refresh %s: %w", l.key, redisfail.Wrap(err))
 	}
 	if n != 1 {
 		return ErrNotHeld
@@ -320,7 +312,7 @@ func (l *Lock) Refresh(ctx context.Context, ttl time.Duration) error {
 func (l *Lock) TTL(ctx context.Context) (time.Duration, error) {
 	ms, err := pttlScript.Run(ctx, l.c.rdb, []string{l.key}, l.token).Int64()
 	if err != nil {
-		return 0, fmt.Errorf("lock: ttl %s: %w", l.key, err)
+		return 0, fmt.Errorf("lock: ttl %s: %w", l.key, redisfail.Wrap(err))
 	}
 	if ms < 0 {
 		return 0, ErrNotHeld

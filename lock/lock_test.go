@@ -239,36 +239,38 @@ func TestQueueInPipeline(t *testing.T) {
 	}
 }
 
-func TestReleaseAndPublish(t *testing.T) {
+// TestRedisDownIsErrUnavailable: every operation that needs Redis reports a
+// dead server with an error wrapping ErrUnavailable.
+func TestRedisDownIsErrUnavailable(t *testing.T) {
 	ctx := context.Background()
-	c := redistest.Connect(t)
-	lc := lock.New(c)
-	key := c.Prefix + ":{k}:lock"
-	channel := c.Prefix + ":done"
-	ps := c.Subscribe(ctx, channel)
-	defer ps.Close()
-	if _, err := ps.Receive(ctx); err != nil {
-		t.Fatal(err)
-	}
-	l, err := lc.Obtain(ctx, key, time.Minute, nil)
+	srv, rdb := redistest.Private(t)
+	lc := lock.New(rdb)
+	l, err := lc.Obtain(ctx, "{k}:lock", time.Minute, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := l.ReleaseAndPublish(ctx, channel, "k"); err != nil {
+	if err := srv.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	if n := c.Exists(ctx, key).Val(); n != 0 {
-		t.Fatal("not released")
+	ops := map[string]func() error{
+		"Obtain":  func() error { _, err := lc.Obtain(ctx, "{j}:lock", time.Second, nil); return err },
+		"Release": func() error { return l.Release(ctx) },
+		"Refresh": func() error { return l.Refresh(ctx, time.Second) },
+		"TTL":     func() error { _, err := l.TTL(ctx); return err },
+		"Queue": func() error {
+			pipe := rdb.Pipeline()
+			q, err := lc.Queue(ctx, pipe, "{j}:lock", time.Second, nil)
+			if err != nil {
+				return err
+			}
+			_, _ = pipe.Exec(ctx)
+			_, err = q.Result(ctx)
+			return err
+		},
 	}
-	msg, err := ps.ReceiveMessage(ctx)
-	if err != nil || msg.Payload != "k" {
-		t.Fatalf("message %v, %v", msg, err)
-	}
-	// Not held any more: ErrNotHeld, and waiters are told all the same.
-	if err := l.ReleaseAndPublish(ctx, channel, "again"); !errors.Is(err, lock.ErrNotHeld) {
-		t.Fatalf("second release: %v", err)
-	}
-	if msg, err := ps.ReceiveMessage(ctx); err != nil || msg.Payload != "again" {
-		t.Fatalf("message %v, %v", msg, err)
+	for name, op := range ops {
+		if err := op(); !errors.Is(err, lock.ErrUnavailable) || errors.Is(err, lock.ErrNotHeld) || errors.Is(err, lock.ErrNotObtained) {
+			t.Errorf("%s with Redis down: %v, want ErrUnavailable", name, err)
+		}
 	}
 }

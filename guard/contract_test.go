@@ -1,0 +1,221 @@
+package guard_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/guard"
+	"github.com/cacheguard/cacheguard/internal/redistest"
+)
+
+// TestErrUnavailableFromEveryOperation: with Redis killed, every exported
+// operation of a Guard (and New) returns an error wrapping ErrUnavailable, so
+// that callers need one errors.Is branch; none says ErrNotFound.
+func TestErrUnavailableFromEveryOperation(t *testing.T) {
+	ctx := context.Background()
+	srv, rdb := redistest.Private(t)
+	g, err := guard.New(ctx, rdb, "product", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	d := newDB(10)
+	if _, err := g.Rebuild(ctx, ids("p", 10), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	ops := map[string]func() error{
+		"New": func() error {
+			g2, err := guard.New(ctx, rdb, "other", nil)
+			if err == nil {
+				g2.Close()
+			}
+			return err
+		},
+		"Get":         func() error { _, err := guard.Get(ctx, g, "p1", d.load); return err },
+		"Get unknown": func() error { _, err := guard.Get(ctx, g, "nope", d.load); return err },
+		"Peek":        func() error { _, _, err := g.Peek(ctx, "p1"); return err },
+		"MayExist":    func() error { _, err := g.MayExist(ctx, "p1"); return err },
+		"Add":         func() error { return g.Add(ctx, "p11") },
+		"Invalidate":  func() error { return g.Invalidate(ctx, "p1") },
+		"Rebuild":     func() error { _, err := g.Rebuild(ctx, ids("p", 10), nil); return err },
+		"Info":        func() error { _, err := g.Info(ctx); return err },
+	}
+	names := make([]string, 0, len(ops))
+	for name := range ops {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		err := ops[name]()
+		if !errors.Is(err, guard.ErrUnavailable) || errors.Is(err, guard.ErrNotFound) {
+			t.Errorf("%s with Redis down: err = %v, want one wrapping ErrUnavailable", name, err)
+		}
+	}
+	if d.calls.Load() != 0 {
+		t.Fatalf("loader called %d times with Redis down", d.calls.Load())
+	}
+}
+
+// TestErrUnavailableWhenRedisRefusesWrites: a Redis that refuses writes
+// (maxmemory reached under noeviction) is unavailable too.
+func TestErrUnavailableWhenRedisRefusesWrites(t *testing.T) {
+	ctx := context.Background()
+	_, rdb := redistest.Private(t)
+	g, err := guard.New(ctx, rdb, "product", &guard.Options{ExpectedItems: 10_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if err := rdb.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.ConfigSet(ctx, "maxmemory", "0")
+	if err := g.Add(ctx, "p1"); !errors.Is(err, guard.ErrUnavailable) {
+		t.Fatalf("Add under maxmemory: %v, want ErrUnavailable", err)
+	}
+	if err := g.Invalidate(ctx, "p1"); err != nil && !errors.Is(err, guard.ErrUnavailable) {
+		t.Fatalf("Invalidate under maxmemory: %v", err)
+	}
+}
+
+// aclCommands is every command a Guard sends, directly or from its scripts:
+// the least-privilege user of README's "Redis ACL" section.
+var aclCommands = strings.Fields("bitfield bitop del eval evalsha exists get getrange hdel hget hgetall hincrby hset pexpire pttl publish set setrange subscribe time unlink bitcount getbit memory|usage")
+
+// aclUser creates (on every node) a user limited to keys and channels under
+// prefix and to aclCommands, and returns a client logged in as that user.
+func aclUser(t *testing.T, c *redistest.Conn, user, prefix string) redis.UniversalClient {
+	t.Helper()
+	ctx := context.Background()
+	rule := []any{"ACL", "SETUSER", user, "reset", "on", ">secret", "~" + prefix + ":*", "&" + prefix + ":*", "-@all"}
+	for _, cmd := range aclCommands {
+		rule = append(rule, "+"+cmd)
+	}
+	if err := c.ForEachNode(ctx, func(ctx context.Context, n *redis.Client) error {
+		return n.Do(ctx, rule...).Err()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = c.ForEachNode(ctx, func(ctx context.Context, n *redis.Client) error {
+			return n.Do(ctx, "ACL", "DELUSER", user).Err()
+		})
+	})
+	return redistest.ConnectAs(t, user, "secret")
+}
+
+// TestLeastPrivilegeACL: a user whose keys and channels are limited to
+// "<KeyPrefix>:*" runs the whole API (every key and channel of a Guard starts
+// with the prefix); a user limited to another prefix gets ErrUnavailable,
+// never a wrong answer.
+func TestLeastPrivilegeACL(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	prefix := c.Prefix
+	rdb := aclUser(t, c, "cg-"+prefix, prefix)
+	opts := &guard.Options{KeyPrefix: prefix, ExpectedItems: 10_000, Local: &guard.LocalOptions{}}
+	g, err := guard.New(ctx, rdb, "product", opts)
+	if err != nil {
+		t.Fatalf("New as a user limited to %s:*: %v", prefix, err)
+	}
+	defer g.Close()
+	d := newDB(10)
+	steps := []struct {
+		name string
+		run  func() error
+	}{
+		{"Rebuild", func() error { _, err := g.Rebuild(ctx, ids("p", 10), nil); return err }},
+		{"Get miss", func() error { _, err := guard.Get(ctx, g, "p1", d.load); return err }},
+		{"Get hit", func() error { _, err := guard.Get(ctx, g, "p1", d.load); return err }},
+		{"Peek", func() error { _, _, err := g.Peek(ctx, "p2"); return err }},
+		{"MayExist", func() error { _, err := g.MayExist(ctx, "p3"); return err }},
+		{"Add", func() error { return g.Add(ctx, "p10") }},
+		{"Get marker", func() error {
+			if _, err := guard.Get(ctx, g, "p10", d.load); !errors.Is(err, guard.ErrNotFound) {
+				return err
+			}
+			return nil
+		}},
+		{"Invalidate", func() error { return g.Invalidate(ctx, "p1", "p10") }},
+		{"Info", func() error { _, err := g.Info(ctx); return err }},
+	}
+	for _, s := range steps {
+		if err := s.run(); err != nil {
+			t.Fatalf("%s as a least-privilege user: %v", s.name, err)
+		}
+	}
+	if st := g.Stats(); st.RedisErrors != 0 {
+		t.Fatalf("redis errors as a least-privilege user: %+v", st)
+	}
+	keys, err := c.AllKeys(ctx, "*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if strings.Contains(k, ":product:") && !strings.HasPrefix(k, prefix+":") {
+			t.Errorf("key %q does not start with the KeyPrefix %q", k, prefix)
+		}
+	}
+
+	other := aclUser(t, c, "cg-other-"+prefix, "elsewhere")
+	_, err = guard.New(ctx, other, "product", opts)
+	if !errors.Is(err, guard.ErrUnavailable) {
+		t.Fatalf("New as a user limited to another prefix: %v, want ErrUnavailable", err)
+	}
+}
+
+// TestCloseIsOneGate: after Close every entry point answers ErrClosed, the
+// in-process cache included (its invalidation subscription is gone).
+func TestCloseIsOneGate(t *testing.T) {
+	ctx := context.Background()
+	_, g, d := setup(t, 10, &guard.Options{Local: &guard.LocalOptions{TTL: time.Minute}})
+	if _, err := guard.Get(ctx, g, "p1", d.load); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ops := []struct {
+		name string
+		run  func() error
+	}{
+		{"Get (held in memory)", func() error { _, err := guard.Get(ctx, g, "p1", d.load); return err }},
+		{"Get", func() error { _, err := guard.Get(ctx, g, "p2", d.load); return err }},
+		{"Peek", func() error { _, _, err := g.Peek(ctx, "p1"); return err }},
+		{"MayExist", func() error { _, err := g.MayExist(ctx, "p1"); return err }},
+		{"Add", func() error { return g.Add(ctx, "p11") }},
+		{"Invalidate", func() error { return g.Invalidate(ctx, "p1") }},
+		{"Rebuild", func() error { _, err := g.Rebuild(ctx, ids("p", 10), nil); return err }},
+		{"Info", func() error { _, err := g.Info(ctx); return err }},
+	}
+	for _, op := range ops {
+		if err := op.run(); !errors.Is(err, guard.ErrClosed) {
+			t.Errorf("%s after Close: %v, want ErrClosed", op.name, err)
+		}
+	}
+	if err := g.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+}
+
+// TestSentinelsNameThePackage: every guard sentinel prints "cacheguard: ".
+func TestSentinelsNameThePackage(t *testing.T) {
+	for _, err := range []error{guard.ErrNotFound, guard.ErrInvalidKey, guard.ErrLoaderPanic, guard.ErrInvalidOptions,
+		guard.ErrBusy, guard.ErrClosed, guard.ErrUnavailable} {
+		if !strings.HasPrefix(err.Error(), "cacheguard: ") {
+			t.Errorf("sentinel %q does not start with \"cacheguard: \"", err)
+		}
+	}
+}

@@ -1,0 +1,134 @@
+package guard
+
+import (
+	"context"
+	"fmt"
+	"iter"
+	"log/slog"
+	"time"
+
+	"github.com/cacheguard/cacheguard/bloom"
+	"github.com/cacheguard/cacheguard/codec"
+	"github.com/cacheguard/cacheguard/internal/keyspace"
+	"github.com/cacheguard/cacheguard/loader"
+)
+
+// Options configures a Guard. A nil *Options means all defaults; a zero field
+// means that field's default.
+type Options struct {
+	// KeyPrefix starts every Redis key and channel of the Guard:
+	// "<KeyPrefix>:<name>:...", so a Redis ACL of "~<KeyPrefix>:*
+	// &<KeyPrefix>:*" covers them all (see README, "Redis ACL"). Default
+	// "cg". Printable ASCII without spaces, braces or glob characters
+	// (*?[]\).
+	KeyPrefix string
+	// TTL of a cached value, before jitter. Default 10 minutes.
+	TTL time.Duration
+	// EmptyTTL of an empty-value marker, before jitter. Default 1 minute.
+	EmptyTTL time.Duration
+	// Jitter spreads TTLs uniformly over ±Jitter·TTL. Default 0.10 (±10%);
+	// a negative value disables jitter; at most 0.9.
+	Jitter float64
+	// ExpectedItems sizes the bloom filter. Default 1,000,000 (see
+	// bloom.Options).
+	ExpectedItems uint64
+	// FalsePositiveRate is the filter's target rate at ExpectedItems, in
+	// (0, 0.5]. Default 0.01.
+	FalsePositiveRate float64
+	// MaxKeyLen caps an ID's length in bytes. Default 128; at most 4096.
+	// The HTTP adapters follow it.
+	MaxKeyLen int
+	// Codec encodes cached values. Default codec.Msgpack.
+	Codec codec.Codec
+	// LoadTimeout bounds a load, on a context detached from the callers'.
+	// Default 10 seconds.
+	LoadTimeout time.Duration
+	// LockTTL is the lease of an ID's load lock. A watchdog renews it while
+	// the load runs, so it only matters when a loading process dies: the
+	// others take over about LockTTL later. Default loader.DefaultLockTTL
+	// (5 seconds); at least 10ms.
+	LockTTL time.Duration
+	// LockWait bounds how long a flight waits for another process's load of
+	// the same ID before Get returns ErrBusy. Default LoadTimeout + LockTTL,
+	// long enough for one full load plus one lost holder.
+	LockWait time.Duration
+	// LoadOnBusy makes a Get that waited LockWait call load itself (without
+	// caching the result) instead of returning ErrBusy.
+	LoadOnBusy bool
+	// RebuildFrom, if set, lists every existing ID from the source of truth.
+	// When a Get finds the bloom filter not ready (never built, or lost by
+	// Redis), the Guard rebuilds it from RebuildFrom in the background (at
+	// most one attempt a minute per process; one rebuild at a time across
+	// processes). Without it, call Rebuild yourself.
+	RebuildFrom func(ctx context.Context) iter.Seq2[string, error]
+	// Local, if set, keeps values in process memory too (see LocalOptions):
+	// a hit then costs no round trip. Off by default.
+	Local *LocalOptions
+	// OnBloomSaturated, if set, is told when the IDs added push the filter's
+	// estimated false-positive rate 50% above FalsePositiveRate: rebuild it
+	// bigger (Rebuild with bloom.RebuildOptions.ExpectedItems).
+	OnBloomSaturated func(bloom.Saturation)
+	// Logger receives warnings (filter bypassed, corrupt entries, Redis
+	// failures). Default: no logging.
+	Logger *slog.Logger
+}
+
+// resolve fills in the defaults: the one place where a Guard's defaults are
+// decided (the loader's come from its exported constants).
+func resolve(opts *Options) (Options, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	bad := func(format string, args ...any) (Options, error) {
+		return Options{}, fmt.Errorf("%w: "+format, append([]any{ErrInvalidOptions}, args...)...)
+	}
+	if o.KeyPrefix == "" {
+		o.KeyPrefix = "cg"
+	}
+	if !keyspace.ValidPrefix(o.KeyPrefix) {
+		return bad("KeyPrefix %q", o.KeyPrefix)
+	}
+	if o.TTL == 0 {
+		o.TTL = 10 * time.Minute
+	}
+	if o.EmptyTTL == 0 {
+		o.EmptyTTL = time.Minute
+	}
+	if o.TTL < time.Millisecond || o.EmptyTTL < time.Millisecond {
+		return bad("TTL %v and EmptyTTL %v must be at least 1ms", o.TTL, o.EmptyTTL)
+	}
+	switch {
+	case o.Jitter == 0:
+		o.Jitter = 0.10
+	case o.Jitter < 0:
+		o.Jitter = 0
+	case o.Jitter > 0.9:
+		return bad("Jitter %v above 0.9", o.Jitter)
+	}
+	if o.MaxKeyLen == 0 {
+		o.MaxKeyLen = 128
+	}
+	if o.MaxKeyLen < 1 || o.MaxKeyLen > 4096 {
+		return bad("MaxKeyLen %d not in [1, 4096]", o.MaxKeyLen)
+	}
+	if o.Codec == nil {
+		o.Codec = codec.Msgpack
+	}
+	if o.LoadTimeout == 0 {
+		o.LoadTimeout = 10 * time.Second
+	}
+	if o.LockTTL == 0 {
+		o.LockTTL = loader.DefaultLockTTL
+	}
+	if o.LockWait == 0 {
+		o.LockWait = o.LoadTimeout + o.LockTTL
+	}
+	if o.LoadTimeout < 0 || o.LockTTL < 10*time.Millisecond || o.LockWait < 0 {
+		return bad("LoadTimeout %v, LockTTL %v (>= 10ms), LockWait %v", o.LoadTimeout, o.LockTTL, o.LockWait)
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return o, nil
+}

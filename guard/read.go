@@ -1,0 +1,153 @@
+package guard
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/bloom"
+	"github.com/cacheguard/cacheguard/codec"
+	"github.com/cacheguard/cacheguard/internal/redisfail"
+)
+
+// verdict is what the read round trip found.
+type verdict uint8
+
+const (
+	verdictMiss     verdict = iota // no entry, and the filter says maybe (or cannot say)
+	verdictRejected                // no entry, and the filter says absent
+	verdictEntry                   // a cached value or empty marker: raw
+)
+
+type readResult struct {
+	verdict verdict
+	raw     []byte
+}
+
+// read is the one round trip of every Get (step 4): the bloom probe and the
+// GET of the value key, pipelined. Redis failures come back wrapping
+// ErrUnavailable.
+func (g *Guard) read(ctx context.Context, id, vkey string) (readResult, error) {
+	pipe := g.rdb.Pipeline()
+	probe := g.bloom.Queue(ctx, pipe, id)
+	get := pipe.Get(ctx, vkey)
+	_, _ = pipe.Exec(ctx) // errors are read per command below
+	raw, err := get.Bytes()
+	switch {
+	case err == nil:
+		return readResult{verdict: verdictEntry, raw: raw}, nil
+	case !errors.Is(err, redis.Nil):
+		return readResult{}, g.fail(ctx, "read", id, redisfail.Wrap(err))
+	}
+	maybe, err := probe.Result(ctx)
+	if maybe, err = g.filterSays(ctx, id, maybe, err); err != nil {
+		return readResult{}, err
+	}
+	if !maybe {
+		return readResult{verdict: verdictRejected}, nil
+	}
+	return readResult{verdict: verdictMiss}, nil
+}
+
+// filterSays turns a bloom answer into the Guard's: a filter that is not
+// ready means "maybe" (fail open: counted, logged once per episode, and a
+// rebuild started if RebuildFrom is set); Redis failures wrap ErrUnavailable.
+func (g *Guard) filterSays(ctx context.Context, id string, maybe bool, err error) (bool, error) {
+	switch {
+	case err == nil:
+		if g.bypassing.Load() && g.bypassing.CompareAndSwap(true, false) {
+			g.log.InfoContext(ctx, "cacheguard: bloom filter answering again")
+		}
+		return maybe, nil
+	case errors.Is(err, bloom.ErrNotReady):
+		g.stats.bypasses.Add(1)
+		if g.bypassing.CompareAndSwap(false, true) {
+			g.log.WarnContext(ctx, "cacheguard: bloom filter not ready (never rebuilt, or lost by Redis); failing open until Rebuild")
+		}
+		g.autoRebuild()
+		return true, nil
+	default:
+		return false, g.fail(ctx, "bloom probe", id, err)
+	}
+}
+
+// peekKey is the context key under which Peek leaves what it read.
+type peekKey struct{}
+
+type peeked struct {
+	g    *Guard
+	id   string
+	r    readResult
+	used atomic.Bool // a peek serves one Get: a later Get in the same request reads afresh
+}
+
+func peekedFor(ctx context.Context, g *Guard, id string) (readResult, bool) {
+	p, ok := ctx.Value(peekKey{}).(*peeked)
+	if !ok || p.g != g || p.id != id || p.used.Swap(true) {
+		return readResult{}, false
+	}
+	return p.r, true
+}
+
+// Peek does Get's read round trip (bloom probe and cache GET) without
+// loading, and reports whether id may exist: false when the filter has never
+// seen it or an empty marker is cached. It returns a context that carries
+// what it read, so that the next Get of the same id on this Guard with that
+// context (or one derived from it) skips its own read: HTTP middleware built
+// on Peek costs no extra round trip. Only that one Get uses it; any later Get
+// reads afresh (say, after the handler wrote and invalidated). A malformed id
+// gives ErrInvalidKey without a Redis command; Redis failures wrap
+// ErrUnavailable; after Close, ErrClosed. A filter that is not ready answers
+// true (fail open).
+func (g *Guard) Peek(ctx context.Context, id string) (context.Context, bool, error) {
+	if err := g.gate.enter(); err != nil {
+		return ctx, false, err
+	}
+	defer g.gate.leave()
+	vkey, err := g.keys.Value(id)
+	if err != nil {
+		return ctx, false, err
+	}
+	if g.local != nil {
+		if _, ok := g.local.get(vkey); ok { // Get will answer from memory
+			return ctx, true, nil
+		}
+	}
+	r, err := g.read(ctx, id, vkey)
+	if err != nil {
+		return ctx, false, err
+	}
+	exists := true
+	switch {
+	case r.verdict == verdictRejected:
+		g.stats.rejects.Add(1)
+		exists = false
+	case r.verdict == verdictEntry && len(r.raw) == 1 && r.raw[0] == codec.KindEmpty:
+		g.stats.empty.Add(1)
+		exists = false
+	}
+	return context.WithValue(ctx, peekKey{}, &peeked{g: g, id: id, r: r}), exists, nil
+}
+
+// MayExist asks only the bloom filter whether id may exist: false means the
+// ID certainly does not (one GETRANGE). HTTP middleware uses Peek instead,
+// which also reads the cache for the handler's Get. A malformed ID gives
+// ErrInvalidKey without a Redis command; a filter that is not ready answers
+// true (fail open); Redis failures wrap ErrUnavailable; after Close,
+// ErrClosed.
+func (g *Guard) MayExist(ctx context.Context, id string) (bool, error) {
+	if err := g.gate.enter(); err != nil {
+		return false, err
+	}
+	defer g.gate.leave()
+	if err := g.keys.Check(id); err != nil {
+		return false, err
+	}
+	maybe, err := g.bloom.Test(ctx, id)
+	if maybe, err = g.filterSays(ctx, id, maybe, err); err == nil && !maybe {
+		g.stats.rejects.Add(1)
+	}
+	return maybe, err
+}

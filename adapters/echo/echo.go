@@ -8,12 +8,14 @@
 // ends in NotFound(), a malformed one in a 400 (no Redis command), and
 // anything else goes on to the handler, whose guard.Get reuses what the
 // middleware read (a hit is still one round trip) and returns HTTPError(err)
-// on failure. Rejections are *echo.HTTPError
-// values whose Message is an RFC 9457 Problem, so the application's own error
-// handler renders them (ErrorHandler renders them as application/problem+json),
-// and a filter rejection is byte for byte the handler's own "not found": the
-// filter is no oracle of which IDs exist. When Redis cannot answer, the
-// request passes through (fail open) unless Config.FailClosed is set.
+// on failure. Rejections are *echo.HTTPError values whose Message is an RFC
+// 9457 Problem, so the application's own error handler renders them
+// (ErrorHandler renders them as application/problem+json, with the
+// middleware's Retry-After on 503), and a filter rejection is byte for byte
+// the handler's own "not found": the filter is no oracle of which IDs exist.
+// When Redis cannot answer, the request passes through (fail open) unless
+// Config.FailClosed is set. The decisions are the net/http adapter's too:
+// both are skins over one core.
 //
 // It follows Echo's middleware conventions: Config with a Skipper,
 // DefaultConfig, Middleware and MiddlewareWithConfig. Import it under another
@@ -21,16 +23,15 @@
 package echo
 
 import (
-	"encoding/json"
 	"errors"
+	"log/slog"
 	"net/http"
-	"strconv"
 	"time"
 
 	labecho "github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
 
-	"github.com/cacheguard/cacheguard/adapters/nethttp"
+	"github.com/cacheguard/cacheguard/adapters/internal/core"
 	"github.com/cacheguard/cacheguard/guard"
 )
 
@@ -40,64 +41,70 @@ type Config struct {
 	Skipper middleware.Skipper
 	// Param is the path parameter holding the ID. Default "id".
 	Param string
-	// IDExtractor reads the ID; default c.Param(Param). An empty ID passes.
+	// IDExtractor reads the ID; default c.Param(Param). An empty ID passes;
+	// on a route with path parameters that is logged (once per route) and
+	// counted (OnUnfiltered), since the filter is then not filtering it.
 	IDExtractor func(c labecho.Context) string
 	// Valid says whether an ID is well-formed; others get 400 before any
-	// Redis command. Default nethttp.ValidID.
+	// Redis command. Default: URL-unreserved characters (letters, digits,
+	// '-', '.', '_', '~') plus ExtraIDChars. The Guard's MaxKeyLen bounds
+	// the length either way.
 	Valid func(id string) bool
+	// ExtraIDChars widens the default rule: "@+" for emails, ":" for
+	// "user:1" (UUIDs, ULIDs, numbers and slugs need nothing).
+	ExtraIDChars string
 	// FailClosed answers 503 when Redis is unavailable instead of passing
 	// the request through.
 	FailClosed bool
-	// RetryAfter is sent with 503 answers. Default 1 second.
+	// RetryAfter is sent with every 503 that ErrorHandler renders for a
+	// request that went through this middleware. Default 1 second.
 	RetryAfter time.Duration
+	// OnUnfiltered, if set, is called for every request that reached a
+	// route with path parameters without an ID the middleware could read.
+	OnUnfiltered func(route string)
+	// Logger receives Redis failures, unfiltered routes and the errors
+	// behind 5xx problems. Default: the Echo context's Logger.
+	Logger *slog.Logger
 }
 
 // DefaultConfig is the configuration Middleware uses.
 var DefaultConfig = Config{
 	Skipper:    middleware.DefaultSkipper,
 	Param:      "id",
-	Valid:      nethttp.ValidID,
 	RetryAfter: time.Second,
 }
 
 // Problem is an RFC 9457 problem details object, the Message of the
 // *echo.HTTPError values this package returns.
-type Problem struct {
-	Type   string `json:"type"`
-	Title  string `json:"title"`
-	Status int    `json:"status"`
-	Detail string `json:"detail,omitempty"`
-}
+type Problem = core.Problem
 
-func problem(status int, detail string) *labecho.HTTPError {
-	return labecho.NewHTTPError(status, Problem{Type: "about:blank", Title: http.StatusText(status), Status: status, Detail: detail})
+func problem(status int) *labecho.HTTPError {
+	return labecho.NewHTTPError(status, core.ProblemFor(status))
 }
 
 // NotFound is the error for an ID that does not exist: the middleware
 // returns it for IDs the filter rejects, handlers return it (or HTTPError)
 // for their own "not found".
-func NotFound() *labecho.HTTPError { return problem(http.StatusNotFound, "") }
+func NotFound() *labecho.HTTPError { return problem(http.StatusNotFound) }
 
 // HTTPError maps an error from guard.Get to an *echo.HTTPError without the
 // error's text: 404 for ErrNotFound, 400 for ErrInvalidKey, 503 for ErrBusy
-// and ErrUnavailable (the error handler should add Retry-After; ErrorHandler
-// does), and 500 otherwise (Internal keeps the error for logging).
+// and ErrUnavailable (ErrorHandler adds Retry-After), and 500 otherwise.
+// Internal keeps the error of a 5xx for logging.
 func HTTPError(err error) *labecho.HTTPError {
-	switch {
-	case errors.Is(err, guard.ErrNotFound):
-		return NotFound()
-	case errors.Is(err, guard.ErrInvalidKey):
-		return problem(http.StatusBadRequest, "malformed id")
-	case errors.Is(err, guard.ErrBusy), errors.Is(err, guard.ErrUnavailable):
-		return problem(http.StatusServiceUnavailable, "").SetInternal(err)
-	default:
-		return problem(http.StatusInternalServerError, "").SetInternal(err)
+	status := core.Status(err)
+	he := problem(status)
+	if status >= 500 {
+		he = he.SetInternal(err)
 	}
+	return he
 }
 
 // ErrorHandler renders the Problem errors of this package as
-// application/problem+json (with Retry-After on 503) and hands every other
-// error to next (e.g. e.DefaultHTTPErrorHandler).
+// application/problem+json (with Retry-After on 503: the RetryAfter of the
+// middleware the request went through, else 1 second) and hands every other
+// error to next (e.g. e.DefaultHTTPErrorHandler). The error behind a 5xx is
+// logged.
 func ErrorHandler(next labecho.HTTPErrorHandler) labecho.HTTPErrorHandler {
 	return func(err error, c labecho.Context) {
 		var he *labecho.HTTPError
@@ -109,15 +116,22 @@ func ErrorHandler(next labecho.HTTPErrorHandler) labecho.HTTPErrorHandler {
 			next(err, c)
 			return
 		}
-		if p.Status == http.StatusServiceUnavailable {
-			c.Response().Header().Set("Retry-After", "1")
+		cc := core.FromContext(c.Request().Context())
+		if p.Status >= 500 && he.Internal != nil {
+			if l := cc.Logger(); l != nil {
+				l.ErrorContext(c.Request().Context(), "cacheguard: request failed", "status", p.Status, "err", he.Internal)
+			} else {
+				c.Logger().Errorf("cacheguard: request failed (%d): %v", p.Status, he.Internal)
+			}
 		}
-		body, _ := json.Marshal(p)
+		if p.Status == http.StatusServiceUnavailable {
+			c.Response().Header().Set("Retry-After", cc.RetryAfter())
+		}
 		if c.Request().Method == http.MethodHead {
 			_ = c.NoContent(p.Status)
 			return
 		}
-		_ = c.Blob(p.Status, "application/problem+json", body)
+		_ = c.Blob(p.Status, "application/problem+json", core.Body(p))
 	}
 }
 
@@ -139,43 +153,36 @@ func MiddlewareWithConfig(g *guard.Guard, cfg Config) labecho.MiddlewareFunc {
 		param := cfg.Param
 		cfg.IDExtractor = func(c labecho.Context) string { return c.Param(param) }
 	}
-	if cfg.Valid == nil {
-		cfg.Valid = DefaultConfig.Valid
-	}
 	if cfg.RetryAfter <= 0 {
 		cfg.RetryAfter = DefaultConfig.RetryAfter
 	}
-	retryAfter := strconv.Itoa(max(1, int(cfg.RetryAfter.Round(time.Second)/time.Second)))
+	cr := core.New(g, core.Options{Valid: cfg.Valid, ExtraIDChars: cfg.ExtraIDChars, FailClosed: cfg.FailClosed,
+		RetryAfter: cfg.RetryAfter, OnUnfiltered: cfg.OnUnfiltered, Logger: cfg.Logger})
 	return func(next labecho.HandlerFunc) labecho.HandlerFunc {
 		return func(c labecho.Context) error {
 			if cfg.Skipper(c) {
 				return next(c)
 			}
-			id := cfg.IDExtractor(c)
-			if id == "" {
+			r := c.Request()
+			v := cr.Decide(r.Context(), cfg.IDExtractor(c), c.Path(), len(c.ParamNames()) > 0)
+			if v.Warn != "" {
+				if cfg.Logger != nil {
+					cfg.Logger.WarnContext(r.Context(), v.Warn, "route", c.Path(), "err", v.Err)
+				} else {
+					c.Logger().Warnf("%s (route %s): %v", v.Warn, c.Path(), v.Err)
+				}
+			}
+			// The handler's Get reuses Peek's read, and ErrorHandler finds
+			// this middleware's Retry-After, through the request's context.
+			c.SetRequest(r.WithContext(v.Ctx))
+			if v.Decision == core.Pass {
 				return next(c)
 			}
-			if !cfg.Valid(id) {
-				return problem(http.StatusBadRequest, "malformed id")
+			he := problem(core.StatusOf(v.Decision))
+			if v.Err != nil {
+				he = he.SetInternal(v.Err)
 			}
-			// Peek is Get's own read; the handler's guard.Get reuses it,
-			// so the check costs no extra round trip.
-			ctx, maybe, err := g.Peek(c.Request().Context(), id)
-			switch {
-			case err == nil && maybe:
-				c.SetRequest(c.Request().WithContext(ctx))
-				return next(c)
-			case err == nil:
-				return NotFound()
-			case errors.Is(err, guard.ErrInvalidKey):
-				return problem(http.StatusBadRequest, "malformed id")
-			case cfg.FailClosed:
-				c.Response().Header().Set("Retry-After", retryAfter)
-				return problem(http.StatusServiceUnavailable, "").SetInternal(err)
-			default:
-				c.Logger().Warnf("cacheguard: filter unavailable, passing through: %v", err)
-				return next(c)
-			}
+			return he
 		}
 	}
 }

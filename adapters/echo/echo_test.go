@@ -15,7 +15,6 @@ import (
 
 	cgecho "github.com/cacheguard/cacheguard/adapters/echo"
 	"github.com/cacheguard/cacheguard/guard"
-	"github.com/cacheguard/cacheguard/internal/redisserver"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
@@ -101,14 +100,7 @@ func TestUnknownKnownMalformed(t *testing.T) {
 }
 
 func TestSkipperAndRedisDown(t *testing.T) {
-	ctx := context.Background()
-	srv, err := redisserver.Start(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Stop()
-	rdb := redis.NewClient(&redis.Options{Network: srv.Network, Addr: srv.Addr, MaxRetries: -1})
-	defer rdb.Close()
+	srv, rdb := redistest.Private(t)
 
 	open := newApp(t, rdb, "open", cgecho.DefaultConfig)
 	closedCfg := cgecho.DefaultConfig

@@ -13,16 +13,18 @@
 // for byte, so a client cannot tell a filter rejection from the handler's own
 // "not found": the filter is no oracle of which IDs exist. When Redis cannot
 // answer, the request passes through to the handler (fail open) unless
-// Options.FailClosed is set.
+// Options.FailClosed is set. The decisions are the Echo adapter's too: both
+// are skins over one core.
 package nethttp
 
 import (
-	"errors"
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/cacheguard/cacheguard/adapters/internal/core"
 	"github.com/cacheguard/cacheguard/guard"
 )
 
@@ -31,27 +33,31 @@ type Options struct {
 	// Param is the path wildcard holding the ID ("/users/{id}"). Default "id".
 	Param string
 	// ID extracts the ID from a request. Default r.PathValue(Param). An empty
-	// ID passes through (the route does not carry one).
+	// ID passes through; on a route with path wildcards that is logged (once
+	// per route) and counted (OnUnfiltered), since it means the filter is
+	// not filtering that route.
 	ID func(r *http.Request) string
 	// Valid says whether an ID is well-formed; others get 400 before any
-	// Redis command. Default ValidID.
+	// Redis command. Default: URL-unreserved characters (letters, digits,
+	// '-', '.', '_', '~') plus ExtraIDChars. The Guard's MaxKeyLen bounds
+	// the length either way.
 	Valid func(id string) bool
+	// ExtraIDChars widens the default rule: "@+" for emails, ":" for
+	// "user:1" (UUIDs, ULIDs, numbers and slugs need nothing).
+	ExtraIDChars string
 	// FailClosed answers 503 when Redis is unavailable, instead of passing
 	// the request through to the handler.
 	FailClosed bool
-	// RetryAfter is sent with 503 answers. Default 1 second.
+	// RetryAfter is sent with every 503, from the middleware and from Error
+	// behind it. Default 1 second.
 	RetryAfter time.Duration
-	// Logger receives Redis failures. Default: no logging.
+	// OnUnfiltered, if set, is called for every request that reached a
+	// route with path wildcards without an ID the middleware could read.
+	OnUnfiltered func(route string)
+	// Logger receives Redis failures, unfiltered routes, and the errors
+	// behind Error's 5xx answers. Default: no logging.
 	Logger *slog.Logger
 }
-
-// Bodies of the problem answers. Fixed bytes: identical whoever writes them.
-var (
-	notFoundBody    = []byte(`{"type":"about:blank","title":"Not Found","status":404}`)
-	badRequestBody  = []byte(`{"type":"about:blank","title":"Bad Request","status":400,"detail":"malformed id"}`)
-	unavailableBody = []byte(`{"type":"about:blank","title":"Service Unavailable","status":503}`)
-	internalBody    = []byte(`{"type":"about:blank","title":"Internal Server Error","status":500}`)
-)
 
 // Middleware returns net/http middleware that rejects unknown and malformed
 // IDs before next runs.
@@ -67,93 +73,54 @@ func Middleware(g *guard.Guard, opts *Options) func(http.Handler) http.Handler {
 		param := o.Param
 		o.ID = func(r *http.Request) string { return r.PathValue(param) }
 	}
-	if o.RetryAfter <= 0 {
-		o.RetryAfter = time.Second
-	}
-	if o.Valid == nil {
-		o.Valid = ValidID
-	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
+	c := core.New(g, core.Options{Valid: o.Valid, ExtraIDChars: o.ExtraIDChars, FailClosed: o.FailClosed,
+		RetryAfter: o.RetryAfter, OnUnfiltered: o.OnUnfiltered, Logger: o.Logger})
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			id := o.ID(r)
-			if id == "" {
-				next.ServeHTTP(w, r)
+			v := c.Decide(r.Context(), o.ID(r), r.Pattern, strings.Contains(r.Pattern, "{"))
+			if v.Warn != "" {
+				o.Logger.WarnContext(r.Context(), v.Warn, "route", r.Pattern, "err", v.Err)
+			}
+			if v.Decision == core.Pass {
+				next.ServeHTTP(w, r.WithContext(v.Ctx))
 				return
 			}
-			if !o.Valid(id) {
-				write(w, http.StatusBadRequest, badRequestBody)
-				return
-			}
-			// Peek is Get's own read; the handler's guard.Get reuses it,
-			// so the check costs no extra round trip.
-			ctx, maybe, err := g.Peek(r.Context(), id)
-			switch {
-			case err == nil && maybe:
-				next.ServeHTTP(w, r.WithContext(ctx))
-			case err == nil:
-				NotFound(w, r)
-			case errors.Is(err, guard.ErrInvalidKey):
-				write(w, http.StatusBadRequest, badRequestBody)
-			case o.FailClosed:
-				o.Logger.WarnContext(r.Context(), "cacheguard: filter unavailable, failing closed", "err", err)
-				unavailable(w, o.RetryAfter)
-			default:
-				o.Logger.WarnContext(r.Context(), "cacheguard: filter unavailable, passing through", "err", err)
-				next.ServeHTTP(w, r)
-			}
+			write(w, c, core.StatusOf(v.Decision))
 		})
 	}
-}
-
-// ValidID accepts 1 to 128 bytes of URL-unreserved characters (letters,
-// digits, '-', '.', '_', '~') that are not "." or "..": what numeric IDs,
-// UUIDs, slugs and ULIDs are made of. Path separators, braces, colons,
-// control bytes and overlong IDs are refused.
-func ValidID(id string) bool {
-	if id == "" || len(id) > 128 || id == "." || id == ".." {
-		return false
-	}
-	for i := 0; i < len(id); i++ {
-		c := id[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '.' || c == '_' || c == '~') {
-			return false
-		}
-	}
-	return true
 }
 
 // NotFound writes the 404 problem answer that Middleware writes for unknown
 // IDs. Handlers use it for their own "not found" (or use Error).
 func NotFound(w http.ResponseWriter, r *http.Request) {
-	write(w, http.StatusNotFound, notFoundBody)
+	write(w, nil, http.StatusNotFound)
 }
 
 // Error writes the problem answer for an error from guard.Get: 404 for
-// ErrNotFound, 400 for ErrInvalidKey, 503 with Retry-After for ErrBusy and
-// ErrUnavailable, and 500 otherwise, never with the error's text.
+// ErrNotFound, 400 for ErrInvalidKey, 503 for ErrBusy and ErrUnavailable,
+// and 500 otherwise, never with the error's text. Behind Middleware it uses
+// the middleware's RetryAfter and logs the error of a 5xx answer to its
+// Logger; elsewhere it sends Retry-After 1 and logs nothing.
 func Error(w http.ResponseWriter, r *http.Request, err error) {
-	switch {
-	case errors.Is(err, guard.ErrNotFound):
-		NotFound(w, r)
-	case errors.Is(err, guard.ErrInvalidKey):
-		write(w, http.StatusBadRequest, badRequestBody)
-	case errors.Is(err, guard.ErrBusy), errors.Is(err, guard.ErrUnavailable):
-		unavailable(w, time.Second)
-	default:
-		write(w, http.StatusInternalServerError, internalBody)
+	c := core.FromContext(r.Context())
+	status := core.Status(err)
+	if l := c.Logger(); l != nil && status >= 500 {
+		l.ErrorContext(r.Context(), "cacheguard: request failed", "status", status, "err", err)
 	}
+	write(w, c, status)
 }
 
-func unavailable(w http.ResponseWriter, retryAfter time.Duration) {
-	w.Header().Set("Retry-After", strconv.Itoa(max(1, int(retryAfter.Round(time.Second)/time.Second))))
-	write(w, http.StatusServiceUnavailable, unavailableBody)
-}
-
-func write(w http.ResponseWriter, status int, body []byte) {
+// write writes the problem answer of status; c (nil: defaults) gives the
+// Retry-After of a 503.
+func write(w http.ResponseWriter, c *core.Core, status int) {
+	body := core.BodyFor(status)
 	h := w.Header()
+	if status == http.StatusServiceUnavailable {
+		h.Set("Retry-After", c.RetryAfter())
+	}
 	h.Set("Content-Type", "application/problem+json")
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	h.Set("X-Content-Type-Options", "nosniff")

@@ -16,7 +16,6 @@ import (
 
 	"github.com/cacheguard/cacheguard/adapters/nethttp"
 	"github.com/cacheguard/cacheguard/guard"
-	"github.com/cacheguard/cacheguard/internal/redisserver"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
@@ -134,14 +133,7 @@ func TestUnknownKnownMalformed(t *testing.T) {
 }
 
 func TestRedisDownFailOpenAndClosed(t *testing.T) {
-	ctx := context.Background()
-	srv, err := redisserver.Start(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Stop()
-	rdb := redis.NewClient(&redis.Options{Network: srv.Network, Addr: srv.Addr, MaxRetries: -1})
-	defer rdb.Close()
+	srv, rdb := redistest.Private(t)
 	a := newApp(t, rdb, "down")
 	if err := srv.Kill(); err != nil {
 		t.Fatal(err)

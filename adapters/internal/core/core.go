@@ -1,0 +1,267 @@
+// Package core is what the HTTP adapters share, so that they cannot drift:
+// the ID rule, the decision for a request (pass, 400, 404, 503), the mapping
+// of guard errors to statuses, the Retry-After value and the RFC 9457 problem
+// bodies. adapters/nethttp and adapters/echo are thin skins that read the ID
+// and the route from their framework, call Decide, and write or return what
+// it decided.
+package core
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cacheguard/cacheguard/guard"
+)
+
+// Options are the settings both adapters share; each adapter documents them
+// in its own Options or Config.
+type Options struct {
+	// Valid says whether an ID is well-formed; others get 400 before any
+	// Redis command. Default: ValidChars(ExtraIDChars). Either way the
+	// Guard's MaxKeyLen bounds the length (longer IDs get 400 too).
+	Valid func(id string) bool
+	// ExtraIDChars are accepted in IDs besides the URL-unreserved ones
+	// (letters, digits, '-', '.', '_', '~'): "@+" for emails, ":" for
+	// "user:1". Ignored when Valid is set.
+	ExtraIDChars string
+	// FailClosed answers 503 when Redis is unavailable, instead of passing
+	// the request through to the handler.
+	FailClosed bool
+	// RetryAfter is sent with every 503. Default 1 second; whole seconds,
+	// at least 1.
+	RetryAfter time.Duration
+	// OnUnfiltered, if set, is called for every request that reached a
+	// route with path wildcards but carried no ID (the wildcard is named
+	// otherwise than the adapter's Param, or the extractor found nothing):
+	// such requests pass unfiltered. A warning is also returned the first
+	// time per route.
+	OnUnfiltered func(route string)
+	// Logger is where the adapter logs (nil: the adapter's default).
+	Logger *slog.Logger
+}
+
+// Decision is what to do with a request.
+type Decision uint8
+
+const (
+	Pass        Decision = iota // hand it to the handler
+	BadRequest                  // 400: malformed ID
+	NotFound                    // 404: the ID does not exist
+	Unavailable                 // 503: Redis cannot answer and FailClosed is set
+)
+
+// Verdict is Decide's answer.
+type Verdict struct {
+	Decision Decision
+	// Ctx is the request's context for the handler: it carries Peek's read
+	// (so the handler's guard.Get costs no round trip) and the Core (so the
+	// adapters' error helpers use its Retry-After).
+	Ctx context.Context
+	// Warn, when set, is a warning for the adapter to log, with Err.
+	Warn string
+	Err  error
+}
+
+// Core holds one middleware's settings. It is safe for concurrent use.
+type Core struct {
+	g            *guard.Guard
+	valid        func(string) bool
+	failClosed   bool
+	retryAfter   string // whole seconds, as sent
+	onUnfiltered func(string)
+	log          *slog.Logger // nil: the adapter's default
+
+	unfiltered     atomic.Uint64
+	warnedUnfilter sync.Map // route → struct{}: routes already warned about
+}
+
+// New returns the Core of a middleware on g.
+func New(g *guard.Guard, o Options) *Core {
+	if o.Valid == nil {
+		o.Valid = ValidChars(o.ExtraIDChars)
+	}
+	if o.RetryAfter <= 0 {
+		o.RetryAfter = time.Second
+	}
+	return &Core{
+		g:            g,
+		valid:        o.Valid,
+		failClosed:   o.FailClosed,
+		retryAfter:   strconv.Itoa(max(1, int(o.RetryAfter.Round(time.Second)/time.Second))),
+		onUnfiltered: o.OnUnfiltered,
+		log:          o.Logger,
+	}
+}
+
+// Logger is the configured logger, or nil (a nil Core has none).
+func (c *Core) Logger() *slog.Logger {
+	if c == nil {
+		return nil
+	}
+	return c.log
+}
+
+type coreKey struct{}
+
+// FromContext returns the Core that Decide left in ctx, or nil.
+func FromContext(ctx context.Context) *Core {
+	c, _ := ctx.Value(coreKey{}).(*Core)
+	return c
+}
+
+// Decide decides a request for id on route (the route pattern, for
+// warnings); hasWildcards says whether the route has path wildcards.
+func (c *Core) Decide(ctx context.Context, id, route string, hasWildcards bool) Verdict {
+	ctx = context.WithValue(ctx, coreKey{}, c)
+	if id == "" {
+		if !hasWildcards {
+			return Verdict{Decision: Pass, Ctx: ctx} // a route without an ID: nothing to check
+		}
+		c.unfiltered.Add(1)
+		if c.onUnfiltered != nil {
+			c.onUnfiltered(route)
+		}
+		v := Verdict{Decision: Pass, Ctx: ctx}
+		if _, seen := c.warnedUnfilter.LoadOrStore(route, struct{}{}); !seen {
+			v.Warn = "cacheguard: route has path wildcards but the middleware found no ID in it; its requests pass unfiltered (name the wildcard as the middleware's Param, or set its ID extractor)"
+		}
+		return v
+	}
+	if !c.valid(id) {
+		return Verdict{Decision: BadRequest, Ctx: ctx}
+	}
+	pctx, maybe, err := c.g.Peek(ctx, id)
+	switch {
+	case err == nil && maybe:
+		return Verdict{Decision: Pass, Ctx: pctx}
+	case err == nil:
+		return Verdict{Decision: NotFound, Ctx: ctx}
+	case errors.Is(err, guard.ErrInvalidKey):
+		return Verdict{Decision: BadRequest, Ctx: ctx}
+	case c.failClosed:
+		return Verdict{Decision: Unavailable, Ctx: ctx, Warn: "cacheguard: filter unavailable, failing closed", Err: err}
+	default:
+		return Verdict{Decision: Pass, Ctx: ctx, Warn: "cacheguard: filter unavailable, passing through", Err: err}
+	}
+}
+
+// Unfiltered counts the requests that passed unfiltered because their route
+// had wildcards but no ID was found.
+func (c *Core) Unfiltered() uint64 { return c.unfiltered.Load() }
+
+// RetryAfter is the Retry-After header value of c, or "1" for a nil Core.
+func (c *Core) RetryAfter() string {
+	if c == nil {
+		return "1"
+	}
+	return c.retryAfter
+}
+
+// Status maps an error from guard.Get to a status: 404 for ErrNotFound, 400
+// for ErrInvalidKey, 503 for ErrBusy and ErrUnavailable, 500 otherwise.
+func Status(err error) int {
+	switch {
+	case errors.Is(err, guard.ErrNotFound):
+		return http.StatusNotFound
+	case errors.Is(err, guard.ErrInvalidKey):
+		return http.StatusBadRequest
+	case errors.Is(err, guard.ErrBusy), errors.Is(err, guard.ErrUnavailable):
+		return http.StatusServiceUnavailable
+	default:
+		return http.StatusInternalServerError
+	}
+}
+
+// StatusOf is the status of a Decision (0 for Pass).
+func StatusOf(d Decision) int {
+	switch d {
+	case BadRequest:
+		return http.StatusBadRequest
+	case NotFound:
+		return http.StatusNotFound
+	case Unavailable:
+		return http.StatusServiceUnavailable
+	}
+	return 0
+}
+
+// Problem is an RFC 9457 problem details object.
+type Problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail,omitempty"`
+}
+
+// ProblemFor is the problem the adapters answer with status: no internal
+// error text, ever.
+func ProblemFor(status int) Problem {
+	p := Problem{Type: "about:blank", Title: http.StatusText(status), Status: status}
+	if status == http.StatusBadRequest {
+		p.Detail = "malformed id"
+	}
+	return p
+}
+
+// bodies are the JSON of the adapters' own problems, made once.
+var bodies = map[int][]byte{}
+
+func init() {
+	for _, status := range []int{http.StatusBadRequest, http.StatusNotFound, http.StatusInternalServerError, http.StatusServiceUnavailable} {
+		bodies[status] = Body(ProblemFor(status))
+	}
+}
+
+// BodyFor is Body(ProblemFor(status)), made once for the statuses the
+// adapters answer with.
+func BodyFor(status int) []byte {
+	if b, ok := bodies[status]; ok {
+		return b
+	}
+	return Body(ProblemFor(status))
+}
+
+// Body is the JSON of p; for the adapters' own problems it is the same bytes
+// whoever writes them, so a filter rejection is byte for byte the handler's
+// own "not found" (the filter is no oracle of which IDs exist).
+func Body(p Problem) []byte {
+	b, _ := json.Marshal(p) // a Problem always marshals
+	return b
+}
+
+// ValidChars returns the default ID rule: URL-unreserved characters
+// (letters, digits, '-', '.', '_', '~') and the extra ones, not "." or "..".
+// Path separators, braces, spaces and control bytes are refused unless extra
+// names them (it may not name control bytes).
+func ValidChars(extra string) func(id string) bool {
+	var ok [256]bool
+	for c := 'a'; c <= 'z'; c++ {
+		ok[c], ok[c-'a'+'A'] = true, true
+	}
+	for c := '0'; c <= '9'; c++ {
+		ok[c] = true
+	}
+	for _, c := range "-._~" + extra {
+		if c > ' ' && c < 0x7f {
+			ok[c] = true
+		}
+	}
+	return func(id string) bool {
+		if id == "" || id == "." || id == ".." {
+			return false
+		}
+		for i := 0; i < len(id); i++ {
+			if !ok[id[i]] {
+				return false
+			}
+		}
+		return true
+	}
+}

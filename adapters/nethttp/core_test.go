@@ -1,0 +1,128 @@
+package nethttp_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cacheguard/cacheguard/adapters/nethttp"
+	"github.com/cacheguard/cacheguard/guard"
+	"github.com/cacheguard/cacheguard/internal/redistest"
+)
+
+// TestRetryAfterIsTheConfiguredValue: the middleware's 503 and Error's 503
+// behind it both send the configured Retry-After, and Error logs the error
+// behind a 5xx to the middleware's Logger.
+func TestRetryAfterIsTheConfiguredValue(t *testing.T) {
+	srv, rdb := redistest.Private(t)
+	a := newApp(t, rdb, "down")
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	opts := &nethttp.Options{RetryAfter: 5 * time.Second, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	mux := http.NewServeMux()
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, err := guard.Get(r.Context(), a.g, r.PathValue("id"), func(context.Context, string) (user, error) { return user{}, nil })
+		nethttp.Error(w, r, err)
+	})
+	mux.Handle("GET /open/{id}", nethttp.Middleware(a.g, opts)(handler))
+	closed := *opts
+	closed.FailClosed = true
+	mux.Handle("GET /closed/{id}", nethttp.Middleware(a.g, &closed)(handler))
+	mux.Handle("GET /boom/{id}", nethttp.Middleware(a.g, opts)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		nethttp.Error(w, r, errors.New("db password wrong"))
+	})))
+
+	for _, path := range []string{"/closed/1", "/open/1"} {
+		rec := get(t, mux, path)
+		if rec.Code != 503 || rec.Header().Get("Retry-After") != "5" {
+			t.Errorf("%s with Redis down: %d, Retry-After %q, want 503 and 5", path, rec.Code, rec.Header().Get("Retry-After"))
+		}
+	}
+	rec := get(t, mux, "/boom/1")
+	if rec.Code != 500 || strings.Contains(rec.Body.String(), "password") {
+		t.Fatalf("500: %d %s", rec.Code, rec.Body)
+	}
+	if !strings.Contains(logs.String(), "db password wrong") {
+		t.Fatalf("the error behind the 500 was not logged:\n%s", logs.String())
+	}
+}
+
+// TestUnfilteredRouteIsReported: a route whose wildcard is not the
+// middleware's Param passes requests unfiltered; that is logged once per
+// route and counted for every request. A route without wildcards is quiet.
+func TestUnfilteredRouteIsReported(t *testing.T) {
+	c := redistest.Connect(t)
+	a := newApp(t, c, c.Prefix)
+	var logs bytes.Buffer
+	var unfiltered atomic.Int32
+	mw := nethttp.Middleware(a.g, &nethttp.Options{
+		Logger:       slog.New(slog.NewTextHandler(&logs, nil)),
+		OnUnfiltered: func(route string) { unfiltered.Add(1) },
+	})
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})
+	mux := http.NewServeMux()
+	mux.Handle("GET /users/{uid}", mw(ok))
+	mux.Handle("GET /users", mw(ok))
+	for range 3 {
+		if rec := get(t, mux, "/users/999"); rec.Code != 200 {
+			t.Fatalf("unfiltered route: %d", rec.Code)
+		}
+		get(t, mux, "/users")
+	}
+	if n := unfiltered.Load(); n != 3 {
+		t.Fatalf("OnUnfiltered called %d times, want 3", n)
+	}
+	if n := strings.Count(logs.String(), "unfiltered"); n != 1 || !strings.Contains(logs.String(), "/users/{uid}") {
+		t.Fatalf("want one warning naming the route, got %d:\n%s", n, logs.String())
+	}
+}
+
+// TestIDRuleFollowsTheGuard: the length limit is the Guard's MaxKeyLen, and
+// ExtraIDChars admits emails and "user:1".
+func TestIDRuleFollowsTheGuard(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	g, err := guard.New(ctx, c, "user", &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 1000, MaxKeyLen: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	long := strings.Repeat("a", 200)
+	known := []string{"ada+news@example.com", "user:1", "0b9f3c1e-9d1a-4c2b-8f53-2f0c1a7d9e44", long}
+	if _, err := g.Rebuild(ctx, func(yield func(string, error) bool) {
+		for _, id := range known {
+			if !yield(id, nil) {
+				return
+			}
+		}
+	}, nil); err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /users/{id}", nethttp.Middleware(g, &nethttp.Options{ExtraIDChars: "@+:"})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})))
+	for _, id := range known {
+		if rec := get(t, mux, "/users/"+id); rec.Code != 200 {
+			t.Errorf("%q: %d, want 200", id, rec.Code)
+		}
+	}
+	if rec := get(t, mux, "/users/"+strings.Repeat("b", 200)); rec.Code != 404 {
+		t.Errorf("unknown 200-byte ID under MaxKeyLen 256: %d, want 404", rec.Code)
+	}
+	c.Counter.Reset()
+	for _, bad := range []string{strings.Repeat("a", 257), "a%20b", "a{b}"} {
+		if rec := get(t, mux, "/users/"+bad); rec.Code != 400 {
+			t.Errorf("%q: %d, want 400", bad, rec.Code)
+		}
+	}
+	if n := c.Counter.Commands(); n != 0 {
+		t.Fatalf("malformed IDs sent %d Redis commands", n)
+	}
+}

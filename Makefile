@@ -47,4 +47,4 @@ bench: deps
 # Longer fuzzing than the seeds every `go test` runs.
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 60s ./codec
-	$(GO) test -run '^$$' -fuzz FuzzKeyEncoding -fuzztime 60s ./guard
+	$(GO) test -run '^$$' -fuzz FuzzKeyEncoding -fuzztime 60s ./internal/keyspace

@@ -63,6 +63,11 @@ func TestErrUnavailableFromEveryOperation(t *testing.T) {
 	if d.calls.Load() != 0 {
 		t.Fatalf("loader called %d times with Redis down", d.calls.Load())
 	}
+	// Each failed operation on g is counted once (New's failure belongs to
+	// the Guard it did not make).
+	if st := g.Stats(); st.RedisErrors != uint64(len(ops)-1) {
+		t.Fatalf("RedisErrors = %d after %d failed operations, want one each", st.RedisErrors, len(ops)-1)
+	}
 }
 
 // TestErrUnavailableWhenRedisRefusesWrites: a Redis that refuses writes
@@ -100,7 +105,11 @@ func aclUser(t *testing.T, c *redistest.Conn, user, prefix string) redis.Univers
 	t.Helper()
 	ctx := context.Background()
 	rule := []any{"ACL", "SETUSER", user, "reset", "on", ">secret", "~" + prefix + ":*", "&" + prefix + ":*", "-@all"}
-	for _, cmd := range aclCommands {
+	cmds := aclCommands
+	if redistest.ClusterMode() { // a cluster client reads the slot map
+		cmds = append(cmds[:len(cmds):len(cmds)], "cluster|slots")
+	}
+	for _, cmd := range cmds {
 		rule = append(rule, "+"+cmd)
 	}
 	if err := c.ForEachNode(ctx, func(ctx context.Context, n *redis.Client) error {

@@ -129,13 +129,13 @@ func (c *call[T]) fly(ctx context.Context) (flight, error) {
 	if g.local != nil {
 		epoch = g.local.epoch.Load() // before the read: see local.put
 	}
-	fl, err := c.answer(ctx)
+	fl, err := c.readOrFill(ctx)
 	fl.epoch, fl.by = epoch, c
 	return fl, err
 }
 
-// answer reads the ID (or takes what Peek read) and fills it on a miss.
-func (c *call[T]) answer(ctx context.Context) (flight, error) {
+// readOrFill reads the ID (or takes what Peek read) and fills it on a miss.
+func (c *call[T]) readOrFill(ctx context.Context) (flight, error) {
 	g := c.g
 	r, ok := peekedFor(ctx, g, c.id)
 	if !ok {

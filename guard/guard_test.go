@@ -579,43 +579,6 @@ func TestFailOpenUntilRebuilt(t *testing.T) {
 	}
 }
 
-// TestRedisDownIsNotNotFound: when Redis goes away, Get reports a Redis error,
-// never ErrNotFound, and does not call the loader.
-func TestRedisDownIsNotNotFound(t *testing.T) {
-	ctx := context.Background()
-	srv, rdb := redistest.Private(t)
-	g, err := guard.New(ctx, rdb, "product", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
-	d := newDB(10)
-	if _, err := g.Rebuild(ctx, ids("p", 10), nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	for _, id := range []string{"p1", "unknown"} {
-		_, err := guard.Get(ctx, g, id, d.load)
-		if !errors.Is(err, guard.ErrUnavailable) || errors.Is(err, guard.ErrNotFound) {
-			t.Fatalf("%s with Redis down: err = %v, want ErrUnavailable", id, err)
-		}
-	}
-	if d.calls.Load() != 0 {
-		t.Fatalf("loader called %d times with Redis down", d.calls.Load())
-	}
-	if st := g.Stats(); st.RedisErrors < 2 {
-		t.Fatalf("stats %+v", st)
-	}
-	if _, err := g.MayExist(ctx, "p1"); !errors.Is(err, guard.ErrUnavailable) {
-		t.Fatalf("MayExist with Redis down: %v", err)
-	}
-	if _, err := guard.New(ctx, rdb, "other", nil); err == nil {
-		t.Fatal("New on an unreachable Redis succeeded")
-	}
-}
-
 func TestOptionsValidation(t *testing.T) {
 	ctx := context.Background()
 	c := redistest.Connect(t)

@@ -9,6 +9,7 @@ import (
 	"iter"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"time"
 
 	labecho "github.com/labstack/echo/v4"
@@ -164,7 +165,7 @@ func (s *Shop) Handler() http.Handler {
 	// The baseline: plain cache-aside, no filter, no markers, no lock.
 	e.GET("/naive/products/:id", func(c labecho.Context) error {
 		ctx, id := c.Request().Context(), c.Param("id")
-		if !nethttp.ValidID(id) {
+		if _, err := strconv.ParseUint(id, 10, 64); err != nil { // product IDs are numbers
 			return labecho.NewHTTPError(http.StatusBadRequest)
 		}
 		key := "shop:naive:product:" + id

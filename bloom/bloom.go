@@ -425,19 +425,52 @@ func (f *Filter) AddMany(ctx context.Context, ids []string) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	l := f.cur.Load()
 	pipe := f.rdb.Pipeline()
-	meta := pipe.HGetAll(ctx, f.names.Meta())
-	added := pipe.HIncrBy(ctx, f.names.Meta(), "added", int64(len(ids)))
-	queueSetBits(ctx, pipe, l, ids)
-	if _, err := pipe.Exec(ctx); err != nil {
+	p := f.QueueAdd(ctx, pipe, ids)
+	_, _ = pipe.Exec(ctx) // errors are read per command by Result
+	return p.Result(ctx)
+}
+
+// PendingAdd is an AddMany queued in a caller's pipeline.
+type PendingAdd struct {
+	f     *Filter
+	ids   []string
+	l     *layout
+	meta  *redis.MapStringStringCmd
+	added *redis.IntCmd
+	sets  []*redis.Cmd
+}
+
+// QueueAdd queues the first round trip of AddMany(ids) into pipe, so that a
+// caller can send it with its own commands; call Result after the pipeline
+// ran.
+func (f *Filter) QueueAdd(ctx context.Context, pipe redis.Pipeliner, ids []string) *PendingAdd {
+	p := &PendingAdd{f: f, ids: ids, l: f.cur.Load()}
+	if len(ids) == 0 {
+		return p
+	}
+	p.meta = pipe.HGetAll(ctx, f.names.Meta())
+	p.added = pipe.HIncrBy(ctx, f.names.Meta(), "added", int64(len(ids)))
+	p.sets = queueSetBits(ctx, pipe, p.l, ids)
+	return p
+}
+
+// Result finishes the add: it checks the queued commands and, if the meta
+// names another generation or a rebuild in progress, sets the bits there too
+// (one more round trip). Redis failures wrap ErrUnavailable.
+func (p *PendingAdd) Result(ctx context.Context) error {
+	if len(p.ids) == 0 {
+		return nil
+	}
+	if err := p.err(); err != nil {
 		return fmt.Errorf("bloom: add: %w", redisfail.Wrap(err))
 	}
-	m, err := parseMeta(f.names, meta.Val())
+	f, l := p.f, p.l
+	m, err := parseMeta(f.names, p.meta.Val())
 	if err != nil { // the meta is gone: nothing to keep consistent until a rebuild
 		return nil
 	}
-	f.checkSaturation(m.cur, uint64(added.Val()))
+	f.checkSaturation(m.cur, uint64(p.added.Val()))
 	var more []*layout
 	if m.cur.gen != l.gen {
 		more = append(more, m.cur)
@@ -449,12 +482,28 @@ func (f *Filter) AddMany(ctx context.Context, ids []string) error {
 	if len(more) == 0 {
 		return nil
 	}
-	pipe = f.rdb.Pipeline()
+	pipe := f.rdb.Pipeline()
 	for _, nl := range more {
-		queueSetBits(ctx, pipe, nl, ids)
+		queueSetBits(ctx, pipe, nl, p.ids)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return fmt.Errorf("bloom: add: %w", redisfail.Wrap(err))
+	}
+	return nil
+}
+
+// err is the first error of the queued commands, if any.
+func (p *PendingAdd) err() error {
+	if err := p.meta.Err(); err != nil {
+		return err
+	}
+	if err := p.added.Err(); err != nil {
+		return err
+	}
+	for _, c := range p.sets {
+		if err := c.Err(); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -470,12 +519,14 @@ func (f *Filter) checkSaturation(l *layout, added uint64) {
 	}
 }
 
-func queueSetBits(ctx context.Context, pipe redis.Pipeliner, l *layout, ids []string) {
+func queueSetBits(ctx context.Context, pipe redis.Pipeliner, l *layout, ids []string) []*redis.Cmd {
+	var cmds []*redis.Cmd
 	for shard, offs := range offsetsByShard(&l.cfg, ids) {
 		args := make([]any, len(offs))
 		for i, o := range offs {
 			args[i] = o
 		}
-		setBits.Eval(ctx, pipe, []string{l.keys[shard]}, args...)
+		cmds = append(cmds, setBits.Eval(ctx, pipe, []string{l.keys[shard]}, args...))
 	}
+	return cmds
 }

@@ -2,34 +2,172 @@ package guard
 
 import (
 	"context"
+	_ "embed"
 	"errors"
+	"fmt"
 	"iter"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/cacheguard/cacheguard/bloom"
+	"github.com/cacheguard/cacheguard/codec"
 	"github.com/cacheguard/cacheguard/internal/keyspace"
 	"github.com/cacheguard/cacheguard/internal/redisfail"
 )
 
-// Add registers newly created IDs in the bloom filter. Call it after the
-// source of truth has committed them, before they are read: one round trip
-// (two while a rebuild runs; see bloom.Filter.AddMany). Malformed IDs make
-// Add fail before any Redis command; Redis failures wrap ErrUnavailable.
+var (
+	//go:embed lua/clear_markers.lua
+	clearMarkersLua string
+	//go:embed lua/replace.lua
+	replaceLua   string
+	clearMarkers = redis.NewScript(clearMarkersLua)
+	replace      = redis.NewScript(replaceLua)
+)
+
+// Add makes newly created IDs servable at once, in every process. Call it
+// after the source of truth has committed them. It registers them in the
+// bloom filter, drops their empty markers (an ID asked for before it
+// existed, a bloom false positive, a deleted and re-created ID), and voids
+// any load in flight that read "absent" before the create and would write a
+// marker after it (it deletes the fence, as Invalidate does). A cached value
+// is never dropped. One round trip for any number of IDs (two while a filter
+// rebuild runs; see bloom.Filter.AddMany). Malformed IDs make Add fail before
+// any Redis command; Redis failures wrap ErrUnavailable.
 func (g *Guard) Add(ctx context.Context, ids ...string) error {
 	if err := g.gate.enter(); err != nil {
 		return err
 	}
 	defer g.gate.leave()
-	for _, id := range ids {
-		if err := g.keys.Check(id); err != nil {
-			return err
-		}
+	keys, err := g.valueKeys(ids)
+	if err != nil || len(keys) == 0 {
+		return err
 	}
-	return g.fail(ctx, "add", "", g.bloom.AddMany(ctx, ids))
+	pipe := g.rdb.Pipeline()
+	added := g.bloom.QueueAdd(ctx, pipe, ids)
+	cleared := make([]*redis.Cmd, len(keys))
+	marker := codec.Empty()
+	for i, k := range keys {
+		cleared[i] = clearMarkers.Eval(ctx, pipe, []string{k, keyspace.Fence(k)}, marker)
+	}
+	_, _ = pipe.Exec(ctx) // errors are read per command
+	g.forget(keys, nil)
+	return g.fail(ctx, "add", "", firstErr(added.Result(ctx), cleared))
 }
 
-// Invalidate drops the cached values and empty markers of ids, so the next
-// Get loads them again. Call it after the source of truth has changed them.
+// Set writes v as the cached value of id: write-through, after the source of
+// truth committed it. In one round trip it replaces the ID's entry (all
+// schema versions) with v for TTL ± Jitter, registers the ID in the bloom
+// filter, and voids every load in flight, so that no slower load that read
+// older data can overwrite it; every process's in-memory copy
+// (Options.Local) is replaced here and dropped elsewhere.
+//
+// Two Sets of one ID racing each other: the last to reach Redis wins. Make
+// sure that is also the order of their commits (for example, Set inside the
+// same critical section or row lock as the database write), or call
+// Invalidate instead, which never caches anything it did not read.
+func Set[T any](ctx context.Context, g *Guard, id string, v T) error {
+	if err := g.gate.enter(); err != nil {
+		return err
+	}
+	defer g.gate.leave()
+	if err := bind[T](g); err != nil {
+		return err
+	}
+	vkey, err := g.keys.Value(id)
+	if err != nil {
+		return err
+	}
+	frame, err := codec.Encode(g.opts.Codec, v)
+	if err != nil {
+		return fmt.Errorf("cacheguard: %s %q: %w", g.name, id, err)
+	}
+	return g.replace(ctx, "set", []string{id}, []string{vkey}, frame, g.opts.TTL, frame)
+}
+
+// Delete records that ids no longer exist, after the source of truth deleted
+// them: in one round trip each ID's entry (all schema versions) becomes an
+// empty marker for EmptyTTL ± Jitter, loads in flight are voided, and
+// in-memory copies (Options.Local) are dropped in every process. The next Get
+// of a deleted ID, in any process, answers ErrNotFound without calling the
+// loader. A re-created ID is servable again after its Add.
+func (g *Guard) Delete(ctx context.Context, ids ...string) error {
+	if err := g.gate.enter(); err != nil {
+		return err
+	}
+	defer g.gate.leave()
+	keys, err := g.valueKeys(ids)
+	if err != nil || len(keys) == 0 {
+		return err
+	}
+	return g.replace(ctx, "delete", nil, keys, codec.Empty(), g.opts.EmptyTTL, nil)
+}
+
+// replace runs replace.lua for each key with frame (TTL ± Jitter each),
+// registers add in the filter, and tells the in-memory copies, in one round
+// trip; this process keeps localCopy (nil: none).
+func (g *Guard) replace(ctx context.Context, op string, add, keys []string, frame []byte, ttl time.Duration, localCopy []byte) error {
+	pipe := g.rdb.Pipeline()
+	added := g.bloom.QueueAdd(ctx, pipe, add)
+	cmds := make([]*redis.Cmd, len(keys))
+	for i, k := range keys {
+		cmds[i] = replace.Eval(ctx, pipe, []string{k, keyspace.Fence(k)}, g.field, frame, g.jitter(ttl).Milliseconds())
+		pipe.Publish(ctx, g.keys.Invalidated(), k)
+	}
+	_, _ = pipe.Exec(ctx) // errors are read per command
+	g.forget(keys, localCopy)
+	return g.fail(ctx, op, "", firstErr(added.Result(ctx), cmds))
+}
+
+// forget makes this process's next Gets of keys start afresh: no new caller
+// joins a flight that may have read older data, and the in-memory copies
+// are dropped (or replaced by frame) under a new epoch, so that a read made
+// before the write cannot store its copy after it.
+func (g *Guard) forget(keys []string, frame []byte) {
+	for _, k := range keys {
+		g.flights.Forget(k)
+		if g.local != nil {
+			g.local.epoch.Add(1)
+			if frame != nil {
+				g.local.put(k, frame, g.local.epoch.Load())
+			} else {
+				g.local.drop(k)
+			}
+		}
+	}
+}
+
+// valueKeys returns the value keys of ids, or ErrInvalidKey before any Redis
+// command.
+func (g *Guard) valueKeys(ids []string) ([]string, error) {
+	keys := make([]string, 0, len(ids))
+	for _, id := range ids {
+		k, err := g.keys.Value(id)
+		if err != nil {
+			return nil, err
+		}
+		keys = append(keys, k)
+	}
+	return keys, nil
+}
+
+// firstErr is err, or else the first error of cmds, wrapping ErrUnavailable.
+func firstErr(err error, cmds []*redis.Cmd) error {
+	if err != nil {
+		return err
+	}
+	for _, c := range cmds {
+		if err := c.Err(); err != nil {
+			return redisfail.Wrap(err)
+		}
+	}
+	return nil
+}
+
+// Invalidate drops the cached values and empty markers of ids (all schema
+// versions), so the next Get loads them again. Call it after the source of
+// truth has changed them (or use Set to write the new value through, or
+// Delete for deleted IDs).
 //
 // It also deletes each ID's fence, so a load that read the old data before
 // the change and is still running cannot write it afterwards: its fenced
@@ -41,16 +179,9 @@ func (g *Guard) Invalidate(ctx context.Context, ids ...string) error {
 		return err
 	}
 	defer g.gate.leave()
-	keys := make([]string, 0, len(ids))
-	for _, id := range ids {
-		k, err := g.keys.Value(id)
-		if err != nil {
-			return err
-		}
-		keys = append(keys, k)
-	}
-	if len(keys) == 0 {
-		return nil
+	keys, err := g.valueKeys(ids)
+	if err != nil || len(keys) == 0 {
+		return err
 	}
 	// One DEL per ID (value and fence share a slot; IDs do not), and a
 	// message per ID for the processes that keep values in memory (Local),
@@ -60,14 +191,8 @@ func (g *Guard) Invalidate(ctx context.Context, ids ...string) error {
 		pipe.Del(ctx, k, keyspace.Fence(k))
 		pipe.Publish(ctx, g.keys.Invalidated(), k)
 	}
-	_, err := pipe.Exec(ctx)
-	for _, k := range keys {
-		g.flights.Forget(k)
-		if g.local != nil {
-			g.local.epoch.Add(1)
-			g.local.drop(k)
-		}
-	}
+	_, err = pipe.Exec(ctx)
+	g.forget(keys, nil)
 	return g.fail(ctx, "invalidate", "", redisfail.Wrap(err))
 }
 

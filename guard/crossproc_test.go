@@ -374,7 +374,7 @@ func TestStaleSetRace(t *testing.T) {
 	for k := range keys {
 		id := fmt.Sprintf("p%d", k)
 		want, _ := c.Get(ctx, c.Prefix+":db:"+id).Int64()
-		raw, err := c.Get(ctx, c.Prefix+":product:{"+id+"}").Bytes()
+		raw, err := c.HGet(ctx, c.Prefix+":product:{"+id+"}", "1").Bytes()
 		if errors.Is(err, redis.Nil) {
 			continue
 		}

@@ -28,6 +28,9 @@ var (
 	ErrInvalidOptions = errors.New("cacheguard: invalid options")
 	// ErrBusy: another process was loading the ID for longer than LockWait.
 	ErrBusy = errors.New("cacheguard: busy: another process is still loading the ID")
+	// ErrWrongType: the Guard is bound to another value type (by its first
+	// Get or For): one Guard serves one type.
+	ErrWrongType = errors.New("cacheguard: wrong type")
 	// ErrClosed: the Guard was closed.
 	ErrClosed = errors.New("cacheguard: guard closed")
 	// ErrUnavailable is wrapped (with the Redis error) by every error that

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -30,10 +31,12 @@ type LoadFunc[T any] func(ctx context.Context, id string) (T, error)
 // Get returns the value of id: from the cache, or from load on a miss (see
 // the package doc for the steps). It returns ErrNotFound (test with
 // errors.Is) when the ID does not exist, ErrInvalidKey for a malformed ID,
-// the load's error wrapped when load fails, ErrBusy, ErrClosed, and errors
-// wrapping ErrUnavailable when Redis fails (never ErrNotFound). load runs on a
-// context detached from ctx and bounded by LoadTimeout, shared by every caller
-// of id in this process; Get itself returns as soon as ctx is done.
+// the load's error wrapped when load fails, ErrBusy, ErrClosed, ErrWrongType
+// when g is bound to another type, and errors wrapping ErrUnavailable when
+// Redis fails (never ErrNotFound). load runs on a context detached from ctx
+// and bounded by LoadTimeout, shared by every caller of id in this process
+// whose Get started before the load did; Get itself returns as soon as ctx
+// is done.
 func Get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, error) {
 	var zero T
 	if g == nil || load == nil {
@@ -43,6 +46,9 @@ func Get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 		return zero, err
 	}
 	defer g.gate.leave()
+	if err := bind[T](g); err != nil {
+		return zero, err
+	}
 	vkey, err := g.keys.Value(id)
 	if err != nil {
 		return zero, err
@@ -57,27 +63,88 @@ func Get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 			g.local.drop(vkey)
 		}
 	}
-	c := &call[T]{g: g, id: id, vkey: vkey, load: load}
-	fl, shared, err := g.flights.Do(ctx, vkey, c.fly)
-	mine := fl.by == any(c) // this caller's function ran the flight
-	g.stats.count(fl.outcome, shared && !mine)
-	if errors.Is(err, loader.ErrPanic) {
-		err = fmt.Errorf("%w: %s %q: %w", ErrLoaderPanic, g.name, id, err)
+	start := time.Now()
+	var epoch uint64
+	if g.local != nil {
+		epoch = g.local.epoch.Load() // before the read: see local.put
 	}
-	if err != nil {
-		return zero, err
+	// Step 4 in this goroutine: a hit, a reject or a marker is answered from
+	// a read made after this Get started, never from another caller's.
+	r, ok := peekedFor(ctx, g, id)
+	if !ok {
+		if r, err = g.read(ctx, id, vkey); err != nil {
+			return zero, err
+		}
 	}
-	if g.local != nil && mine {
-		g.local.put(vkey, fl.frame, fl.epoch)
+	switch r.verdict {
+	case verdictRejected:
+		g.stats.count(outRejected, false)
+		return zero, ErrNotFound
+	case verdictEntry:
+		if e := decodeEntry[T](ctx, g, vkey, r.raw); e.ok {
+			g.stats.count(e.found.outcome, false)
+			if e.err == nil && g.local != nil {
+				g.local.put(vkey, r.raw, epoch)
+			}
+			return e.v, e.err
+		}
 	}
-	if mine && c.decoded {
-		return c.v, nil
+	return fill(ctx, g, id, vkey, load, start)
+}
+
+// fill runs a miss (step 5) through a flight shared with the other callers
+// of the ID in this process. A flight's answer serves a caller only if the
+// flight started after the caller did: otherwise a write that returned
+// between the two could be missing from it. A caller that joined an older
+// flight waits for it and then runs (or joins) a new one, which started
+// after it: once.
+func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T], start time.Time) (T, error) {
+	var zero T
+	for attempt := 0; ; attempt++ {
+		c := &call[T]{g: g, id: id, vkey: vkey, load: load}
+		fl, shared, err := g.flights.Do(ctx, vkey, c.fly)
+		mine := fl.by == any(c) // this caller's function ran the flight
+		answered := err == nil || errors.Is(err, ErrNotFound)
+		if fl.by != nil && answered && fl.started.Before(start) && attempt < 3 {
+			continue // joined a flight older than this Get: its answer may predate a write
+		}
+		g.stats.count(fl.outcome, shared && !mine)
+		if errors.Is(err, loader.ErrPanic) {
+			err = fmt.Errorf("%w: %s %q: %w", ErrLoaderPanic, g.name, id, err)
+		}
+		if err != nil {
+			return zero, err
+		}
+		if g.local != nil && mine {
+			g.local.put(vkey, fl.frame, fl.epoch)
+		}
+		if mine && c.decoded {
+			return c.v, nil
+		}
+		var v T
+		if err := codec.Decode(g.opts.Codec, fl.frame, &v); err != nil {
+			return zero, fmt.Errorf("cacheguard: %s %q: decode: %w", g.name, id, err)
+		}
+		return v, nil
 	}
-	var v T
-	if err := codec.Decode(g.opts.Codec, fl.frame, &v); err != nil {
-		return zero, fmt.Errorf("cacheguard: %s %q: decode: %w", g.name, id, err)
+}
+
+// typeBinding is the type a Guard's values decode into.
+type typeBinding struct{ t reflect.Type }
+
+// bind binds g to T on first use and refuses any other T afterwards: two
+// types on one Guard would read each other's entries as corrupt and evict
+// them.
+func bind[T any](g *Guard) error {
+	t := reflect.TypeFor[T]()
+	b := g.bound.Load()
+	if b == nil && g.bound.CompareAndSwap(nil, &typeBinding{t: t}) {
+		return nil
 	}
-	return v, nil
+	if b = g.bound.Load(); b.t != t {
+		return fmt.Errorf("%w: guard %s holds %v values, not %v (one Guard per type; use Options.Version or another name)", ErrWrongType, g.name, b.t, t)
+	}
+	return nil
 }
 
 // outcome is how a flight ended, counted once per caller.
@@ -91,74 +158,55 @@ const (
 	outFailed
 )
 
-// flight is what one flight hands to all its callers: the frame to decode
-// (each caller decodes its own copy, so no two callers share a T), and how it
-// ended.
+// flight is what one fill flight hands to all its callers: the frame to
+// decode (each caller decodes its own copy, so no two callers share a T),
+// and how it ended.
 type flight struct {
 	frame   []byte
 	outcome outcome
-	epoch   uint64 // the local cache's epoch when the flight began
-	by      any    // the *call[T] whose flight this was
+	epoch   uint64    // the local cache's epoch when the flight began
+	started time.Time // before any of its reads
+	by      any       // the *call[T] whose flight this was
 }
 
-// call is the state of one Get, from the flight it may run to its answer.
-// Only the flight writes it (fly and the Filler methods, which the
-// Coordinator calls from the flight's goroutine), and Get reads it after the
-// flight returned, so it needs no lock.
+// call is the state of one fill flight. Only the flight writes it (fly and
+// the Filler methods, which the Coordinator calls from the flight's
+// goroutine), and the caller that started it reads it after the flight
+// returned, so it needs no lock.
 type call[T any] struct {
 	g        *Guard
 	id, vkey string
 	load     LoadFunc[T]
 
-	found   flight // what the read, the re-check or the load found
+	found   flight // what the re-check or the load found
 	err     error  // the answer's error: ErrNotFound after a marker, or the load's failure
 	v       T      // the value decoded from found.frame on a hit
 	decoded bool   // v holds it
 }
 
-// fly is the flight: steps 4 and 5 of the package doc, once for all callers
-// of the ID in this process. It passes the gate itself: it can outlive the
-// caller that started it.
+// fly is the flight: step 5 of the package doc, once for the callers of the
+// ID in this process. It passes the gate itself: it can outlive the caller
+// that started it.
 func (c *call[T]) fly(ctx context.Context) (flight, error) {
 	g := c.g
 	if err := g.gate.enter(); err != nil {
 		return flight{outcome: outFailed}, err
 	}
 	defer g.gate.leave()
+	started := time.Now()
 	var epoch uint64
 	if g.local != nil {
-		epoch = g.local.epoch.Load() // before the read: see local.put
+		epoch = g.local.epoch.Load() // before the reads: see local.put
 	}
-	fl, err := c.readOrFill(ctx)
-	fl.epoch, fl.by = epoch, c
+	fl, err := c.coordinate(ctx)
+	fl.epoch, fl.started, fl.by = epoch, started, c
 	return fl, err
 }
 
-// readOrFill reads the ID (or takes what Peek read) and fills it on a miss.
-func (c *call[T]) readOrFill(ctx context.Context) (flight, error) {
-	g := c.g
-	r, ok := peekedFor(ctx, g, c.id)
-	if !ok {
-		var err error
-		if r, err = g.read(ctx, c.id, c.vkey); err != nil {
-			return flight{outcome: outFailed}, err
-		}
-	}
-	switch r.verdict {
-	case verdictRejected:
-		return flight{outcome: outRejected}, ErrNotFound
-	case verdictEntry:
-		if c.Cached(ctx, r.raw) {
-			return c.found, c.err
-		}
-	}
-	return c.fill(ctx)
-}
-
-// fill runs a miss through the Coordinator (see loader.Coordinator): one
-// load per ID across processes, written with the lock's fence.
-func (c *call[T]) fill(ctx context.Context) (flight, error) {
-	err := c.g.coord.Run(ctx, c.vkey, c)
+// coordinate runs the miss through the Coordinator (see loader.Coordinator):
+// one load per ID across processes, written with the lock's fence.
+func (c *call[T]) coordinate(ctx context.Context) (flight, error) {
+	err := c.g.coord.Run(ctx, c.vkey, c.g.field, c)
 	switch {
 	case err == nil:
 		return c.found, c.err // c.err is ErrNotFound after a marker
@@ -170,26 +218,40 @@ func (c *call[T]) fill(ctx context.Context) (flight, error) {
 	return flight{outcome: outFailed}, err
 }
 
-// Cached judges a cache entry (loader.Filler): a value is decoded into c.v
-// (to tell a corrupt entry from a good one), an empty marker answers
-// ErrNotFound. A corrupt entry (or one this T cannot read) is dropped unless
-// a writer has already replaced it, and the caller loads; the ID existed, so
-// the filter is not asked again.
+// Cached judges a cache entry (loader.Filler): see decodeEntry.
 func (c *call[T]) Cached(ctx context.Context, raw []byte) bool {
-	var zero T
-	c.v = zero // no field of an earlier, failed decode survives
-	switch err := codec.Decode(c.g.opts.Codec, raw, &c.v); {
-	case err == nil:
-		c.found, c.err, c.decoded = flight{frame: raw, outcome: outHit}, nil, true
-		return true
-	case errors.Is(err, codec.ErrEmpty):
-		c.found, c.err = flight{outcome: outEmpty}, ErrNotFound
-		return true
-	default:
-		c.v = zero
-		c.g.dropCorrupt(ctx, c.vkey, raw, err)
-		return false
+	e := decodeEntry[T](ctx, c.g, c.vkey, raw)
+	if e.ok {
+		c.found, c.err, c.v, c.decoded = e.found, e.err, e.v, e.err == nil
 	}
+	return e.ok
+}
+
+// entry is a cache entry judged.
+type entry[T any] struct {
+	v     T
+	found flight
+	err   error // ErrNotFound for a marker
+	ok    bool  // false: the entry was corrupt (and dropped): load
+}
+
+// decodeEntry decodes a cache entry: a value into v, an empty marker into
+// ErrNotFound. A corrupt entry (or one this T cannot read) is counted,
+// logged and dropped unless a writer has already replaced it, and the caller
+// loads; the ID existed, so the filter is not asked again.
+func decodeEntry[T any](ctx context.Context, g *Guard, vkey string, raw []byte) entry[T] {
+	var e entry[T]
+	switch err := codec.Decode(g.opts.Codec, raw, &e.v); {
+	case err == nil:
+		e.found, e.ok = flight{frame: raw, outcome: outHit}, true
+	case errors.Is(err, codec.ErrEmpty):
+		e.found, e.err, e.ok = flight{outcome: outEmpty}, ErrNotFound, true
+	default:
+		var zero T
+		e.v = zero // no field of the failed decode survives
+		g.dropCorrupt(ctx, vkey, raw, err)
+	}
+	return e
 }
 
 // Load calls the load function (loader.Filler) under LoadTimeout and returns
@@ -221,10 +283,13 @@ func (c *call[T]) Load(ctx context.Context) ([]byte, time.Duration, error) {
 	return frame, g.jitter(g.opts.TTL), nil
 }
 
+// dropCorrupt counts and logs (at warn level) an entry that does not decode,
+// and deletes it if it still holds those bytes.
 func (g *Guard) dropCorrupt(ctx context.Context, vkey string, raw []byte, why error) {
 	g.stats.corrupt.Add(1)
-	g.log.WarnContext(ctx, "cacheguard: dropping corrupt cache entry", "key", vkey, "err", why)
-	if err := delIfEqual.Run(ctx, g.rdb, []string{vkey}, raw).Err(); err != nil {
+	g.log.WarnContext(ctx, "cacheguard: dropping a cache entry that does not decode (corrupt, or written by another type or version)",
+		"key", vkey, "version", g.field, "err", why)
+	if err := delIfEqual.Run(ctx, g.rdb, []string{vkey}, g.field, raw).Err(); err != nil {
 		_ = g.fail(ctx, "delete corrupt entry", "", redisfail.Wrap(err))
 	}
 }

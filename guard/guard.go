@@ -60,6 +60,7 @@ type Guard struct {
 	name  string
 	opts  Options // resolved: no zero fields
 	keys  keyspace.Guard
+	field string // the value hash's field of this Guard's schema version (Options.Version)
 	bloom *bloom.Filter
 	log   *slog.Logger
 
@@ -67,8 +68,9 @@ type Guard struct {
 	flights   loader.Group[flight] // one flight per value key in this process
 	coord     *loader.Coordinator  // one load per value key across processes
 	stats     counters
-	bypassing atomic.Bool // the filter answered ErrNotReady last time (logged once per episode)
-	gate      gate        // every entry point passes it; Close shuts it
+	bypassing atomic.Bool                 // the filter answered ErrNotReady last time (logged once per episode)
+	gate      gate                        // every entry point passes it; Close shuts it
+	bound     atomic.Pointer[typeBinding] // the type values decode into, set by the first Get or For
 
 	// Background rebuilds (RebuildFrom): each runs in a goroutine owned by
 	// the Guard, tracked by rebuilds; Close closes closing, which cancels
@@ -97,11 +99,12 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 		return nil, err
 	}
 	g := &Guard{
-		rdb:  rdb,
-		name: name,
-		opts: o,
-		keys: keyspace.ForGuard(o.KeyPrefix, name, o.MaxKeyLen),
-		log:  o.Logger.With("guard", name),
+		rdb:   rdb,
+		name:  name,
+		opts:  o,
+		keys:  keyspace.ForGuard(o.KeyPrefix, name, o.MaxKeyLen),
+		field: o.Version,
+		log:   o.Logger.With("guard", name),
 
 		closing: make(chan struct{}),
 	}

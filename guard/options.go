@@ -40,6 +40,15 @@ type Options struct {
 	MaxKeyLen int
 	// Codec encodes cached values. Default codec.Msgpack.
 	Codec codec.Codec
+	// Version names the schema of the cached values (1 to 32 printable
+	// ASCII bytes, no spaces). Each ID's entry is a Redis hash with one
+	// field per version, so during a rolling deploy the processes on the old
+	// struct and those on the new one read and write their own field
+	// instead of evicting each other, while every write (Invalidate, Set,
+	// Delete) drops all versions of the ID at once. Bump it with a change to
+	// the value type that the codec cannot read across; no flush is needed
+	// (old fields go with their entries' TTL). Default "1".
+	Version string
 	// LoadTimeout bounds a load, on a context detached from the callers'.
 	// Default 10 seconds.
 	LoadTimeout time.Duration
@@ -115,6 +124,12 @@ func resolve(opts *Options) (Options, error) {
 	if o.Codec == nil {
 		o.Codec = codec.Msgpack
 	}
+	if o.Version == "" {
+		o.Version = "1"
+	}
+	if !validVersion(o.Version) {
+		return bad("Version %q (want 1-32 printable ASCII bytes, no spaces)", o.Version)
+	}
 	if o.LoadTimeout == 0 {
 		o.LoadTimeout = 10 * time.Second
 	}
@@ -131,4 +146,16 @@ func resolve(opts *Options) (Options, error) {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	return o, nil
+}
+
+func validVersion(v string) bool {
+	if v == "" || len(v) > 32 {
+		return false
+	}
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c <= ' ' || c >= 0x7f {
+			return false
+		}
+	}
+	return true
 }

@@ -27,12 +27,12 @@ type readResult struct {
 }
 
 // read is the one round trip of every Get (step 4): the bloom probe and the
-// GET of the value key, pipelined. Redis failures come back wrapping
+// HGET of this version's field of the value key, pipelined. Redis failures come back wrapping
 // ErrUnavailable.
 func (g *Guard) read(ctx context.Context, id, vkey string) (readResult, error) {
 	pipe := g.rdb.Pipeline()
 	probe := g.bloom.Queue(ctx, pipe, id)
-	get := pipe.Get(ctx, vkey)
+	get := pipe.HGet(ctx, vkey, g.field)
 	_, _ = pipe.Exec(ctx) // errors are read per command below
 	raw, err := get.Bytes()
 	switch {

@@ -77,12 +77,14 @@ type Filler interface {
 // Coordinator makes one process at a time load a key, across all processes
 // that share a Redis and a channel, and wakes the others when it is done.
 //
-// The order of events of Run, for a value key K:
+// The order of events of Run, for the field F of a value key K (a hash with
+// one field per schema version):
 //
 //  1. One round trip: an attempt on K's lock (keyspace.Lock(K), with a new
-//     fencing number in keyspace.Fence(K)) and, queued after it, a GET of K.
+//     fencing number in keyspace.Fence(K)) and, queued after it, an HGET of
+//     K's field F.
 //     Lock, fence and value share K's hash tag, and Redis runs one
-//     connection's commands in order, so for the winner that GET is the
+//     connection's commands in order, so for the winner that HGET is the
 //     re-check with the lock taken: another process may have filled K
 //     between the caller's first read and the lock.
 //  2. The winner whose re-check found K answers from it. Otherwise it loads
@@ -94,7 +96,7 @@ type Filler interface {
 //     LockWait; then it serves its last load uncached).
 //  4. The winner releases the lock and PUBLISHes K in one script
 //     (release_publish.lua), also when the load failed or panicked.
-//  5. A loser whose GET found K answers from it. Otherwise it registers on
+//  5. A loser whose HGET found K answers from it. Otherwise it registers on
 //     the channel (one SUBSCRIBE per Coordinator, fanned out in-process),
 //     reads K again once subscribed, so that a publish cannot slip in
 //     between its read and its wait, and waits for the publish, the holder's
@@ -151,11 +153,12 @@ func (c *Coordinator) Stats() CoordinatorStats {
 	return CoordinatorStats{Waits: c.waits.Load(), Timeouts: c.timeouts.Load(), Wakeups: c.wakeups.Load(), StaleWrites: c.staleWrites.Load()}
 }
 
-// Run fills key once across processes (see Coordinator for the steps). It
+// Run fills field of key once across processes (see Coordinator for the
+// steps). It
 // returns nil when f answered (from the cache or from a load), the load's
 // error, ErrBusy, ctx's error, or a Redis error wrapping
 // redisfail.ErrUnavailable.
-func (c *Coordinator) Run(ctx context.Context, key string, f Filler) error {
+func (c *Coordinator) Run(ctx context.Context, key, field string, f Filler) error {
 	deadline := time.Now().Add(c.opts.LockWait)
 	for {
 		pipe := c.rdb.Pipeline()
@@ -164,16 +167,16 @@ func (c *Coordinator) Run(ctx context.Context, key string, f Filler) error {
 		if err != nil {
 			return err
 		}
-		get := pipe.Get(ctx, key)
+		get := pipe.HGet(ctx, key, field)
 		_, _ = pipe.Exec(ctx) // errors are read per command
 		l, err := q.Result(ctx)
 		var held *lock.HeldError
 		switch {
 		case err == nil:
-			if !q.InPipeline() { // the GET ran before the lock was taken
-				get = c.rdb.Get(ctx, key)
+			if !q.InPipeline() { // the HGET ran before the lock was taken
+				get = c.rdb.HGet(ctx, key, field)
 			}
-			err = c.hold(ctx, l, key, get, f)
+			err = c.hold(ctx, l, key, field, get, f)
 			if !errors.Is(err, errFenceLost) {
 				return err
 			}
@@ -188,7 +191,7 @@ func (c *Coordinator) Run(ctx context.Context, key string, f Filler) error {
 			return err // filled meanwhile by the holder
 		}
 		c.waits.Add(1)
-		if done, err := c.wait(ctx, key, held.TTL, deadline, f); done || err != nil {
+		if done, err := c.wait(ctx, key, field, held.TTL, deadline, f); done || err != nil {
 			return err
 		}
 		if !time.Now().Before(deadline) {
@@ -202,7 +205,7 @@ func (c *Coordinator) Run(ctx context.Context, key string, f Filler) error {
 	}
 }
 
-// cached reads a GET's reply: done when f accepts what the cache holds.
+// cached reads an HGET's reply: done when f accepts what the cache holds.
 func (c *Coordinator) cached(ctx context.Context, get *redis.StringCmd, f Filler) (done bool, err error) {
 	raw, err := get.Bytes()
 	switch {
@@ -217,7 +220,7 @@ func (c *Coordinator) cached(ctx context.Context, get *redis.StringCmd, f Filler
 // hold runs steps 2 to 4 with the lock held: the re-check's answer, the load
 // and the fenced write, then the release and publish, also when the load
 // panics. It returns errFenceLost when the write was refused.
-func (c *Coordinator) hold(ctx context.Context, l *lock.Lock, key string, get *redis.StringCmd, f Filler) error {
+func (c *Coordinator) hold(ctx context.Context, l *lock.Lock, key, field string, get *redis.StringCmd, f Filler) error {
 	stop := l.KeepAlive(ctx, c.opts.LockTTL, func(err error) {
 		if c.opts.OnLockLost != nil {
 			c.opts.OnLockLost(key, err)
@@ -235,7 +238,7 @@ func (c *Coordinator) hold(ctx context.Context, l *lock.Lock, key string, get *r
 		return err
 	}
 	written, err := setIfFence.Run(ctx, c.rdb, []string{key, keyspace.Fence(key)},
-		strconv.FormatInt(l.Fence(), 10), frame, max(ttl.Milliseconds(), 1)).Int()
+		strconv.FormatInt(l.Fence(), 10), field, frame, max(ttl.Milliseconds(), 1)).Int()
 	switch {
 	case err != nil:
 		if c.opts.OnWriteFailed != nil {
@@ -250,14 +253,14 @@ func (c *Coordinator) hold(ctx context.Context, l *lock.Lock, key string, get *r
 
 // wait blocks until the holder publishes key, its lease (holderTTL) runs out,
 // or the deadline passes. done reports that f accepted what the cache holds.
-func (c *Coordinator) wait(ctx context.Context, key string, holderTTL time.Duration, deadline time.Time, f Filler) (done bool, err error) {
+func (c *Coordinator) wait(ctx context.Context, key, field string, holderTTL time.Duration, deadline time.Time, f Filler) (done bool, err error) {
 	woken, cancel, err := c.wake.register(ctx, key)
 	if err != nil {
 		return true, err
 	}
 	defer cancel()
 	// Subscribed: a publish from now on reaches us, so check before waiting.
-	if done, err := c.cached(ctx, c.rdb.Get(ctx, key), f); done || err != nil {
+	if done, err := c.cached(ctx, c.rdb.HGet(ctx, key, field), f); done || err != nil {
 		return true, err
 	}
 	t := time.NewTimer(max(min(holderTTL+5*time.Millisecond, time.Until(deadline)), 0))
@@ -269,5 +272,5 @@ func (c *Coordinator) wait(ctx context.Context, key string, holderTTL time.Durat
 	case <-ctx.Done():
 		return true, ctx.Err()
 	}
-	return c.cached(ctx, c.rdb.Get(ctx, key), f)
+	return c.cached(ctx, c.rdb.HGet(ctx, key, field), f)
 }

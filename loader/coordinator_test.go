@@ -43,7 +43,7 @@ func TestCoordinatorOneLoadManyCoordinators(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := co.Run(ctx, key, f); err != nil {
+			if err := co.Run(ctx, key, "1", f); err != nil {
 				t.Error(err)
 			}
 			wakeups.Add(int32(co.Stats().Wakeups))
@@ -56,7 +56,7 @@ func TestCoordinatorOneLoadManyCoordinators(t *testing.T) {
 	if wakeups.Load() == 0 {
 		t.Fatal("no waiter was woken by the publish")
 	}
-	if v := c.Get(ctx, key).Val(); v != "v" {
+	if v := c.HGet(ctx, key, "1").Val(); v != "v" {
 		t.Fatalf("cached %q, want the load's frame", v)
 	}
 	if n := c.Exists(ctx, keyspace.Lock(key)).Val(); n != 0 {
@@ -77,7 +77,7 @@ func TestCoordinatorReleasesOnPanicAndError(t *testing.T) {
 	}
 	func() {
 		defer func() { _ = recover() }()
-		_ = co.Run(ctx, key, filler{load: func(context.Context) ([]byte, time.Duration, error) { panic("boom") }})
+		_ = co.Run(ctx, key, "1", filler{load: func(context.Context) ([]byte, time.Duration, error) { panic("boom") }})
 	}()
 	if pttl := c.PTTL(ctx, keyspace.Lock(key)).Val(); pttl != -2 {
 		t.Fatalf("after a panic the lock has PTTL %v, want -2", pttl)
@@ -86,7 +86,7 @@ func TestCoordinatorReleasesOnPanicAndError(t *testing.T) {
 		t.Fatalf("after a panic waiters were not told: %v, %v", msg, err)
 	}
 	boom := errors.New("db down")
-	if err := co.Run(ctx, key, filler{load: func(context.Context) ([]byte, time.Duration, error) { return nil, 0, boom }}); !errors.Is(err, boom) {
+	if err := co.Run(ctx, key, "1", filler{load: func(context.Context) ([]byte, time.Duration, error) { return nil, 0, boom }}); !errors.Is(err, boom) {
 		t.Fatalf("err = %v", err)
 	}
 	if n := c.Exists(ctx, keyspace.Lock(key), key).Val(); n != 0 {
@@ -95,7 +95,7 @@ func TestCoordinatorReleasesOnPanicAndError(t *testing.T) {
 	// An invalidation (the fence deleted) during the load refuses the
 	// write: Run loads again with a newer fence.
 	var fences []string
-	err := co.Run(ctx, key, filler{load: func(ctx context.Context) ([]byte, time.Duration, error) {
+	err := co.Run(ctx, key, "1", filler{load: func(ctx context.Context) ([]byte, time.Duration, error) {
 		fences = append(fences, c.Get(ctx, keyspace.Fence(key)).Val())
 		if len(fences) < 3 {
 			c.Del(ctx, keyspace.Fence(key))
@@ -108,7 +108,7 @@ func TestCoordinatorReleasesOnPanicAndError(t *testing.T) {
 	if st := co.Stats(); st.StaleWrites != 2 {
 		t.Fatalf("stale writes %d, want 2", st.StaleWrites)
 	}
-	if v := c.Get(ctx, key).Val(); v != "v" {
+	if v := c.HGet(ctx, key, "1").Val(); v != "v" {
 		t.Fatalf("cached %q after the third load", v)
 	}
 	if err := co.Close(); err != nil {

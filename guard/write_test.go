@@ -1,0 +1,323 @@
+package guard_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cacheguard/cacheguard/guard"
+	"github.com/cacheguard/cacheguard/internal/redistest"
+)
+
+// twoGuards opens a Guard called "product" in two "processes" (two clients,
+// two Guards) on one prefix, with the filter rebuilt from the first n rows of
+// a fresh db.
+func twoGuards(t *testing.T, n int, opts *guard.Options) (c1 *redistest.Conn, g1, g2 *guard.Guard, d *db) {
+	t.Helper()
+	c1, g1, d = setup(t, n, opts)
+	c2 := redistest.Connect(t)
+	var o guard.Options
+	if opts != nil {
+		o = *opts
+	}
+	o.KeyPrefix, o.ExpectedItems = c1.Prefix, 10_000
+	g2, err := guard.New(context.Background(), c2, "product", &o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = g2.Close() })
+	return c1, g1, g2, d
+}
+
+// TestCreatedIDsAreServedAtOnce: IDs asked for before they existed (cached
+// as markers: bloom false positives of a full filter, every ID while the
+// filter is lost) and IDs deleted then re-created are served by another
+// process right after the create and its Add.
+func TestCreatedIDsAreServedAtOnce(t *testing.T) {
+	for _, filter := range []string{"full", "lost"} {
+		t.Run(filter, func(t *testing.T) {
+			ctx := context.Background()
+			c, g1, g2, d := twoGuards(t, 10_000, nil) // 10,000 rows: the filter at its sized capacity
+			if filter == "lost" {
+				if err := c.FlushMasters(ctx); err != nil { // Redis lost everything: fail open
+					t.Fatal(err)
+				}
+			}
+			const fresh, recreated = 3000, 500
+			for i := range fresh {
+				if _, err := guard.Get(ctx, g2, fmt.Sprintf("new%d", i), d.load); !errors.Is(err, guard.ErrNotFound) {
+					t.Fatalf("new%d before its create: %v", i, err)
+				}
+			}
+			markers := g2.Stats().Loads
+			staleNew := 0
+			for i := range fresh {
+				id := fmt.Sprintf("new%d", i)
+				d.set(product{ID: id, Price: i})
+				if err := g1.Add(ctx, id); err != nil {
+					t.Fatal(err)
+				}
+				if p, err := guard.Get(ctx, g2, id, d.load); err != nil || p.Price != i {
+					staleNew++
+				}
+			}
+			staleRecreated := 0
+			for i := range recreated {
+				id := fmt.Sprintf("re%d", i)
+				d.set(product{ID: id, Price: 1})
+				if err := g1.Add(ctx, id); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := guard.Get(ctx, g2, id, d.load); err != nil {
+					t.Fatal(err)
+				}
+				d.del(id)
+				if err := g1.Delete(ctx, id); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := guard.Get(ctx, g2, id, d.load); !errors.Is(err, guard.ErrNotFound) {
+					t.Fatalf("%s after its delete: %v", id, err)
+				}
+				d.set(product{ID: id, Price: 2})
+				if err := g1.Add(ctx, id); err != nil {
+					t.Fatal(err)
+				}
+				if p, err := guard.Get(ctx, g2, id, d.load); err != nil || p.Price != 2 {
+					staleRecreated++
+				}
+			}
+			t.Logf("filter %s: %d new IDs asked for before creation (%d cached as markers): %d not served after create + Add; %d deleted and re-created: %d not served",
+				filter, fresh, markers, staleNew, recreated, staleRecreated)
+			if markers == 0 {
+				t.Fatal("no marker was cached: the test exercised nothing")
+			}
+			if staleNew != 0 || staleRecreated != 0 {
+				t.Fatalf("stale not-found after create + Add: %d of %d new, %d of %d re-created", staleNew, fresh, staleRecreated, recreated)
+			}
+		})
+	}
+}
+
+// TestAddKeepsValuesAndBeatsAMarkerLoad: Add drops markers only, never a
+// cached value, in one round trip; a load that read "absent" before the
+// create cannot write its marker after the Add.
+func TestAddKeepsValuesAndBeatsAMarkerLoad(t *testing.T) {
+	ctx := context.Background()
+	c, g, d := setup(t, 10, nil)
+	if _, err := guard.Get(ctx, g, "p1", d.load); err != nil {
+		t.Fatal(err)
+	}
+	c.Counter.Reset()
+	if err := g.Add(ctx, "p1"); err != nil {
+		t.Fatal(err)
+	}
+	if n := c.Counter.RoundTrips(); n != 1 {
+		t.Fatalf("Add of one ID took %d round trips, want 1", n)
+	}
+	c.Counter.Reset()
+	if err := g.Add(ctx, "a", "b", "c", "d", "e"); err != nil {
+		t.Fatal(err)
+	}
+	if n := c.Counter.RoundTrips(); n != 1 {
+		t.Fatalf("Add of five IDs took %d round trips, want 1", n)
+	}
+	loads := d.calls.Load()
+	if p, err := guard.Get(ctx, g, "p1", d.load); err != nil || p.Price != 1 || d.calls.Load() != loads {
+		t.Fatalf("Add dropped a cached value: %+v, %v, %d loads", p, err, d.calls.Load()-loads)
+	}
+
+	// A slow load of "late" reads "absent", then the row is created and
+	// Added before the load writes its marker.
+	read, resume := make(chan struct{}), make(chan struct{})
+	var once atomic.Bool
+	slow := func(ctx context.Context, id string) (product, error) {
+		p, err := d.load(ctx, id)
+		if once.CompareAndSwap(false, true) {
+			close(read)
+			<-resume
+		}
+		return p, err
+	}
+	if err := g.Add(ctx, "late"); err != nil { // known to the filter, not yet in the DB
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() { _, err := guard.Get(ctx, g, "late", slow); got <- err }()
+	<-read
+	d.set(product{ID: "late", Price: 7})
+	if err := g.Add(ctx, "late"); err != nil {
+		t.Fatal(err)
+	}
+	close(resume)
+	if err := <-got; err != nil {
+		t.Fatalf("the Get that started before the create: %v (its refused marker write makes it load again)", err)
+	}
+	if p, err := guard.Get(ctx, g, "late", d.load); err != nil || p.Price != 7 {
+		t.Fatalf("after the create: %+v, %v", p, err)
+	}
+	if st := g.Stats(); st.StaleWrites != 1 {
+		t.Fatalf("the marker write was not refused: %+v", st)
+	}
+}
+
+// TestSetWritesThrough: after Set, every process reads the new value without
+// a load; Set is one round trip and beats a slow load in flight.
+func TestSetWritesThrough(t *testing.T) {
+	ctx := context.Background()
+	c, g1, g2, d := twoGuards(t, 10, nil)
+	if _, err := guard.Get(ctx, g2, "p4", d.load); err != nil {
+		t.Fatal(err)
+	}
+	d.set(product{ID: "p4", Price: 44})
+	c.Counter.Reset()
+	if err := guard.Set(ctx, g1, "p4", product{ID: "p4", Price: 44}); err != nil {
+		t.Fatal(err)
+	}
+	if n := c.Counter.RoundTrips(); n != 1 {
+		t.Fatalf("Set took %d round trips, want 1", n)
+	}
+	loads := d.calls.Load()
+	if p, err := guard.Get(ctx, g2, "p4", d.load); err != nil || p.Price != 44 || d.calls.Load() != loads {
+		t.Fatalf("after Set: %+v, %v, %d loads", p, err, d.calls.Load()-loads)
+	}
+	// Set registers new IDs in the filter too.
+	d.set(product{ID: "brand-new", Price: 5})
+	if err := guard.Set(ctx, g1, "brand-new", product{ID: "brand-new", Price: 5}); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := g2.MayExist(ctx, "brand-new"); !ok || err != nil {
+		t.Fatalf("Set did not register the ID: %v %v", ok, err)
+	}
+
+	// A slow load that read the old row cannot overwrite the Set.
+	read, resume := make(chan struct{}), make(chan struct{})
+	var once atomic.Bool
+	slow := func(ctx context.Context, id string) (product, error) {
+		p, err := d.load(ctx, id)
+		if once.CompareAndSwap(false, true) {
+			close(read)
+			<-resume
+		}
+		return p, err
+	}
+	got := make(chan product, 1)
+	go func() { p, _ := guard.Get(ctx, g2, "p5", slow); got <- p }()
+	<-read
+	d.set(product{ID: "p5", Price: 55})
+	if err := guard.Set(ctx, g1, "p5", product{ID: "p5", Price: 55}); err != nil {
+		t.Fatal(err)
+	}
+	close(resume)
+	<-got
+	if p, err := guard.Get(ctx, g1, "p5", d.load); err != nil || p.Price != 55 {
+		t.Fatalf("a slow load overwrote the Set: %+v, %v", p, err)
+	}
+}
+
+// TestDeleteAnswersNotFoundWithoutALoad: after Delete, every process answers
+// ErrNotFound from the marker, without calling the loader.
+func TestDeleteAnswersNotFoundWithoutALoad(t *testing.T) {
+	ctx := context.Background()
+	_, g1, g2, d := twoGuards(t, 10, &guard.Options{Local: &guard.LocalOptions{TTL: time.Minute}})
+	if _, err := guard.Get(ctx, g2, "p6", d.load); err != nil {
+		t.Fatal(err)
+	}
+	d.del("p6")
+	if err := g1.Delete(ctx, "p6"); err != nil {
+		t.Fatal(err)
+	}
+	loads := d.calls.Load()
+	for _, g := range []*guard.Guard{g1, g2} {
+		// g2 holds p6 in memory until the invalidation message arrives.
+		waitFor(t, func() bool {
+			_, err := guard.Get(ctx, g, "p6", d.load)
+			return errors.Is(err, guard.ErrNotFound)
+		})
+	}
+	if n := d.calls.Load() - loads; n != 0 {
+		t.Fatalf("the loader ran %d times after Delete", n)
+	}
+}
+
+// TestOneTypePerGuard: a Guard read with one type refuses another, at the
+// second binding, instead of evicting entries as corrupt.
+func TestOneTypePerGuard(t *testing.T) {
+	ctx := context.Background()
+	_, g, d := setup(t, 10, nil)
+	if _, err := guard.Get(ctx, g, "p1", d.load); err != nil {
+		t.Fatal(err)
+	}
+	str := func(context.Context, string) (string, error) { return "x", nil }
+	if _, err := guard.Get(ctx, g, "p1", str); !errors.Is(err, guard.ErrWrongType) {
+		t.Fatalf("Get with another type: %v, want ErrWrongType", err)
+	}
+	if _, err := guard.For(g, str); !errors.Is(err, guard.ErrWrongType) {
+		t.Fatalf("For with another type: %v, want ErrWrongType", err)
+	}
+	if err := guard.Set(ctx, g, "p1", "x"); !errors.Is(err, guard.ErrWrongType) {
+		t.Fatalf("Set with another type: %v, want ErrWrongType", err)
+	}
+	if st := g.Stats(); st.CorruptValues != 0 || st.Loads != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+	products, err := guard.For(g, d.load)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err := products.Get(ctx, "p1"); err != nil || p.Price != 1 {
+		t.Fatalf("typed Get: %+v, %v", p, err)
+	}
+}
+
+// TestVersionsKeepSeparateEntriesAndWritesDropAll: two schema versions of one
+// Guard (as in a rolling deploy) cache side by side without evicting each
+// other, and a write through either drops both.
+func TestVersionsKeepSeparateEntriesAndWritesDropAll(t *testing.T) {
+	ctx := context.Background()
+	c, gOld, d := setup(t, 10, nil)
+	type productV2 struct {
+		ID    string
+		Cents int64 // renamed field: v1 entries do not decode into it
+	}
+	gNew, err := guard.New(ctx, redistest.Connect(t), "product", &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 10_000, Version: "2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gNew.Close()
+	var newLoads atomic.Int32
+	loadV2 := func(ctx context.Context, id string) (productV2, error) {
+		newLoads.Add(1)
+		p, err := d.load(ctx, id)
+		return productV2{ID: p.ID, Cents: int64(p.Price) * 100}, err
+	}
+	for range 3 {
+		if p, err := guard.Get(ctx, gOld, "p2", d.load); err != nil || p.Price != 2 {
+			t.Fatalf("v1: %+v %v", p, err)
+		}
+		if p, err := guard.Get(ctx, gNew, "p2", loadV2); err != nil || p.Cents != 200 {
+			t.Fatalf("v2: %+v %v", p, err)
+		}
+	}
+	if newLoads.Load() != 1 || gOld.Stats().Loads != 1 || gOld.Stats().CorruptValues+gNew.Stats().CorruptValues != 0 {
+		t.Fatalf("versions evicted each other: v1 %+v, v2 loads %d", gOld.Stats(), newLoads.Load())
+	}
+	// An old process's write drops the new version's entry too.
+	d.set(product{ID: "p2", Price: 3})
+	if err := gOld.Invalidate(ctx, "p2"); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := guard.Get(ctx, gNew, "p2", loadV2); err != nil || p.Cents != 300 {
+		t.Fatalf("v2 after a v1 Invalidate: %+v %v", p, err)
+	}
+	// And a new process's Set drops the old version's.
+	d.set(product{ID: "p2", Price: 4})
+	if err := guard.Set(ctx, gNew, "p2", productV2{ID: "p2", Cents: 400}); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := guard.Get(ctx, gOld, "p2", d.load); err != nil || p.Price != 4 {
+		t.Fatalf("v1 after a v2 Set: %+v %v", p, err)
+	}
+}

@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/cacheguard/cacheguard/guard"
 	"github.com/cacheguard/cacheguard/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 // twoGuards opens a Guard called "product" in two "processes" (two clients,
@@ -319,5 +322,61 @@ func TestVersionsKeepSeparateEntriesAndWritesDropAll(t *testing.T) {
 	}
 	if p, err := guard.Get(ctx, gOld, "p2", d.load); err != nil || p.Price != 4 {
 		t.Fatalf("v1 after a v2 Set: %+v %v", p, err)
+	}
+}
+
+// holdRelease is a redis.Hook that blocks the load holder's release+publish
+// script (the step after its cache write) until released.
+type holdRelease struct {
+	channel string        // the Guard's "loaded" channel, an argument of that script
+	held    chan struct{} // closed when the script is held
+	release chan struct{}
+	once    sync.Once
+}
+
+func (h *holdRelease) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *holdRelease) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *holdRelease) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if slices.Contains(cmd.Args(), any(h.channel)) {
+			h.once.Do(func() { close(h.held); <-h.release })
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestNoAnswerFromAFlightOlderThanTheGet: a Get that starts after another
+// process's write returned is not answered by a flight of its own process
+// that loaded before the write (here: held between its cache write and its
+// release), but by a newer read.
+func TestNoAnswerFromAFlightOlderThanTheGet(t *testing.T) {
+	ctx := context.Background()
+	c, g1, d := setup(t, 10, nil)
+	c2 := redistest.Connect(t)
+	h := &holdRelease{channel: c.Prefix + ":product:loaded", held: make(chan struct{}), release: make(chan struct{})}
+	c2.AddHook(h)
+	g2, err := guard.New(ctx, c2, "product", &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 10_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g2.Close()
+	first := make(chan product, 1)
+	go func() { p, _ := guard.Get(ctx, g2, "p7", d.load); first <- p }()
+	<-h.held // g2's flight loaded p7 (price 7), cached it, and is about to release
+	d.set(product{ID: "p7", Price: 77})
+	if err := g1.Invalidate(ctx, "p7"); err != nil { // the next Get misses, and would join that flight
+		t.Fatal(err)
+	}
+	second := make(chan product, 1)
+	go func() { p, _ := guard.Get(ctx, g2, "p7", d.load); second <- p }()
+	time.Sleep(50 * time.Millisecond) // the second Get reaches the flight while it is held
+	close(h.release)
+	if p := <-first; p.Price != 7 && p.Price != 77 {
+		t.Fatalf("first Get: %+v", p)
+	}
+	if p := <-second; p.Price != 77 {
+		t.Fatalf("a Get that started after the Invalidate returned got %+v, want price 77", p)
 	}
 }

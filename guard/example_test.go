@@ -86,3 +86,61 @@ func ExampleGuard_Invalidate() {
 	// 100
 	// 120
 }
+
+// A repository call wrapped by a typed handle, through a row's whole life.
+func ExampleFor() {
+	ctx := context.Background()
+	rdb := redistest.NewClient()
+	defer rdb.Close()
+	g, err := guard.New(ctx, rdb, "example-sku", nil)
+	if err != nil {
+		panic(err)
+	}
+	defer g.Close()
+
+	table := map[string]Product{} // the source of truth
+	loads := 0
+	findProduct := func(ctx context.Context, id string) (Product, error) { // the repository's method
+		loads++
+		p, ok := table[id]
+		if !ok {
+			return Product{}, fmt.Errorf("sku %s: %w", id, guard.ErrNotFound)
+		}
+		return p, nil
+	}
+	products, err := guard.For(g, findProduct)
+	if err != nil {
+		panic(err)
+	}
+	find := products.Get // the repository's signature, now cached
+
+	_, err = find(ctx, "lamp") // asked for before it exists: a "not found" marker is cached
+	fmt.Println(errors.Is(err, guard.ErrNotFound))
+
+	table["lamp"] = Product{ID: "lamp", Name: "Desk lamp", Price: 1999} // INSERT committed
+	_ = products.Add(ctx, "lamp")                                       // servable at once: the marker goes
+	p, _ := find(ctx, "lamp")
+	fmt.Println(p.Price)
+
+	p.Price = 2499
+	table["lamp"] = p                // UPDATE committed
+	_ = products.Set(ctx, "lamp", p) // write-through: no reader pays a miss
+	p, _ = find(ctx, "lamp")
+	fmt.Println(p.Price)
+
+	delete(table, "lamp")            // DELETE committed
+	_ = products.Delete(ctx, "lamp") // "not found" everywhere at once, without a load
+	_, err = find(ctx, "lamp")
+	fmt.Println(errors.Is(err, guard.ErrNotFound))
+
+	table["lamp"] = Product{ID: "lamp", Name: "Desk lamp", Price: 1899} // re-created
+	_ = products.Add(ctx, "lamp")
+	p, _ = find(ctx, "lamp")
+	fmt.Println(p.Price, "loads:", loads)
+	// Output:
+	// true
+	// 1999
+	// 2499
+	// true
+	// 1899 loads: 3
+}

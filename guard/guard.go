@@ -3,39 +3,49 @@
 // expires is loaded once across all processes (stampede), and TTLs are spread
 // so keys loaded together do not expire together (avalanche).
 //
-// One [Guard] serves one kind of entity; its name scopes its Redis keys, its
-// bloom filter and its TTLs. [Get] reads through it. One Get of an ID goes:
+// One [Guard] serves one kind of entity (one value type, bound by the first
+// [Get] or [For]); its name scopes its Redis keys, its bloom filter and its
+// TTLs. [Get] reads through it; [For] wraps a repository call in a typed
+// handle. One Get of an ID goes:
 //
 //  1. The ID is checked and turned into its value key (internal/keyspace);
 //     a malformed ID ends in [ErrInvalidKey] without a Redis command. After
 //     [Guard.Close] every call ends in [ErrClosed] (the gate in guard.go).
 //  2. With [Options.Local], a copy in process memory answers at once
 //     (local.go).
-//  3. Concurrent Gets of the ID in this process join one flight
-//     (loader.Group): steps 4 to 6 run once for all of them (call.fly in
-//     get.go).
-//  4. One round trip reads the ID (Guard.read in read.go): the bloom probe
-//     and the GET of the value key, pipelined. An ID the filter has never
-//     seen ends in [ErrNotFound]; a cached value is decoded and returned; a
-//     cached empty marker ends in [ErrNotFound]; a corrupt entry is dropped
-//     and treated as a miss. A filter that is not ready (never built, or lost
-//     by Redis) answers "maybe": the Guard fails open, never rejects an ID
-//     that exists. [Guard.Peek] is this step alone, for HTTP middleware; the
-//     Get that follows it reuses its answer.
-//  5. A miss goes to the loader's Coordinator (fill in get.go): one process
-//     at a time takes the ID's lock, checks the cache again, calls the load
-//     function and writes its value for [Options.TTL] ± [Options.Jitter], or
-//     an empty marker for [Options.EmptyTTL] when the load says
-//     [ErrNotFound], with a fenced write that an [Guard.Invalidate] made in
-//     the meantime refuses; then it releases the lock and publishes the ID.
+//  3. One round trip, in the caller's goroutine, reads the ID (Guard.read
+//     in read.go): the bloom probe and the HGET of the value key's field for
+//     [Options.Version], pipelined. An ID the filter has never seen ends in
+//     [ErrNotFound]; a cached value is decoded and returned; a cached empty
+//     marker ends in [ErrNotFound]; a corrupt entry is dropped and treated as
+//     a miss. A filter that is not ready (never built, or lost by Redis)
+//     answers "maybe": the Guard fails open, never rejects an ID that exists.
+//     [Guard.Peek] is this step alone, for HTTP middleware; the Get that
+//     follows it reuses its answer.
+//  4. A miss joins the ID's fill flight in this process (fill in get.go),
+//     if that flight started after this Get did: an older flight may have
+//     read before a write that returned before this Get started, so its
+//     answer could be stale, and the Get runs a newer one.
+//  5. The flight goes to the loader's Coordinator (call.coordinate): one
+//     process at a time takes the ID's lock, checks the cache again, calls
+//     the load function and writes its value for [Options.TTL] ±
+//     [Options.Jitter], or an empty marker for [Options.EmptyTTL] when the
+//     load says [ErrNotFound], with a fenced write that any write made in the
+//     meantime refuses; then it releases the lock and publishes the ID.
 //     Flights in other processes wait for that publish and read the value
 //     (see loader.Coordinator for the order of events).
 //  6. Every caller decodes its own copy of the frame the flight found.
 //
-// Writes: register new IDs with [Guard.Add] after the database commit, drop
-// stale entries with [Guard.Invalidate] after an update, fill the filter from
-// the database with [Guard.Rebuild] (admin.go). Every error that Redis failing
-// causes, from every function, wraps [ErrUnavailable] (errors.go).
+// Writes (admin.go), each after the source of truth committed: [Guard.Add]
+// for created IDs (registers them and drops their "not found" markers),
+// [Set] to write a new value through, [Guard.Invalidate] to drop it instead,
+// [Guard.Delete] for deleted IDs (a marker at once). Each deletes the IDs'
+// fences, so no load in flight that read older data can store it afterwards:
+// once a write returned, no Get that starts later, in any process, answers
+// older data or a stale "not found" (without Options.Local; see
+// LocalOptions). [Guard.Rebuild] fills the filter from the source of truth.
+// Every error that Redis failing causes, from every function, wraps
+// [ErrUnavailable] (errors.go).
 package guard
 
 import (

@@ -117,7 +117,7 @@ func ErrorHandler(next labecho.HTTPErrorHandler) labecho.HTTPErrorHandler {
 			return
 		}
 		cc := core.FromContext(c.Request().Context())
-		if p.Status >= 500 && he.Internal != nil {
+		if p.Status >= 500 && core.Loggable(he.Internal) {
 			if l := cc.Logger(); l != nil {
 				l.ErrorContext(c.Request().Context(), "cacheguard: request failed", "status", p.Status, "err", he.Internal)
 			} else {

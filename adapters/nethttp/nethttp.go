@@ -107,7 +107,7 @@ func NotFound(w http.ResponseWriter, r *http.Request) {
 func Error(w http.ResponseWriter, r *http.Request, err error) {
 	c := core.FromContext(r.Context())
 	status := core.Status(err)
-	if l := c.Logger(); l != nil && status >= 500 {
+	if l := c.Logger(); l != nil && status >= 500 && core.Loggable(err) {
 		l.ErrorContext(r.Context(), "cacheguard: request failed", "status", status, "err", err)
 	}
 	write(w, c, status)

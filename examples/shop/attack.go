@@ -85,20 +85,19 @@ func attack(ctx context.Context, base string, o attackOptions) ([]result, error)
 			return 0
 		}},
 		{"stampede", func(ctx context.Context, prefix string, rec *recorder) int64 {
-			// The hot product is updated (and invalidated), then Burst
-			// clients ask for it at once; again and again.
+			// The hot product's cached copy is dropped (as when it
+			// expires), then Burst clients ask for it at once; again and
+			// again.
 			var rounds int64
 			for ctx.Err() == nil {
-				body := fmt.Sprintf(`{"name":"Hot product","price_cents":%d}`, 1000+rounds)
-				req, _ := http.NewRequestWithContext(ctx, "PUT", base+"/products/"+o.HotProduct, strings.NewReader(body))
-				req.Header.Set("Content-Type", "application/json")
+				req, _ := http.NewRequestWithContext(ctx, "DELETE", base+"/cache/products/"+o.HotProduct, nil)
 				resp, err := client.Do(req)
 				if err != nil {
 					break
 				}
 				_, _ = io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
-				if resp.StatusCode != 200 {
+				if resp.StatusCode != http.StatusNoContent {
 					rec.errors.Add(1)
 					continue
 				}

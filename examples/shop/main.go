@@ -9,10 +9,11 @@
 // database. Redis is REDIS_URL, or else a redis-server the command starts on
 // a free local port and stops on exit. Routes:
 //
-//	GET    /products/:id        Echo + the Echo adapter + guard.Get
-//	POST   /products            insert, then Guard.Add
-//	PUT    /products/:id        update, then Guard.Invalidate
-//	DELETE /products/:id        delete, then Guard.Invalidate
+//	GET    /products/:id        Echo + the Echo adapter + a typed guard.Cache
+//	POST   /products            insert, then Add (servable at once, markers dropped)
+//	PUT    /products/:id        update, then Set (write-through)
+//	DELETE /products/:id        delete, then Delete (404 everywhere at once, no load)
+//	DELETE /cache/products/:id  drop the cached copies, as an expiry would
 //	GET    /users/{id}          net/http + the net/http adapter + guard.Get
 //	GET    /naive/products/:id  the baseline: plain cache-aside (GET; on a miss query and SET)
 //	GET    /metrics             Prometheus text: DB queries, Redis commands, guard stats

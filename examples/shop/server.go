@@ -29,6 +29,7 @@ type Shop struct {
 	store, naiveStore   *Store // reads of the guarded path and of the baseline
 	writes              *Store // POST, PUT, DELETE
 	products, users     *guard.Guard
+	productCache        *guard.Cache[Product] // products, typed: the repository call wrapped
 	guardRDB, naiveRDB  redis.UniversalClient
 	guardCmds, naiveCmd *cmdcount.Counter
 	log                 *slog.Logger
@@ -59,6 +60,9 @@ func newShop(ctx context.Context, db *sql.DB, redisOpts *redis.Options, dbLatenc
 		ExpectedItems: 200_000, Logger: log, RebuildFrom: ids("products"),
 	})
 	if err != nil {
+		return nil, err
+	}
+	if s.productCache, err = guard.For(s.products, s.loadProduct); err != nil {
 		return nil, err
 	}
 	s.users, err = guard.New(ctx, s.guardRDB, "user", &guard.Options{
@@ -109,7 +113,7 @@ func (s *Shop) Handler() http.Handler {
 	e.HTTPErrorHandler = cgecho.ErrorHandler(e.DefaultHTTPErrorHandler)
 
 	e.GET("/products/:id", func(c labecho.Context) error {
-		p, err := guard.Get(c.Request().Context(), s.products, c.Param("id"), s.loadProduct)
+		p, err := s.productCache.Get(c.Request().Context(), c.Param("id"))
 		if err != nil {
 			return cgecho.HTTPError(err)
 		}
@@ -125,8 +129,7 @@ func (s *Shop) Handler() http.Handler {
 		if err != nil {
 			return cgecho.HTTPError(err)
 		}
-		// Committed: now the filter may learn the new ID.
-		if err := s.products.Add(c.Request().Context(), p.ID); err != nil {
+		if err := s.created(c.Request().Context(), p.ID); err != nil {
 			return cgecho.HTTPError(err)
 		}
 		return c.JSON(http.StatusCreated, p)
@@ -143,7 +146,11 @@ func (s *Shop) Handler() http.Handler {
 		} else if err != nil {
 			return cgecho.HTTPError(err)
 		}
-		if err := s.invalidate(c.Request().Context(), in.ID); err != nil {
+		// Committed: write the new row through, so no reader pays a miss.
+		if err := s.productCache.Set(c.Request().Context(), in.ID, in); err != nil {
+			return cgecho.HTTPError(err)
+		}
+		if err := s.naiveRDB.Del(c.Request().Context(), naiveKey(in.ID)).Err(); err != nil {
 			return cgecho.HTTPError(err)
 		}
 		return c.JSON(http.StatusOK, in)
@@ -156,11 +163,24 @@ func (s *Shop) Handler() http.Handler {
 		} else if err != nil {
 			return cgecho.HTTPError(err)
 		}
-		if err := s.invalidate(c.Request().Context(), id); err != nil {
+		// Committed: every process answers 404 from a marker at once.
+		if err := s.productCache.Delete(c.Request().Context(), id); err != nil {
+			return cgecho.HTTPError(err)
+		}
+		if err := s.naiveRDB.Del(c.Request().Context(), naiveKey(id)).Err(); err != nil {
 			return cgecho.HTTPError(err)
 		}
 		return c.NoContent(http.StatusNoContent)
 	}, cgecho.Middleware(s.products))
+
+	// Drops a product's cached copies on both paths, as an expiry would
+	// (the demo's stampede scenario; an operator's "evict").
+	e.DELETE("/cache/products/:id", func(c labecho.Context) error {
+		if err := s.evict(c.Request().Context(), c.Param("id")); err != nil {
+			return cgecho.HTTPError(err)
+		}
+		return c.NoContent(http.StatusNoContent)
+	})
 
 	// The baseline: plain cache-aside, no filter, no markers, no lock.
 	e.GET("/naive/products/:id", func(c labecho.Context) error {
@@ -168,7 +188,7 @@ func (s *Shop) Handler() http.Handler {
 		if _, err := strconv.ParseUint(id, 10, 64); err != nil { // product IDs are numbers
 			return labecho.NewHTTPError(http.StatusBadRequest)
 		}
-		key := "shop:naive:product:" + id
+		key := naiveKey(id)
 		if raw, err := s.naiveRDB.Get(ctx, key).Bytes(); err == nil {
 			return c.JSONBlob(http.StatusOK, raw)
 		}
@@ -212,10 +232,19 @@ func (s *Shop) Handler() http.Handler {
 	return mux
 }
 
-// invalidate drops both paths' cached copies after a write.
-func (s *Shop) invalidate(ctx context.Context, id string) error {
-	if err := s.products.Invalidate(ctx, id); err != nil {
+// created runs after a product's INSERT committed: the ID is servable at
+// once in every process (Add registers it in the filter and drops any "not
+// found" marker cached while it did not exist).
+func (s *Shop) created(ctx context.Context, id string) error {
+	return s.productCache.Add(ctx, id)
+}
+
+// evict drops both paths' cached copies of a product.
+func (s *Shop) evict(ctx context.Context, id string) error {
+	if err := s.productCache.Invalidate(ctx, id); err != nil {
 		return err
 	}
-	return s.naiveRDB.Del(ctx, "shop:naive:product:"+id).Err()
+	return s.naiveRDB.Del(ctx, naiveKey(id)).Err()
 }
+
+func naiveKey(id string) string { return "shop:naive:product:" + id }

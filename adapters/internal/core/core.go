@@ -179,6 +179,10 @@ func Status(err error) int {
 	}
 }
 
+// Loggable reports whether the error behind a 5xx answer is worth a log
+// line: not when the client went away (context.Canceled).
+func Loggable(err error) bool { return err != nil && !errors.Is(err, context.Canceled) }
+
 // StatusOf is the status of a Decision (0 for Pass).
 func StatusOf(d Decision) int {
 	switch d {

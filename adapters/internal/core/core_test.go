@@ -1,6 +1,7 @@
 package core_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -49,5 +50,11 @@ func TestStatusAndBodies(t *testing.T) {
 	}
 	if got := (*core.Core)(nil).RetryAfter(); got != "1" {
 		t.Errorf("nil Core's Retry-After %q", got)
+	}
+}
+
+func TestLoggable(t *testing.T) {
+	if core.Loggable(nil) || core.Loggable(fmt.Errorf("get: %w", context.Canceled)) || !core.Loggable(errors.New("db down")) {
+		t.Fatal("Loggable: nil and a client that went away are not worth a log line; other errors are")
 	}
 }

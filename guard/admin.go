@@ -35,24 +35,18 @@ var (
 // rebuild runs; see bloom.Filter.AddMany). Malformed IDs make Add fail before
 // any Redis command; Redis failures wrap ErrUnavailable.
 func (g *Guard) Add(ctx context.Context, ids ...string) error {
-	if err := g.gate.enter(); err != nil {
-		return err
-	}
-	defer g.gate.leave()
-	keys, err := g.valueKeys(ids)
-	if err != nil || len(keys) == 0 {
-		return err
-	}
-	pipe := g.rdb.Pipeline()
-	added := g.bloom.QueueAdd(ctx, pipe, ids)
-	cleared := make([]*redis.Cmd, len(keys))
-	marker := codec.Empty()
-	for i, k := range keys {
-		cleared[i] = clearMarkers.Eval(ctx, pipe, []string{k, keyspace.Fence(k)}, marker)
-	}
-	_, _ = pipe.Exec(ctx) // errors are read per command
-	g.forget(keys, nil)
-	return g.fail(ctx, "add", "", firstErr(added.Result(ctx), cleared))
+	return g.write(ids, func(keys []string) error {
+		pipe := g.rdb.Pipeline()
+		added := g.bloom.QueueAdd(ctx, pipe, ids)
+		cleared := make([]*redis.Cmd, len(keys))
+		marker := codec.Empty()
+		for i, k := range keys {
+			cleared[i] = clearMarkers.Eval(ctx, pipe, []string{k, keyspace.Fence(k)}, marker)
+		}
+		_, _ = pipe.Exec(ctx) // errors are read per command
+		g.forget(keys, nil)
+		return g.fail(ctx, "add", "", firstErr(added.Result(ctx), cleared))
+	})
 }
 
 // Set writes v as the cached value of id: write-through, after the source of
@@ -92,15 +86,9 @@ func Set[T any](ctx context.Context, g *Guard, id string, v T) error {
 // of a deleted ID, in any process, answers ErrNotFound without calling the
 // loader. A re-created ID is servable again after its Add.
 func (g *Guard) Delete(ctx context.Context, ids ...string) error {
-	if err := g.gate.enter(); err != nil {
-		return err
-	}
-	defer g.gate.leave()
-	keys, err := g.valueKeys(ids)
-	if err != nil || len(keys) == 0 {
-		return err
-	}
-	return g.replace(ctx, "delete", nil, keys, codec.Empty(), g.opts.EmptyTTL, nil)
+	return g.write(ids, func(keys []string) error {
+		return g.replace(ctx, "delete", nil, keys, codec.Empty(), g.opts.EmptyTTL, nil)
+	})
 }
 
 // replace runs replace.lua for each key with frame (TTL ± Jitter each),
@@ -135,6 +123,20 @@ func (g *Guard) forget(keys []string, frame []byte) {
 			}
 		}
 	}
+}
+
+// write runs a write of ids inside the gate, with their value keys (none:
+// nothing to do; a malformed ID: ErrInvalidKey before any Redis command).
+func (g *Guard) write(ids []string, fn func(keys []string) error) error {
+	if err := g.gate.enter(); err != nil {
+		return err
+	}
+	defer g.gate.leave()
+	keys, err := g.valueKeys(ids)
+	if err != nil || len(keys) == 0 {
+		return err
+	}
+	return fn(keys)
 }
 
 // valueKeys returns the value keys of ids, or ErrInvalidKey before any Redis
@@ -175,25 +177,19 @@ func firstErr(err error, cmds []*redis.Cmd) error {
 // new flight instead of joining one that may have read the old data, and
 // every process's in-memory copy (Options.Local) is dropped. One round trip.
 func (g *Guard) Invalidate(ctx context.Context, ids ...string) error {
-	if err := g.gate.enter(); err != nil {
-		return err
-	}
-	defer g.gate.leave()
-	keys, err := g.valueKeys(ids)
-	if err != nil || len(keys) == 0 {
-		return err
-	}
-	// One DEL per ID (value and fence share a slot; IDs do not), and a
-	// message per ID for the processes that keep values in memory (Local),
-	// in one round trip.
-	pipe := g.rdb.Pipeline()
-	for _, k := range keys {
-		pipe.Del(ctx, k, keyspace.Fence(k))
-		pipe.Publish(ctx, g.keys.Invalidated(), k)
-	}
-	_, err = pipe.Exec(ctx)
-	g.forget(keys, nil)
-	return g.fail(ctx, "invalidate", "", redisfail.Wrap(err))
+	return g.write(ids, func(keys []string) error {
+		// One DEL per ID (value and fence share a slot; IDs do not), and a
+		// message per ID for the processes that keep values in memory
+		// (Local), in one round trip.
+		pipe := g.rdb.Pipeline()
+		for _, k := range keys {
+			pipe.Del(ctx, k, keyspace.Fence(k))
+			pipe.Publish(ctx, g.keys.Invalidated(), k)
+		}
+		_, err := pipe.Exec(ctx)
+		g.forget(keys, nil)
+		return g.fail(ctx, "invalidate", "", redisfail.Wrap(err))
+	})
 }
 
 // Rebuild replaces the bloom filter with one built from every existing ID of

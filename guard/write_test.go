@@ -134,16 +134,7 @@ func TestAddKeepsValuesAndBeatsAMarkerLoad(t *testing.T) {
 
 	// A slow load of "late" reads "absent", then the row is created and
 	// Added before the load writes its marker.
-	read, resume := make(chan struct{}), make(chan struct{})
-	var once atomic.Bool
-	slow := func(ctx context.Context, id string) (product, error) {
-		p, err := d.load(ctx, id)
-		if once.CompareAndSwap(false, true) {
-			close(read)
-			<-resume
-		}
-		return p, err
-	}
+	slow, read, resume := pausedAfterRead(d)
 	if err := g.Add(ctx, "late"); err != nil { // known to the filter, not yet in the DB
 		t.Fatal(err)
 	}
@@ -196,16 +187,7 @@ func TestSetWritesThrough(t *testing.T) {
 	}
 
 	// A slow load that read the old row cannot overwrite the Set.
-	read, resume := make(chan struct{}), make(chan struct{})
-	var once atomic.Bool
-	slow := func(ctx context.Context, id string) (product, error) {
-		p, err := d.load(ctx, id)
-		if once.CompareAndSwap(false, true) {
-			close(read)
-			<-resume
-		}
-		return p, err
-	}
+	slow, read, resume := pausedAfterRead(d)
 	got := make(chan product, 1)
 	go func() { p, _ := guard.Get(ctx, g2, "p5", slow); got <- p }()
 	<-read
@@ -379,4 +361,20 @@ func TestNoAnswerFromAFlightOlderThanTheGet(t *testing.T) {
 	if p := <-second; p.Price != 77 {
 		t.Fatalf("a Get that started after the Invalidate returned got %+v, want price 77", p)
 	}
+}
+
+// pausedAfterRead wraps d.load: its first call reads the row, then closes
+// read and waits for resume before it returns what it read.
+func pausedAfterRead(d *db) (slow func(context.Context, string) (product, error), read, resume chan struct{}) {
+	read, resume = make(chan struct{}), make(chan struct{})
+	var once atomic.Bool
+	slow = func(ctx context.Context, id string) (product, error) {
+		p, err := d.load(ctx, id)
+		if once.CompareAndSwap(false, true) {
+			close(read)
+			<-resume
+		}
+		return p, err
+	}
+	return slow, read, resume
 }

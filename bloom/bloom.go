@@ -99,9 +99,12 @@ var (
 	createMetaLua string
 	//go:embed lua/set_bits.lua
 	setBitsLua string
+	//go:embed lua/count_added.lua
+	countAddedLua string
 
 	createMeta = redis.NewScript(createMetaLua)
 	setBits    = redis.NewScript(setBitsLua)
+	countAdded = redis.NewScript(countAddedLua)
 )
 
 // Options sizes a filter. A nil *Options means all defaults.
@@ -437,7 +440,7 @@ type PendingAdd struct {
 	ids   []string
 	l     *layout
 	meta  *redis.MapStringStringCmd
-	added *redis.IntCmd
+	added *redis.Cmd // the meta's new count, or -1 if the meta is gone
 	sets  []*redis.Cmd
 }
 
@@ -450,7 +453,7 @@ func (f *Filter) QueueAdd(ctx context.Context, pipe redis.Pipeliner, ids []strin
 		return p
 	}
 	p.meta = pipe.HGetAll(ctx, f.names.Meta())
-	p.added = pipe.HIncrBy(ctx, f.names.Meta(), "added", int64(len(ids)))
+	p.added = countAdded.Eval(ctx, pipe, []string{f.names.Meta()}, len(ids))
 	p.sets = queueSetBits(ctx, pipe, p.l, ids)
 	return p
 }
@@ -467,10 +470,11 @@ func (p *PendingAdd) Result(ctx context.Context) error {
 	}
 	f, l := p.f, p.l
 	m, err := parseMeta(f.names, p.meta.Val())
-	if err != nil { // the meta is gone: nothing to keep consistent until a rebuild
+	added, _ := p.added.Int64()
+	if err != nil || added < 0 { // the meta is gone: nothing to keep consistent until a rebuild
 		return nil
 	}
-	f.checkSaturation(m.cur, uint64(p.added.Val()))
+	f.checkSaturation(m.cur, uint64(added))
 	var more []*layout
 	if m.cur.gen != l.gen {
 		more = append(more, m.cur)

@@ -116,9 +116,10 @@ func TestOneCommandPerCall(t *testing.T) {
 	if err := f.Add(ctx, "x"); err != nil {
 		t.Fatal(err)
 	}
-	// Add: one round trip that reads the meta and sets the bits with one
-	// script on the one shard the item lives in.
-	if names := c.Counter.Names(); c.Counter.RoundTrips() != 1 || names["eval"] != 1 {
+	// Add: one round trip that reads the meta, counts the item into it (a
+	// script: only if the meta exists) and sets the bits with one script on
+	// the one shard the item lives in.
+	if names := c.Counter.Names(); c.Counter.RoundTrips() != 1 || c.Counter.Commands() != 3 || names["eval"] != 2 || names["hgetall"] != 1 {
 		t.Fatalf("Add sent %v in %d round trips", names, c.Counter.RoundTrips())
 	}
 	c.Counter.Reset()

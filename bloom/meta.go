@@ -55,7 +55,7 @@ func parseConfig(h map[string]string, prefix string) (Config, error) {
 }
 
 func parseMeta(names keyspace.Filter, h map[string]string) (*meta, error) {
-	if len(h) == 0 {
+	if h["format"] == "" { // missing, or partial: what is left counts for nothing
 		return nil, errNoMeta
 	}
 	if h["format"] != metaFormat || h["hash"] != hashName {
@@ -100,6 +100,11 @@ func (f *Filter) openMeta(ctx context.Context, cfg Config) (*meta, error) {
 		return nil, fmt.Errorf("bloom: open %s: %w", f.base, err)
 	}
 	if created, _ := res[0].(int64); created == 1 {
+		// Shards of this generation left from before the meta was lost
+		// hold bits of another life: start from empty ones.
+		if err := unlink(ctx, f.rdb, m.cur.keys); err != nil {
+			return nil, fmt.Errorf("bloom: open %s: %w", f.base, redisfail.Wrap(err))
+		}
 		if err := allocate(ctx, f.rdb, m.cur); err != nil {
 			return nil, fmt.Errorf("bloom: open %s: %w", f.base, redisfail.Wrap(err))
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/cacheguard/cacheguard/bloom"
 	"github.com/cacheguard/cacheguard/guard"
 	"github.com/cacheguard/cacheguard/internal/redisserver"
+	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
 // TestRedisRestartWithoutPersistence: Redis is shut down with SHUTDOWN NOSAVE
@@ -136,5 +137,54 @@ func TestSaturationHook(t *testing.T) {
 	}
 	if est := <-fired; est <= 0.015 {
 		t.Fatalf("estimated FP %.4f not above the 1.5%% threshold", est)
+	}
+}
+
+// TestFilterStuckSequenceHeals: Redis loses everything, then an Add comes
+// before any Get (on the previous version this left a partial meta: Rebuild,
+// auto-rebuild and New failed with ErrMismatch, and every unknown ID reached
+// the loader for good). Now one automatic rebuild heals it, and a new
+// process can start meanwhile.
+func TestFilterStuckSequenceHeals(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	d := newDB(1000)
+	opts := &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 10_000, RebuildFrom: func(context.Context) iter.Seq2[string, error] {
+		return ids("p", 1000)
+	}}
+	g, err := guard.New(ctx, c, "product", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if _, err := g.Rebuild(ctx, ids("p", 1000), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.FlushMasters(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Add(ctx, "p1000"); err != nil {
+		t.Fatal(err)
+	}
+	g2, err := guard.New(ctx, redistest.Connect(t), "product", opts)
+	if err != nil {
+		t.Fatalf("a new process cannot start: %v", err)
+	}
+	defer g2.Close()
+	if _, err := guard.Get(ctx, g, "p1", d.load); err != nil { // finds the filter not ready: rebuilds it
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { in, err := g.Info(ctx); return err == nil && in.Ready })
+	before := d.calls.Load()
+	for i := range 2000 {
+		if _, err := guard.Get(ctx, g2, fmt.Sprintf("unknown%d", i), d.load); !errors.Is(err, guard.ErrNotFound) {
+			t.Fatal(err)
+		}
+	}
+	if n := d.calls.Load() - before; n > 60 { // 1% false positives: about 20
+		t.Fatalf("%d of 2,000 unknown IDs reached the loader after the heal", n)
+	}
+	if st := g.Stats(); st.BloomBypasses == 0 {
+		t.Fatalf("the filter was never found not ready: %+v", st)
 	}
 }

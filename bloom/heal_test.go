@@ -1,0 +1,117 @@
+package bloom_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/cacheguard/cacheguard/bloom"
+	"github.com/cacheguard/cacheguard/internal/keyspace"
+	"github.com/cacheguard/cacheguard/internal/redistest"
+)
+
+// TestHealsFromLostKeys: no sequence of Redis losing the filter's keys
+// leaves it in a state that Rebuild or a new Open cannot get out of, and
+// none makes it answer a wrong "absent".
+func TestHealsFromLostKeys(t *testing.T) {
+	ctx := context.Background()
+	opts := &bloom.Options{ExpectedItems: 10_000}
+	lose := map[string]func(c *redistest.Conn, key string, f *bloom.Filter) error{
+		// FLUSHALL, then an Add before anything else: AddMany's counter
+		// increment used to recreate the meta with only "added".
+		"flush then Add": func(c *redistest.Conn, key string, f *bloom.Filter) error {
+			if err := c.FlushMasters(ctx); err != nil {
+				return err
+			}
+			return f.Add(ctx, "k1")
+		},
+		"meta evicted then Add": func(c *redistest.Conn, key string, f *bloom.Filter) error {
+			if err := c.Del(ctx, keyspace.ForFilter(key).Meta()).Err(); err != nil {
+				return err
+			}
+			return f.AddMany(ctx, []string{"k1", "k2"})
+		},
+		"partial meta": func(c *redistest.Conn, key string, f *bloom.Filter) error {
+			meta := keyspace.ForFilter(key).Meta()
+			if err := c.Del(ctx, meta).Err(); err != nil {
+				return err
+			}
+			return c.HSet(ctx, meta, "added", 5).Err()
+		},
+		"shards lost": func(c *redistest.Conn, key string, f *bloom.Filter) error {
+			in, err := f.Info(ctx)
+			if err != nil {
+				return err
+			}
+			for i := range in.Config.Shards {
+				if err := c.Del(ctx, keyspace.ForFilter(key).Shard(in.Generation, i)).Err(); err != nil {
+					return err
+				}
+			}
+			return f.Add(ctx, "k1")
+		},
+		"flush mid-Rebuild": func(c *redistest.Conn, key string, f *bloom.Filter) error {
+			flushed := false
+			_, err := f.Rebuild(ctx, seq("k", 200_000), &bloom.RebuildOptions{Progress: func(bloom.RebuildProgress) {
+				if !flushed {
+					flushed = true
+					_ = c.FlushMasters(ctx)
+				}
+			}})
+			if err == nil {
+				return errors.New("a rebuild whose meta vanished reported success")
+			}
+			return nil
+		},
+	}
+	for name, fn := range lose {
+		t.Run(name, func(t *testing.T) {
+			c := redistest.Connect(t)
+			key := c.Prefix + ":bf"
+			f, err := bloom.Open(ctx, c, key, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.Rebuild(ctx, seq("k", 100), nil); err != nil {
+				t.Fatal(err)
+			}
+			if err := fn(c, key, f); err != nil {
+				t.Fatal(err)
+			}
+			// Never a wrong "absent" in between.
+			if ok, err := f.Test(ctx, "k3"); err == nil && !ok {
+				t.Fatal("a lost filter answered absent for an added ID")
+			}
+			// A new process can open it, and one Rebuild heals it.
+			g, err := bloom.Open(ctx, c, key, opts)
+			if err != nil {
+				t.Fatalf("Open after the loss: %v", err)
+			}
+			if _, err := g.Rebuild(ctx, seq("k", 100), nil); err != nil {
+				t.Fatalf("Rebuild after the loss: %v", err)
+			}
+			// The old client follows the new generation within a blink
+			// (it re-reads the meta at most ten times a second).
+			for _, fl := range []*bloom.Filter{f, g} {
+				deadline := time.Now().Add(2 * time.Second)
+				for {
+					ok, err := fl.Test(ctx, "k3")
+					if err == nil && ok {
+						break
+					}
+					if err == nil && !ok {
+						t.Fatal("after the heal Test(k3) = false")
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("after the heal Test(k3): %v", err)
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+				if ok, err := fl.Test(ctx, "absent"); err != nil || ok {
+					t.Fatalf("after the heal Test(absent) = %v, %v", ok, err)
+				}
+			}
+		})
+	}
+}

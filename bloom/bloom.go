@@ -63,7 +63,8 @@ var (
 	// ErrNotReady means the filter cannot answer "absent" now: it was never
 	// rebuilt, or Redis lost it. Callers must fail open.
 	ErrNotReady = errors.New("bloom: filter not ready")
-	// ErrMismatch means the filter in Redis was created with other sizing.
+	// ErrMismatch means the filter in Redis has another layout format or
+	// hash than this client speaks, or (with Options.Strict) other sizing.
 	ErrMismatch = errors.New("bloom: configuration differs from the filter in Redis")
 	// ErrInvalid reports bad options or an empty key.
 	ErrInvalid = errors.New("bloom: invalid argument")
@@ -125,6 +126,11 @@ type Options struct {
 	// SaturationMargin is the relative excess that triggers OnSaturated.
 	// Default 0.5 (a 1% target fires at 1.5%).
 	SaturationMargin float64
+	// Strict makes Open fail with ErrMismatch when the filter in Redis was
+	// sized otherwise. By default Open adopts the stored layout (Adopted
+	// reports it): a filter resized by a Rebuild needs no coordinated
+	// redeploy of every client's options.
+	Strict bool
 }
 
 // Saturation is what OnSaturated is told.
@@ -170,11 +176,14 @@ type Filter struct {
 	cur        atomic.Pointer[layout] // the generation probes use
 	lastReload atomic.Int64           // unix nanos of the last meta re-read
 	saturated  atomic.Int64           // generation OnSaturated was last called for
+	adopted    bool                   // Open found other sizing than Options asked for, and took it
 }
 
-// Open opens the filter stored under key, creating it if it does not exist.
-// Every key of the filter starts with "<key>:" (its meta is "<key>:meta", its
-// shards "<key>:{<key>:<generation>:<shard>}"); key must not contain braces.
+// Open opens the filter stored under key, creating it with opts' sizing if
+// it does not exist, and adopting the stored sizing if it does (unless
+// Options.Strict). Every key of the filter starts with "<key>:" (its meta is
+// "<key>:meta", its shards "<key>:{<key>:<generation>:<shard>}"); key must
+// not contain braces.
 func Open(ctx context.Context, rdb redis.UniversalClient, key string, opts *Options) (*Filter, error) {
 	o, err := resolve(opts)
 	if err != nil {
@@ -193,8 +202,11 @@ func Open(ctx context.Context, rdb redis.UniversalClient, key string, opts *Opti
 		return nil, err
 	}
 	if got := m.cur.cfg; got.Bits != want.Bits || got.Hashes != want.Hashes || got.Shards != want.Shards || got.ShardBits != want.ShardBits {
-		return nil, fmt.Errorf("%w: %s holds %d bits, %d hashes, %d shards; these options make %d bits, %d hashes, %d shards",
-			ErrMismatch, key, got.Bits, got.Hashes, got.Shards, want.Bits, want.Hashes, want.Shards)
+		if o.Strict {
+			return nil, fmt.Errorf("%w: %s holds %d bits, %d hashes, %d shards; these options make %d bits, %d hashes, %d shards",
+				ErrMismatch, key, got.Bits, got.Hashes, got.Shards, want.Bits, want.Hashes, want.Shards)
+		}
+		f.adopted = true
 	}
 	f.cur.Store(m.cur)
 	return f, nil
@@ -256,6 +268,10 @@ func shardKeys(names keyspace.Filter, gen int64, shards int) []string {
 	}
 	return keys
 }
+
+// Adopted reports whether Open found the filter sized otherwise than its
+// Options asked, and adopted the stored layout.
+func (f *Filter) Adopted() bool { return f.adopted }
 
 // Config returns the layout of the generation this client probes.
 func (f *Filter) Config() Config { return f.cur.Load().cfg }

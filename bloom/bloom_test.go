@@ -203,8 +203,16 @@ func TestMismatchAndInvalid(t *testing.T) {
 	if _, err := bloom.Open(ctx, c, key, &bloom.Options{ExpectedItems: 1000}); err != nil {
 		t.Fatalf("same sizing must reopen: %v", err)
 	}
-	if _, err := bloom.Open(ctx, c, key, &bloom.Options{ExpectedItems: 2000}); !errors.Is(err, bloom.ErrMismatch) {
-		t.Fatalf("other sizing: err = %v, want ErrMismatch", err)
+	if _, err := bloom.Open(ctx, c, key, &bloom.Options{ExpectedItems: 2000, Strict: true}); !errors.Is(err, bloom.ErrMismatch) {
+		t.Fatalf("other sizing, strict: err = %v, want ErrMismatch", err)
+	}
+	// By default another sizing adopts the stored layout.
+	f, err := bloom.Open(ctx, c, key, &bloom.Options{ExpectedItems: 2000})
+	if err != nil || !f.Adopted() || f.Config().ExpectedItems != 1000 {
+		t.Fatalf("other sizing: %v, adopted %v, config %+v", err, f != nil && f.Adopted(), f)
+	}
+	if same, _ := bloom.Open(ctx, c, key, &bloom.Options{ExpectedItems: 1000}); same.Adopted() {
+		t.Fatal("same sizing reported as adopted")
 	}
 	for _, o := range []*bloom.Options{{FalsePositiveRate: 1.5}, {FalsePositiveRate: -1}, {MaxShardBytes: 1 << 40}} {
 		if _, err := bloom.Open(ctx, c, key+"x", o); !errors.Is(err, bloom.ErrInvalid) {

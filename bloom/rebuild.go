@@ -31,8 +31,9 @@ var (
 // RebuildOptions tunes Rebuild. A nil *RebuildOptions means defaults.
 type RebuildOptions struct {
 	// ExpectedItems and FalsePositiveRate resize the filter; 0 keeps the
-	// current generation's sizing. After a resize, give every client the
-	// new sizing too, or its next Open fails with ErrMismatch.
+	// current generation's sizing. Clients follow the new layout by
+	// themselves, and processes started later with the old sizing adopt it
+	// (unless Options.Strict); update their options at leisure.
 	ExpectedItems     uint64
 	FalsePositiveRate float64
 	// ChunkBytes is the size of one SETRANGE upload. Default 1 MiB.

@@ -120,7 +120,7 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 	}
 	g.gate.drained = make(chan struct{})
 	g.bloom, err = bloom.Open(ctx, rdb, g.keys.Filter().Base(), &bloom.Options{
-		ExpectedItems: o.ExpectedItems, FalsePositiveRate: o.FalsePositiveRate,
+		ExpectedItems: o.ExpectedItems, FalsePositiveRate: o.FalsePositiveRate, Strict: o.StrictSizing,
 		OnSaturated: func(s bloom.Saturation) {
 			g.log.Warn("cacheguard: bloom filter saturated; rebuild it with a larger ExpectedItems",
 				"added", s.Added, "estimated_fp_rate", s.EstimatedFPRate, "target", s.TargetFPRate)
@@ -134,6 +134,11 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 	}
 	if err != nil {
 		return nil, g.fail(ctx, "open", "", err)
+	}
+	if g.bloom.Adopted() {
+		cfg := g.bloom.Config()
+		g.log.WarnContext(ctx, "cacheguard: the bloom filter in Redis is sized otherwise than Options say; using its layout (set StrictSizing to refuse)",
+			"stored_items", cfg.ExpectedItems, "stored_fp_rate", cfg.FalsePositiveRate, "options_items", o.ExpectedItems, "options_fp_rate", o.FalsePositiveRate)
 	}
 	if o.Local != nil {
 		if g.local, err = newLocal(ctx, rdb, g.keys.Invalidated(), *o.Local); err != nil {

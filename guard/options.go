@@ -35,6 +35,10 @@ type Options struct {
 	// FalsePositiveRate is the filter's target rate at ExpectedItems, in
 	// (0, 0.5]. Default 0.01.
 	FalsePositiveRate float64
+	// StrictSizing makes New fail with bloom.ErrMismatch when the filter in
+	// Redis was sized otherwise (say, resized by a Rebuild). By default New
+	// adopts the stored layout and logs it once.
+	StrictSizing bool
 	// MaxKeyLen caps an ID's length in bytes. Default 128; at most 4096.
 	// The HTTP adapters follow it.
 	MaxKeyLen int

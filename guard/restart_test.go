@@ -1,10 +1,13 @@
 package guard_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"iter"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -186,5 +189,39 @@ func TestFilterStuckSequenceHeals(t *testing.T) {
 	}
 	if st := g.Stats(); st.BloomBypasses == 0 {
 		t.Fatalf("the filter was never found not ready: %+v", st)
+	}
+}
+
+// TestResizeDoesNotBreakStarts: after a Rebuild resized the filter, a
+// process started with the old sizing adopts the stored layout (and says so
+// once in its log), unless it asks for StrictSizing.
+func TestResizeDoesNotBreakStarts(t *testing.T) {
+	ctx := context.Background()
+	c, g, d := setup(t, 100, nil) // ExpectedItems 10,000
+	if _, err := g.Rebuild(ctx, ids("p", 100), &bloom.RebuildOptions{ExpectedItems: 50_000}); err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	old := &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 10_000, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	g2, err := guard.New(ctx, redistest.Connect(t), "product", old)
+	if err != nil {
+		t.Fatalf("a process with the old sizing cannot start: %v", err)
+	}
+	defer g2.Close()
+	if n := strings.Count(logs.String(), "sized otherwise"); n != 1 {
+		t.Fatalf("want one warning, got %d:\n%s", n, logs.String())
+	}
+	if in, err := g2.Info(ctx); err != nil || in.Config.ExpectedItems != 50_000 {
+		t.Fatalf("adopted layout: %+v, %v", in.Config, err)
+	}
+	if p, err := guard.Get(ctx, g2, "p7", d.load); err != nil || p.Price != 7 {
+		t.Fatalf("Get through the adopted layout: %+v, %v", p, err)
+	}
+	if _, err := guard.Get(ctx, g2, "unknown", d.load); !errors.Is(err, guard.ErrNotFound) {
+		t.Fatal(err)
+	}
+	old.StrictSizing = true
+	if _, err := guard.New(ctx, redistest.Connect(t), "product", old); !errors.Is(err, bloom.ErrMismatch) {
+		t.Fatalf("StrictSizing with other sizing: %v, want bloom.ErrMismatch", err)
 	}
 }

@@ -36,8 +36,12 @@ var (
 // any Redis command; Redis failures wrap ErrUnavailable.
 func (g *Guard) Add(ctx context.Context, ids ...string) error {
 	return g.write(ids, func(keys []string) error {
+		f, err := g.filter(ctx)
+		if err != nil {
+			return err
+		}
 		pipe := g.rdb.Pipeline()
-		added := g.bloom.QueueAdd(ctx, pipe, ids)
+		added := f.QueueAdd(ctx, pipe, ids)
 		cleared := make([]*redis.Cmd, len(keys))
 		marker := codec.Empty()
 		for i, k := range keys {
@@ -96,7 +100,14 @@ func (g *Guard) Delete(ctx context.Context, ids ...string) error {
 // trip; this process keeps localCopy (nil: none).
 func (g *Guard) replace(ctx context.Context, op string, add, keys []string, frame []byte, ttl time.Duration, localCopy []byte) error {
 	pipe := g.rdb.Pipeline()
-	added := g.bloom.QueueAdd(ctx, pipe, add)
+	var added *bloom.PendingAdd
+	if len(add) > 0 {
+		f, err := g.filter(ctx)
+		if err != nil {
+			return err
+		}
+		added = f.QueueAdd(ctx, pipe, add)
+	}
 	cmds := make([]*redis.Cmd, len(keys))
 	for i, k := range keys {
 		cmds[i] = replace.Eval(ctx, pipe, []string{k, keyspace.Fence(k)}, g.field, frame, g.jitter(ttl).Milliseconds())
@@ -104,7 +115,11 @@ func (g *Guard) replace(ctx context.Context, op string, add, keys []string, fram
 	}
 	_, _ = pipe.Exec(ctx) // errors are read per command
 	g.forget(keys, localCopy)
-	return g.fail(ctx, op, "", firstErr(added.Result(ctx), cmds))
+	var err error
+	if added != nil {
+		err = added.Result(ctx)
+	}
+	return g.fail(ctx, op, "", firstErr(err, cmds))
 }
 
 // forget makes this process's next Gets of keys start afresh: no new caller
@@ -204,7 +219,11 @@ func (g *Guard) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts 
 		return 0, err
 	}
 	defer g.gate.leave()
-	n, err := g.bloom.Rebuild(ctx, ids, opts)
+	f, err := g.filter(ctx)
+	if err != nil {
+		return 0, err
+	}
+	n, err := f.Rebuild(ctx, ids, opts)
 	return n, g.fail(ctx, "rebuild", "", err)
 }
 
@@ -215,7 +234,11 @@ func (g *Guard) Info(ctx context.Context) (bloom.Info, error) {
 		return bloom.Info{}, err
 	}
 	defer g.gate.leave()
-	in, err := g.bloom.Info(ctx)
+	f, err := g.filter(ctx)
+	if err != nil {
+		return bloom.Info{}, err
+	}
+	in, err := f.Info(ctx)
 	return in, g.fail(ctx, "info", "", err)
 }
 
@@ -223,16 +246,17 @@ func (g *Guard) Info(ctx context.Context) (bloom.Info, error) {
 // minute per process. It is called from inside the gate, so Close (which
 // shuts the gate before it waits for rebuilds) cannot miss one.
 func (g *Guard) autoRebuild() {
-	if g.opts.RebuildFrom == nil {
+	f := g.bloom.Load()
+	if g.opts.RebuildFrom == nil || f == nil {
 		return
 	}
 	now, last := time.Now().UnixNano(), g.lastRebuild.Load()
 	if (last != 0 && now-last < int64(time.Minute)) || !g.lastRebuild.CompareAndSwap(last, now) {
 		return
 	}
-	g.rebuilds.Add(1)
+	g.background.Add(1)
 	go func() {
-		defer g.rebuilds.Done()
+		defer g.background.Done()
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		done := make(chan struct{})
@@ -244,7 +268,7 @@ func (g *Guard) autoRebuild() {
 			case <-done:
 			}
 		}()
-		n, err := g.bloom.Rebuild(ctx, g.opts.RebuildFrom(ctx), nil)
+		n, err := f.Rebuild(ctx, g.opts.RebuildFrom(ctx), nil)
 		switch {
 		case errors.Is(err, bloom.ErrRebuilding):
 			g.log.Info("cacheguard: bloom filter is being rebuilt by another process")

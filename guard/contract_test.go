@@ -15,12 +15,15 @@ import (
 )
 
 // TestErrUnavailableFromEveryOperation: with Redis killed, every exported
-// operation of a Guard (and New) returns an error wrapping ErrUnavailable, so
-// that callers need one errors.Is branch; none says ErrNotFound.
+// operation of a Guard returns an error wrapping ErrUnavailable (Get under
+// the fail-fast outage policy), so that callers need one errors.Is branch;
+// none says ErrNotFound. New itself works without Redis, and the operations
+// of the Guard it returns report ErrUnavailable alike.
 func TestErrUnavailableFromEveryOperation(t *testing.T) {
 	ctx := context.Background()
 	srv, rdb := redistest.Private(t)
-	g, err := guard.New(ctx, rdb, "product", nil)
+	failFast := &guard.Options{Outage: &guard.OutageOptions{FailFast: true}}
+	g, err := guard.New(ctx, rdb, "product", failFast)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,14 +35,14 @@ func TestErrUnavailableFromEveryOperation(t *testing.T) {
 	if err := srv.Kill(); err != nil {
 		t.Fatal(err)
 	}
+	g2, err := guard.New(ctx, rdb, "other", failFast)
+	if err != nil {
+		t.Fatalf("New with Redis down: %v (a Guard must start without Redis)", err)
+	}
+	defer g2.Close()
 	ops := map[string]func() error{
-		"New": func() error {
-			g2, err := guard.New(ctx, rdb, "other", nil)
-			if err == nil {
-				g2.Close()
-			}
-			return err
-		},
+		"Add on a Guard made while Redis was down": func() error { return g2.Add(ctx, "p1") },
+		"Get on a Guard made while Redis was down": func() error { _, err := guard.Get(ctx, g2, "p1", d.load); return err },
 		"Get":         func() error { _, err := guard.Get(ctx, g, "p1", d.load); return err },
 		"Get unknown": func() error { _, err := guard.Get(ctx, g, "nope", d.load); return err },
 		"Peek":        func() error { _, _, err := g.Peek(ctx, "p1"); return err },
@@ -63,10 +66,9 @@ func TestErrUnavailableFromEveryOperation(t *testing.T) {
 	if d.calls.Load() != 0 {
 		t.Fatalf("loader called %d times with Redis down", d.calls.Load())
 	}
-	// Each failed operation on g is counted once (New's failure belongs to
-	// the Guard it did not make).
-	if st := g.Stats(); st.RedisErrors != uint64(len(ops)-1) {
-		t.Fatalf("RedisErrors = %d after %d failed operations, want one each", st.RedisErrors, len(ops)-1)
+	// Each failed operation on g is counted once.
+	if st := g.Stats(); st.RedisErrors != uint64(len(ops)-2) {
+		t.Fatalf("RedisErrors = %d after %d failed operations, want one each", st.RedisErrors, len(ops)-2)
 	}
 }
 
@@ -97,7 +99,7 @@ func TestErrUnavailableWhenRedisRefusesWrites(t *testing.T) {
 
 // aclCommands is every command a Guard sends, directly or from its scripts:
 // the least-privilege user of README's "Redis ACL" section.
-var aclCommands = strings.Fields("bitfield bitop del eval evalsha exists get getrange hdel hget hgetall hincrby hset pexpire pttl publish set setrange subscribe time unlink bitcount getbit memory|usage")
+var aclCommands = strings.Fields("bitfield bitop del eval evalsha exists get getrange hdel hexists hget hgetall hincrby hset pexpire pttl publish set setrange subscribe time unlink bitcount getbit memory|usage")
 
 // aclUser creates (on every node) a user limited to keys and channels under
 // prefix and to aclCommands, and returns a client logged in as that user.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"runtime/debug"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -68,11 +69,20 @@ func Get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 	if g.local != nil {
 		epoch = g.local.epoch.Load() // before the read: see local.put
 	}
-	// Step 4 in this goroutine: a hit, a reject or a marker is answered from
-	// a read made after this Get started, never from another caller's.
+	// Step 3 in this goroutine: a hit, a reject or a marker is answered
+	// from a read made after this Get started, never from another caller's.
 	r, ok := peekedFor(ctx, g, id)
 	if !ok {
-		if r, err = g.read(ctx, id, vkey); err != nil {
+		done, err := g.outage.allow()
+		if err != nil { // the breaker is open: Redis is not asked (nor counted as failing)
+			return loadThrough(ctx, g, id, vkey, load, start, fmt.Errorf("cacheguard: %s %q: read: %w", g.name, id, err))
+		}
+		r, err = g.read(ctx, id, vkey)
+		done(err)
+		if downOrRefusing(err) {
+			return loadThrough(ctx, g, id, vkey, load, start, err)
+		}
+		if err != nil {
 			return zero, err
 		}
 	}
@@ -108,12 +118,12 @@ func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T
 		if fl.by != nil && answered && fl.started.Before(start) && attempt < 3 {
 			continue // joined a flight older than this Get: its answer may predate a write
 		}
-		g.stats.count(fl.outcome, shared && !mine)
-		if errors.Is(err, loader.ErrPanic) {
-			err = fmt.Errorf("%w: %s %q: %w", ErrLoaderPanic, g.name, id, err)
+		if downOrRefusing(err) { // the lock or the re-check failed: Redis cannot fill
+			return loadThrough(ctx, g, id, vkey, load, start, err)
 		}
+		g.stats.count(fl.outcome, shared && !mine)
 		if err != nil {
-			return zero, err
+			return zero, panicked(g, id, err)
 		}
 		if g.local != nil && mine {
 			g.local.put(vkey, fl.frame, fl.epoch)
@@ -121,12 +131,27 @@ func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T
 		if mine && c.decoded {
 			return c.v, nil
 		}
-		var v T
-		if err := codec.Decode(g.opts.Codec, fl.frame, &v); err != nil {
-			return zero, fmt.Errorf("cacheguard: %s %q: decode: %w", g.name, id, err)
-		}
-		return v, nil
+		return decodeFrame[T](g, id, fl.frame)
 	}
+}
+
+// panicked turns a flight's panic into an error wrapping ErrLoaderPanic;
+// other errors come back as they are.
+func panicked(g *Guard, id string, err error) error {
+	if errors.Is(err, loader.ErrPanic) {
+		return fmt.Errorf("%w: %s %q: %w", ErrLoaderPanic, g.name, id, err)
+	}
+	return err
+}
+
+// decodeFrame decodes a flight's frame into a caller's own copy.
+func decodeFrame[T any](g *Guard, id string, frame []byte) (T, error) {
+	var v T
+	if err := codec.Decode(g.opts.Codec, frame, &v); err != nil {
+		var zero T
+		return zero, fmt.Errorf("cacheguard: %s %q: decode: %w", g.name, id, err)
+	}
+	return v, nil
 }
 
 // typeBinding is the type a Guard's values decode into.
@@ -259,11 +284,9 @@ func decodeEntry[T any](ctx context.Context, g *Guard, vkey string, raw []byte) 
 // ErrNotFound.
 func (c *call[T]) Load(ctx context.Context) ([]byte, time.Duration, error) {
 	g := c.g
-	ctx, cancel := context.WithTimeout(ctx, g.opts.LoadTimeout)
-	defer cancel()
 	g.stats.loads.Add(1)
 	c.decoded = false
-	val, err := c.load(ctx, c.id)
+	val, err := c.bounded(ctx)
 	if errors.Is(err, ErrNotFound) {
 		c.found, c.err = flight{outcome: outLoaded}, ErrNotFound
 		return codec.Empty(), g.jitter(g.opts.EmptyTTL), nil
@@ -281,6 +304,46 @@ func (c *call[T]) Load(ctx context.Context) ([]byte, time.Duration, error) {
 	}
 	c.found, c.err = flight{frame: frame, outcome: outLoaded}, nil
 	return frame, g.jitter(g.opts.TTL), nil
+}
+
+// loaded is what one call of the load function returned (or its panic).
+type loaded[T any] struct {
+	v     T
+	err   error
+	panic any
+}
+
+// bounded calls the load function and waits for it at most LoadTimeout,
+// even if it ignores its ctx: the load runs in a goroutine of its own, and a
+// result that comes later is dropped (never cached: nothing waits for it).
+// The goroutine ends when the load function returns; a panic in it is
+// carried back and raised again here, in the flight, where loader.Group
+// turns it into ErrLoaderPanic.
+func (c *call[T]) bounded(ctx context.Context) (T, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.g.opts.LoadTimeout)
+	defer cancel()
+	done := make(chan loaded[T], 1)
+	go func() {
+		var r loaded[T]
+		defer func() {
+			if p := recover(); p != nil {
+				r.panic = fmt.Sprintf("%v\n%s", p, debug.Stack())
+			}
+			done <- r
+		}()
+		r.v, r.err = c.load(ctx, c.id)
+	}()
+	select {
+	case r := <-done:
+		if r.panic != nil {
+			panic(r.panic)
+		}
+		return r.v, r.err
+	case <-ctx.Done():
+		c.g.stats.abandonedLoads.Add(1)
+		var zero T
+		return zero, fmt.Errorf("load did not return within LoadTimeout (%v): %w", c.g.opts.LoadTimeout, ctx.Err())
+	}
 }
 
 // dropCorrupt counts and logs (at warn level) an entry that does not decode,

@@ -66,13 +66,15 @@ import (
 
 // Guard guards the reads of one kind of entity. It is safe for concurrent use.
 type Guard struct {
-	rdb   redis.UniversalClient
-	name  string
-	opts  Options // resolved: no zero fields
-	keys  keyspace.Guard
-	field string // the value hash's field of this Guard's schema version (Options.Version)
-	bloom *bloom.Filter
-	log   *slog.Logger
+	rdb       redis.UniversalClient
+	name      string
+	opts      Options // resolved: no zero fields
+	keys      keyspace.Guard
+	field     string                       // the value hash's field of this Guard's schema version (Options.Version)
+	bloom     atomic.Pointer[bloom.Filter] // nil until opened (New while Redis was down); see filter
+	bloomOpts *bloom.Options
+	outage    *outage // what Get does when Redis cannot answer
+	log       *slog.Logger
 
 	local     *local               // the in-process cache, or nil
 	flights   loader.Group[flight] // one flight per value key in this process
@@ -82,21 +84,28 @@ type Guard struct {
 	gate      gate                        // every entry point passes it; Close shuts it
 	bound     atomic.Pointer[typeBinding] // the type values decode into, set by the first Get or For
 
-	// Background rebuilds (RebuildFrom): each runs in a goroutine owned by
-	// the Guard, tracked by rebuilds; Close closes closing, which cancels
-	// them, and waits.
+	// Background work (automatic rebuilds, connecting after a New without
+	// Redis): each runs in a goroutine owned by the Guard, tracked by
+	// background; Close closes closing, which ends them, and waits.
 	lastRebuild    atomic.Int64 // unix nanos of the last automatic attempt
 	lastSlotReload atomic.Int64 // unix nanos of the last cluster slot-map reload we asked for
-	rebuilds       sync.WaitGroup
+	background     sync.WaitGroup
 	closing        chan struct{}
 	closeOnce      sync.Once
 	closeErr       error // set once by Close
 }
 
 // New opens the Guard called name (letters, digits, '_', '-', '.') on rdb,
-// creating its bloom filter in Redis if needed. Processes that share a name
-// must agree on ExpectedItems and FalsePositiveRate (else bloom.ErrMismatch).
-// Close the Guard when done with it: it may hold a pub/sub subscription.
+// creating its bloom filter in Redis if needed (a process sized otherwise
+// adopts the stored layout; see StrictSizing).
+//
+// New does not need Redis up: if it cannot reach Redis, it returns a working
+// Guard that connects by itself when Redis is back (Gets meanwhile follow
+// the outage policy, OutageOptions), and logs it. It fails when Redis
+// answers with an error that waiting will not mend (an ACL's NOPERM,
+// ErrMismatch under StrictSizing), wrapping ErrUnavailable for the former.
+// Close the Guard when done with it: it may hold a pub/sub subscription and
+// a goroutine.
 func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Options) (*Guard, error) {
 	if rdb == nil {
 		return nil, fmt.Errorf("%w: nil redis client", ErrInvalidOptions)
@@ -119,7 +128,12 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 		closing: make(chan struct{}),
 	}
 	g.gate.drained = make(chan struct{})
-	g.bloom, err = bloom.Open(ctx, rdb, g.keys.Filter().Base(), &bloom.Options{
+	if g.outage, err = newOutage(*o.Outage, g); err != nil {
+		return nil, err
+	}
+	// A flight's life is bounded: see Options.RedisTimeout.
+	g.flights.Timeout = o.LockWait + o.LoadTimeout + 4*o.RedisTimeout
+	g.bloomOpts = &bloom.Options{
 		ExpectedItems: o.ExpectedItems, FalsePositiveRate: o.FalsePositiveRate, Strict: o.StrictSizing,
 		OnSaturated: func(s bloom.Saturation) {
 			g.log.Warn("cacheguard: bloom filter saturated; rebuild it with a larger ExpectedItems",
@@ -128,27 +142,29 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 				o.OnBloomSaturated(s)
 			}
 		},
-	})
-	if errors.Is(err, bloom.ErrInvalid) {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
-	}
-	if err != nil {
-		return nil, g.fail(ctx, "open", "", err)
-	}
-	if g.bloom.Adopted() {
-		cfg := g.bloom.Config()
-		g.log.WarnContext(ctx, "cacheguard: the bloom filter in Redis is sized otherwise than Options say; using its layout (set StrictSizing to refuse)",
-			"stored_items", cfg.ExpectedItems, "stored_fp_rate", cfg.FalsePositiveRate, "options_items", o.ExpectedItems, "options_fp_rate", o.FalsePositiveRate)
 	}
 	if o.Local != nil {
-		if g.local, err = newLocal(ctx, rdb, g.keys.Invalidated(), *o.Local); err != nil {
-			return nil, g.fail(ctx, "open", "", err)
+		if g.local, err = newLocal(*o.Local); err != nil {
+			return nil, err
 		}
+	}
+	g.checkClient(ctx)
+	switch err := g.connect(ctx); {
+	case errors.Is(err, bloom.ErrInvalid):
+		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
+	case err == nil:
+	case errors.Is(err, ErrUnavailable) && !reply(err):
+		// Down, not refusing: work without it, connect when it is back.
+		g.log.WarnContext(ctx, "cacheguard: redis unavailable at New; serving through the outage policy until it is back", "err", err)
+		g.connectLater()
+	default:
+		return nil, g.fail(ctx, "open", "", err)
 	}
 	g.coord = loader.NewCoordinator(rdb, g.keys.Loaded(), &loader.CoordinatorOptions{
 		LockTTL:    o.LockTTL,
 		LockWait:   o.LockWait,
 		LoadOnBusy: o.LoadOnBusy,
+		OpTimeout:  o.RedisTimeout,
 		// A fence must outlive any load that may still write with it; past
 		// that, an expired fence only refuses a late write, which is safe.
 		FenceTTL: 2*(o.LoadTimeout+o.LockTTL) + time.Minute,
@@ -177,7 +193,7 @@ func (g *Guard) Close() error {
 	g.closeOnce.Do(func() {
 		g.gate.close()
 		close(g.closing)
-		g.rebuilds.Wait()
+		g.background.Wait()
 		var errs []error
 		if g.local != nil {
 			errs = append(errs, g.local.close())

@@ -49,7 +49,11 @@ type local struct {
 	// read from Redis before an invalidation must not be kept after it.
 	epoch atomic.Uint64
 
-	sub *pubsub.Subscription // invalidation messages; its goroutine calls invalidated
+	// sub delivers invalidation messages (its goroutine calls invalidated).
+	// Until it is set the cache is unarmed: get misses and put keeps
+	// nothing, since no invalidation could reach a copy.
+	sub   atomic.Pointer[pubsub.Subscription]
+	armMu sync.Mutex // serializes arm
 }
 
 type localShard struct {
@@ -62,9 +66,8 @@ type localEntry struct {
 	expires int64 // unix nanos
 }
 
-// newLocal subscribes to the invalidation channel, whose goroutine applies
-// its messages; close stops it.
-func newLocal(ctx context.Context, rdb redis.UniversalClient, channel string, o LocalOptions) (*local, error) {
+// newLocal returns an unarmed local cache; arm subscribes it.
+func newLocal(o LocalOptions) (*local, error) {
 	if o.Size == 0 {
 		o.Size = 10_000
 	}
@@ -78,12 +81,24 @@ func newLocal(ctx context.Context, rdb redis.UniversalClient, channel string, o 
 	for i := range l.shards {
 		l.shards[i].m = map[string]localEntry{}
 	}
+	return l, nil
+}
+
+// arm subscribes to the invalidation channel (once; again after a failure),
+// so the cache starts keeping copies.
+func (l *local) arm(ctx context.Context, rdb redis.UniversalClient, channel string) error {
+	l.armMu.Lock()
+	defer l.armMu.Unlock()
+	if l.sub.Load() != nil {
+		return nil
+	}
 	sub, err := pubsub.Subscribe(ctx, rdb, channel, l.invalidated)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	l.sub = sub
-	return l, nil
+	l.epoch.Add(1) // copies read before the subscription cannot be kept
+	l.sub.Store(sub)
+	return nil
 }
 
 // invalidated applies an invalidation message (a value key).
@@ -92,13 +107,23 @@ func (l *local) invalidated(key string) {
 	l.drop(key)
 }
 
-func (l *local) close() error { return l.sub.Close() }
+func (l *local) close() error {
+	l.armMu.Lock()
+	defer l.armMu.Unlock()
+	if sub := l.sub.Load(); sub != nil {
+		return sub.Close()
+	}
+	return nil
+}
 
 func (l *local) shard(key string) *localShard {
 	return &l.shards[maphash.String(l.seed, key)%uint64(len(l.shards))]
 }
 
 func (l *local) get(key string) ([]byte, bool) {
+	if l.sub.Load() == nil {
+		return nil, false
+	}
 	s := l.shard(key)
 	s.mu.Lock()
 	e, ok := s.m[key]
@@ -111,6 +136,9 @@ func (l *local) get(key string) ([]byte, bool) {
 
 // put keeps frame unless an invalidation arrived since epoch was read.
 func (l *local) put(key string, frame []byte, epoch uint64) {
+	if l.sub.Load() == nil {
+		return
+	}
 	s := l.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -53,9 +53,19 @@ type Options struct {
 	// the value type that the codec cannot read across; no flush is needed
 	// (old fields go with their entries' TTL). Default "1".
 	Version string
-	// LoadTimeout bounds a load, on a context detached from the callers'.
-	// Default 10 seconds.
+	// LoadTimeout bounds a load, on a context detached from the callers',
+	// even if the load function ignores its ctx: a load still running then
+	// fails the Get and its late result is dropped. Default 10 seconds.
 	LoadTimeout time.Duration
+	// RedisTimeout bounds each Redis round trip that a fill flight makes
+	// on its own (lock, re-check, write, release, wait), so that a stalled
+	// Redis cannot keep flights alive: a flight ends within LockWait +
+	// LoadTimeout + 4·RedisTimeout. A Get's own read is bounded by its ctx
+	// (see README: ContextTimeoutEnabled). Default 1 second.
+	RedisTimeout time.Duration
+	// Outage says what Get does when Redis cannot answer; nil means the
+	// defaults of OutageOptions (load through, capped).
+	Outage *OutageOptions
 	// LockTTL is the lease of an ID's load lock. A watchdog renews it while
 	// the load runs, so it only matters when a loading process dies: the
 	// others take over about LockTTL later. Default loader.DefaultLockTTL
@@ -136,6 +146,15 @@ func resolve(opts *Options) (Options, error) {
 	}
 	if o.LoadTimeout == 0 {
 		o.LoadTimeout = 10 * time.Second
+	}
+	if o.RedisTimeout == 0 {
+		o.RedisTimeout = time.Second
+	}
+	if o.RedisTimeout < time.Millisecond {
+		return bad("RedisTimeout %v below 1ms", o.RedisTimeout)
+	}
+	if o.Outage == nil {
+		o.Outage = &OutageOptions{}
 	}
 	if o.LockTTL == 0 {
 		o.LockTTL = loader.DefaultLockTTL

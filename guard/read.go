@@ -3,6 +3,7 @@ package guard
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
@@ -30,8 +31,20 @@ type readResult struct {
 // HGET of this version's field of the value key, pipelined. Redis failures come back wrapping
 // ErrUnavailable.
 func (g *Guard) read(ctx context.Context, id, vkey string) (readResult, error) {
+	f := g.bloom.Load()
+	if f == nil { // not opened yet (New without Redis): the value alone
+		raw, err := g.rdb.HGet(ctx, vkey, g.field).Bytes()
+		switch {
+		case err == nil:
+			return readResult{verdict: verdictEntry, raw: raw}, nil
+		case !errors.Is(err, redis.Nil):
+			return readResult{}, g.fail(ctx, "read", id, redisfail.Wrap(err))
+		}
+		_, err = g.filterSays(ctx, id, false, bloom.ErrNotReady)
+		return readResult{verdict: verdictMiss}, err
+	}
 	pipe := g.rdb.Pipeline()
-	probe := g.bloom.Queue(ctx, pipe, id)
+	probe := f.Queue(ctx, pipe, id)
 	get := pipe.HGet(ctx, vkey, g.field)
 	_, _ = pipe.Exec(ctx) // errors are read per command below
 	raw, err := get.Bytes()
@@ -115,7 +128,12 @@ func (g *Guard) Peek(ctx context.Context, id string) (context.Context, bool, err
 			return ctx, true, nil
 		}
 	}
+	done, err := g.outage.allow()
+	if err != nil { // the breaker is open: Redis is not asked
+		return ctx, false, fmt.Errorf("cacheguard: %s %q: read: %w", g.name, id, err)
+	}
 	r, err := g.read(ctx, id, vkey)
+	done(err)
 	if err != nil {
 		return ctx, false, err
 	}
@@ -145,7 +163,11 @@ func (g *Guard) MayExist(ctx context.Context, id string) (bool, error) {
 	if err := g.keys.Check(id); err != nil {
 		return false, err
 	}
-	maybe, err := g.bloom.Test(ctx, id)
+	f, err := g.filter(ctx)
+	if err != nil {
+		return false, err
+	}
+	maybe, err := f.Test(ctx, id)
 	if maybe, err = g.filterSays(ctx, id, maybe, err); err == nil && !maybe {
 		g.stats.rejects.Add(1)
 	}

@@ -22,6 +22,12 @@ type Stats struct {
 	LockWaits     uint64 // flights that found another process loading and waited
 	LockTimeouts  uint64 // waits that ran past LockWait (ErrBusy or LoadOnBusy)
 	Wakeups       uint64 // waits ended by the loading process's publish
+
+	// The outage policy (OutageOptions).
+	LoadThroughs   uint64 // loads made without Redis, their values uncached
+	Shed           uint64 // load-throughs refused by the MaxLoads cap (ErrUnavailable)
+	BreakerOpens   uint64 // times the Redis circuit breaker opened
+	AbandonedLoads uint64 // loads that did not return within LoadTimeout (their late result dropped)
 }
 
 // counters is the live form of Stats; every field is updated atomically.
@@ -29,6 +35,7 @@ type counters struct {
 	hits, empty, rejects, misses, coalesced           atomic.Uint64
 	loads, loadErrors, redisErrors, corrupt, bypasses atomic.Uint64
 	localHits                                         atomic.Uint64
+	loadThroughs, shed, breakerOpens, abandonedLoads  atomic.Uint64
 }
 
 func (c *counters) count(o outcome, coalesced bool) {
@@ -57,5 +64,7 @@ func (g *Guard) Stats() Stats {
 		Misses: c.misses.Load(), Coalesced: c.coalesced.Load(),
 		Loads: c.loads.Load(), LoadErrors: c.loadErrors.Load(), RedisErrors: c.redisErrors.Load(),
 		CorruptValues: c.corrupt.Load(), BloomBypasses: c.bypasses.Load(),
+		LoadThroughs: c.loadThroughs.Load(), Shed: c.shed.Load(), BreakerOpens: c.breakerOpens.Load(),
+		AbandonedLoads: c.abandonedLoads.Load(),
 	}
 }

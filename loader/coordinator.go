@@ -53,6 +53,10 @@ type CoordinatorOptions struct {
 	LoadOnBusy bool
 	// FenceTTL is the lifetime of a key's fence. Default lock.DefaultFenceTTL.
 	FenceTTL time.Duration
+	// OpTimeout bounds each Redis round trip of Run (lock attempt and
+	// re-check, write, release and publish, the reads of a waiter), so that
+	// a stalled Redis cannot keep a flight waiting on it. Default 1 second.
+	OpTimeout time.Duration
 	// OnLockLost, if set, is told when a holder's watchdog lost its lock.
 	OnLockLost func(key string, err error)
 	// OnWriteFailed, if set, is told when Redis failed the holder's write
@@ -128,6 +132,9 @@ func NewCoordinator(rdb redis.UniversalClient, channel string, opts *Coordinator
 	if o.LockWait <= 0 {
 		o.LockWait = DefaultLockWait
 	}
+	if o.OpTimeout <= 0 {
+		o.OpTimeout = time.Second
+	}
 	return &Coordinator{
 		rdb:     rdb,
 		locks:   lock.New(rdb),
@@ -161,20 +168,23 @@ func (c *Coordinator) Stats() CoordinatorStats {
 func (c *Coordinator) Run(ctx context.Context, key, field string, f Filler) error {
 	deadline := time.Now().Add(c.opts.LockWait)
 	for {
+		opCtx, cancel := c.op(ctx)
 		pipe := c.rdb.Pipeline()
-		q, err := c.locks.Queue(ctx, pipe, keyspace.Lock(key), c.opts.LockTTL,
+		q, err := c.locks.Queue(opCtx, pipe, keyspace.Lock(key), c.opts.LockTTL,
 			&lock.Options{FenceKey: keyspace.Fence(key), FenceTTL: c.opts.FenceTTL})
 		if err != nil {
+			cancel()
 			return err
 		}
-		get := pipe.HGet(ctx, key, field)
-		_, _ = pipe.Exec(ctx) // errors are read per command
-		l, err := q.Result(ctx)
+		get := pipe.HGet(opCtx, key, field)
+		_, _ = pipe.Exec(opCtx) // errors are read per command
+		l, err := q.Result(opCtx)
+		cancel()
 		var held *lock.HeldError
 		switch {
 		case err == nil:
 			if !q.InPipeline() { // the HGET ran before the lock was taken
-				get = c.rdb.HGet(ctx, key, field)
+				get = c.hget(ctx, key, field)
 			}
 			err = c.hold(ctx, l, key, field, get, f)
 			if !errors.Is(err, errFenceLost) {
@@ -228,7 +238,9 @@ func (c *Coordinator) hold(ctx context.Context, l *lock.Lock, key, field string,
 	})
 	defer func() {
 		stop()
-		_ = releasePublish.Run(context.WithoutCancel(ctx), c.rdb, []string{keyspace.Lock(key)}, l.Token(), c.channel, key).Err()
+		opCtx, cancel := c.op(context.WithoutCancel(ctx))
+		defer cancel()
+		_ = releasePublish.Run(opCtx, c.rdb, []string{keyspace.Lock(key)}, l.Token(), c.channel, key).Err()
 	}()
 	if done, err := c.cached(ctx, get, f); done || err != nil {
 		return err
@@ -237,7 +249,9 @@ func (c *Coordinator) hold(ctx context.Context, l *lock.Lock, key, field string,
 	if err != nil {
 		return err
 	}
-	written, err := setIfFence.Run(ctx, c.rdb, []string{key, keyspace.Fence(key)},
+	opCtx, cancel := c.op(ctx)
+	defer cancel()
+	written, err := setIfFence.Run(opCtx, c.rdb, []string{key, keyspace.Fence(key)},
 		strconv.FormatInt(l.Fence(), 10), field, frame, max(ttl.Milliseconds(), 1)).Int()
 	switch {
 	case err != nil:
@@ -254,13 +268,15 @@ func (c *Coordinator) hold(ctx context.Context, l *lock.Lock, key, field string,
 // wait blocks until the holder publishes key, its lease (holderTTL) runs out,
 // or the deadline passes. done reports that f accepted what the cache holds.
 func (c *Coordinator) wait(ctx context.Context, key, field string, holderTTL time.Duration, deadline time.Time, f Filler) (done bool, err error) {
-	woken, cancel, err := c.wake.register(ctx, key)
+	opCtx, cancelOp := c.op(ctx)
+	woken, cancel, err := c.wake.register(opCtx, key)
+	cancelOp()
 	if err != nil {
 		return true, err
 	}
 	defer cancel()
 	// Subscribed: a publish from now on reaches us, so check before waiting.
-	if done, err := c.cached(ctx, c.rdb.HGet(ctx, key, field), f); done || err != nil {
+	if done, err := c.cached(ctx, c.hget(ctx, key, field), f); done || err != nil {
 		return true, err
 	}
 	t := time.NewTimer(max(min(holderTTL+5*time.Millisecond, time.Until(deadline)), 0))
@@ -272,5 +288,17 @@ func (c *Coordinator) wait(ctx context.Context, key, field string, holderTTL tim
 	case <-ctx.Done():
 		return true, ctx.Err()
 	}
-	return c.cached(ctx, c.rdb.HGet(ctx, key, field), f)
+	return c.cached(ctx, c.hget(ctx, key, field), f)
+}
+
+// op bounds one Redis round trip by OpTimeout.
+func (c *Coordinator) op(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, c.opts.OpTimeout)
+}
+
+// hget reads the entry in a round trip of its own, bounded by OpTimeout.
+func (c *Coordinator) hget(ctx context.Context, key, field string) *redis.StringCmd {
+	opCtx, cancel := c.op(ctx)
+	defer cancel()
+	return c.rdb.HGet(opCtx, key, field)
 }

@@ -12,6 +12,7 @@ import (
 	labecho "github.com/labstack/echo/v4"
 
 	cgecho "github.com/cacheguard/cacheguard/adapters/echo"
+	"github.com/cacheguard/cacheguard/guard"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
@@ -24,9 +25,14 @@ func TestRetryAfterIsTheConfiguredValue(t *testing.T) {
 	cfg := cgecho.DefaultConfig
 	cfg.RetryAfter = 5 * time.Second
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
-	open := newApp(t, rdb, "open", cfg)
+	// The Guards fail fast, so that the handler's guard.Get reports the
+	// outage (by default it would load through and answer 200).
+	failFast := func(prefix string) *guard.Options {
+		return &guard.Options{KeyPrefix: prefix, ExpectedItems: 1000, Outage: &guard.OutageOptions{FailFast: true}}
+	}
+	open := newAppWith(t, rdb, failFast("open"), cfg)
 	cfg.FailClosed = true
-	closed := newApp(t, rdb, "closed", cfg)
+	closed := newAppWith(t, rdb, failFast("closed"), cfg)
 	if err := srv.Kill(); err != nil {
 		t.Fatal(err)
 	}

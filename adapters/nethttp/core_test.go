@@ -21,7 +21,9 @@ import (
 // behind a 5xx to the middleware's Logger.
 func TestRetryAfterIsTheConfiguredValue(t *testing.T) {
 	srv, rdb := redistest.Private(t)
-	a := newApp(t, rdb, "down")
+	// The Guard fails fast, so that the handler's guard.Get reports the
+	// outage (by default it would load through and answer 200).
+	a := newAppWith(t, rdb, &guard.Options{KeyPrefix: "down", ExpectedItems: 1000, Outage: &guard.OutageOptions{FailFast: true}})
 	if err := srv.Kill(); err != nil {
 		t.Fatal(err)
 	}

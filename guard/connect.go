@@ -1,0 +1,98 @@
+package guard
+
+import (
+	"context"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/bloom"
+)
+
+// connect opens what a Guard keeps in Redis: its bloom filter and, with
+// Options.Local, the invalidation subscription that makes the local cache
+// safe to use. Each step is done once; connect can be called again after a
+// failure. Errors wrap ErrUnavailable or come from the filter (ErrMismatch).
+func (g *Guard) connect(ctx context.Context) error {
+	if g.bloom.Load() == nil {
+		f, err := bloom.Open(ctx, g.rdb, g.keys.Filter().Base(), g.bloomOpts)
+		if err != nil {
+			return err
+		}
+		if f.Adopted() {
+			cfg := f.Config()
+			g.log.WarnContext(ctx, "cacheguard: the bloom filter in Redis is sized otherwise than Options say; using its layout (set StrictSizing to refuse)",
+				"stored_items", cfg.ExpectedItems, "stored_fp_rate", cfg.FalsePositiveRate,
+				"options_items", g.opts.ExpectedItems, "options_fp_rate", g.opts.FalsePositiveRate)
+		}
+		g.bloom.CompareAndSwap(nil, f)
+	}
+	if g.local != nil {
+		return g.local.arm(ctx, g.rdb, g.keys.Invalidated())
+	}
+	return nil
+}
+
+// filter returns the Guard's bloom filter, opening it now if New could not
+// (Redis was down then).
+func (g *Guard) filter(ctx context.Context) (*bloom.Filter, error) {
+	if f := g.bloom.Load(); f != nil {
+		return f, nil
+	}
+	if err := g.connect(ctx); err != nil {
+		return nil, g.fail(ctx, "open", "", err)
+	}
+	return g.bloom.Load(), nil
+}
+
+// connectLater keeps trying connect, once a second, until it succeeds or
+// the Guard closes. Its goroutine belongs to the Guard (tracked by
+// background; Close ends it). Until then Gets read the value alone (the
+// filter fails open), without the local cache, or load through while Redis
+// stays down.
+func (g *Guard) connectLater() {
+	g.background.Add(1)
+	go func() {
+		defer g.background.Done()
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-g.closing:
+				return
+			case <-t.C:
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), g.opts.RedisTimeout)
+			err := g.connect(ctx)
+			cancel()
+			if err == nil {
+				g.log.Info("cacheguard: connected to redis")
+				return
+			}
+		}
+	}()
+}
+
+// checkClient warns (once, at New) about client settings under which ctx
+// deadlines do not bound a Get.
+func (g *Guard) checkClient(ctx context.Context) {
+	var ctxTimeouts bool
+	var dialRetries int
+	switch c := g.rdb.(type) {
+	case *redis.Client:
+		ctxTimeouts, dialRetries = c.Options().ContextTimeoutEnabled, c.Options().DialerRetries
+	case *redis.ClusterClient:
+		ctxTimeouts, dialRetries = c.Options().ContextTimeoutEnabled, c.Options().DialerRetries
+	case *redis.Ring:
+		ctxTimeouts, dialRetries = c.Options().ContextTimeoutEnabled, c.Options().DialerRetries
+	default:
+		return
+	}
+	if !ctxTimeouts {
+		g.log.WarnContext(ctx, "cacheguard: the redis client has ContextTimeoutEnabled off: a Get waits for the client's ReadTimeout, not its ctx deadline, when Redis stalls (set ContextTimeoutEnabled: true)")
+	}
+	if dialRetries != 1 {
+		g.log.WarnContext(ctx, "cacheguard: the redis client retries failed dials (DialerRetries, default 5, with a pause between tries): with Redis down each Get waits for them before it can load through (set DialerRetries: 1)",
+			"dialer_retries", dialRetries)
+	}
+}

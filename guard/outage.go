@@ -1,0 +1,169 @@
+package guard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/sony/gobreaker/v2"
+)
+
+// OutageOptions says what Get does when Redis cannot answer: it is down,
+// times out, refuses writes under maxmemory, or an ACL refuses a command.
+//
+// By default Get loads through: it calls the load function directly and
+// returns its value (or ErrNotFound) uncached. Loads are still merged per ID
+// in the process (one load for all concurrent callers of an ID), and capped
+// across IDs by MaxLoads, so the source of truth sees at most MaxLoads loads
+// at once from each process however large the traffic; a Get beyond the cap
+// gets ErrUnavailable at once. The default is load-through, not fail-fast,
+// because the cache exists to spare the database, not to guard it from its
+// own readers: during an outage the HTTP adapters pass requests through
+// (fail open), and those requests should be served while the database can.
+// The bloom filter is in Redis too, so during an outage unknown IDs reach
+// the loader (within the cap).
+//
+// A circuit breaker (sony/gobreaker) watches the Redis reads: after
+// BreakAfter consecutive failures it opens, and Gets skip Redis for
+// BreakFor (straight to the load-through, or ErrUnavailable with
+// FailFast), so an outage does not cost every request a dial or a timeout;
+// then one read probes Redis and a success closes it.
+type OutageOptions struct {
+	// FailFast makes Get return ErrUnavailable (wrapped) instead of loading
+	// through.
+	FailFast bool
+	// MaxLoads caps the load-through calls in flight at once, across all
+	// IDs of the Guard, per process. Default 16.
+	MaxLoads int
+	// BreakAfter is the number of consecutive failed Redis reads that opens
+	// the breaker. Default 5.
+	BreakAfter int
+	// BreakFor is how long the breaker stays open before one read probes
+	// Redis again. Default 1 second.
+	BreakFor time.Duration
+}
+
+// outage is a Guard's outage policy, resolved.
+type outage struct {
+	failFast bool
+	slots    chan struct{} // one token per load-through in flight: the cap
+	breaker  *gobreaker.TwoStepCircuitBreaker[struct{}]
+}
+
+func newOutage(o OutageOptions, g *Guard) (*outage, error) {
+	if o.MaxLoads == 0 {
+		o.MaxLoads = 16
+	}
+	if o.BreakAfter == 0 {
+		o.BreakAfter = 5
+	}
+	if o.BreakFor == 0 {
+		o.BreakFor = time.Second
+	}
+	if o.MaxLoads < 0 || o.BreakAfter < 0 || o.BreakFor < 0 {
+		return nil, fmt.Errorf("%w: Outage %+v", ErrInvalidOptions, o)
+	}
+	after := uint32(o.BreakAfter)
+	return &outage{
+		failFast: o.FailFast,
+		slots:    make(chan struct{}, o.MaxLoads),
+		breaker: gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
+			Name:        g.name,
+			MaxRequests: 1,
+			Timeout:     o.BreakFor,
+			ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= after },
+			// Only Redis failing counts; ErrNotFound and the like are answers.
+			IsSuccessful: func(err error) bool { return !errors.Is(err, ErrUnavailable) },
+			OnStateChange: func(_ string, from, to gobreaker.State) {
+				if to == gobreaker.StateOpen {
+					g.stats.breakerOpens.Add(1)
+				}
+				g.log.Warn("cacheguard: redis circuit breaker", "from", from.String(), "to", to.String())
+			},
+		}),
+	}, nil
+}
+
+// errBreakerOpen is wrapped (with ErrUnavailable) by the error of a Get that
+// skipped Redis because the breaker is open.
+var errBreakerOpen = errors.New("circuit breaker open: not asking redis")
+
+// allow asks the breaker whether to read Redis; done must be called with
+// the read's error. When it says no, err wraps ErrUnavailable.
+func (o *outage) allow() (done func(error), err error) {
+	done, err = o.breaker.Allow()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, errBreakerOpen)
+	}
+	return done, nil
+}
+
+// downOrRefusing reports whether err is Redis failing (ErrUnavailable) in a
+// way that loading through can answer.
+func downOrRefusing(err error) bool { return errors.Is(err, ErrUnavailable) }
+
+// reply reports whether err is an error reply from Redis (NOPERM, OOM,
+// WRONGTYPE...): Redis is up and refuses, which retrying will not mend.
+func reply(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re) && !errors.Is(err, redis.Nil)
+}
+
+// loadThrough answers a Get from the load function alone, without Redis:
+// the outage policy. cause is the Redis failure that sent it here. Loads are
+// merged per ID in this process (a flight keyed apart from the fill flights)
+// under the same started-after rule as fill, and capped by MaxLoads.
+func loadThrough[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T], start time.Time, cause error) (T, error) {
+	var zero T
+	if g.outage.failFast {
+		return zero, cause
+	}
+	for attempt := 0; ; attempt++ {
+		c := &call[T]{g: g, id: id, vkey: vkey, load: load}
+		fl, shared, err := g.flights.Do(ctx, "\x00through:"+vkey, c.loadThrough)
+		mine := fl.by == any(c)
+		answered := err == nil || errors.Is(err, ErrNotFound)
+		if fl.by != nil && answered && fl.started.Before(start) && attempt < 3 {
+			continue // joined an older load: it may predate a write
+		}
+		g.stats.count(fl.outcome, shared && !mine)
+		if err != nil {
+			return zero, panicked(g, id, err)
+		}
+		if mine && c.decoded {
+			return c.v, nil
+		}
+		return decodeFrame[T](g, id, fl.frame)
+	}
+}
+
+// loadThrough is the flight of a load-through: one load, no Redis.
+func (c *call[T]) loadThrough(ctx context.Context) (flight, error) {
+	g := c.g
+	if err := g.gate.enter(); err != nil {
+		return flight{outcome: outFailed}, err
+	}
+	defer g.gate.leave()
+	started := time.Now()
+	select {
+	case g.outage.slots <- struct{}{}:
+		defer func() { <-g.outage.slots }()
+	default:
+		g.stats.shed.Add(1)
+		return flight{outcome: outFailed, started: started, by: c}, fmt.Errorf("cacheguard: %s %q: %w: load-through cap (%d loads at once) reached",
+			g.name, c.id, ErrUnavailable, cap(g.outage.slots))
+	}
+	g.stats.loadThroughs.Add(1)
+	_, _, err := c.Load(ctx)
+	fl := c.found
+	if err != nil {
+		fl = flight{outcome: outFailed}
+	}
+	fl.started, fl.by = started, c
+	if errors.Is(c.err, ErrNotFound) {
+		return fl, ErrNotFound
+	}
+	return fl, err
+}

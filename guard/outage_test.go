@@ -1,0 +1,255 @@
+package guard_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/guard"
+	"github.com/cacheguard/cacheguard/internal/redistest"
+)
+
+// TestLoadThroughWhenRedisIsDown: with Redis killed, Get answers from the
+// loader (values right, unknown IDs ErrNotFound), merging concurrent callers
+// of an ID into one load; the breaker opens, after which Gets do not ask
+// Redis at all.
+func TestLoadThroughWhenRedisIsDown(t *testing.T) {
+	ctx := context.Background()
+	srv, rdb := redistest.Private(t)
+	g, err := guard.New(ctx, rdb, "product", &guard.Options{ExpectedItems: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	d := newDB(10)
+	d.delay = 50 * time.Millisecond
+	if _, err := g.Rebuild(ctx, ids("p", 10), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	var wrong atomic.Int32
+	for range 50 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			if p, err := guard.Get(ctx, g, "p4", d.load); err != nil || p.Price != 4 {
+				wrong.Add(1)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if wrong.Load() != 0 {
+		t.Fatalf("%d of 50 callers got no value or a wrong one", wrong.Load())
+	}
+	if n := d.calls.Load(); n > 3 { // one flight; a caller may run one more after an older flight
+		t.Fatalf("%d loads for 50 concurrent callers of one ID", n)
+	}
+	if _, err := guard.Get(ctx, g, "nope", d.load); !errors.Is(err, guard.ErrNotFound) {
+		t.Fatalf("unknown ID during the outage: %v", err)
+	}
+	for range 10 {
+		_, _ = guard.Get(ctx, g, "p1", d.load)
+	}
+	st := g.Stats()
+	if st.BreakerOpens == 0 || st.LoadThroughs == 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	errs := st.RedisErrors
+	for range 20 {
+		if p, err := guard.Get(ctx, g, "p2", d.load); err != nil || p.Price != 2 {
+			t.Fatalf("with the breaker open: %+v, %v", p, err)
+		}
+	}
+	if n := g.Stats().RedisErrors - errs; n > 1 { // one probe at most, after BreakFor
+		t.Fatalf("%d Redis errors while the breaker was open: it did not keep Gets off Redis", n)
+	}
+}
+
+// TestLoadThroughIsCapped: the loads that an outage sends to the source of
+// truth are capped across IDs; the rest get ErrUnavailable at once.
+func TestLoadThroughIsCapped(t *testing.T) {
+	ctx := context.Background()
+	srv, rdb := redistest.Private(t)
+	g, err := guard.New(ctx, rdb, "product", &guard.Options{ExpectedItems: 1000, Outage: &guard.OutageOptions{MaxLoads: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	var inside, most atomic.Int32
+	load := func(ctx context.Context, id string) (string, error) {
+		n := inside.Add(1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		<-release
+		inside.Add(-1)
+		return "v" + id, nil
+	}
+	var wg sync.WaitGroup
+	var served, shed atomic.Int32
+	for i := range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			v, err := guard.Get(ctx, g, fmt.Sprint(i), load)
+			switch {
+			case err == nil && v == "v"+fmt.Sprint(i):
+				served.Add(1)
+			case errors.Is(err, guard.ErrUnavailable):
+				shed.Add(1)
+			default:
+				t.Errorf("%d: %q, %v", i, v, err)
+			}
+		}()
+	}
+	waitFor(t, func() bool { return g.Stats().Shed == 8 })
+	close(release)
+	wg.Wait()
+	if most.Load() != 2 || served.Load() != 2 || shed.Load() != 8 {
+		t.Fatalf("at most %d loads at once, %d served, %d shed; want 2, 2, 8", most.Load(), served.Load(), shed.Load())
+	}
+}
+
+// TestLoadThroughWhenRedisRefusesWrites: under maxmemory with noeviction the
+// lock cannot be taken; a known, uncached ID is served from the loader.
+func TestLoadThroughWhenRedisRefusesWrites(t *testing.T) {
+	ctx := context.Background()
+	_, rdb := redistest.Private(t)
+	g, err := guard.New(ctx, rdb, "product", &guard.Options{ExpectedItems: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	d := newDB(10)
+	if _, err := g.Rebuild(ctx, ids("p", 10), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := guard.Get(ctx, g, "p3", d.load); err != nil || p.Price != 3 {
+		t.Fatalf("known ID under maxmemory: %+v, %v", p, err)
+	}
+	if _, err := guard.Get(ctx, g, "unknown", d.load); !errors.Is(err, guard.ErrNotFound) {
+		t.Fatalf("unknown ID under maxmemory: %v (the filter still answers)", err)
+	}
+	if st := g.Stats(); st.LoadThroughs != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestNewWithoutRedis: a Guard made while Redis is down serves through the
+// loader, and starts caching by itself when Redis comes back.
+func TestNewWithoutRedis(t *testing.T) {
+	ctx := context.Background()
+	srv, rdb := redistest.Private(t)
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	g, err := guard.New(ctx, rdb, "product", &guard.Options{ExpectedItems: 1000, Local: &guard.LocalOptions{},
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatalf("New with Redis down: %v", err)
+	}
+	defer g.Close()
+	d := newDB(10)
+	if p, err := guard.Get(ctx, g, "p5", d.load); err != nil || p.Price != 5 {
+		t.Fatalf("Get with Redis down: %+v, %v", p, err)
+	}
+	if !strings.Contains(logs.String(), "redis unavailable at New") {
+		t.Fatalf("New did not say it started without Redis:\n%s", logs.String())
+	}
+	if err := srv.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return strings.Contains(logs.String(), "connected to redis") })
+	waitFor(t, func() bool { // the breaker closes after its next probe
+		_, err := guard.Get(ctx, g, "p5", d.load)
+		return err == nil && g.Stats().Hits+g.Stats().LocalHits > 0
+	})
+	if _, err := g.Rebuild(ctx, ids("p", 10), nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := guard.Get(ctx, g, "unknown", d.load); !errors.Is(err, guard.ErrNotFound) {
+		t.Fatal(err)
+	}
+	calls := d.calls.Load()
+	if _, err := guard.Get(ctx, g, "unknown2", d.load); !errors.Is(err, guard.ErrNotFound) || d.calls.Load() != calls {
+		t.Fatalf("the filter does not answer after reconnecting: %v, %d loads", err, d.calls.Load()-calls)
+	}
+}
+
+// TestLoadTimeoutIsHard: a loader that ignores its ctx does not hold the Get
+// past LoadTimeout; its late result is not cached, and nothing is counted as
+// a Redis failure.
+func TestLoadTimeoutIsHard(t *testing.T) {
+	ctx := context.Background()
+	c, g, _ := setup(t, 10, &guard.Options{LoadTimeout: 100 * time.Millisecond})
+	finished := make(chan struct{})
+	stubborn := func(context.Context, string) (product, error) {
+		defer close(finished)
+		time.Sleep(400 * time.Millisecond) // ignores ctx
+		return product{ID: "p1", Price: 1}, nil
+	}
+	_, err := guard.Get(ctx, g, "p1", stubborn)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v, want one wrapping context.DeadlineExceeded", err)
+	}
+	<-finished
+	time.Sleep(50 * time.Millisecond)
+	if n := c.Exists(ctx, c.Prefix+":product:{p1}").Val(); n != 0 {
+		t.Fatal("the late result was cached")
+	}
+	if st := g.Stats(); st.AbandonedLoads != 1 || st.RedisErrors != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestClientSettingsAreChecked: New warns about client settings under which
+// ctx deadlines do not bound a Get, and is quiet when they are right.
+func TestClientSettingsAreChecked(t *testing.T) {
+	ctx := context.Background()
+	srv, _ := redistest.Private(t)
+	for _, c := range []struct {
+		opts  *redis.Options
+		warns int
+	}{
+		{&redis.Options{Network: srv.Network, Addr: srv.Addr}, 2},
+		{&redis.Options{Network: srv.Network, Addr: srv.Addr, ContextTimeoutEnabled: true, DialerRetries: 1}, 0},
+	} {
+		rdb := redis.NewClient(c.opts)
+		var logs bytes.Buffer
+		g, err := guard.New(ctx, rdb, "product", &guard.Options{ExpectedItems: 1000, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := strings.Count(logs.String(), "level=WARN"); n != c.warns {
+			t.Errorf("ContextTimeoutEnabled %v, DialerRetries %d: %d warnings, want %d:\n%s",
+				c.opts.ContextTimeoutEnabled, c.opts.DialerRetries, n, c.warns, logs.String())
+		}
+		g.Close()
+		rdb.Close()
+	}
+}

@@ -43,6 +43,7 @@ func run(ctx context.Context, w io.Writer) error {
 		return err
 	}
 	defer stop()
+	opts.ContextTimeoutEnabled, opts.DialerRetries = true, 1 // deadlines hold when Redis stalls
 	rdb := redis.NewClient(opts)
 	defer rdb.Close()
 	trips := &cmdcount.Counter{}

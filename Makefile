@@ -1,7 +1,10 @@
 # make test : what CI runs (.ci/run): installs redis-server if missing, then
 #             gofmt check, go vet, go test -race over every package against a
 #             private redis-server, and the Redis-facing packages once more
-#             against a private 3-master, 3-replica Redis Cluster.
+#             against a private 3-master, 3-replica Redis Cluster, then
+#             the fault suite (faults/: Redis killed, frozen, flushed, full,
+#             slowed, blackholed, reset, a cluster master killed, TLS) and
+#             its table.
 # make demo : the demo shop (examples/shop): seeds SQLite, starts its own
 #             redis-server, attacks itself with and without the guard, prints
 #             the table and keeps serving until Ctrl-C
@@ -29,6 +32,8 @@ test: deps fmt-check vet
 	cd examples/shop && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 10m ./...
 	cd benchmarks && $(GO) vet ./... && $(GO) build -o /dev/null .
 	CG_TEST_CLUSTER=1 $(GO) test -race -count=1 -timeout 15m $(CLUSTER_PKGS)
+	cd faults && $(GO) vet ./... && FAULTS_TABLE=$(CURDIR)/faults/latest.md $(GO) test -race -count=1 -timeout 10m ./...
+	@cat faults/latest.md
 
 DEMO_ARGS ?=
 

@@ -46,6 +46,11 @@
 // LocalOptions). [Guard.Rebuild] fills the filter from the source of truth.
 // Every error that Redis failing causes, from every function, wraps
 // [ErrUnavailable] (errors.go).
+//
+// When Redis cannot answer (down, frozen, full, refusing), a Get loads
+// through: it calls the load function directly, merged per ID and capped
+// across IDs, behind a circuit breaker (outage.go, [OutageOptions]); [New]
+// works without Redis and connects when it is back (connect.go).
 package guard
 
 import (

@@ -7,13 +7,11 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
-	"runtime/debug"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cacheguard/cacheguard/codec"
-	"github.com/cacheguard/cacheguard/internal/redisfail"
 	"github.com/cacheguard/cacheguard/loader"
 )
 
@@ -102,39 +100,6 @@ func Get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 	return fill(ctx, g, id, vkey, load, start)
 }
 
-// fill runs a miss (step 5) through a flight shared with the other callers
-// of the ID in this process. A flight's answer serves a caller only if the
-// flight started after the caller did: otherwise a write that returned
-// between the two could be missing from it. A caller that joined an older
-// flight waits for it and then runs (or joins) a new one, which started
-// after it: once.
-func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T], start time.Time) (T, error) {
-	var zero T
-	for attempt := 0; ; attempt++ {
-		c := &call[T]{g: g, id: id, vkey: vkey, load: load}
-		fl, shared, err := g.flights.Do(ctx, vkey, c.fly)
-		mine := fl.by == any(c) // this caller's function ran the flight
-		answered := err == nil || errors.Is(err, ErrNotFound)
-		if fl.by != nil && answered && fl.started.Before(start) && attempt < 3 {
-			continue // joined a flight older than this Get: its answer may predate a write
-		}
-		if downOrRefusing(err) { // the lock or the re-check failed: Redis cannot fill
-			return loadThrough(ctx, g, id, vkey, load, start, err)
-		}
-		g.stats.count(fl.outcome, shared && !mine)
-		if err != nil {
-			return zero, panicked(g, id, err)
-		}
-		if g.local != nil && mine {
-			g.local.put(vkey, fl.frame, fl.epoch)
-		}
-		if mine && c.decoded {
-			return c.v, nil
-		}
-		return decodeFrame[T](g, id, fl.frame)
-	}
-}
-
 // panicked turns a flight's panic into an error wrapping ErrLoaderPanic;
 // other errors come back as they are.
 func panicked(g *Guard, id string, err error) error {
@@ -194,64 +159,6 @@ type flight struct {
 	by      any       // the *call[T] whose flight this was
 }
 
-// call is the state of one fill flight. Only the flight writes it (fly and
-// the Filler methods, which the Coordinator calls from the flight's
-// goroutine), and the caller that started it reads it after the flight
-// returned, so it needs no lock.
-type call[T any] struct {
-	g        *Guard
-	id, vkey string
-	load     LoadFunc[T]
-
-	found   flight // what the re-check or the load found
-	err     error  // the answer's error: ErrNotFound after a marker, or the load's failure
-	v       T      // the value decoded from found.frame on a hit
-	decoded bool   // v holds it
-}
-
-// fly is the flight: step 5 of the package doc, once for the callers of the
-// ID in this process. It passes the gate itself: it can outlive the caller
-// that started it.
-func (c *call[T]) fly(ctx context.Context) (flight, error) {
-	g := c.g
-	if err := g.gate.enter(); err != nil {
-		return flight{outcome: outFailed}, err
-	}
-	defer g.gate.leave()
-	started := time.Now()
-	var epoch uint64
-	if g.local != nil {
-		epoch = g.local.epoch.Load() // before the reads: see local.put
-	}
-	fl, err := c.coordinate(ctx)
-	fl.epoch, fl.started, fl.by = epoch, started, c
-	return fl, err
-}
-
-// coordinate runs the miss through the Coordinator (see loader.Coordinator):
-// one load per ID across processes, written with the lock's fence.
-func (c *call[T]) coordinate(ctx context.Context) (flight, error) {
-	err := c.g.coord.Run(ctx, c.vkey, c.g.field, c)
-	switch {
-	case err == nil:
-		return c.found, c.err // c.err is ErrNotFound after a marker
-	case errors.Is(err, loader.ErrBusy):
-		return flight{outcome: outFailed}, fmt.Errorf("cacheguard: %s %q: %w", c.g.name, c.id, ErrBusy)
-	case errors.Is(err, ErrUnavailable):
-		return flight{outcome: outFailed}, c.g.fail(ctx, "fill", c.id, err)
-	}
-	return flight{outcome: outFailed}, err
-}
-
-// Cached judges a cache entry (loader.Filler): see decodeEntry.
-func (c *call[T]) Cached(ctx context.Context, raw []byte) bool {
-	e := decodeEntry[T](ctx, c.g, c.vkey, raw)
-	if e.ok {
-		c.found, c.err, c.v, c.decoded = e.found, e.err, e.v, e.err == nil
-	}
-	return e.ok
-}
-
 // entry is a cache entry judged.
 type entry[T any] struct {
 	v     T
@@ -277,84 +184,6 @@ func decodeEntry[T any](ctx context.Context, g *Guard, vkey string, raw []byte) 
 		g.dropCorrupt(ctx, vkey, raw, err)
 	}
 	return e
-}
-
-// Load calls the load function (loader.Filler) under LoadTimeout and returns
-// the frame to cache: the value's, or an empty marker when it said
-// ErrNotFound.
-func (c *call[T]) Load(ctx context.Context) ([]byte, time.Duration, error) {
-	g := c.g
-	g.stats.loads.Add(1)
-	c.decoded = false
-	val, err := c.bounded(ctx)
-	if errors.Is(err, ErrNotFound) {
-		c.found, c.err = flight{outcome: outLoaded}, ErrNotFound
-		return codec.Empty(), g.jitter(g.opts.EmptyTTL), nil
-	}
-	if err != nil {
-		g.stats.loadErrors.Add(1)
-		c.found, c.err = flight{outcome: outFailed}, fmt.Errorf("cacheguard: %s %q: load: %w", g.name, c.id, err)
-		return nil, 0, c.err
-	}
-	frame, err := codec.Encode(g.opts.Codec, val)
-	if err != nil {
-		g.stats.loadErrors.Add(1)
-		c.found, c.err = flight{outcome: outFailed}, fmt.Errorf("cacheguard: %s %q: %w", g.name, c.id, err)
-		return nil, 0, c.err
-	}
-	c.found, c.err = flight{frame: frame, outcome: outLoaded}, nil
-	return frame, g.jitter(g.opts.TTL), nil
-}
-
-// loaded is what one call of the load function returned (or its panic).
-type loaded[T any] struct {
-	v     T
-	err   error
-	panic any
-}
-
-// bounded calls the load function and waits for it at most LoadTimeout,
-// even if it ignores its ctx: the load runs in a goroutine of its own, and a
-// result that comes later is dropped (never cached: nothing waits for it).
-// The goroutine ends when the load function returns; a panic in it is
-// carried back and raised again here, in the flight, where loader.Group
-// turns it into ErrLoaderPanic.
-func (c *call[T]) bounded(ctx context.Context) (T, error) {
-	ctx, cancel := context.WithTimeout(ctx, c.g.opts.LoadTimeout)
-	defer cancel()
-	done := make(chan loaded[T], 1)
-	go func() {
-		var r loaded[T]
-		defer func() {
-			if p := recover(); p != nil {
-				r.panic = fmt.Sprintf("%v\n%s", p, debug.Stack())
-			}
-			done <- r
-		}()
-		r.v, r.err = c.load(ctx, c.id)
-	}()
-	select {
-	case r := <-done:
-		if r.panic != nil {
-			panic(r.panic)
-		}
-		return r.v, r.err
-	case <-ctx.Done():
-		c.g.stats.abandonedLoads.Add(1)
-		var zero T
-		return zero, fmt.Errorf("load did not return within LoadTimeout (%v): %w", c.g.opts.LoadTimeout, ctx.Err())
-	}
-}
-
-// dropCorrupt counts and logs (at warn level) an entry that does not decode,
-// and deletes it if it still holds those bytes.
-func (g *Guard) dropCorrupt(ctx context.Context, vkey string, raw []byte, why error) {
-	g.stats.corrupt.Add(1)
-	g.log.WarnContext(ctx, "cacheguard: dropping a cache entry that does not decode (corrupt, or written by another type or version)",
-		"key", vkey, "version", g.field, "err", why)
-	if err := delIfEqual.Run(ctx, g.rdb, []string{vkey}, g.field, raw).Err(); err != nil {
-		_ = g.fail(ctx, "delete corrupt entry", "", redisfail.Wrap(err))
-	}
 }
 
 // jitter returns d spread uniformly over d·(1 ± Jitter), at least 1ms.

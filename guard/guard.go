@@ -22,7 +22,7 @@
 //     answers "maybe": the Guard fails open, never rejects an ID that exists.
 //     [Guard.Peek] is this step alone, for HTTP middleware; the Get that
 //     follows it reuses its answer.
-//  4. A miss joins the ID's fill flight in this process (fill in get.go),
+//  4. A miss joins the ID's fill flight in this process (fill in fill.go),
 //     if that flight started after this Get did: an older flight may have
 //     read before a write that returned before this Get started, so its
 //     answer could be stale, and the Get runs a newer one.

@@ -62,7 +62,7 @@ func Get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 			g.local.drop(vkey)
 		}
 	}
-	start := time.Now()
+	start := time.Now() // a flight that answers this Get must have started after it (fill)
 	var epoch uint64
 	if g.local != nil {
 		epoch = g.local.epoch.Load() // before the read: see local.put
@@ -71,12 +71,12 @@ func Get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 	// from a read made after this Get started, never from another caller's.
 	r, ok := peekedFor(ctx, g, id)
 	if !ok {
-		done, err := g.outage.allow()
+		done, err := g.outage.before()
 		if err != nil { // the breaker is open: Redis is not asked (nor counted as failing)
 			return loadThrough(ctx, g, id, vkey, load, start, fmt.Errorf("cacheguard: %s %q: read: %w", g.name, id, err))
 		}
 		r, err = g.read(ctx, id, vkey)
-		done(err)
+		g.outage.after(done, err)
 		if downOrRefusing(err) {
 			return loadThrough(ctx, g, id, vkey, load, start, err)
 		}

@@ -88,6 +88,7 @@ type Guard struct {
 	bypassing atomic.Bool                 // the filter answered ErrNotReady last time (logged once per episode)
 	gate      gate                        // every entry point passes it; Close shuts it
 	bound     atomic.Pointer[typeBinding] // the type values decode into, set by the first Get or For
+	credit    atomic.Int64                // > 0: recent reads missed: send the bloom probe with the HGET (see read)
 
 	// Background work (automatic rebuilds, connecting after a New without
 	// Redis): each runs in a goroutine owned by the Guard, tracked by

@@ -120,6 +120,10 @@ func TestRoundTrips(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("miss: %d round trips, commands %v", c.Counter.RoundTrips(), c.Counter.Names())
+	// read; lock attempt + re-check; write + release + publish.
+	if n := c.Counter.RoundTrips(); n != 3 {
+		t.Fatalf("miss: %d round trips (%v), want 3", n, c.Counter.Names())
+	}
 
 	check := func(what, id string, wantErr error, trips int64) {
 		t.Helper()
@@ -138,8 +142,12 @@ func TestRoundTrips(t *testing.T) {
 	}
 	check("hit", "p7", nil, 1)
 	check("bloom reject", "nope", guard.ErrNotFound, 1)
+	c.Counter.Reset()
 	if _, err := guard.Get(ctx, g, "ghost", d.load); !errors.Is(err, guard.ErrNotFound) {
 		t.Fatalf("ghost: %v", err)
+	}
+	if n := c.Counter.RoundTrips(); n != 3 { // a miss that writes a marker
+		t.Fatalf("marker miss: %d round trips (%v), want 3", n, c.Counter.Names())
 	}
 	check("empty marker", "ghost", guard.ErrNotFound, 1)
 	check("bad key", "", guard.ErrInvalidKey, 0)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -50,6 +51,10 @@ type outage struct {
 	failFast bool
 	slots    chan struct{} // one token per load-through in flight: the cap
 	breaker  *gobreaker.TwoStepCircuitBreaker[struct{}]
+	// troubled is set by a failed read and cleared once the breaker is
+	// closed again after a success: while it is clear, reads do not
+	// consult the breaker at all (it takes a mutex per call).
+	troubled atomic.Bool
 }
 
 func newOutage(o OutageOptions, g *Guard) (*outage, error) {
@@ -90,14 +95,35 @@ func newOutage(o OutageOptions, g *Guard) (*outage, error) {
 // skipped Redis because the breaker is open.
 var errBreakerOpen = errors.New("circuit breaker open: not asking redis")
 
-// allow asks the breaker whether to read Redis; done must be called with
-// the read's error. When it says no, err wraps ErrUnavailable.
-func (o *outage) allow() (done func(error), err error) {
+// before asks whether to read Redis. While no read has failed lately it
+// says yes without asking the breaker (done is nil). When the breaker says
+// no, err wraps ErrUnavailable. Call after with done and the read's error.
+func (o *outage) before() (done func(error), err error) {
+	if !o.troubled.Load() {
+		return nil, nil
+	}
 	done, err = o.breaker.Allow()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, errBreakerOpen)
 	}
 	return done, nil
+}
+
+// after tells the breaker how a read went.
+func (o *outage) after(done func(error), err error) {
+	if done != nil {
+		done(err)
+		if err == nil && o.breaker.State() == gobreaker.StateClosed {
+			o.troubled.Store(false)
+		}
+		return
+	}
+	if errors.Is(err, ErrUnavailable) { // the first failure: count it, and consult the breaker from now on
+		o.troubled.Store(true)
+		if d, berr := o.breaker.Allow(); berr == nil {
+			d(err)
+		}
+	}
 }
 
 // downOrRefusing reports whether err is Redis failing (ErrUnavailable) in a

@@ -167,7 +167,7 @@ func TestNewWithoutRedis(t *testing.T) {
 	if err := srv.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	var logs bytes.Buffer
+	var logs syncBuffer
 	g, err := guard.New(ctx, rdb, "product", &guard.Options{ExpectedItems: 1000, Local: &guard.LocalOptions{},
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
@@ -240,7 +240,7 @@ func TestClientSettingsAreChecked(t *testing.T) {
 		{&redis.Options{Network: srv.Network, Addr: srv.Addr, ContextTimeoutEnabled: true, DialerRetries: 1}, 0},
 	} {
 		rdb := redis.NewClient(c.opts)
-		var logs bytes.Buffer
+		var logs syncBuffer
 		g, err := guard.New(ctx, rdb, "product", &guard.Options{ExpectedItems: 1000, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 		if err != nil {
 			t.Fatal(err)
@@ -252,4 +252,23 @@ func TestClientSettingsAreChecked(t *testing.T) {
 		g.Close()
 		rdb.Close()
 	}
+}
+
+// syncBuffer is a log sink that a test can read while the Guard's own
+// goroutines write to it.
+type syncBuffer struct {
+	mu sync.Mutex // guards b
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -1,7 +1,6 @@
 package guard_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -201,7 +200,7 @@ func TestResizeDoesNotBreakStarts(t *testing.T) {
 	if _, err := g.Rebuild(ctx, ids("p", 100), &bloom.RebuildOptions{ExpectedItems: 50_000}); err != nil {
 		t.Fatal(err)
 	}
-	var logs bytes.Buffer
+	var logs syncBuffer
 	old := &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 10_000, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
 	g2, err := guard.New(ctx, redistest.Connect(t), "product", old)
 	if err != nil {

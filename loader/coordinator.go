@@ -30,12 +30,12 @@ const (
 )
 
 var (
-	//go:embed lua/set_if_fence.lua
-	setIfFenceLua string
+	//go:embed lua/write_release.lua
+	writeReleaseLua string
 	//go:embed lua/release_publish.lua
 	releasePublishLua string
 
-	setIfFence     = redis.NewScript(setIfFenceLua)
+	writeRelease   = redis.NewScript(writeReleaseLua)
 	releasePublish = redis.NewScript(releasePublishLua)
 )
 
@@ -93,13 +93,16 @@ type Filler interface {
 //     between the caller's first read and the lock.
 //  2. The winner whose re-check found K answers from it. Otherwise it loads
 //     under a watchdog that renews the lock every LockTTL/3.
-//  3. The winner writes the load's frame with set_if_fence.lua: only if K's
-//     fence is still its own. An Invalidate deletes the fence, and a lock that
-//     expired and passed to another holder moved it on; either way the write
-//     is refused, and the winner loads again with a new lock and fence (until
-//     LockWait; then it serves its last load uncached).
-//  4. The winner releases the lock and PUBLISHes K in one script
-//     (release_publish.lua), also when the load failed or panicked.
+//  3. The winner writes the load's frame, releases the lock and PUBLISHes K
+//     in one script (write_release.lua). The write happens only if K's fence
+//     is still its own: every write to the source of truth (Invalidate, Set,
+//     Delete, Add) deletes the fence, and a lock that expired and passed to
+//     another holder moved it on; either way the write is refused, and the
+//     winner loads again with a new lock and fence (until LockWait; then it
+//     serves its last load uncached).
+//  4. If the winner did not get that far (the cache answered the re-check,
+//     the load failed or panicked), it releases the lock and PUBLISHes K in
+//     one script (release_publish.lua).
 //  5. A loser whose HGET found K answers from it. Otherwise it registers on
 //     the channel (one SUBSCRIBE per Coordinator, fanned out in-process),
 //     reads K again once subscribed, so that a publish cannot slip in
@@ -107,8 +110,8 @@ type Filler interface {
 //     lease to run out, or LockWait. Woken, it reads K; if K is still empty
 //     (the holder failed or died) it goes back to step 1.
 //
-// A miss thus costs the winner four round trips with the caller's first read:
-// read, lock + re-check, write, release + publish.
+// A miss thus costs the winner three round trips with the caller's first
+// read: read, lock + re-check, write + release + publish.
 type Coordinator struct {
 	rdb     redis.UniversalClient
 	locks   *lock.Client
@@ -227,17 +230,22 @@ func (c *Coordinator) cached(ctx context.Context, get *redis.StringCmd, f Filler
 	return f.Cached(ctx, raw), nil
 }
 
-// hold runs steps 2 to 4 with the lock held: the re-check's answer, the load
-// and the fenced write, then the release and publish, also when the load
-// panics. It returns errFenceLost when the write was refused.
+// hold runs steps 2 to 4 with the lock held: the re-check's answer, the load,
+// and the fenced write with the release and publish, or the release and
+// publish alone when it did not get that far (also when the load panics).
+// It returns errFenceLost when the write was refused.
 func (c *Coordinator) hold(ctx context.Context, l *lock.Lock, key, field string, get *redis.StringCmd, f Filler) error {
 	stop := l.KeepAlive(ctx, c.opts.LockTTL, func(err error) {
 		if c.opts.OnLockLost != nil {
 			c.opts.OnLockLost(key, err)
 		}
 	})
+	released := false
 	defer func() {
 		stop()
+		if released {
+			return
+		}
 		opCtx, cancel := c.op(context.WithoutCancel(ctx))
 		defer cancel()
 		_ = releasePublish.Run(opCtx, c.rdb, []string{keyspace.Lock(key)}, l.Token(), c.channel, key).Err()
@@ -249,10 +257,12 @@ func (c *Coordinator) hold(ctx context.Context, l *lock.Lock, key, field string,
 	if err != nil {
 		return err
 	}
+	stop() // before the release: the watchdog must not renew a lock it no longer holds
 	opCtx, cancel := c.op(ctx)
 	defer cancel()
-	written, err := setIfFence.Run(opCtx, c.rdb, []string{key, keyspace.Fence(key)},
-		strconv.FormatInt(l.Fence(), 10), field, frame, max(ttl.Milliseconds(), 1)).Int()
+	written, err := writeRelease.Run(opCtx, c.rdb, []string{key, keyspace.Fence(key), keyspace.Lock(key)},
+		strconv.FormatInt(l.Fence(), 10), field, frame, max(ttl.Milliseconds(), 1), l.Token(), c.channel).Int()
+	released = err == nil
 	switch {
 	case err != nil:
 		if c.opts.OnWriteFailed != nil {

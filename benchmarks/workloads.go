@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -110,14 +111,31 @@ type HitResult struct {
 	TripsPerGet     float64 // client hook
 	ServerCmdsPerOp float64 // INFO total_commands_processed
 	AllocsPerOp     float64
-	VsRaw           float64
+	VsRaw           float64   // the median of VsRawRuns
+	VsRawRuns       []float64 // each run's ratio to raw's ops/s in the same round
+}
+
+// medianHit returns the median run by ops/s, with VsRaw the median of the
+// runs' ratios and VsRawRuns all of them.
+func medianHit(runs []HitResult) HitResult {
+	byOps := slices.Clone(runs)
+	slices.SortFunc(byOps, func(a, b HitResult) int { return cmp.Compare(a.OpsPerSec, b.OpsPerSec) })
+	m := byOps[len(byOps)/2]
+	ratios := make([]float64, len(runs))
+	for i, r := range runs {
+		ratios[i] = r.VsRaw
+	}
+	m.VsRawRuns = slices.Clone(ratios)
+	slices.Sort(ratios)
+	m.VsRaw = ratios[len(ratios)/2]
+	return m
 }
 
 // hitPath: 10,000 warm keys, 64 goroutines for a fixed time.
-func hitPath(ctx context.Context, e *env, name string) (HitResult, error) {
+func hitPath(ctx context.Context, e *env, name string, round int) (HitResult, error) {
 	keys := ids("k", 10_000)
 	load := func(ctx context.Context, id string) (Value, error) { return value(id), nil }
-	c, ctr, err := e.build(ctx, name, "hit", 10*time.Minute, keys)
+	c, ctr, err := e.build(ctx, name, "hit"+strconv.Itoa(round), 10*time.Minute, keys)
 	if err != nil {
 		return HitResult{}, err
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/cacheguard/cacheguard/guard"
@@ -18,7 +19,10 @@ import (
 func benchGuard(b *testing.B, known int) (*redistest.Conn, *guard.Guard, *db) {
 	b.Helper()
 	c := redistest.Connect(b)
-	g, err := guard.New(context.Background(), c, "product", &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 100_000})
+	// The Guard gets a client without the counting hook, as BenchmarkRawGet's.
+	rdb := redistest.NewClient()
+	b.Cleanup(func() { _ = rdb.Close() })
+	g, err := guard.New(context.Background(), rdb, "product", &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 100_000})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -157,5 +161,65 @@ func BenchmarkRawGet(b *testing.B) {
 				i++
 			}
 		})
+	})
+}
+
+// BenchmarkGetMany: a page of 100 warm IDs through GetMany (one round trip)
+// against 100 Gets and against the floor, a pipeline of 100 plain GETs of
+// the same bytes with their decoding.
+func BenchmarkGetMany(b *testing.B) {
+	ctx := context.Background()
+	c, g, d := benchGuard(b, 1000)
+	var page []string
+	for i := range 100 {
+		page = append(page, fmt.Sprintf("p%d", i))
+	}
+	bd := &batchDB{db: d}
+	if _, err := guard.GetMany(ctx, g, page, bd.loadMany); err != nil {
+		b.Fatal(err)
+	}
+	b.Run("GetMany-100", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if m, err := guard.GetMany(ctx, g, page, bd.loadMany); err != nil || len(m) != 100 {
+				b.Fatal(len(m), err)
+			}
+		}
+	})
+	b.Run("Get-x100", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			for _, id := range page {
+				if _, err := guard.Get(ctx, g, id, d.load); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	})
+	b.Run("raw-pipelined-GET-x100", func(b *testing.B) {
+		rdb := redistest.NewClient()
+		defer rdb.Close()
+		payload, _ := msgpack.Marshal(product{ID: "p1", Name: "product p1", Price: 1})
+		keys := make([]string, len(page))
+		for i := range keys {
+			keys[i] = fmt.Sprintf("%s:raw:%d", c.Prefix, i)
+			rdb.Set(ctx, keys[i], payload, 0)
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			pipe := rdb.Pipeline()
+			cmds := make([]*redis.StringCmd, len(keys))
+			for i, k := range keys {
+				cmds[i] = pipe.Get(ctx, k)
+			}
+			_, _ = pipe.Exec(ctx)
+			for _, cmd := range cmds {
+				var p product
+				raw, _ := cmd.Bytes()
+				if err := msgpack.Unmarshal(raw, &p); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
 	})
 }

@@ -144,3 +144,34 @@ func ExampleFor() {
 	// true
 	// 1899 loads: 3
 }
+
+// A page of IDs in one round trip when warm; the misses in one batch call.
+func ExampleGetMany() {
+	ctx := context.Background()
+	rdb := redistest.NewClient()
+	defer rdb.Close()
+	g, err := guard.New(ctx, rdb, "example-page", nil)
+	if err != nil {
+		panic(err)
+	}
+	defer g.Close()
+	table := map[string]Product{"1": {ID: "1", Price: 100}, "2": {ID: "2", Price: 200}, "3": {ID: "3", Price: 300}}
+	batches := 0
+	findProducts := func(ctx context.Context, ids []string) (map[string]Product, error) { // WHERE id IN (...)
+		batches++
+		out := map[string]Product{}
+		for _, id := range ids {
+			if p, ok := table[id]; ok {
+				out[id] = p
+			}
+		}
+		return out, nil
+	}
+	page, _ := guard.GetMany(ctx, g, []string{"1", "2", "3", "404"}, findProducts)
+	fmt.Println(len(page), page["2"].Price, "batches:", batches)
+	page, _ = guard.GetMany(ctx, g, []string{"1", "2", "3", "404"}, findProducts) // all cached now ("404" as a marker)
+	fmt.Println(len(page), page["3"].Price, "batches:", batches)
+	// Output:
+	// 3 200 batches: 1
+	// 3 300 batches: 1
+}

@@ -54,6 +54,8 @@ type call[T any] struct {
 	id, vkey string
 	load     LoadFunc[T]
 
+	waiter loader.Waiter // told when the Coordinator waits for another holder (GetMany's batch), or nil
+
 	found   flight // what the re-check or the load found
 	err     error  // the answer's error: ErrNotFound after a marker, or the load's failure
 	v       T      // the value decoded from found.frame on a hit
@@ -94,6 +96,14 @@ func (c *call[T]) coordinate(ctx context.Context) (flight, error) {
 	return flight{outcome: outFailed}, err
 }
 
+// Waiting passes the Coordinator's news on to the call's waiter
+// (loader.Waiter).
+func (c *call[T]) Waiting() {
+	if c.waiter != nil {
+		c.waiter.Waiting()
+	}
+}
+
 // Cached judges a cache entry (loader.Filler): see decodeEntry.
 func (c *call[T]) Cached(ctx context.Context, raw []byte) bool {
 	e := decodeEntry[T](ctx, c.g, c.vkey, raw)
@@ -108,7 +118,9 @@ func (c *call[T]) Cached(ctx context.Context, raw []byte) bool {
 // ErrNotFound.
 func (c *call[T]) Load(ctx context.Context) ([]byte, time.Duration, error) {
 	g := c.g
-	g.stats.loads.Add(1)
+	if c.waiter == nil { // a batch counts its own calls
+		g.stats.loads.Add(1)
+	}
 	c.decoded = false
 	val, err := c.bounded(ctx)
 	if errors.Is(err, ErrNotFound) {

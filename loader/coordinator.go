@@ -78,6 +78,14 @@ type Filler interface {
 	Load(ctx context.Context) (frame []byte, ttl time.Duration, err error)
 }
 
+// Waiter is an optional interface of a Filler: Waiting is called each time
+// Run finds the key's lock held by another and starts waiting for it (so
+// that a caller that batches loads knows this key will not join the batch
+// now).
+type Waiter interface {
+	Waiting()
+}
+
 // Coordinator makes one process at a time load a key, across all processes
 // that share a Redis and a channel, and wakes the others when it is done.
 //
@@ -204,6 +212,9 @@ func (c *Coordinator) Run(ctx context.Context, key, field string, f Filler) erro
 			return err // filled meanwhile by the holder
 		}
 		c.waits.Add(1)
+		if w, ok := f.(Waiter); ok {
+			w.Waiting()
+		}
 		if done, err := c.wait(ctx, key, field, held.TTL, deadline, f); done || err != nil {
 			return err
 		}

@@ -1,0 +1,362 @@
+package guard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/bloom"
+	"github.com/cacheguard/cacheguard/internal/redisfail"
+)
+
+// BatchLoadFunc loads the values of ids from the source of truth, for
+// GetMany. An ID missing from the map does not exist (it gets an empty
+// marker); an error fails every ID of the call and nothing is cached.
+type BatchLoadFunc[T any] func(ctx context.Context, ids []string) (map[string]T, error)
+
+// GetMany returns the values of the ids that exist, in a map (an ID that
+// does not exist is not in it), for list pages and joins:
+//
+//  1. One round trip reads every ID's entry, with its bloom probe pipelined
+//     in it while recent reads missed (else the probes of the IDs with no
+//     entry follow in a second round trip: a warm page is one command per
+//     ID, like a pipeline of plain GETs). On a Redis Cluster go-redis sends
+//     each node its share, in parallel. Hits, markers and IDs the filter
+//     rejects are answered from it; a page of warm IDs costs that one
+//     round trip.
+//  2. The misses go to the Coordinator each (one load per ID across
+//     processes, as for Get), and those whose lock this call takes are
+//     loaded together in one call of load; an ID whose lock another holder
+//     has is waited for and read when it is done, and does not hold up the
+//     batch. IDs that load does not return get empty markers.
+//
+// Malformed IDs fail the call with ErrInvalidKey before any Redis command.
+// If some IDs fail (a load error, ErrBusy, Redis failing), the map holds the
+// others and the error joins the failures. When Redis cannot answer, the
+// misses load through in one call (the outage policy, OutageOptions).
+func GetMany[T any](ctx context.Context, g *Guard, ids []string, load BatchLoadFunc[T]) (map[string]T, error) {
+	if g == nil || load == nil {
+		return nil, errors.New("cacheguard: GetMany needs a non-nil Guard and load function")
+	}
+	if err := g.gate.enter(); err != nil {
+		return nil, err
+	}
+	defer g.gate.leave()
+	if err := bind[T](g); err != nil {
+		return nil, err
+	}
+	ids = dedupe(ids)
+	keys, err := g.valueKeys(ids)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]T, len(ids))
+	if len(ids) == 0 {
+		return out, nil
+	}
+	reads, err := g.readMany(ctx, ids, keys)
+	if downOrRefusing(err) {
+		return out, loadManyThrough(ctx, g, ids, load, out, err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var missIDs, missKeys []string
+	for i, r := range reads {
+		switch r.verdict {
+		case verdictRejected:
+			g.stats.count(outRejected, false)
+			continue
+		case verdictEntry:
+			if e := decodeEntry[T](ctx, g, keys[i], r.raw); e.ok {
+				g.stats.count(e.found.outcome, false)
+				if e.err == nil {
+					out[ids[i]] = e.v
+				}
+				continue
+			}
+		}
+		missIDs, missKeys = append(missIDs, ids[i]), append(missKeys, keys[i])
+	}
+	if len(missIDs) == 0 {
+		return out, nil
+	}
+	return out, fillMany(ctx, g, missIDs, missKeys, load, out)
+}
+
+// readMany is GetMany's read: each ID's entry, and its bloom probe in the
+// same pipeline while recent reads missed (the adaptive order of read: a
+// warm page is one command per ID; otherwise the probes of the IDs that
+// had no entry follow in a second round trip).
+func (g *Guard) readMany(ctx context.Context, ids, keys []string) ([]readResult, error) {
+	done, err := g.outage.before()
+	if err != nil {
+		return nil, fmt.Errorf("cacheguard: %s: read: %w", g.name, err)
+	}
+	out, err := g.readManyOnce(ctx, ids, keys)
+	g.outage.after(done, err)
+	return out, err
+}
+
+func (g *Guard) readManyOnce(ctx context.Context, ids, keys []string) ([]readResult, error) {
+	f := g.bloom.Load()
+	probeNow := f != nil && g.credit.Load() > 0
+	pipe := g.rdb.Pipeline()
+	probes := make([]bloom.Probe, len(ids))
+	gets := make([]*redis.StringCmd, len(ids))
+	for i, id := range ids {
+		if probeNow {
+			probes[i] = f.Queue(ctx, pipe, id)
+		}
+		gets[i] = pipe.HGet(ctx, keys[i], g.field)
+	}
+	_, _ = pipe.Exec(ctx) // errors are read per command
+	out := make([]readResult, len(ids))
+	var missed []int
+	for i := range ids {
+		raw, err := gets[i].Bytes()
+		switch {
+		case err == nil:
+			out[i] = readResult{verdict: verdictEntry, raw: raw}
+		case errors.Is(err, redis.Nil):
+			missed = append(missed, i)
+		default:
+			return nil, g.fail(ctx, "read", "", redisfail.Wrap(err))
+		}
+	}
+	if hits := int64(len(ids) - len(missed)); hits > 0 && g.credit.Load() > 0 {
+		if c := g.credit.Add(-hits); c < 0 {
+			g.credit.CompareAndSwap(c, 0) // paid back below zero: floor it
+		}
+	}
+	if len(missed) == 0 {
+		return out, nil
+	}
+	if g.credit.Add(int64(missCredit*len(missed))) > maxCredit {
+		g.credit.Store(maxCredit)
+	}
+	if f != nil && !probeNow { // the probes of the IDs with no entry, now
+		pipe := g.rdb.Pipeline()
+		for _, i := range missed {
+			probes[i] = f.Queue(ctx, pipe, ids[i])
+		}
+		_, _ = pipe.Exec(ctx)
+	}
+	for _, i := range missed {
+		maybe, err := true, error(bloom.ErrNotReady)
+		if f != nil {
+			maybe, err = probes[i].Result(ctx)
+		}
+		var verr error
+		if out[i], verr = g.verdict(ctx, ids[i], maybe, err); verr != nil {
+			return nil, verr
+		}
+	}
+	return out, nil
+}
+
+// fillMany runs GetMany's misses through the Coordinator, one goroutine per
+// ID (each ends by the flight bound: see Options.RedisTimeout), their loads
+// batched, and adds what they found to out.
+func fillMany[T any](ctx context.Context, g *Guard, ids, keys []string, load BatchLoadFunc[T], out map[string]T) error {
+	b := newBatch(g, load, len(ids))
+	type answer struct {
+		id    string
+		found flight
+		v     T
+		ok    bool
+		err   error
+	}
+	answers := make(chan answer, len(ids))
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.flights.Timeout)
+	for i := range ids {
+		go func() { // owned by this GetMany; ends with its Coordinator run
+			m := &member[T]{b: b}
+			c := &call[T]{g: g, id: ids[i], vkey: keys[i], load: m.load, waiter: m}
+			err := g.coord.Run(fctx, keys[i], g.field, c)
+			m.Waiting() // answered from the cache, loaded, or failed: no longer undecided
+			a := answer{id: ids[i], found: c.found, v: c.v, ok: c.decoded, err: err}
+			if err == nil {
+				a.err = c.err
+			}
+			answers <- a
+		}()
+	}
+	var errs []error
+	for received := range len(ids) {
+		var a answer
+		select {
+		case a = <-answers:
+		case <-ctx.Done():
+			go func() { // waits for the runs (bounded by the flight bound), then releases their ctx
+				for range len(ids) - received {
+					<-answers
+				}
+				cancel()
+			}()
+			return ctx.Err()
+		}
+		g.stats.count(a.found.outcome, false)
+		switch {
+		case errors.Is(a.err, ErrNotFound):
+		case a.err != nil:
+			errs = append(errs, fmt.Errorf("cacheguard: %s %q: %w", g.name, a.id, panicked(g, a.id, a.err)))
+		case a.ok:
+			out[a.id] = a.v
+		default:
+			v, err := decodeFrame[T](g, a.id, a.found.frame)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			out[a.id] = v
+		}
+	}
+	cancel()
+	return errors.Join(errs...)
+}
+
+// loadManyThrough answers GetMany without Redis (the outage policy): one
+// call of load for every ID, uncached, within the load-through cap.
+func loadManyThrough[T any](ctx context.Context, g *Guard, ids []string, load BatchLoadFunc[T], out map[string]T, cause error) error {
+	if g.outage.failFast {
+		return cause
+	}
+	select {
+	case g.outage.slots <- struct{}{}:
+		defer func() { <-g.outage.slots }()
+	default:
+		g.stats.shed.Add(1)
+		return fmt.Errorf("cacheguard: %s: %w: load-through cap (%d loads at once) reached", g.name, ErrUnavailable, cap(g.outage.slots))
+	}
+	g.stats.loadThroughs.Add(1)
+	g.stats.loads.Add(1)
+	lctx, cancel := context.WithTimeout(ctx, g.opts.LoadTimeout)
+	defer cancel()
+	m, err := load(lctx, ids)
+	if err != nil {
+		g.stats.loadErrors.Add(1)
+		return fmt.Errorf("cacheguard: %s: load: %w", g.name, err)
+	}
+	for _, id := range ids {
+		if v, ok := m[id]; ok {
+			out[id] = v
+		}
+	}
+	return nil
+}
+
+// batch gathers the loads of one GetMany into one call of its load
+// function. Each miss is undecided until it takes its lock and asks to load,
+// starts waiting for another holder, or ends; once no miss is undecided, the
+// batch loads the IDs that asked, in one call. A miss that asks after that
+// (it waited, then took over from a holder that died) loads on its own.
+type batch[T any] struct {
+	g    *Guard
+	load BatchLoadFunc[T]
+
+	mu        sync.Mutex    // guards the fields below, and every member's decided
+	undecided int           // misses that have neither asked nor waited nor ended
+	asked     []string      // IDs waiting for the batch
+	fired     bool          // the batch load has started
+	done      chan struct{} // closed when the batch load returned; values and err are set before
+	values    map[string]T
+	err       error
+}
+
+// member is one miss of a batch.
+type member[T any] struct {
+	b       *batch[T]
+	decided bool // guarded by b.mu
+}
+
+func newBatch[T any](g *Guard, load BatchLoadFunc[T], n int) *batch[T] {
+	return &batch[T]{g: g, load: load, undecided: n, done: make(chan struct{})}
+}
+
+// decide records that the miss is no longer undecided (once), and fires
+// the batch if it was the last. Callers hold b.mu.
+func (m *member[T]) decideLocked() {
+	if !m.decided {
+		m.decided = true
+		m.b.undecided--
+	}
+	m.b.fireLocked()
+}
+
+// Waiting is called by the Coordinator when the miss starts waiting for
+// another holder, and by fillMany when its run ended.
+func (m *member[T]) Waiting() {
+	m.b.mu.Lock()
+	defer m.b.mu.Unlock()
+	m.decideLocked()
+}
+
+// load is the miss's load function: it asks the batch and waits for the
+// batch load, or loads on its own if the batch already fired.
+func (m *member[T]) load(ctx context.Context, id string) (T, error) {
+	var zero T
+	b := m.b
+	b.mu.Lock()
+	if b.fired {
+		b.mu.Unlock()
+		b.g.stats.loads.Add(1)
+		values, err := b.load(ctx, []string{id})
+		return pick(values, err, id)
+	}
+	b.asked = append(b.asked, id)
+	m.decideLocked()
+	b.mu.Unlock()
+	select {
+	case <-b.done:
+		return pick(b.values, b.err, id)
+	case <-ctx.Done():
+		return zero, ctx.Err()
+	}
+}
+
+// pick is id's answer from a batch load.
+func pick[T any](values map[string]T, err error, id string) (T, error) {
+	var zero T
+	if err != nil {
+		return zero, err
+	}
+	if v, ok := values[id]; ok {
+		return v, nil
+	}
+	return zero, ErrNotFound
+}
+
+// fireLocked starts the batch load once no miss is undecided and some asked.
+// Callers hold b.mu.
+func (b *batch[T]) fireLocked() {
+	if b.fired || b.undecided > 0 || len(b.asked) == 0 {
+		return
+	}
+	b.fired = true
+	ids := b.asked
+	b.g.stats.loads.Add(1) // the batch is one load; its members' Load counted theirs
+	go func() {            // owned by the batch; ends when load returns (members stop waiting at their LoadTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), b.g.opts.LoadTimeout)
+		defer cancel()
+		values, err := b.load(ctx, ids)
+		b.values, b.err = values, err
+		close(b.done)
+	}()
+}
+
+// dedupe returns ids without repeats, in their first order.
+func dedupe(ids []string) []string {
+	seen := make(map[string]struct{}, len(ids))
+	out := ids[:0:0]
+	for _, id := range ids {
+		if _, ok := seen[id]; !ok {
+			seen[id] = struct{}{}
+			out = append(out, id)
+		}
+	}
+	return out
+}

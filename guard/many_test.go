@@ -1,0 +1,157 @@
+package guard_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cacheguard/cacheguard/guard"
+	"github.com/cacheguard/cacheguard/internal/redistest"
+)
+
+// batchDB wraps db with a batch loader that records its calls.
+type batchDB struct {
+	*db
+	mu    sync.Mutex
+	calls [][]string
+}
+
+func (b *batchDB) loadMany(ctx context.Context, ids []string) (map[string]product, error) {
+	b.mu.Lock()
+	b.calls = append(b.calls, slices.Clone(ids))
+	b.mu.Unlock()
+	out := map[string]product{}
+	for _, id := range ids {
+		if p, err := b.db.load(ctx, id); err == nil {
+			out[id] = p
+		}
+	}
+	return out, nil
+}
+
+// TestGetMany: 100 warm IDs in one round trip; misses in one batch loader
+// call; unknown IDs rejected without it; IDs the loader did not return get
+// markers (so the next GetMany answers them without a load).
+func TestGetMany(t *testing.T) {
+	ctx := context.Background()
+	c, g, d := setup(t, 200, nil)
+	b := &batchDB{db: d}
+	var ids []string
+	for i := range 100 {
+		ids = append(ids, fmt.Sprintf("p%d", i))
+	}
+	// Cold: one batch call for the 100 misses.
+	got, err := guard.GetMany(ctx, g, ids, b.loadMany)
+	if err != nil || len(got) != 100 || got["p42"].Price != 42 {
+		t.Fatalf("cold GetMany: %d values, %v", len(got), err)
+	}
+	if len(b.calls) != 1 || len(b.calls[0]) != 100 {
+		t.Fatalf("batch calls %v, want one of 100 IDs", len(b.calls))
+	}
+	// Warm: one round trip, no load.
+	c.Counter.Reset()
+	got, err = guard.GetMany(ctx, g, ids, b.loadMany)
+	if err != nil || len(got) != 100 || got["p7"].Price != 7 {
+		t.Fatalf("warm GetMany: %d values, %v", len(got), err)
+	}
+	if n := c.Counter.RoundTrips(); n != 1 {
+		t.Fatalf("warm GetMany of 100 IDs: %d round trips, want 1", n)
+	}
+	if len(b.calls) != 1 {
+		t.Fatalf("warm GetMany loaded: %v", b.calls[1:])
+	}
+	// Unknown IDs are rejected without the loader; a known-to-the-filter
+	// ID that the loader does not return gets a marker.
+	if err := g.Add(ctx, "ghost"); err != nil {
+		t.Fatal(err)
+	}
+	got, err = guard.GetMany(ctx, g, []string{"p1", "nope1", "nope2", "ghost", "p150", "p1"}, b.loadMany)
+	if err != nil || len(got) != 2 || got["p150"].Price != 150 {
+		t.Fatalf("mixed GetMany: %v, %v", got, err)
+	}
+	if last := b.calls[len(b.calls)-1]; len(b.calls) != 2 || !slices.Equal(sorted(last), []string{"ghost", "p150"}) {
+		t.Fatalf("batch calls %v: want one more, of ghost and p150 (unknown IDs rejected by the filter)", b.calls)
+	}
+	c.Counter.Reset()
+	if got, err := guard.GetMany(ctx, g, []string{"ghost", "p150"}, b.loadMany); err != nil || len(got) != 1 || c.Counter.RoundTrips() != 1 {
+		t.Fatalf("marker and hit: %v, %v, %d round trips", got, err, c.Counter.RoundTrips())
+	}
+	if _, err := guard.GetMany(ctx, g, []string{"ok", "a\x00"}, b.loadMany); !errors.Is(err, guard.ErrInvalidKey) {
+		t.Fatalf("malformed ID: %v", err)
+	}
+}
+
+// TestGetManyAcrossProcesses: four Guards (as four processes) GetMany the
+// same 50 cold IDs at once: each ID is loaded once in all, and no batch
+// waits for another (no deadlock between batches holding each other's IDs).
+func TestGetManyAcrossProcesses(t *testing.T) {
+	ctx := context.Background()
+	c, g0, d := setup(t, 100, nil)
+	d.delay = 20 * time.Millisecond
+	var loaded sync.Map // id → loads
+	var calls atomic.Int32
+	load := func(ctx context.Context, ids []string) (map[string]product, error) {
+		calls.Add(1)
+		out := map[string]product{}
+		for _, id := range ids {
+			n, _ := loaded.LoadOrStore(id, new(atomic.Int32))
+			n.(*atomic.Int32).Add(1)
+			if p, err := d.load(ctx, id); err == nil {
+				out[id] = p
+			}
+		}
+		return out, nil
+	}
+	guards := []*guard.Guard{g0}
+	for range 3 {
+		g, err := guard.New(ctx, redistest.Connect(t), "product", &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 10_000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer g.Close()
+		guards = append(guards, g)
+	}
+	var ids []string
+	for i := range 50 {
+		ids = append(ids, fmt.Sprintf("p%d", i))
+	}
+	var wg sync.WaitGroup
+	for i, g := range guards {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			mine := slices.Clone(ids)
+			if i%2 == 1 {
+				slices.Reverse(mine) // opposite orders: the deadlock-prone case
+			}
+			got, err := guard.GetMany(ctx, g, mine, load)
+			if err != nil || len(got) != 50 {
+				t.Errorf("guard %d: %d values, %v", i, len(got), err)
+			}
+		}()
+	}
+	wg.Wait()
+	n := 0
+	loaded.Range(func(id, v any) bool {
+		if v.(*atomic.Int32).Load() != 1 {
+			t.Errorf("%s loaded %d times", id, v.(*atomic.Int32).Load())
+		}
+		n++
+		return true
+	})
+	if n != 50 {
+		t.Fatalf("%d IDs loaded, want 50", n)
+	}
+	t.Logf("4 processes × 50 cold IDs: %d batch calls", calls.Load())
+}
+
+func sorted(s []string) []string {
+	s = slices.Clone(s)
+	slices.Sort(s)
+	return s
+}

@@ -3,7 +3,9 @@
 //
 // Every stored entry starts with a one-byte kind: a value frame is
 // [KindValue][codec id][payload], an empty-value marker ("the source of truth
-// says this ID does not exist") is the single byte [KindEmpty]. A marker can
+// says this ID does not exist") is the single byte [KindEmpty], and a value
+// that should be refreshed ahead of its expiry is [KindValueRefresh][8 bytes:
+// refresh-at, unix milliseconds, big-endian][codec id][payload]. A marker can
 // therefore never be mistaken for a value, a value written by one codec is
 // never decoded by another, and a later format can take a new kind byte.
 //
@@ -14,17 +16,20 @@
 package codec
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
 )
 
 // Frame kinds, the first byte of every stored entry.
 const (
-	KindValue byte = 0x01
-	KindEmpty byte = 0x02
+	KindValue        byte = 0x01
+	KindEmpty        byte = 0x02
+	KindValueRefresh byte = 0x03
 )
 
 var (
@@ -65,24 +70,55 @@ func Encode(c Codec, v any) ([]byte, error) {
 	return frame, nil
 }
 
+// EncodeRefresh marshals v with c and frames it with a refresh-at time:
+// readers serve it, and refresh it once that time has passed.
+func EncodeRefresh(c Codec, v any, at time.Time) ([]byte, error) {
+	payload, err := c.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("codec: marshal %T: %w", v, err)
+	}
+	frame := make([]byte, 10+len(payload))
+	frame[0] = KindValueRefresh
+	binary.BigEndian.PutUint64(frame[1:9], uint64(at.UnixMilli()))
+	frame[9] = c.ID()
+	copy(frame[10:], payload)
+	return frame, nil
+}
+
+// RefreshAt returns the refresh-at time of a frame made by EncodeRefresh;
+// ok is false for any other frame.
+func RefreshAt(data []byte) (at time.Time, ok bool) {
+	if len(data) < 10 || data[0] != KindValueRefresh {
+		return time.Time{}, false
+	}
+	return time.UnixMilli(int64(binary.BigEndian.Uint64(data[1:9]))), true
+}
+
 // Decode unframes data and unmarshals it into v (a non-nil pointer). It
 // returns ErrEmpty for an empty-value marker and an error wrapping ErrCorrupt
 // for anything that is not a well-formed frame of codec c.
 func Decode(c Codec, data []byte, v any) (err error) {
+	var id byte
+	var payload []byte
 	switch {
 	case len(data) == 1 && data[0] == KindEmpty:
 		return ErrEmpty
-	case len(data) < 2 || data[0] != KindValue:
+	case len(data) >= 2 && data[0] == KindValue:
+		id, payload = data[1], data[2:]
+	case len(data) >= 10 && data[0] == KindValueRefresh:
+		id, payload = data[9], data[10:]
+	default:
 		return fmt.Errorf("%w: bad header", ErrCorrupt)
-	case data[1] != c.ID():
-		return fmt.Errorf("%w: written by codec %d, reading with codec %d", ErrCorrupt, data[1], c.ID())
+	}
+	if id != c.ID() {
+		return fmt.Errorf("%w: written by codec %d, reading with codec %d", ErrCorrupt, id, c.ID())
 	}
 	defer func() { // a codec must never take the process down on bad bytes
 		if p := recover(); p != nil {
 			err = fmt.Errorf("%w: decoder panicked: %v", ErrCorrupt, p)
 		}
 	}()
-	if err := c.Unmarshal(data[2:], v); err != nil {
+	if err := c.Unmarshal(payload, v); err != nil {
 		return fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"runtime"
+	"slices"
 	"testing"
 	"time"
 
@@ -172,5 +173,34 @@ func BenchmarkDecodeMsgpack(b *testing.B) {
 		if err := codec.Decode(codec.Msgpack, frame, &p); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+func TestRefreshFrame(t *testing.T) {
+	at := time.UnixMilli(1_800_000_000_123)
+	frame, err := codec.EncodeRefresh(codec.Msgpack, "hello", at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := slices.Clone(frame)
+	var s string
+	if err := codec.Decode(codec.Msgpack, frame, &s); err != nil || s != "hello" {
+		t.Fatalf("decode: %q, %v", s, err)
+	}
+	if !slices.Equal(frame, before) {
+		t.Fatal("Decode changed the frame it read")
+	}
+	if got, ok := codec.RefreshAt(frame); !ok || !got.Equal(at) {
+		t.Fatalf("RefreshAt = %v, %v", got, ok)
+	}
+	plain, _ := codec.Encode(codec.Msgpack, "hello")
+	if _, ok := codec.RefreshAt(plain); ok {
+		t.Fatal("a plain value frame has no refresh-at time")
+	}
+	if err := codec.Decode(codec.JSON, frame, &s); !errors.Is(err, codec.ErrCorrupt) {
+		t.Fatalf("another codec's refresh frame: %v", err)
+	}
+	if err := codec.Decode(codec.Msgpack, frame[:9], &s); !errors.Is(err, codec.ErrCorrupt) {
+		t.Fatalf("a truncated refresh frame: %v", err)
 	}
 }

@@ -76,11 +76,11 @@ func Set[T any](ctx context.Context, g *Guard, id string, v T) error {
 	if err != nil {
 		return err
 	}
-	frame, err := codec.Encode(g.opts.Codec, v)
+	frame, ttl, err := g.valueFrame(v)
 	if err != nil {
 		return fmt.Errorf("cacheguard: %s %q: %w", g.name, id, err)
 	}
-	return g.replace(ctx, "set", []string{id}, []string{vkey}, frame, g.opts.TTL, frame)
+	return g.replace(ctx, "set", []string{id}, []string{vkey}, frame, func() time.Duration { return ttl }, frame)
 }
 
 // Delete records that ids no longer exist, after the source of truth deleted
@@ -91,14 +91,14 @@ func Set[T any](ctx context.Context, g *Guard, id string, v T) error {
 // loader. A re-created ID is servable again after its Add.
 func (g *Guard) Delete(ctx context.Context, ids ...string) error {
 	return g.write(ids, func(keys []string) error {
-		return g.replace(ctx, "delete", nil, keys, codec.Empty(), g.opts.EmptyTTL, nil)
+		return g.replace(ctx, "delete", nil, keys, codec.Empty(), func() time.Duration { return g.jitter(g.opts.EmptyTTL) }, nil)
 	})
 }
 
-// replace runs replace.lua for each key with frame (TTL ± Jitter each),
-// registers add in the filter, and tells the in-memory copies, in one round
-// trip; this process keeps localCopy (nil: none).
-func (g *Guard) replace(ctx context.Context, op string, add, keys []string, frame []byte, ttl time.Duration, localCopy []byte) error {
+// replace runs replace.lua for each key with frame (for ttl(), called per
+// key), registers add in the filter, and tells the in-memory copies, in one
+// round trip; this process keeps localCopy (nil: none).
+func (g *Guard) replace(ctx context.Context, op string, add, keys []string, frame []byte, ttl func() time.Duration, localCopy []byte) error {
 	pipe := g.rdb.Pipeline()
 	var added *bloom.PendingAdd
 	if len(add) > 0 {
@@ -110,7 +110,7 @@ func (g *Guard) replace(ctx context.Context, op string, add, keys []string, fram
 	}
 	cmds := make([]*redis.Cmd, len(keys))
 	for i, k := range keys {
-		cmds[i] = replace.Eval(ctx, pipe, []string{k, keyspace.Fence(k)}, g.field, frame, g.jitter(ttl).Milliseconds())
+		cmds[i] = replace.Eval(ctx, pipe, []string{k, keyspace.Fence(k)}, g.field, frame, ttl().Milliseconds())
 		pipe.Publish(ctx, g.keys.Invalidated(), k)
 	}
 	_, _ = pipe.Exec(ctx) // errors are read per command

@@ -54,7 +54,8 @@ type call[T any] struct {
 	id, vkey string
 	load     LoadFunc[T]
 
-	waiter loader.Waiter // told when the Coordinator waits for another holder (GetMany's batch), or nil
+	waiter  loader.Waiter // told when the Coordinator waits for another holder (GetMany's batch), or nil
+	refresh bool          // a refresh ahead of expiry: an entry past its refresh-at time does not answer
 
 	found   flight // what the re-check or the load found
 	err     error  // the answer's error: ErrNotFound after a marker, or the load's failure
@@ -106,6 +107,9 @@ func (c *call[T]) Waiting() {
 
 // Cached judges a cache entry (loader.Filler): see decodeEntry.
 func (c *call[T]) Cached(ctx context.Context, raw []byte) bool {
+	if c.refresh && stale(raw) {
+		return false // still the value to refresh: load it
+	}
 	e := decodeEntry[T](ctx, c.g, c.vkey, raw)
 	if e.ok {
 		c.found, c.err, c.v, c.decoded = e.found, e.err, e.v, e.err == nil
@@ -132,14 +136,14 @@ func (c *call[T]) Load(ctx context.Context) ([]byte, time.Duration, error) {
 		c.found, c.err = flight{outcome: outFailed}, fmt.Errorf("cacheguard: %s %q: load: %w", g.name, c.id, err)
 		return nil, 0, c.err
 	}
-	frame, err := codec.Encode(g.opts.Codec, val)
+	frame, ttl, err := g.valueFrame(val)
 	if err != nil {
 		g.stats.loadErrors.Add(1)
 		c.found, c.err = flight{outcome: outFailed}, fmt.Errorf("cacheguard: %s %q: %w", g.name, c.id, err)
 		return nil, 0, c.err
 	}
 	c.found, c.err = flight{frame: frame, outcome: outLoaded}, nil
-	return frame, g.jitter(g.opts.TTL), nil
+	return frame, ttl, nil
 }
 
 // loaded is what one call of the load function returned (or its panic).

@@ -94,6 +94,9 @@ func Get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 			if e.err == nil && g.local != nil {
 				g.local.put(vkey, r.raw, epoch)
 			}
+			if e.err == nil && g.opts.RefreshAhead != nil {
+				refresh(g, id, vkey, r.raw, load)
+			}
 			return e.v, e.err
 		}
 	}

@@ -97,6 +97,9 @@ type Guard struct {
 	lastSlotReload atomic.Int64 // unix nanos of the last cluster slot-map reload we asked for
 	background     sync.WaitGroup
 	closing        chan struct{}
+	life           context.Context    // background work's context: cancelled by Close
+	endLife        context.CancelFunc // cancels life
+	refreshing     sync.Map           // value key → struct{}: the refreshes ahead running in this process
 	closeOnce      sync.Once
 	closeErr       error // set once by Close
 }
@@ -133,6 +136,7 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 
 		closing: make(chan struct{}),
 	}
+	g.life, g.endLife = context.WithCancel(context.Background())
 	g.gate.drained = make(chan struct{})
 	if g.outage, err = newOutage(*o.Outage, g); err != nil {
 		return nil, err
@@ -199,6 +203,7 @@ func (g *Guard) Close() error {
 	g.closeOnce.Do(func() {
 		g.gate.close()
 		close(g.closing)
+		g.endLife()
 		g.background.Wait()
 		var errs []error
 		if g.local != nil {

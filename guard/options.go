@@ -66,6 +66,9 @@ type Options struct {
 	// Outage says what Get does when Redis cannot answer; nil means the
 	// defaults of OutageOptions (load through, capped).
 	Outage *OutageOptions
+	// RefreshAhead, if set, refreshes values in the background before they
+	// expire, serving them meanwhile (see RefreshOptions). Off by default.
+	RefreshAhead *RefreshOptions
 	// LockTTL is the lease of an ID's load lock. A watchdog renews it while
 	// the load runs, so it only matters when a loading process dies: the
 	// others take over about LockTTL later. Default loader.DefaultLockTTL
@@ -155,6 +158,10 @@ func resolve(opts *Options) (Options, error) {
 	}
 	if o.Outage == nil {
 		o.Outage = &OutageOptions{}
+	}
+	var err error
+	if o.RefreshAhead, err = resolveRefresh(o.RefreshAhead); err != nil {
+		return Options{}, err
 	}
 	if o.LockTTL == 0 {
 		o.LockTTL = loader.DefaultLockTTL

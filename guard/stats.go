@@ -28,6 +28,7 @@ type Stats struct {
 	Shed           uint64 // load-throughs refused by the MaxLoads cap (ErrUnavailable)
 	BreakerOpens   uint64 // times the Redis circuit breaker opened
 	AbandonedLoads uint64 // loads that did not return within LoadTimeout (their late result dropped)
+	Refreshes      uint64 // refreshes ahead of expiry started (RefreshAhead)
 }
 
 // counters is the live form of Stats; every field is updated atomically.
@@ -36,6 +37,7 @@ type counters struct {
 	loads, loadErrors, redisErrors, corrupt, bypasses atomic.Uint64
 	localHits                                         atomic.Uint64
 	loadThroughs, shed, breakerOpens, abandonedLoads  atomic.Uint64
+	refreshes                                         atomic.Uint64
 }
 
 func (c *counters) count(o outcome, coalesced bool) {
@@ -65,6 +67,6 @@ func (g *Guard) Stats() Stats {
 		Loads: c.loads.Load(), LoadErrors: c.loadErrors.Load(), RedisErrors: c.redisErrors.Load(),
 		CorruptValues: c.corrupt.Load(), BloomBypasses: c.bypasses.Load(),
 		LoadThroughs: c.loadThroughs.Load(), Shed: c.shed.Load(), BreakerOpens: c.breakerOpens.Load(),
-		AbandonedLoads: c.abandonedLoads.Load(),
+		AbandonedLoads: c.abandonedLoads.Load(), Refreshes: c.refreshes.Load(),
 	}
 }

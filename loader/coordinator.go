@@ -179,24 +179,9 @@ func (c *Coordinator) Stats() CoordinatorStats {
 func (c *Coordinator) Run(ctx context.Context, key, field string, f Filler) error {
 	deadline := time.Now().Add(c.opts.LockWait)
 	for {
-		opCtx, cancel := c.op(ctx)
-		pipe := c.rdb.Pipeline()
-		q, err := c.locks.Queue(opCtx, pipe, keyspace.Lock(key), c.opts.LockTTL,
-			&lock.Options{FenceKey: keyspace.Fence(key), FenceTTL: c.opts.FenceTTL})
-		if err != nil {
-			cancel()
-			return err
-		}
-		get := pipe.HGet(opCtx, key, field)
-		_, _ = pipe.Exec(opCtx) // errors are read per command
-		l, err := q.Result(opCtx)
-		cancel()
-		var held *lock.HeldError
+		l, get, held, err := c.attempt(ctx, key, field)
 		switch {
 		case err == nil:
-			if !q.InPipeline() { // the HGET ran before the lock was taken
-				get = c.hget(ctx, key, field)
-			}
 			err = c.hold(ctx, l, key, field, get, f)
 			if !errors.Is(err, errFenceLost) {
 				return err
@@ -205,7 +190,7 @@ func (c *Coordinator) Run(ctx context.Context, key, field string, f Filler) erro
 				return nil // invalidated again and again: serve the last load, uncached
 			}
 			continue // overtaken by an invalidation: load again, newer fence
-		case !errors.As(err, &held):
+		case held == nil:
 			return err
 		}
 		if done, err := c.cached(ctx, get, f); done || err != nil {
@@ -227,6 +212,51 @@ func (c *Coordinator) Run(ctx context.Context, key, field string, f Filler) erro
 			return ErrBusy
 		}
 	}
+}
+
+// TryRun is Run for a refresh ahead of expiry: one attempt on the lock and
+// no wait. If another holder has the lock (it is filling key already), or a
+// write to the source of truth overtook the load (its fence is gone: the
+// entry was invalidated or replaced), TryRun returns nil having written
+// nothing.
+func (c *Coordinator) TryRun(ctx context.Context, key, field string, f Filler) error {
+	l, get, held, err := c.attempt(ctx, key, field)
+	switch {
+	case held != nil:
+		return nil
+	case err != nil:
+		return err
+	}
+	if err := c.hold(ctx, l, key, field, get, f); !errors.Is(err, errFenceLost) {
+		return err
+	}
+	return nil
+}
+
+// attempt is step 1: the lock attempt with the HGET queued behind it, in one
+// round trip. held is set when another holder has the lock.
+func (c *Coordinator) attempt(ctx context.Context, key, field string) (l *lock.Lock, get *redis.StringCmd, held *lock.HeldError, err error) {
+	opCtx, cancel := c.op(ctx)
+	defer cancel()
+	pipe := c.rdb.Pipeline()
+	q, err := c.locks.Queue(opCtx, pipe, keyspace.Lock(key), c.opts.LockTTL,
+		&lock.Options{FenceKey: keyspace.Fence(key), FenceTTL: c.opts.FenceTTL})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	get = pipe.HGet(opCtx, key, field)
+	_, _ = pipe.Exec(opCtx) // errors are read per command
+	l, err = q.Result(opCtx)
+	switch {
+	case err == nil:
+		if !q.InPipeline() { // the HGET ran before the lock was taken
+			get = c.hget(ctx, key, field)
+		}
+		return l, get, nil, nil
+	case errors.As(err, &held):
+		return nil, get, held, err
+	}
+	return nil, nil, nil, err
 }
 
 // cached reads an HGET's reply: done when f accepts what the cache holds.

@@ -1,0 +1,90 @@
+package guard
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/cacheguard/cacheguard/codec"
+)
+
+// RefreshOptions turns on refresh-ahead (stale-while-revalidate for expiry):
+// a value is written with a refresh-at time inside its TTL, and a Get that
+// finds it past that time serves it at once and starts one refresh in the
+// background, so callers of a hot key never wait for its load. One refresh
+// per key per process at a time, and one across processes (it takes the
+// key's lock once, without waiting: a process that finds the lock held
+// leaves the refresh to its holder). The refresh's write is fenced like a
+// fill's, and the Redis TTL is the hard expiry: past it the key is a plain
+// miss. Writes are never bypassed: Invalidate, Set and Delete replace or
+// drop the entry, so after they return no Get serves the old value, and a
+// refresh that read the old row is refused.
+//
+// Frames written with refresh-ahead carry the refresh-at time (a frame kind
+// that versions before this one read as corrupt: turn it on together with a
+// new Options.Version during a rolling deploy).
+type RefreshOptions struct {
+	// At is the share of a value's TTL after which a Get refreshes it, in
+	// (0, 1): a hot key is loaded about 1/At times per TTL, and the refresh
+	// has (1−At)·TTL to land before the value expires. Default 0.85: a
+	// value with TTL 10 minutes is refreshed by the first Get after 8.5
+	// minutes (1.18 loads per TTL).
+	At float64
+}
+
+// valueFrame encodes v for the cache and picks its TTL (with jitter): a
+// refresh frame when RefreshAhead is on.
+func (g *Guard) valueFrame(v any) ([]byte, time.Duration, error) {
+	ttl := g.jitter(g.opts.TTL)
+	if r := g.opts.RefreshAhead; r != nil {
+		frame, err := codec.EncodeRefresh(g.opts.Codec, v, time.Now().Add(time.Duration(float64(ttl)*r.At)))
+		return frame, ttl, err
+	}
+	frame, err := codec.Encode(g.opts.Codec, v)
+	return frame, ttl, err
+}
+
+// stale reports whether a cached frame is past its refresh-at time.
+func stale(raw []byte) bool {
+	at, ok := codec.RefreshAt(raw)
+	return ok && !time.Now().Before(at)
+}
+
+// refresh starts the background refresh of a hit that is past its
+// refresh-at time, unless one runs for the key in this process. The
+// goroutine belongs to the Guard (tracked by background, cancelled by
+// Close); it is started from inside the gate, so Close cannot miss it.
+func refresh[T any](g *Guard, id, vkey string, raw []byte, load LoadFunc[T]) {
+	if !stale(raw) {
+		return
+	}
+	if _, running := g.refreshing.LoadOrStore(vkey, struct{}{}); running {
+		return
+	}
+	g.background.Add(1)
+	go func() {
+		defer g.background.Done()
+		defer g.refreshing.Delete(vkey)
+		ctx, cancel := context.WithTimeout(g.life, g.flights.Timeout)
+		defer cancel()
+		c := &call[T]{g: g, id: id, vkey: vkey, load: load, refresh: true}
+		g.stats.refreshes.Add(1)
+		if err := g.coord.TryRun(ctx, vkey, g.field, c); err != nil {
+			g.log.Warn("cacheguard: refresh ahead failed; the value expires at its TTL", "id", id, "err", g.fail(ctx, "refresh", id, err))
+		}
+	}()
+}
+
+func resolveRefresh(r *RefreshOptions) (*RefreshOptions, error) {
+	if r == nil {
+		return nil, nil
+	}
+	o := *r
+	if o.At == 0 {
+		o.At = 0.85
+	}
+	if !(o.At > 0 && o.At < 1) {
+		return nil, fmt.Errorf("%w: RefreshAhead.At %v not in (0, 1)", ErrInvalidOptions, o.At)
+	}
+	return &o, nil
+}

@@ -1,0 +1,127 @@
+package guard_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cacheguard/cacheguard/guard"
+)
+
+// TestRefreshAheadHotKey: 16 goroutines on one key for 2.5 s, TTL 500 ms,
+// refreshed from 85% of it (the default), loader 20 ms: after the first Get
+// no caller is answered by a load it waited for (every Get is a hit), and
+// the loads stay at most 1.2 per TTL.
+func TestRefreshAheadHotKey(t *testing.T) {
+	ctx := context.Background()
+	_, g, d := setup(t, 10, &guard.Options{TTL: 500 * time.Millisecond, Jitter: -1, RefreshAhead: &guard.RefreshOptions{}})
+	d.delay = 20 * time.Millisecond
+	if _, err := guard.Get(ctx, g, "p3", d.load); err != nil {
+		t.Fatal(err)
+	}
+	const run = 2500 * time.Millisecond
+	stop := time.Now().Add(run)
+	var wg sync.WaitGroup
+	var wrong atomic.Int32
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(stop) {
+				if p, err := guard.Get(ctx, g, "p3", d.load); err != nil || p.Price != 3 {
+					wrong.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	st := g.Stats()
+	t.Logf("%d Gets in %v: %d answered by a load, %d loads, %d refreshes", st.Hits+st.Misses, run, st.Misses, d.calls.Load(), st.Refreshes)
+	if wrong.Load() != 0 {
+		t.Fatalf("%d wrong answers", wrong.Load())
+	}
+	if st.Misses > 2 { // the first Get; one more at most if a refresh came late on a slow machine
+		t.Fatalf("%d Gets waited for a load: refresh-ahead did not keep the key warm (%+v)", st.Misses, st)
+	}
+	if max := int64(1.2*float64(run/(500*time.Millisecond))) + 1; d.calls.Load() > max || st.Refreshes == 0 {
+		t.Fatalf("%d loads, %d refreshes in %d TTLs: want at most %d loads", d.calls.Load(), st.Refreshes, run/(500*time.Millisecond), max)
+	}
+}
+
+// TestRefreshAheadNeverServesOverAWrite: with refresh-ahead on and the key
+// hot, every Get that starts after an Invalidate or a Set returned gets that
+// write's value or a later one: a refresh never brings back older data.
+func TestRefreshAheadNeverServesOverAWrite(t *testing.T) {
+	ctx := context.Background()
+	_, g, d := setup(t, 10, &guard.Options{TTL: 200 * time.Millisecond, RefreshAhead: &guard.RefreshOptions{At: 0.3}})
+	d.delay = 5 * time.Millisecond
+	type read struct {
+		start time.Time
+		price int
+	}
+	var mu sync.Mutex
+	var reads []read
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				start := time.Now()
+				p, err := guard.Get(ctx, g, "p4", d.load)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				reads = append(reads, read{start, p.Price})
+				mu.Unlock()
+			}
+		}()
+	}
+	type write struct {
+		done  time.Time
+		price int
+	}
+	var writes []write
+	for i := 1; i <= 15; i++ {
+		time.Sleep(100 * time.Millisecond) // past the refresh-at time (60ms): refreshes run between writes
+		price := 1000 + i
+		d.set(product{ID: "p4", Name: "product p4", Price: price})
+		var err error
+		if i%2 == 0 {
+			err = guard.Set(ctx, g, "p4", product{ID: "p4", Name: "product p4", Price: price})
+		} else {
+			err = g.Invalidate(ctx, "p4")
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		writes = append(writes, write{time.Now(), price})
+	}
+	close(done)
+	wg.Wait()
+	stale := 0
+	for _, r := range reads {
+		want := 0
+		for _, w := range writes {
+			if w.done.Before(r.start) {
+				want = w.price
+			}
+		}
+		if r.price < want {
+			stale++
+		}
+	}
+	if st := g.Stats(); stale != 0 || st.Refreshes == 0 {
+		t.Fatalf("%d of %d Gets got a value older than a write that returned before they started (%d refreshes)", stale, len(reads), st.Refreshes)
+	}
+}

@@ -6,6 +6,7 @@ require (
 	github.com/bits-and-blooms/bitset v1.29.0
 	github.com/cespare/xxhash/v2 v2.3.0
 	github.com/labstack/echo/v4 v4.16.0
+	github.com/maypok86/otter/v2 v2.4.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/sony/gobreaker/v2 v2.4.0
 	github.com/vmihailenco/msgpack/v5 v5.4.1

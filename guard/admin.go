@@ -80,7 +80,7 @@ func Set[T any](ctx context.Context, g *Guard, id string, v T) error {
 	if err != nil {
 		return fmt.Errorf("cacheguard: %s %q: %w", g.name, id, err)
 	}
-	return g.replace(ctx, "set", []string{id}, []string{vkey}, frame, func() time.Duration { return ttl }, frame)
+	return g.replace(ctx, "set", []string{id}, []string{vkey}, frame, func() time.Duration { return ttl }, &localEntry{frame: frame, value: g.shared(v), life: ttl})
 }
 
 // Delete records that ids no longer exist, after the source of truth deleted
@@ -98,7 +98,7 @@ func (g *Guard) Delete(ctx context.Context, ids ...string) error {
 // replace runs replace.lua for each key with frame (for ttl(), called per
 // key), registers add in the filter, and tells the in-memory copies, in one
 // round trip; this process keeps localCopy (nil: none).
-func (g *Guard) replace(ctx context.Context, op string, add, keys []string, frame []byte, ttl func() time.Duration, localCopy []byte) error {
+func (g *Guard) replace(ctx context.Context, op string, add, keys []string, frame []byte, ttl func() time.Duration, localCopy *localEntry) error {
 	pipe := g.rdb.Pipeline()
 	var added *bloom.PendingAdd
 	if len(add) > 0 {
@@ -124,17 +124,16 @@ func (g *Guard) replace(ctx context.Context, op string, add, keys []string, fram
 
 // forget makes this process's next Gets of keys start afresh: no new caller
 // joins a flight that may have read older data, and the in-memory copies
-// are dropped (or replaced by frame) under a new epoch, so that a read made
+// are dropped (or replaced by copy) under a new epoch, so that a read made
 // before the write cannot store its copy after it.
-func (g *Guard) forget(keys []string, frame []byte) {
+func (g *Guard) forget(keys []string, copy *localEntry) {
 	for _, k := range keys {
 		g.flights.Forget(k)
 		if g.local != nil {
 			g.local.epoch.Add(1)
-			if frame != nil {
-				g.local.put(k, frame, g.local.epoch.Load())
-			} else {
-				g.local.drop(k)
+			g.local.drop(k)
+			if copy != nil {
+				g.local.put(k, copy.frame, copy.value, copy.life, g.local.epoch.Load())
 			}
 		}
 	}

@@ -36,7 +36,11 @@ func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T
 			return zero, panicked(g, id, err)
 		}
 		if g.local != nil && mine {
-			g.local.put(vkey, fl.frame, fl.epoch)
+			var v any
+			if c.decoded {
+				v = g.shared(c.v)
+			}
+			g.local.put(vkey, fl.frame, v, fl.ttl, fl.epoch)
 		}
 		if mine && c.decoded {
 			return c.v, nil
@@ -142,7 +146,7 @@ func (c *call[T]) Load(ctx context.Context) ([]byte, time.Duration, error) {
 		c.found, c.err = flight{outcome: outFailed}, fmt.Errorf("cacheguard: %s %q: %w", g.name, c.id, err)
 		return nil, 0, c.err
 	}
-	c.found, c.err = flight{frame: frame, outcome: outLoaded}, nil
+	c.found, c.err = flight{frame: frame, outcome: outLoaded, ttl: ttl}, nil
 	return frame, ttl, nil
 }
 

@@ -53,9 +53,13 @@ func Get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 		return zero, err
 	}
 	if g.local != nil {
-		if frame, ok := g.local.get(vkey); ok {
+		if e, ok := g.local.get(vkey); ok {
+			if v, ok := e.value.(T); ok { // decoded once, a copy for each caller
+				g.stats.localHits.Add(1)
+				return v, nil
+			}
 			var v T
-			if codec.Decode(g.opts.Codec, frame, &v) == nil {
+			if codec.Decode(g.opts.Codec, e.frame, &v) == nil {
 				g.stats.localHits.Add(1)
 				return v, nil
 			}
@@ -92,7 +96,7 @@ func Get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 		if e := decodeEntry[T](ctx, g, vkey, r.raw); e.ok {
 			g.stats.count(e.found.outcome, false)
 			if e.err == nil && g.local != nil {
-				g.local.put(vkey, r.raw, epoch)
+				g.local.put(vkey, r.raw, g.shared(e.v), r.ttl, epoch)
 			}
 			if e.err == nil && g.opts.RefreshAhead != nil {
 				refresh(g, id, vkey, r.raw, load)
@@ -123,7 +127,10 @@ func decodeFrame[T any](g *Guard, id string, frame []byte) (T, error) {
 }
 
 // typeBinding is the type a Guard's values decode into.
-type typeBinding struct{ t reflect.Type }
+type typeBinding struct {
+	t        reflect.Type
+	sharable bool // values of t can go to several callers as copies (see sharable)
+}
 
 // bind binds g to T on first use and refuses any other T afterwards: two
 // types on one Guard would read each other's entries as corrupt and evict
@@ -131,11 +138,20 @@ type typeBinding struct{ t reflect.Type }
 func bind[T any](g *Guard) error {
 	t := reflect.TypeFor[T]()
 	b := g.bound.Load()
-	if b == nil && g.bound.CompareAndSwap(nil, &typeBinding{t: t}) {
+	if b == nil && g.bound.CompareAndSwap(nil, &typeBinding{t: t, sharable: sharable(t)}) {
 		return nil
 	}
 	if b = g.bound.Load(); b.t != t {
 		return fmt.Errorf("%w: guard %s holds %v values, not %v (one Guard per type; use Options.Version or another name)", ErrWrongType, g.name, b.t, t)
+	}
+	return nil
+}
+
+// shared returns v as a local copy to hand out without decoding, if the
+// Guard's type allows it (else nil: decode each time).
+func (g *Guard) shared(v any) any {
+	if b := g.bound.Load(); b != nil && b.sharable {
+		return v
 	}
 	return nil
 }
@@ -157,7 +173,8 @@ const (
 type flight struct {
 	frame   []byte
 	outcome outcome
-	epoch   uint64    // the local cache's epoch when the flight began
+	ttl     time.Duration // the TTL it wrote the frame with (0: unknown)
+	epoch   uint64        // the local cache's epoch when the flight began
 	started time.Time // before any of its reads
 	by      any       // the *call[T] whose flight this was
 }

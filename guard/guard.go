@@ -160,14 +160,19 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 	}
 	g.checkClient(ctx)
 	switch err := g.connect(ctx); {
-	case errors.Is(err, bloom.ErrInvalid):
-		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 	case err == nil:
 	case errors.Is(err, ErrUnavailable) && !reply(err):
 		// Down, not refusing: work without it, connect when it is back.
 		g.log.WarnContext(ctx, "cacheguard: redis unavailable at New; serving through the outage policy until it is back", "err", err)
 		g.connectLater()
 	default:
+		if g.local != nil {
+			_ = g.local.close() // what connect may have started
+		}
+		g.endLife()
+		if errors.Is(err, bloom.ErrInvalid) {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
+		}
 		return nil, g.fail(ctx, "open", "", err)
 	}
 	g.coord = loader.NewCoordinator(rdb, g.keys.Loaded(), &loader.CoordinatorOptions{

@@ -92,3 +92,34 @@ func TestLocalCacheTTLAndSize(t *testing.T) {
 		t.Fatalf("%d round trips for 200 keys: more than Size entries were kept", n)
 	}
 }
+
+// TestLocalCopyNeverOutlivesRedis: with a local TTL of a minute and a Redis
+// TTL of 300ms, the copy in memory goes when the entry in Redis does: the
+// next Get after that loads again.
+func TestLocalCopyNeverOutlivesRedis(t *testing.T) {
+	ctx := context.Background()
+	_, g, d := setup(t, 10, &guard.Options{TTL: 300 * time.Millisecond, Jitter: -1, Local: &guard.LocalOptions{TTL: time.Minute}})
+	if _, err := guard.Get(ctx, g, "p1", d.load); err != nil { // loads; the copy lives as long as the entry
+		t.Fatal(err)
+	}
+	if _, err := guard.Get(ctx, g, "p2", d.load); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if _, err := guard.Get(ctx, g, "p2", d.load); err != nil { // the copy from a Redis hit: its PTTL bounds it
+		t.Fatal(err)
+	}
+	if st := g.Stats(); st.LocalHits != 1 {
+		t.Fatalf("stats %+v: want the second Get of p2 from memory", st)
+	}
+	time.Sleep(300 * time.Millisecond) // both entries expired in Redis
+	calls := d.calls.Load()
+	for _, id := range []string{"p1", "p2"} {
+		if _, err := guard.Get(ctx, g, id, d.load); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := d.calls.Load() - calls; n != 2 {
+		t.Fatalf("%d loads after the Redis TTL ran out, want 2: a local copy outlived its entry", n)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -25,6 +26,7 @@ const (
 type readResult struct {
 	verdict verdict
 	raw     []byte
+	ttl     time.Duration // the entry's remaining TTL in Redis, read with it when Local is on (0: unknown)
 }
 
 // Probe order. While reads mostly hit, the HGET goes alone: a hit is one
@@ -46,6 +48,9 @@ const (
 // wrapping ErrUnavailable.
 func (g *Guard) read(ctx context.Context, id, vkey string) (readResult, error) {
 	f := g.bloom.Load()
+	if g.local != nil { // a local copy must not outlive the entry: read its TTL too
+		return g.readWithTTL(ctx, id, vkey, f)
+	}
 	if f == nil || g.credit.Load() == 0 { // the value alone
 		raw, err := g.rdb.HGet(ctx, vkey, g.field).Bytes()
 		switch {
@@ -78,6 +83,33 @@ func (g *Guard) read(ctx context.Context, id, vkey string) (readResult, error) {
 	}
 	if g.credit.Add(missCredit) > maxCredit {
 		g.credit.Store(maxCredit)
+	}
+	maybe, err := probe.Result(ctx)
+	return g.verdict(ctx, id, maybe, err)
+}
+
+// readWithTTL is read for a Guard with a local cache: the probe, the HGET
+// and the entry's PTTL in one round trip (it runs only when the local copy
+// is missing or expired).
+func (g *Guard) readWithTTL(ctx context.Context, id, vkey string, f *bloom.Filter) (readResult, error) {
+	pipe := g.rdb.Pipeline()
+	var probe bloom.Probe
+	if f != nil {
+		probe = f.Queue(ctx, pipe, id)
+	}
+	get := pipe.HGet(ctx, vkey, g.field)
+	pttl := pipe.PTTL(ctx, vkey)
+	_, _ = pipe.Exec(ctx) // errors are read per command below
+	raw, err := get.Bytes()
+	switch {
+	case err == nil:
+		return readResult{verdict: verdictEntry, raw: raw, ttl: max(pttl.Val(), 0)}, nil
+	case !errors.Is(err, redis.Nil):
+		return readResult{}, g.fail(ctx, "read", id, redisfail.Wrap(err))
+	}
+	if f == nil {
+		_, err = g.filterSays(ctx, id, false, bloom.ErrNotReady)
+		return readResult{verdict: verdictMiss}, err
 	}
 	maybe, err := probe.Result(ctx)
 	return g.verdict(ctx, id, maybe, err)

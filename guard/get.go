@@ -175,8 +175,8 @@ type flight struct {
 	outcome outcome
 	ttl     time.Duration // the TTL it wrote the frame with (0: unknown)
 	epoch   uint64        // the local cache's epoch when the flight began
-	started time.Time // before any of its reads
-	by      any       // the *call[T] whose flight this was
+	started time.Time     // before any of its reads
+	by      any           // the *call[T] whose flight this was
 }
 
 // entry is a cache entry judged.

@@ -256,6 +256,11 @@ func (g *Guard) autoRebuild() {
 	g.background.Add(1)
 	go func() {
 		defer g.background.Done()
+		defer func() { // RebuildFrom is the application's code: a panic in it fails this attempt only
+			if p := recover(); p != nil {
+				g.log.Error("cacheguard: automatic bloom rebuild: RebuildFrom panicked", "panic", p)
+			}
+		}()
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		done := make(chan struct{})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
@@ -173,16 +174,28 @@ func fillMany[T any](ctx context.Context, g *Guard, ids, keys []string, load Bat
 	answers := make(chan answer, len(ids))
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.flights.Timeout)
 	for i := range ids {
-		go func() { // owned by this GetMany; ends with its Coordinator run
+		// Owned by this GetMany; passes the gate itself (it can outlive the
+		// call when ctx ends first) and ends with its Coordinator run.
+		go func() {
 			m := &member[T]{b: b}
+			a := answer{id: ids[i], found: flight{outcome: outFailed}}
+			defer func() { answers <- a }()
+			defer m.Waiting() // answered, loaded, failed or panicked: no longer undecided
+			if a.err = g.gate.enter(); a.err != nil {
+				return
+			}
+			defer g.gate.leave()
+			defer func() {
+				if p := recover(); p != nil { // a panic in the load, raised again here by bounded
+					a = answer{id: ids[i], found: flight{outcome: outFailed}, err: fmt.Errorf("%w: %v", ErrLoaderPanic, p)}
+				}
+			}()
 			c := &call[T]{g: g, id: ids[i], vkey: keys[i], load: m.load, waiter: m}
 			err := g.coord.Run(fctx, keys[i], g.field, c)
-			m.Waiting() // answered from the cache, loaded, or failed: no longer undecided
-			a := answer{id: ids[i], found: c.found, v: c.v, ok: c.decoded, err: err}
+			a = answer{id: ids[i], found: c.found, v: c.v, ok: c.decoded, err: err}
 			if err == nil {
 				a.err = c.err
 			}
-			answers <- a
 		}()
 	}
 	var errs []error
@@ -339,12 +352,18 @@ func (b *batch[T]) fireLocked() {
 	b.fired = true
 	ids := b.asked
 	b.g.stats.loads.Add(1) // the batch is one load; its members' Load counted theirs
-	go func() {            // owned by the batch; ends when load returns (members stop waiting at their LoadTimeout)
+	// Owned by the batch; ends when load returns (its members stop waiting
+	// at their LoadTimeout). A panic in load fails the batch.
+	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), b.g.opts.LoadTimeout)
 		defer cancel()
-		values, err := b.load(ctx, ids)
-		b.values, b.err = values, err
-		close(b.done)
+		defer close(b.done)
+		defer func() {
+			if p := recover(); p != nil {
+				b.values, b.err = nil, fmt.Errorf("%w: %v\n%s", ErrLoaderPanic, p, debug.Stack())
+			}
+		}()
+		b.values, b.err = b.load(ctx, ids)
 	}()
 }
 

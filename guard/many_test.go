@@ -155,3 +155,24 @@ func sorted(s []string) []string {
 	slices.Sort(s)
 	return s
 }
+
+// TestGetManyLoaderPanic: a panicking batch loader fails the call with
+// ErrLoaderPanic instead of taking the process down, releases its locks,
+// and the next call works.
+func TestGetManyLoaderPanic(t *testing.T) {
+	ctx := context.Background()
+	c, g, d := setup(t, 10, nil)
+	boom := func(context.Context, []string) (map[string]product, error) { panic("boom") }
+	if _, err := guard.GetMany(ctx, g, []string{"p1", "p2"}, boom); !errors.Is(err, guard.ErrLoaderPanic) {
+		t.Fatalf("err = %v, want ErrLoaderPanic", err)
+	}
+	for _, id := range []string{"p1", "p2"} {
+		if n := c.Exists(ctx, c.Prefix+":product:{"+id+"}:lock").Val(); n != 0 {
+			t.Fatalf("lock of %s left behind", id)
+		}
+	}
+	b := &batchDB{db: d}
+	if got, err := guard.GetMany(ctx, g, []string{"p1", "p2"}, b.loadMany); err != nil || len(got) != 2 {
+		t.Fatalf("after the panic: %v, %v", got, err)
+	}
+}

@@ -65,6 +65,11 @@ func refresh[T any](g *Guard, id, vkey string, raw []byte, load LoadFunc[T]) {
 	go func() {
 		defer g.background.Done()
 		defer g.refreshing.Delete(vkey)
+		defer func() { // a panic in the load (raised again here by bounded): the value expires at its TTL
+			if p := recover(); p != nil {
+				g.log.Error("cacheguard: refresh ahead: load panicked", "id", id, "panic", p)
+			}
+		}()
 		ctx, cancel := context.WithTimeout(g.life, g.flights.Timeout)
 		defer cancel()
 		c := &call[T]{g: g, id: id, vkey: vkey, load: load, refresh: true}

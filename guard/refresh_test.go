@@ -125,3 +125,23 @@ func TestRefreshAheadNeverServesOverAWrite(t *testing.T) {
 		t.Fatalf("%d of %d Gets got a value older than a write that returned before they started (%d refreshes)", stale, len(reads), st.Refreshes)
 	}
 }
+
+// TestRefreshAheadLoaderPanic: a load that panics during a refresh does not
+// take the process down; the value is served until it expires.
+func TestRefreshAheadLoaderPanic(t *testing.T) {
+	ctx := context.Background()
+	_, g, d := setup(t, 10, &guard.Options{TTL: 300 * time.Millisecond, Jitter: -1, RefreshAhead: &guard.RefreshOptions{At: 0.2}})
+	if _, err := guard.Get(ctx, g, "p5", d.load); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // past the refresh-at time
+	panics := func(context.Context, string) (product, error) { panic("boom") }
+	if p, err := guard.Get(ctx, g, "p5", panics); err != nil || p.Price != 5 {
+		t.Fatalf("the stale value: %+v, %v", p, err)
+	}
+	waitFor(t, func() bool { return g.Stats().Refreshes == 1 })
+	time.Sleep(50 * time.Millisecond)
+	if p, err := guard.Get(ctx, g, "p5", d.load); err != nil || p.Price != 5 {
+		t.Fatalf("after the panicked refresh: %+v, %v", p, err)
+	}
+}

@@ -71,10 +71,12 @@ func attack(ctx context.Context, base string, o attackOptions) ([]result, error)
 		MaxIdleConns: 512, MaxIdleConnsPerHost: 512, IdleConnTimeout: time.Minute,
 	}}
 	defer client.CloseIdleConnections()
-	paths := map[string]string{"naive": "/naive/products/", "guard": "/products/"}
+	paths := map[string]string{"naive": "/naive/products/", "guard": "/products/",
+		"local": "/local/products/", "refresh": "/refresh/products/"}
 	type scen struct {
-		name string
-		run  func(ctx context.Context, prefix string, rec *recorder) int64
+		name  string
+		run   func(ctx context.Context, prefix string, rec *recorder) int64
+		paths []string // default: naive and guard
 	}
 	scenarios := []scen{
 		{"penetration", func(ctx context.Context, prefix string, rec *recorder) int64 {
@@ -83,7 +85,7 @@ func attack(ctx context.Context, base string, o attackOptions) ([]result, error)
 				rec.get(ctx, client, base+prefix+strconv.Itoa(10_000_000+r.IntN(1_000_000_000)), 404)
 			})
 			return 0
-		}},
+		}, nil},
 		{"stampede", func(ctx context.Context, prefix string, rec *recorder) int64 {
 			// The hot product's cached copy is dropped (as when it
 			// expires), then Burst clients ask for it at once; again and
@@ -116,7 +118,7 @@ func attack(ctx context.Context, base string, o attackOptions) ([]result, error)
 				wg.Wait()
 			}
 			return rounds
-		}},
+		}, nil},
 		{"zipf", func(ctx context.Context, prefix string, rec *recorder) int64 {
 			// Ordinary traffic: a few popular products, a long tail.
 			workers(ctx, o.Workers, func(r *rand.Rand) {
@@ -124,11 +126,15 @@ func attack(ctx context.Context, base string, o attackOptions) ([]result, error)
 				rec.get(ctx, client, base+prefix+strconv.FormatUint(1+z.Uint64(), 10), 200)
 			})
 			return 0
-		}},
+		}, []string{"naive", "guard", "local", "refresh"}},
 	}
 	var out []result
 	for _, sc := range scenarios {
-		for _, path := range []string{"naive", "guard"} {
+		ps := sc.paths
+		if ps == nil {
+			ps = []string{"naive", "guard"}
+		}
+		for _, path := range ps {
 			before, err := scrape(ctx, client, base, path)
 			if err != nil {
 				return nil, err

@@ -15,6 +15,8 @@
 //	DELETE /products/:id        delete, then Delete (404 everywhere at once, no load)
 //	DELETE /cache/products/:id  drop the cached copies, as an expiry would
 //	GET    /users/{id}          net/http + the net/http adapter + guard.Get
+//	GET    /local/products/:id  the same read with the in-process cache (Options.Local)
+//	GET    /refresh/products/:id  the same read with refresh-ahead (TTL 1 s)
 //	GET    /naive/products/:id  the baseline: plain cache-aside (GET; on a miss query and SET)
 //	GET    /metrics             Prometheus text: DB queries, Redis commands, guard stats
 //	GET    /healthz

@@ -18,12 +18,14 @@ func (s *Shop) metrics(w http.ResponseWriter, r *http.Request) {
 			fmt.Fprintf(&b, "%s%s\n", name, smp)
 		}
 	}
-	counter("shop_db_queries_total", "Database queries, by request path.",
-		fmt.Sprintf(`{path="guard"} %d`, s.store.queries.Load()),
-		fmt.Sprintf(`{path="naive"} %d`, s.naiveStore.queries.Load()))
-	counter("shop_redis_commands_total", "Redis commands sent, by request path.",
-		fmt.Sprintf(`{path="guard"} %d`, s.guardCmds.Commands()),
-		fmt.Sprintf(`{path="naive"} %d`, s.naiveCmd.Commands()))
+	dbq := []string{fmt.Sprintf(`{path="guard"} %d`, s.store.queries.Load()), fmt.Sprintf(`{path="naive"} %d`, s.naiveStore.queries.Load())}
+	cmds := []string{fmt.Sprintf(`{path="guard"} %d`, s.guardCmds.Commands()), fmt.Sprintf(`{path="naive"} %d`, s.naiveCmd.Commands())}
+	for _, v := range s.variants {
+		dbq = append(dbq, fmt.Sprintf(`{path=%q} %d`, v.label, v.store.queries.Load()))
+		cmds = append(cmds, fmt.Sprintf(`{path=%q} %d`, v.label, v.cmds.Commands()))
+	}
+	counter("shop_db_queries_total", "Database queries, by request path.", dbq...)
+	counter("shop_redis_commands_total", "Redis commands sent, by request path.", cmds...)
 	var gets, ops []string
 	for _, g := range []*guard.Guard{s.products, s.users} {
 		st, n := g.Stats(), g.Name()

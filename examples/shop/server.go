@@ -33,6 +33,46 @@ type Shop struct {
 	guardRDB, naiveRDB  redis.UniversalClient
 	guardCmds, naiveCmd *cmdcount.Counter
 	log                 *slog.Logger
+	// variants are more guarded read paths over the products table, each
+	// with options of its own, for the demo's Zipf rows.
+	variants []*variant
+}
+
+// variant is a guarded read path (GET <prefix>:id) with its own Guard,
+// Redis client and counted Store, so /metrics tells its costs apart.
+type variant struct {
+	label, prefix string
+	store         *Store
+	rdb           redis.UniversalClient
+	cmds          *cmdcount.Counter
+	g             *guard.Guard
+	cache         *guard.Cache[Product]
+}
+
+// newVariant opens the variant's Guard (name product-<label>) with opts and
+// rebuilds its filter from the database.
+func newVariant(ctx context.Context, db *sql.DB, redisOpts *redis.Options, dbLatency time.Duration, label, prefix string, opts *guard.Options) (*variant, error) {
+	v := &variant{label: label, prefix: prefix, store: &Store{db: db, latency: dbLatency},
+		rdb: redis.NewClient(redisOpts), cmds: &cmdcount.Counter{}}
+	v.rdb.AddHook(v.cmds)
+	var err error
+	if v.g, err = guard.New(ctx, v.rdb, "product-"+label, opts); err != nil {
+		return nil, err
+	}
+	load := func(ctx context.Context, id string) (Product, error) {
+		p, err := v.store.Product(ctx, id)
+		if errors.Is(err, sql.ErrNoRows) {
+			return Product{}, fmt.Errorf("%w: %w", guard.ErrNotFound, err)
+		}
+		return p, err
+	}
+	if v.cache, err = guard.For(v.g, load); err != nil {
+		return nil, err
+	}
+	if _, err := v.g.Rebuild(ctx, (&Store{db: db}).IDs(ctx, "products"), nil); err != nil {
+		return nil, err
+	}
+	return v, nil
 }
 
 // newShop opens the guards (creating their bloom filters) and rebuilds them
@@ -82,12 +122,31 @@ func newShop(ctx context.Context, db *sql.DB, redisOpts *redis.Options, dbLatenc
 			return nil, err
 		}
 	}
+	// The in-process cache (defaults: 10,000 values for at most 1 s), and
+	// refresh-ahead with a 1 s TTL so that entries expire within a demo run.
+	for _, v := range []struct {
+		label, prefix string
+		opts          *guard.Options
+	}{
+		{"local", "/local/products/", &guard.Options{ExpectedItems: 200_000, Logger: log, Local: &guard.LocalOptions{}}},
+		{"refresh", "/refresh/products/", &guard.Options{ExpectedItems: 200_000, Logger: log, TTL: time.Second, RefreshAhead: &guard.RefreshOptions{}}},
+	} {
+		vr, err := newVariant(ctx, db, redisOpts, dbLatency, v.label, v.prefix, v.opts)
+		if err != nil {
+			return nil, err
+		}
+		s.variants = append(s.variants, vr)
+	}
 	return s, nil
 }
 
 func (s *Shop) Close() {
 	_ = s.products.Close()
 	_ = s.users.Close()
+	for _, v := range s.variants {
+		_ = v.g.Close()
+		_ = v.rdb.Close()
+	}
 	_ = s.guardRDB.Close()
 	_ = s.naiveRDB.Close()
 }
@@ -175,6 +234,16 @@ func (s *Shop) Handler() http.Handler {
 		}
 		return c.NoContent(http.StatusNoContent)
 	}, cgecho.Middleware(s.products))
+
+	for _, v := range s.variants {
+		e.GET(v.prefix+":id", func(c labecho.Context) error {
+			p, err := v.cache.Get(c.Request().Context(), c.Param("id"))
+			if err != nil {
+				return cgecho.HTTPError(err)
+			}
+			return c.JSON(http.StatusOK, p)
+		}, cgecho.Middleware(v.g))
+	}
 
 	// Drops a product's cached copies on both paths, as an expiry would
 	// (the demo's stampede scenario; an operator's "evict").

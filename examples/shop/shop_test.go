@@ -171,8 +171,8 @@ func TestDemoTable(t *testing.T) {
 		dbq, _ := strconv.ParseInt(m[5], 10, 64)
 		rows[m[1]+"/"+m[3]] = []int64{req, dbq, inval}
 	}
-	if len(rows) != 6 {
-		t.Fatalf("want 6 rows, got %v", rows)
+	if len(rows) != 8 {
+		t.Fatalf("want 8 rows, got %v", rows)
 	}
 	pn, pg := rows["penetration/naive"], rows["penetration/guard"]
 	if pn[0] == 0 || pg[0] == 0 || float64(pg[1])/float64(pg[0]) > 0.02*float64(pn[1])/float64(pn[0]) {

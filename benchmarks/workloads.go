@@ -398,6 +398,7 @@ type HotKeyResult struct {
 	LoadsPerSecond float64
 	Expiries       float64 // how many times the TTL ran out during the run
 	P99            time.Duration
+	Max            time.Duration // the slowest Get: did any caller wait for a load?
 }
 
 // hotKey: 32 goroutines on one key whose TTL is short, for several seconds.
@@ -446,7 +447,7 @@ func hotKey(ctx context.Context, e *env, name string, d time.Duration) (HotKeyRe
 	}
 	slices.Sort(all)
 	return HotKeyResult{Contender: name, Seconds: d.Seconds(), Gets: gets.Load(), LoaderCalls: calls.Load(),
-		LoadsPerSecond: float64(calls.Load()) / d.Seconds(), Expiries: d.Seconds() / ttl.Seconds(), P99: pct(all, 0.99)}, nil
+		LoadsPerSecond: float64(calls.Load()) / d.Seconds(), Expiries: d.Seconds() / ttl.Seconds(), P99: pct(all, 0.99), Max: pct(all, 1)}, nil
 }
 
 // AvalancheResult: workload 5.

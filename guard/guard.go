@@ -47,6 +47,11 @@
 // Every error that Redis failing causes, from every function, wraps
 // [ErrUnavailable] (errors.go).
 //
+// [GetMany] reads a page of IDs in one round trip and loads its misses in
+// one batch call (many.go). With [Options.RefreshAhead] a hot value is
+// reloaded in the background before it expires, and served meanwhile
+// (refresh.go).
+//
 // When Redis cannot answer (down, frozen, full, refusing), a Get loads
 // through: it calls the load function directly, merged per ID and capped
 // across IDs, behind a circuit breaker (outage.go, [OutageOptions]); [New]

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/vmihailenco/msgpack/v5"
@@ -81,6 +82,37 @@ func BenchmarkGet(b *testing.B) {
 			}
 			i++
 		}
+	})
+	b.Run("local-hit-parallel", func(b *testing.B) {
+		c := redistest.Connect(b)
+		rdb := redistest.NewClient()
+		b.Cleanup(func() { _ = rdb.Close() })
+		g, err := guard.New(ctx, rdb, "product", &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 100_000,
+			Local: &guard.LocalOptions{TTL: time.Minute}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = g.Close() })
+		d := newDB(1000)
+		keys := make([]string, 1000)
+		for i := range keys {
+			keys[i] = fmt.Sprintf("p%d", i)
+			if _, err := guard.Get(ctx, g, keys[i], d.load); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportAllocs()
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			i := 0
+			for pb.Next() {
+				if _, err := guard.Get(ctx, g, keys[i%1000], d.load); err != nil {
+					b.Error(err)
+					return
+				}
+				i++
+			}
+		})
 	})
 	b.Run("hit-parallel", func(b *testing.B) {
 		_, g, d := benchGuard(b, 1000)

@@ -35,17 +35,16 @@ func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T
 		if err != nil {
 			return zero, panicked(g, id, err)
 		}
-		if g.local != nil && mine {
-			var v any
-			if c.decoded {
-				v = g.shared(c.v)
+		v, err := c.v, error(nil)
+		if !mine || !c.decoded {
+			if v, err = decodeFrame[T](g, id, fl.frame); err != nil {
+				return zero, err
 			}
-			g.local.put(vkey, fl.frame, v, fl.ttl, fl.epoch)
 		}
-		if mine && c.decoded {
-			return c.v, nil
+		if g.local != nil && mine { // kept decoded, for a type whose copies share nothing
+			g.local.put(vkey, fl.frame, g.shared(v), fl.ttl, fl.epoch)
 		}
-		return decodeFrame[T](g, id, fl.frame)
+		return v, nil
 	}
 }
 

@@ -12,40 +12,50 @@ import (
 	"github.com/cacheguard/cacheguard/loader"
 )
 
-// fill runs a miss (step 5) through a flight shared with the other callers
-// of the ID in this process. A flight's answer serves a caller only if the
-// flight started after the caller did: otherwise a write that returned
+// join runs the flight key in this process, or joins the one under way,
+// for a caller that started at start, and returns the call that ran it (if
+// it was this caller's: mine). A flight's answer serves a caller only if
+// the flight started after the caller did: otherwise a write that returned
 // between the two could be missing from it. A caller that joined an older
-// flight waits for it and then runs (or joins) a new one, which started
-// after it: once.
-func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T], start time.Time) (T, error) {
-	var zero T
+// flight waits for it and then runs (or joins) a newer one, which started
+// after it. fill and loadThrough both go through here.
+func join[T any](ctx context.Context, g *Guard, key string, start time.Time, proto call[T],
+	fly func(c *call[T], ctx context.Context) (flight, error),
+) (c *call[T], fl flight, shared, mine bool, err error) {
 	for attempt := 0; ; attempt++ {
-		c := &call[T]{g: g, id: id, vkey: vkey, load: load}
-		fl, shared, err := g.flights.Do(ctx, vkey, c.fly)
-		mine := fl.by == any(c) // this caller's function ran the flight
+		c = &call[T]{g: proto.g, id: proto.id, vkey: proto.vkey, load: proto.load}
+		fl, shared, err = g.flights.Do(ctx, key, func(ctx context.Context) (flight, error) { return fly(c, ctx) })
+		mine = fl.by == any(c) // this caller's function ran the flight
 		answered := err == nil || errors.Is(err, ErrNotFound)
 		if fl.by != nil && answered && fl.started.Before(start) && attempt < 3 {
-			continue // joined a flight older than this Get: its answer may predate a write
+			continue // joined a flight older than this caller: its answer may predate a write
 		}
-		if downOrRefusing(err) { // the lock or the re-check failed: Redis cannot fill
-			return loadThrough(ctx, g, id, vkey, load, start, err)
-		}
-		g.stats.count(fl.outcome, shared && !mine)
-		if err != nil {
-			return zero, panicked(g, id, err)
-		}
-		v, err := c.v, error(nil)
-		if !mine || !c.decoded {
-			if v, err = decodeFrame[T](g, id, fl.frame); err != nil {
-				return zero, err
-			}
-		}
-		if g.local != nil && mine { // kept decoded, for a type whose copies share nothing
-			g.local.put(vkey, fl.frame, g.shared(v), fl.ttl, fl.epoch)
-		}
-		return v, nil
+		return c, fl, shared, mine, err
 	}
+}
+
+// fill runs a miss (step 5) through a flight shared with the other callers
+// of the ID in this process (see join).
+func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T], start time.Time) (T, error) {
+	var zero T
+	c, fl, shared, mine, err := join(ctx, g, vkey, start, call[T]{g: g, id: id, vkey: vkey, load: load}, (*call[T]).fly)
+	if downOrRefusing(err) { // the lock or the re-check failed: Redis cannot fill
+		return loadThrough(ctx, g, id, vkey, load, start, err)
+	}
+	g.stats.count(fl.outcome, shared && !mine)
+	if err != nil {
+		return zero, panicked(g, id, err)
+	}
+	v := c.v
+	if !mine || !c.decoded {
+		if v, err = decodeFrame[T](g, id, fl.frame); err != nil {
+			return zero, err
+		}
+	}
+	if g.local != nil && mine { // kept decoded, for a type whose copies share nothing
+		g.local.put(vkey, fl.frame, g.shared(v), fl.ttl, fl.epoch)
+	}
+	return v, nil
 }
 
 // call is the state of one fill flight. Only the flight writes it (fly and

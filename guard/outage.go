@@ -140,29 +140,21 @@ func reply(err error) bool {
 // loadThrough answers a Get from the load function alone, without Redis:
 // the outage policy. cause is the Redis failure that sent it here. Loads are
 // merged per ID in this process (a flight keyed apart from the fill flights)
-// under the same started-after rule as fill, and capped by MaxLoads.
+// under the same started-after rule as fill (join), and capped by MaxLoads.
 func loadThrough[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T], start time.Time, cause error) (T, error) {
 	var zero T
 	if g.outage.failFast {
 		return zero, cause
 	}
-	for attempt := 0; ; attempt++ {
-		c := &call[T]{g: g, id: id, vkey: vkey, load: load}
-		fl, shared, err := g.flights.Do(ctx, "\x00through:"+vkey, c.loadThrough)
-		mine := fl.by == any(c)
-		answered := err == nil || errors.Is(err, ErrNotFound)
-		if fl.by != nil && answered && fl.started.Before(start) && attempt < 3 {
-			continue // joined an older load: it may predate a write
-		}
-		g.stats.count(fl.outcome, shared && !mine)
-		if err != nil {
-			return zero, panicked(g, id, err)
-		}
-		if mine && c.decoded {
-			return c.v, nil
-		}
-		return decodeFrame[T](g, id, fl.frame)
+	c, fl, shared, mine, err := join(ctx, g, "\x00through:"+vkey, start, call[T]{g: g, id: id, vkey: vkey, load: load}, (*call[T]).loadThrough)
+	g.stats.count(fl.outcome, shared && !mine)
+	if err != nil {
+		return zero, panicked(g, id, err)
 	}
+	if mine && c.decoded {
+		return c.v, nil
+	}
+	return decodeFrame[T](g, id, fl.frame)
 }
 
 // loadThrough is the flight of a load-through: one load, no Redis.

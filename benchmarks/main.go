@@ -20,6 +20,8 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -57,9 +59,38 @@ func main() {
 	hitRounds := flag.Int("hit-rounds", 3, "hit-path rounds, the contenders' order rotated each round; the table shows the medians")
 	hot := flag.Duration("hot", 5*time.Second, "length of the hot-key run per contender")
 	jsonPath := flag.String("json", filepath.Join("results", "latest.json"), "where to write the JSON report")
+	only := flag.String("only", "", "comma-separated contenders to run (raw always runs first in the list); empty: all")
+	hitOnly := flag.Bool("hit-only", false, "run the hit path only and print its table (for quick comparisons)")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "benchmarks:", err)
+			os.Exit(1)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	if *only != "" {
+		keep := []string{"raw"}
+		for _, n := range strings.Split(*only, ",") {
+			if n = strings.TrimSpace(n); n != "" && n != "raw" {
+				if !slices.Contains(contenderNames, n) {
+					fmt.Fprintf(os.Stderr, "benchmarks: unknown contender %q (have %s)\n", n, strings.Join(contenderNames, ", "))
+					os.Exit(2)
+				}
+				keep = append(keep, n)
+			}
+		}
+		contenderNames = keep
+	}
+	stopAfterHit = *hitOnly
 	if err := run(ctx, *hit, *hitRounds, *hot, *jsonPath, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "benchmarks:", err)
+		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }
@@ -105,6 +136,10 @@ func run(ctx context.Context, hitTime time.Duration, hitRounds int, hotTime time
 	}
 	for _, name := range contenderNames {
 		rep.Hit = append(rep.Hit, medianHit(runs[name]))
+	}
+	if stopAfterHit {
+		fmt.Fprint(w, markdownHit(rep))
+		return nil
 	}
 	for _, name := range contenderNames {
 		step("penetration: " + name)
@@ -158,6 +193,9 @@ func run(ctx context.Context, hitTime time.Duration, hitRounds int, hotTime time
 	return nil
 }
 
+// stopAfterHit: -hit-only.
+var stopAfterHit bool
+
 func field(info, name string) string {
 	for _, line := range strings.Split(info, "\n") {
 		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
@@ -185,10 +223,9 @@ func machine() string {
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d)/float64(time.Millisecond)) }
 
-func markdown(r *Report) string {
+// markdownHit is table 1, the hit path.
+func markdownHit(r *Report) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Run %s on %s, redis-server %s, all contenders on the same server, one after another.\n\n", r.Date, r.Machine, r.Redis)
-
 	fmt.Fprintf(&b, "**1. Hit path** (10,000 warm keys, 64 goroutines; median of %d runs, order rotated; \"vs raw\" is the median of same-run ratios, each run's in brackets)\n", len(r.Hit[0].VsRawRuns))
 	fmt.Fprintln(&b)
 	fmt.Fprintln(&b, "| contender | ops/s | vs raw | p50 | p99 | round trips/Get | server commands/Get | allocs/op |")
@@ -206,6 +243,14 @@ func markdown(r *Report) string {
 			ms(h.P50), ms(h.P99), trips, h.ServerCmdsPerOp, h.AllocsPerOp)
 	}
 	fmt.Fprintln(&b, "\n¹ go-zero keeps one client per address, so the second go-zero contender's hook is never installed. Server commands count the commands Lua scripts run, too.")
+	return b.String()
+}
+
+func markdown(r *Report) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Run %s on %s, redis-server %s, all contenders on the same server, one after another.\n\n", r.Date, r.Machine, r.Redis)
+
+	b.WriteString(markdownHit(r))
 	fmt.Fprintln(&b, "\n**2. Penetration** (20,000 distinct nonexistent IDs, 10,000 existing)")
 	fmt.Fprintln(&b)
 	fmt.Fprintln(&b, "| contender | loader calls | ops/s |")

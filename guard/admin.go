@@ -65,10 +65,11 @@ func (g *Guard) Add(ctx context.Context, ids ...string) error {
 // same critical section or row lock as the database write), or call
 // Invalidate instead, which never caches anything it did not read.
 func Set[T any](ctx context.Context, g *Guard, id string, v T) error {
-	if err := g.gate.enter(); err != nil {
+	pass, err := g.gate.enter()
+	if err != nil {
 		return err
 	}
-	defer g.gate.leave()
+	defer g.gate.leave(pass)
 	if err := bind[T](g); err != nil {
 		return err
 	}
@@ -142,10 +143,11 @@ func (g *Guard) forget(keys []string, copy *localEntry) {
 // write runs a write of ids inside the gate, with their value keys (none:
 // nothing to do; a malformed ID: ErrInvalidKey before any Redis command).
 func (g *Guard) write(ids []string, fn func(keys []string) error) error {
-	if err := g.gate.enter(); err != nil {
+	pass, err := g.gate.enter()
+	if err != nil {
 		return err
 	}
-	defer g.gate.leave()
+	defer g.gate.leave(pass)
 	keys, err := g.valueKeys(ids)
 	if err != nil || len(keys) == 0 {
 		return err
@@ -214,10 +216,11 @@ func (g *Guard) Invalidate(ctx context.Context, ids ...string) error {
 // reported absent at any moment of a rebuild (see package bloom). opts may be
 // nil.
 func (g *Guard) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts *bloom.RebuildOptions) (int, error) {
-	if err := g.gate.enter(); err != nil {
+	pass, err := g.gate.enter()
+	if err != nil {
 		return 0, err
 	}
-	defer g.gate.leave()
+	defer g.gate.leave(pass)
 	f, err := g.filter(ctx)
 	if err != nil {
 		return 0, err
@@ -229,10 +232,11 @@ func (g *Guard) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts 
 // Info describes the Guard's bloom filter as it is in Redis (see bloom.Info;
 // it counts bits, so keep it off the request path).
 func (g *Guard) Info(ctx context.Context) (bloom.Info, error) {
-	if err := g.gate.enter(); err != nil {
+	pass, err := g.gate.enter()
+	if err != nil {
 		return bloom.Info{}, err
 	}
-	defer g.gate.leave()
+	defer g.gate.leave(pass)
 	f, err := g.filter(ctx)
 	if err != nil {
 		return bloom.Info{}, err

@@ -81,10 +81,11 @@ type call[T any] struct {
 // that started it.
 func (c *call[T]) fly(ctx context.Context) (flight, error) {
 	g := c.g
-	if err := g.gate.enter(); err != nil {
+	pass, err := g.gate.enter()
+	if err != nil {
 		return flight{outcome: outFailed}, err
 	}
-	defer g.gate.leave()
+	defer g.gate.leave(pass)
 	started := time.Now()
 	var epoch uint64
 	if g.local != nil {

@@ -41,10 +41,11 @@ func Get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 	if g == nil || load == nil {
 		return zero, errors.New("cacheguard: Get needs a non-nil Guard and load function")
 	}
-	if err := g.gate.enter(); err != nil {
+	pass, err := g.gate.enter()
+	if err != nil {
 		return zero, err
 	}
-	defer g.gate.leave()
+	defer g.gate.leave(pass)
 	if err := bind[T](g); err != nil {
 		return zero, err
 	}

@@ -63,6 +63,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -81,6 +82,7 @@ type Guard struct {
 	opts      Options // resolved: no zero fields
 	keys      keyspace.Guard
 	field     string                       // the value hash's field of this Guard's schema version (Options.Version)
+	fieldArg  any                          // field, boxed once for the hit's HGET (read)
 	bloom     atomic.Pointer[bloom.Filter] // nil until opened (New while Redis was down); see filter
 	bloomOpts *bloom.Options
 	outage    *outage // what Get does when Redis cannot answer
@@ -136,13 +138,13 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 		name:  name,
 		opts:  o,
 		keys:  keyspace.ForGuard(o.KeyPrefix, name, o.MaxKeyLen),
-		field: o.Version,
-		log:   o.Logger.With("guard", name),
+		field: o.Version, fieldArg: o.Version,
+		log: o.Logger.With("guard", name),
 
 		closing: make(chan struct{}),
 	}
 	g.life, g.endLife = context.WithCancel(context.Background())
-	g.gate.drained = make(chan struct{})
+	g.gate.drained, g.gate.left = make(chan struct{}), make(chan struct{}, 1)
 	if g.outage, err = newOutage(*o.Outage, g); err != nil {
 		return nil, err
 	}
@@ -226,35 +228,77 @@ func (g *Guard) Close() error {
 }
 
 // gate lets calls in until it is closed, then waits for those inside. Every
-// exported entry point and every flight passes it (enter, then leave when
-// done): one atomic add on the way in and one on the way out.
+// exported entry point and every flight passes it (enter, then leave with
+// the pass enter gave). Calls inside are counted on stripes, one cache line
+// each, picked at random per call: one atomic add on the way in and one on
+// the way out, on a line that two cores rarely share (a single counter was
+// the most contended word of a local hit). A call leaves on the stripe it
+// entered, so no stripe goes negative and a stripe's count is exact.
+//
+// Close sets closed, then sums the stripes until they read zero, woken by
+// each leave that sees closed. A call that entered before closed was set is
+// seen by that sum (its add precedes its read of closed, which precedes the
+// store, which precedes the sum's read); a call that enters after sees
+// closed and leaves at once.
 type gate struct {
-	state   atomic.Int64  // gateClosed bit | number of calls inside
-	drained chan struct{} // made by New; closed once the gate is closed and empty
+	stripes [gateStripes]gateStripe
+	closed  atomic.Bool
+	left    chan struct{} // made by New, buffer 1: a call left after closed was set
 	once    sync.Once     // closes drained
+	drained chan struct{} // made by New; closed once the gate is closed and empty
 }
 
-const gateClosed = 1 << 62
+const gateStripes = 16
 
-// enter lets a call in, or reports ErrClosed. A call let in must leave.
-func (gt *gate) enter() error {
-	if gt.state.Add(1)&gateClosed != 0 {
-		gt.leave()
-		return ErrClosed
+type gateStripe struct {
+	n atomic.Int64
+	_ [56]byte // a cache line each
+}
+
+// gatePass is the stripe a call entered on.
+type gatePass uint32
+
+// enter lets a call in, or reports ErrClosed. A call let in must leave with
+// the pass.
+func (gt *gate) enter() (gatePass, error) {
+	p := gatePass(rand.Uint32() % gateStripes)
+	gt.stripes[p].n.Add(1)
+	if gt.closed.Load() {
+		gt.leave(p)
+		return 0, ErrClosed
 	}
-	return nil
+	return p, nil
 }
 
-func (gt *gate) leave() {
-	if gt.state.Add(-1) == gateClosed {
-		gt.once.Do(func() { close(gt.drained) })
+func (gt *gate) leave(p gatePass) {
+	gt.stripes[p].n.Add(-1)
+	if gt.closed.Load() {
+		select {
+		case gt.left <- struct{}{}:
+		default: // a wake-up is already pending
+		}
 	}
 }
 
-// close refuses new calls and waits for the calls inside to leave.
+// close refuses new calls and waits for the calls inside to leave. Several
+// callers may close; all return once the gate is empty.
 func (gt *gate) close() {
-	if gt.state.Or(gateClosed) == 0 {
-		gt.once.Do(func() { close(gt.drained) })
-	}
+	gt.closed.Store(true)
+	gt.once.Do(func() {
+		for gt.inside() != 0 {
+			<-gt.left
+		}
+		close(gt.drained)
+	})
 	<-gt.drained
+}
+
+// inside is the number of calls inside (exact once closed is set and no
+// call enters for good).
+func (gt *gate) inside() int64 {
+	var n int64
+	for i := range gt.stripes {
+		n += gt.stripes[i].n.Load()
+	}
+	return n
 }

@@ -42,10 +42,11 @@ func GetMany[T any](ctx context.Context, g *Guard, ids []string, load BatchLoadF
 	if g == nil || load == nil {
 		return nil, errors.New("cacheguard: GetMany needs a non-nil Guard and load function")
 	}
-	if err := g.gate.enter(); err != nil {
+	pass, err := g.gate.enter()
+	if err != nil {
 		return nil, err
 	}
-	defer g.gate.leave()
+	defer g.gate.leave(pass)
 	if err := bind[T](g); err != nil {
 		return nil, err
 	}
@@ -181,10 +182,11 @@ func fillMany[T any](ctx context.Context, g *Guard, ids, keys []string, load Bat
 			a := answer{id: ids[i], found: flight{outcome: outFailed}}
 			defer func() { answers <- a }()
 			defer m.Waiting() // answered, loaded, failed or panicked: no longer undecided
-			if a.err = g.gate.enter(); a.err != nil {
+			var pass gatePass
+			if pass, a.err = g.gate.enter(); a.err != nil {
 				return
 			}
-			defer g.gate.leave()
+			defer g.gate.leave(pass)
 			defer func() {
 				if p := recover(); p != nil { // a panic in the load, raised again here by bounded
 					a = answer{id: ids[i], found: flight{outcome: outFailed}, err: fmt.Errorf("%w: %v", ErrLoaderPanic, p)}

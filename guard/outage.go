@@ -160,10 +160,11 @@ func loadThrough[T any](ctx context.Context, g *Guard, id, vkey string, load Loa
 // loadThrough is the flight of a load-through: one load, no Redis.
 func (c *call[T]) loadThrough(ctx context.Context) (flight, error) {
 	g := c.g
-	if err := g.gate.enter(); err != nil {
+	pass, err := g.gate.enter()
+	if err != nil {
 		return flight{outcome: outFailed}, err
 	}
-	defer g.gate.leave()
+	defer g.gate.leave(pass)
 	started := time.Now()
 	select {
 	case g.outage.slots <- struct{}{}:
@@ -174,7 +175,7 @@ func (c *call[T]) loadThrough(ctx context.Context) (flight, error) {
 			g.name, c.id, ErrUnavailable, cap(g.outage.slots))
 	}
 	g.stats.loadThroughs.Add(1)
-	_, _, err := c.Load(ctx)
+	_, _, err = c.Load(ctx)
 	fl := c.found
 	if err != nil {
 		fl = flight{outcome: outFailed}

@@ -52,7 +52,11 @@ func (g *Guard) read(ctx context.Context, id, vkey string) (readResult, error) {
 		return g.readWithTTL(ctx, id, vkey, f)
 	}
 	if f == nil || g.credit.Load() == 0 { // the value alone
-		raw, err := g.rdb.HGet(ctx, vkey, g.field).Bytes()
+		// rdb.HGet would box the field into the command's arguments on
+		// every call; fieldArg is boxed once, in New.
+		get := redis.NewStringCmd(ctx, "hget", vkey, g.fieldArg)
+		_ = g.rdb.Process(ctx, get)
+		raw, err := get.Bytes()
 		switch {
 		case err == nil:
 			return readResult{verdict: verdictEntry, raw: raw}, nil
@@ -178,10 +182,11 @@ func peekedFor(ctx context.Context, g *Guard, id string) (readResult, bool) {
 // ErrUnavailable; after Close, ErrClosed. A filter that is not ready answers
 // true (fail open).
 func (g *Guard) Peek(ctx context.Context, id string) (context.Context, bool, error) {
-	if err := g.gate.enter(); err != nil {
+	pass, err := g.gate.enter()
+	if err != nil {
 		return ctx, false, err
 	}
-	defer g.gate.leave()
+	defer g.gate.leave(pass)
 	vkey, err := g.keys.Value(id)
 	if err != nil {
 		return ctx, false, err
@@ -219,10 +224,11 @@ func (g *Guard) Peek(ctx context.Context, id string) (context.Context, bool, err
 // true (fail open); Redis failures wrap ErrUnavailable; after Close,
 // ErrClosed.
 func (g *Guard) MayExist(ctx context.Context, id string) (bool, error) {
-	if err := g.gate.enter(); err != nil {
+	pass, err := g.gate.enter()
+	if err != nil {
 		return false, err
 	}
-	defer g.gate.leave()
+	defer g.gate.leave(pass)
 	if err := g.keys.Check(id); err != nil {
 		return false, err
 	}

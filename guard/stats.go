@@ -1,6 +1,9 @@
 package guard
 
-import "sync/atomic"
+import (
+	"math/rand/v2"
+	"sync/atomic"
+)
 
 // Stats are a Guard's counters since New. The first group counts Get calls by
 // how they ended (each caller once, even when callers shared a flight); the
@@ -32,10 +35,12 @@ type Stats struct {
 }
 
 // counters is the live form of Stats; every field is updated atomically.
+// The outcomes every hit or reject counts are striped (see striped); the
+// rest are rare.
 type counters struct {
-	hits, empty, rejects, misses, coalesced           atomic.Uint64
+	hits, empty, rejects, localHits                   striped
+	misses, coalesced                                 atomic.Uint64
 	loads, loadErrors, redisErrors, corrupt, bypasses atomic.Uint64
-	localHits                                         atomic.Uint64
 	loadThroughs, shed, breakerOpens, abandonedLoads  atomic.Uint64
 	refreshes                                         atomic.Uint64
 }
@@ -69,4 +74,26 @@ func (g *Guard) Stats() Stats {
 		LoadThroughs: c.loadThroughs.Load(), Shed: c.shed.Load(), BreakerOpens: c.breakerOpens.Load(),
 		AbandonedLoads: c.abandonedLoads.Load(), Refreshes: c.refreshes.Load(),
 	}
+}
+
+// striped is a counter spread over cache lines, a stripe picked at random
+// per Add: under parallel hits one shared word bounces between cores on
+// every Get. Load sums the stripes (exact once the adds have returned).
+type striped struct {
+	stripes [counterStripes]struct {
+		n atomic.Uint64
+		_ [56]byte // a cache line each
+	}
+}
+
+const counterStripes = 8
+
+func (c *striped) Add(n uint64) { c.stripes[rand.Uint32()%counterStripes].n.Add(n) }
+
+func (c *striped) Load() uint64 {
+	var n uint64
+	for i := range c.stripes {
+		n += c.stripes[i].n.Load()
+	}
+	return n
 }

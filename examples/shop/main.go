@@ -34,6 +34,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"syscall"
 	"time"
 
@@ -71,8 +72,19 @@ func runServe(ctx context.Context, demo bool, args []string, stdout, stderr io.W
 	dbLatency := fs.Duration("db-latency", 2*time.Millisecond, "added to every query, as a networked database's round trip would be")
 	exit := fs.Bool("exit", false, "demo: exit after printing the table")
 	duration := fs.Duration("duration", 3*time.Second, "demo: length of each scenario on each path")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the process to this file (see go tool pprof)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 

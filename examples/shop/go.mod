@@ -4,8 +4,11 @@ go 1.26.0
 
 require (
 	github.com/cacheguard/cacheguard v0.0.0
+	github.com/cacheguard/cacheguard/adapters/echo v0.0.0
+	github.com/cacheguard/cacheguard/adapters/echov5 v0.0.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/labstack/echo/v4 v4.16.0
+	github.com/labstack/echo/v5 v5.4.4
 	github.com/redis/go-redis/v9 v9.23.0
 	modernc.org/sqlite v1.62.0
 )
@@ -30,8 +33,8 @@ require (
 	github.com/vmihailenco/msgpack/v5 v5.4.1 // indirect
 	github.com/vmihailenco/tagparser/v2 v2.0.0 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
-	golang.org/x/crypto v0.53.0 // indirect
-	golang.org/x/net v0.56.0 // indirect
+	golang.org/x/crypto v0.54.0 // indirect
+	golang.org/x/net v0.57.0 // indirect
 	golang.org/x/sync v0.25.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
@@ -42,3 +45,7 @@ require (
 )
 
 replace github.com/cacheguard/cacheguard => ../..
+
+replace github.com/cacheguard/cacheguard/adapters/echo => ../../adapters/echo
+
+replace github.com/cacheguard/cacheguard/adapters/echov5 => ../../adapters/echov5

@@ -72,9 +72,13 @@ func runServe(ctx context.Context, demo bool, args []string, stdout, stderr io.W
 	dbLatency := fs.Duration("db-latency", 2*time.Millisecond, "added to every query, as a networked database's round trip would be")
 	exit := fs.Bool("exit", false, "demo: exit after printing the table")
 	duration := fs.Duration("duration", 3*time.Second, "demo: length of each scenario on each path")
+	echoVersion := fs.Int("echo", 5, "Echo major version serving /products (5, or 4 for the v4 adapter)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the process to this file (see go tool pprof)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *echoVersion != 4 && *echoVersion != 5 {
+		return fmt.Errorf("-echo %d: want 4 or 5", *echoVersion)
 	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
@@ -119,7 +123,7 @@ func runServe(ctx context.Context, demo bool, args []string, stdout, stderr io.W
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: shop.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: shop.Handler(*echoVersion), ReadHeaderTimeout: 5 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }() // ends when srv.Shutdown runs below
 	defer func() {

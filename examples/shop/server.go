@@ -9,13 +9,10 @@ import (
 	"iter"
 	"log/slog"
 	"net/http"
-	"strconv"
 	"time"
 
-	labecho "github.com/labstack/echo/v4"
 	"github.com/redis/go-redis/v9"
 
-	cgecho "github.com/cacheguard/cacheguard/adapters/echo"
 	"github.com/cacheguard/cacheguard/adapters/nethttp"
 	"github.com/cacheguard/cacheguard/guard"
 	"github.com/cacheguard/cacheguard/internal/cmdcount"
@@ -167,114 +164,17 @@ func (s *Shop) loadUser(ctx context.Context, id string) (User, error) {
 	return u, err
 }
 
-// Handler routes: /products through Echo and the Echo adapter, /users through
-// net/http and the net/http adapter, /naive/products/:id as the baseline.
-func (s *Shop) Handler() http.Handler {
-	e := labecho.New()
-	e.HideBanner, e.HidePort = true, true
-	e.HTTPErrorHandler = cgecho.ErrorHandler(e.DefaultHTTPErrorHandler)
-
-	e.GET("/products/:id", func(c labecho.Context) error {
-		p, err := s.productCache.Get(c.Request().Context(), c.Param("id"))
-		if err != nil {
-			return cgecho.HTTPError(err)
-		}
-		return c.JSON(http.StatusOK, p)
-	}, cgecho.Middleware(s.products))
-
-	e.POST("/products", func(c labecho.Context) error {
-		var in Product
-		if err := c.Bind(&in); err != nil || in.Name == "" {
-			return labecho.NewHTTPError(http.StatusBadRequest, "want {\"name\": ..., \"price_cents\": ...}")
-		}
-		p, err := s.writes.CreateProduct(c.Request().Context(), in.Name, in.PriceCents)
-		if err != nil {
-			return cgecho.HTTPError(err)
-		}
-		if err := s.created(c.Request().Context(), p.ID); err != nil {
-			return cgecho.HTTPError(err)
-		}
-		return c.JSON(http.StatusCreated, p)
-	})
-
-	e.PUT("/products/:id", func(c labecho.Context) error {
-		var in Product
-		if err := c.Bind(&in); err != nil || in.Name == "" {
-			return labecho.NewHTTPError(http.StatusBadRequest, "want {\"name\": ..., \"price_cents\": ...}")
-		}
-		in.ID = c.Param("id")
-		if err := s.writes.UpdateProduct(c.Request().Context(), in); errors.Is(err, sql.ErrNoRows) {
-			return cgecho.NotFound()
-		} else if err != nil {
-			return cgecho.HTTPError(err)
-		}
-		// Committed: write the new row through, so no reader pays a miss.
-		if err := s.productCache.Set(c.Request().Context(), in.ID, in); err != nil {
-			return cgecho.HTTPError(err)
-		}
-		if err := s.naiveRDB.Del(c.Request().Context(), naiveKey(in.ID)).Err(); err != nil {
-			return cgecho.HTTPError(err)
-		}
-		return c.JSON(http.StatusOK, in)
-	}, cgecho.Middleware(s.products))
-
-	e.DELETE("/products/:id", func(c labecho.Context) error {
-		id := c.Param("id")
-		if err := s.writes.DeleteProduct(c.Request().Context(), id); errors.Is(err, sql.ErrNoRows) {
-			return cgecho.NotFound()
-		} else if err != nil {
-			return cgecho.HTTPError(err)
-		}
-		// Committed: every process answers 404 from a marker at once.
-		if err := s.productCache.Delete(c.Request().Context(), id); err != nil {
-			return cgecho.HTTPError(err)
-		}
-		if err := s.naiveRDB.Del(c.Request().Context(), naiveKey(id)).Err(); err != nil {
-			return cgecho.HTTPError(err)
-		}
-		return c.NoContent(http.StatusNoContent)
-	}, cgecho.Middleware(s.products))
-
-	for _, v := range s.variants {
-		e.GET(v.prefix+":id", func(c labecho.Context) error {
-			p, err := v.cache.Get(c.Request().Context(), c.Param("id"))
-			if err != nil {
-				return cgecho.HTTPError(err)
-			}
-			return c.JSON(http.StatusOK, p)
-		}, cgecho.Middleware(v.g))
+// Handler routes: /products through Echo and its adapter (Echo v5 by
+// default, v4 with Handler(4); see routes and echo4.go, echo5.go), /users
+// through net/http and the net/http adapter, /naive/products/:id as the
+// baseline.
+func (s *Shop) Handler(echoVersion ...int) http.Handler {
+	var products http.Handler
+	if len(echoVersion) > 0 && echoVersion[0] == 4 {
+		products = routerV4(s.routes())
+	} else {
+		products = routerV5(s.routes())
 	}
-
-	// Drops a product's cached copies on both paths, as an expiry would
-	// (the demo's stampede scenario; an operator's "evict").
-	e.DELETE("/cache/products/:id", func(c labecho.Context) error {
-		if err := s.evict(c.Request().Context(), c.Param("id")); err != nil {
-			return cgecho.HTTPError(err)
-		}
-		return c.NoContent(http.StatusNoContent)
-	})
-
-	// The baseline: plain cache-aside, no filter, no markers, no lock.
-	e.GET("/naive/products/:id", func(c labecho.Context) error {
-		ctx, id := c.Request().Context(), c.Param("id")
-		if _, err := strconv.ParseUint(id, 10, 64); err != nil { // product IDs are numbers
-			return labecho.NewHTTPError(http.StatusBadRequest)
-		}
-		key := naiveKey(id)
-		if raw, err := s.naiveRDB.Get(ctx, key).Bytes(); err == nil {
-			return c.JSONBlob(http.StatusOK, raw)
-		}
-		p, err := s.naiveStore.Product(ctx, id)
-		if errors.Is(err, sql.ErrNoRows) {
-			return labecho.NewHTTPError(http.StatusNotFound)
-		} else if err != nil {
-			return labecho.NewHTTPError(http.StatusInternalServerError).SetInternal(err)
-		}
-		raw, _ := json.Marshal(p)
-		s.naiveRDB.Set(ctx, key, raw, 10*time.Minute)
-		return c.JSONBlob(http.StatusOK, raw)
-	})
-
 	mux := http.NewServeMux()
 	mux.Handle("GET /users/{id}", nethttp.Middleware(s.users, &nethttp.Options{Logger: s.log})(http.HandlerFunc(
 		func(w http.ResponseWriter, r *http.Request) {
@@ -300,7 +200,7 @@ func (s *Shop) Handler() http.Handler {
 		}
 		_, _ = w.Write([]byte("ok\n"))
 	})
-	mux.Handle("/", e)
+	mux.Handle("/", products)
 	return mux
 }
 

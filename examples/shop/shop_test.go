@@ -18,8 +18,8 @@ import (
 )
 
 // newTestShop serves the shop on a fresh SQLite file and a private
-// redis-server.
-func newTestShop(t *testing.T, products, users int) (*Shop, *httptest.Server) {
+// redis-server, its Echo routes on Echo v5 or, with echoVersion 4, v4.
+func newTestShop(t *testing.T, products, users int, echoVersion ...int) (*Shop, *httptest.Server) {
 	t.Helper()
 	ctx := context.Background()
 	srv, err := redisserver.Start(ctx, nil)
@@ -39,7 +39,7 @@ func newTestShop(t *testing.T, products, users int) (*Shop, *httptest.Server) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := httptest.NewServer(shop.Handler())
+	hs := httptest.NewServer(shop.Handler(echoVersion...))
 	t.Cleanup(func() { hs.Close(); shop.Close() })
 	return shop, hs
 }
@@ -60,10 +60,29 @@ func do(t *testing.T, method, url, body string) (int, string) {
 }
 
 // TestProductLifecycle: create → read → update → read (the new value, never
-// the old) → delete → read (404), plus users, metrics and health.
+// the old) → delete → read (404), plus users, metrics and health; on Echo
+// v5 (the default) and on Echo v4, each with its adapter.
 func TestProductLifecycle(t *testing.T) {
-	shop, hs := newTestShop(t, 1000, 100)
-	lifecycle(t, shop, hs)
+	for _, v := range []int{5, 4} {
+		t.Run("echo v"+strconv.Itoa(v), func(t *testing.T) {
+			shop, hs := newTestShop(t, 1000, 100, v)
+			lifecycle(t, shop, hs)
+			// Request errors keep the framework's answer; unknown IDs
+			// the adapter's problem.
+			if code, _ := do(t, "POST", hs.URL+"/products", `{"price_cents":1}`); code != 400 {
+				t.Fatalf("create without a name: %d", code)
+			}
+			if code, body := do(t, "GET", hs.URL+"/naive/products/x", ""); code != 400 {
+				t.Fatalf("naive, malformed id: %d %s", code, body)
+			}
+			real, rejected := hs.URL+"/naive/products/99999999", hs.URL+"/products/99999999"
+			if c1, b1 := do(t, "GET", real, ""); c1 != 404 {
+				t.Fatalf("naive, unknown: %d %s", c1, b1)
+			} else if c2, b2 := do(t, "GET", rejected, ""); c2 != 404 || b1 != b2 {
+				t.Fatalf("guarded, unknown: %d %s; naive said %s", c2, b2, b1)
+			}
+		})
+	}
 }
 
 func lifecycle(t *testing.T, shop *Shop, hs *httptest.Server) {

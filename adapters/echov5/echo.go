@@ -1,0 +1,213 @@
+// Package echov5 puts a Guard's bloom filter in front of Echo v5 handlers,
+// so requests for IDs that cannot exist are answered before a handler (and
+// its database) sees them. It is the v5 twin of adapters/echo (Echo v4),
+// with v5's conventions: handlers take *echo.Context, errors carry their
+// status through echo.HTTPStatusCoder, and problems render through v5's own
+// RFC 9457 support.
+//
+// The middleware reads the ID from a path parameter (":id" by default) and
+// does the read round trip of guard.Get (Guard.Peek: bloom probe and cache
+// GET): an ID the filter has never seen (or whose empty marker is cached)
+// ends in NotFound(), a malformed one in a 400 (no Redis command), and
+// anything else goes on to the handler, whose guard.Get reuses what the
+// middleware read (a hit is still one round trip) and returns HTTPError(err)
+// on failure. Rejections are *Error values: an RFC 9457 Problem with the
+// status, which the application's own error handler renders (ErrorHandler
+// renders them as application/problem+json with the middleware's
+// Retry-After on 503; Echo's ProblemDetailsHTTPErrorHandler renders them
+// too, through ProblemError). A filter rejection is byte for byte the
+// handler's own "not found": the filter is no oracle of which IDs exist.
+// When Redis cannot answer, the request passes through (fail open) unless
+// Config.FailClosed is set. The decisions are the net/http and Echo v4
+// adapters' too: all are skins over one core.
+package echov5
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	labecho "github.com/labstack/echo/v5"
+	"github.com/labstack/echo/v5/middleware"
+
+	"github.com/cacheguard/cacheguard/adapters/internal/core"
+	"github.com/cacheguard/cacheguard/guard"
+)
+
+// Config configures the middleware.
+type Config struct {
+	// Skipper skips the middleware for some requests.
+	Skipper middleware.Skipper
+	// Param is the path parameter holding the ID. Default "id".
+	Param string
+	// IDExtractor reads the ID; default c.Param(Param). An empty ID passes;
+	// on a route with path parameters that is logged (once per route) and
+	// counted (OnUnfiltered), since the filter is then not filtering it.
+	IDExtractor func(c *labecho.Context) string
+	// Valid says whether an ID is well-formed; others get 400 before any
+	// Redis command. Default: URL-unreserved characters (letters, digits,
+	// '-', '.', '_', '~') plus ExtraIDChars. The Guard's MaxKeyLen bounds
+	// the length either way.
+	Valid func(id string) bool
+	// ExtraIDChars widens the default rule: "@+" for emails, ":" for
+	// "user:1" (UUIDs, ULIDs, numbers and slugs need nothing).
+	ExtraIDChars string
+	// FailClosed answers 503 when Redis is unavailable instead of passing
+	// the request through.
+	FailClosed bool
+	// RetryAfter is sent with every 503 that ErrorHandler renders for a
+	// request that went through this middleware. Default 1 second.
+	RetryAfter time.Duration
+	// OnUnfiltered, if set, is called for every request that reached a
+	// route with path parameters without an ID the middleware could read.
+	OnUnfiltered func(route string)
+	// Logger receives Redis failures, unfiltered routes and the errors
+	// behind 5xx problems. Default: the Echo context's Logger.
+	Logger *slog.Logger
+}
+
+// DefaultConfig is the configuration Middleware uses.
+var DefaultConfig = Config{
+	Skipper:    middleware.DefaultSkipper,
+	Param:      "id",
+	RetryAfter: time.Second,
+}
+
+// Problem is an RFC 9457 problem details object.
+type Problem = core.Problem
+
+// Error is the error this package's middleware and HTTPError return: the
+// problem to answer with and, for a 5xx, the error behind it (Unwrap), which
+// is logged and never sent.
+type Error struct {
+	Problem Problem
+	Err     error
+}
+
+func (e *Error) Error() string {
+	if e.Err == nil {
+		return fmt.Sprintf("cacheguard: %d %s", e.Problem.Status, e.Problem.Title)
+	}
+	return fmt.Sprintf("cacheguard: %d %s: %v", e.Problem.Status, e.Problem.Title, e.Err)
+}
+
+// StatusCode makes Error an echo.HTTPStatusCoder.
+func (e *Error) StatusCode() int { return e.Problem.Status }
+
+// Unwrap returns the error behind a 5xx (nil otherwise).
+func (e *Error) Unwrap() error { return e.Err }
+
+// ProblemError makes Error an echo.ProblemErrorer, for applications that
+// use echo.ProblemDetailsHTTPErrorHandler instead of ErrorHandler.
+func (e *Error) ProblemError() *labecho.ProblemError {
+	p := e.Problem
+	return &labecho.ProblemError{Type: p.Type, Title: p.Title, Status: p.Status, Detail: p.Detail}
+}
+
+func problem(status int) *Error { return &Error{Problem: core.ProblemFor(status)} }
+
+// NotFound is the error for an ID that does not exist: the middleware
+// returns it for IDs the filter rejects, handlers return it (or HTTPError)
+// for their own "not found".
+func NotFound() *Error { return problem(http.StatusNotFound) }
+
+// HTTPError maps an error from guard.Get to an *Error without the error's
+// text: 404 for ErrNotFound, 400 for ErrInvalidKey, 503 for ErrBusy and
+// ErrUnavailable (ErrorHandler adds Retry-After), and 500 otherwise. The
+// error of a 5xx is kept (Unwrap) for logging.
+func HTTPError(err error) *Error {
+	status := core.Status(err)
+	e := problem(status)
+	if status >= 500 {
+		e.Err = err
+	}
+	return e
+}
+
+// ErrorHandler renders the errors of this package as
+// application/problem+json (with Retry-After on 503: the RetryAfter of the
+// middleware the request went through, else 1 second) and hands every other
+// error to next (e.g. echo.DefaultHTTPErrorHandler(false)). The error behind
+// a 5xx is logged.
+func ErrorHandler(next labecho.HTTPErrorHandler) labecho.HTTPErrorHandler {
+	return func(c *labecho.Context, err error) {
+		var e *Error
+		if !errors.As(err, &e) {
+			next(c, err)
+			return
+		}
+		if r, _ := labecho.UnwrapResponse(c.Response()); r != nil && r.Committed {
+			next(c, err)
+			return
+		}
+		p := e.Problem
+		cc := core.FromContext(c.Request().Context())
+		if p.Status >= 500 && core.Loggable(e.Err) {
+			l := cc.Logger()
+			if l == nil {
+				l = c.Logger()
+			}
+			l.ErrorContext(c.Request().Context(), "cacheguard: request failed", "status", p.Status, "err", e.Err)
+		}
+		if p.Status == http.StatusServiceUnavailable {
+			c.Response().Header().Set("Retry-After", cc.RetryAfter())
+		}
+		if c.Request().Method == http.MethodHead {
+			_ = c.NoContent(p.Status)
+			return
+		}
+		_ = c.Blob(p.Status, "application/problem+json", core.Body(p))
+	}
+}
+
+// Middleware returns the middleware with DefaultConfig.
+func Middleware(g *guard.Guard) labecho.MiddlewareFunc {
+	return MiddlewareWithConfig(g, DefaultConfig)
+}
+
+// MiddlewareWithConfig returns the middleware with cfg; zero fields take
+// DefaultConfig's values.
+func MiddlewareWithConfig(g *guard.Guard, cfg Config) labecho.MiddlewareFunc {
+	if cfg.Skipper == nil {
+		cfg.Skipper = DefaultConfig.Skipper
+	}
+	if cfg.Param == "" {
+		cfg.Param = DefaultConfig.Param
+	}
+	if cfg.IDExtractor == nil {
+		param := cfg.Param
+		cfg.IDExtractor = func(c *labecho.Context) string { return c.Param(param) }
+	}
+	if cfg.RetryAfter <= 0 {
+		cfg.RetryAfter = DefaultConfig.RetryAfter
+	}
+	cr := core.New(g, core.Options{Valid: cfg.Valid, ExtraIDChars: cfg.ExtraIDChars, FailClosed: cfg.FailClosed,
+		RetryAfter: cfg.RetryAfter, OnUnfiltered: cfg.OnUnfiltered, Logger: cfg.Logger})
+	return func(next labecho.HandlerFunc) labecho.HandlerFunc {
+		return func(c *labecho.Context) error {
+			if cfg.Skipper(c) {
+				return next(c)
+			}
+			r := c.Request()
+			v := cr.Decide(r.Context(), cfg.IDExtractor(c), c.Path(), len(c.PathValues()) > 0)
+			if v.Warn != "" {
+				l := cfg.Logger
+				if l == nil {
+					l = c.Logger()
+				}
+				l.WarnContext(r.Context(), v.Warn, "route", c.Path(), "err", v.Err)
+			}
+			// The handler's Get reuses Peek's read, and ErrorHandler finds
+			// this middleware's Retry-After, through the request's context.
+			c.SetRequest(r.WithContext(v.Ctx))
+			if v.Decision == core.Pass {
+				return next(c)
+			}
+			e := problem(core.StatusOf(v.Decision))
+			e.Err = v.Err
+			return e
+		}
+	}
+}

@@ -1,0 +1,50 @@
+package echov5_test
+
+import (
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+
+	labecho "github.com/labstack/echo/v5"
+
+	cgecho "github.com/cacheguard/cacheguard/adapters/echov5"
+	"github.com/cacheguard/cacheguard/guard"
+	"github.com/cacheguard/cacheguard/internal/redistest"
+)
+
+// TestEchoOwnProblemHandler: an application on Echo v5's own
+// ProblemDetailsHTTPErrorHandler gets the same problem for a rejected ID as
+// the adapter's ErrorHandler renders.
+func TestEchoOwnProblemHandler(t *testing.T) {
+	c := redistest.Connect(t)
+	a := newApp(t, c, c.Prefix, cgecho.DefaultConfig)
+	ours := get(a.e, "/products/999").Body.String()
+	a.e.HTTPErrorHandler = labecho.ProblemDetailsHTTPErrorHandler(false)
+	rec := get(a.e, "/products/999")
+	if rec.Code != http.StatusNotFound || !strings.Contains(rec.Header().Get("Content-Type"), "application/problem+json") {
+		t.Fatalf("echo's handler: %d %q", rec.Code, rec.Header().Get("Content-Type"))
+	}
+	for _, field := range []string{`"title":"Not Found"`, `"status":404`} {
+		if !strings.Contains(rec.Body.String(), field) || !strings.Contains(ours, field) {
+			t.Fatalf("want %s in both:\necho: %s\nours: %s", field, rec.Body, ours)
+		}
+	}
+}
+
+// TestHTTPErrorKeepsTheCauseOfA5xxOnly: the status comes through
+// echo.StatusCode, the cause of a 5xx through errors.Is, and a 404 carries
+// no cause.
+func TestHTTPErrorKeepsTheCauseOfA5xxOnly(t *testing.T) {
+	e := cgecho.HTTPError(guard.ErrUnavailable)
+	if labecho.StatusCode(e) != http.StatusServiceUnavailable || !errors.Is(e, guard.ErrUnavailable) {
+		t.Fatalf("503: status %d, cause kept %v", labecho.StatusCode(e), errors.Is(e, guard.ErrUnavailable))
+	}
+	nf := cgecho.HTTPError(guard.ErrNotFound)
+	if labecho.StatusCode(nf) != http.StatusNotFound || nf.Unwrap() != nil {
+		t.Fatalf("404: status %d, cause %v", labecho.StatusCode(nf), nf.Unwrap())
+	}
+	if labecho.StatusCode(cgecho.NotFound()) != http.StatusNotFound {
+		t.Fatal("NotFound is not a 404")
+	}
+}

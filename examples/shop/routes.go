@@ -16,8 +16,8 @@ import (
 // versions: echo4.go and echo5.go register the same list, each with its
 // own adapter in front of the guarded ones.
 type route struct {
-	method, path string         // path in Echo syntax: /products/:id
-	guarded      *guard.Guard   // not nil: the adapter's middleware filters :id with it
+	method, path string       // path in Echo syntax: /products/:id
+	guarded      *guard.Guard // not nil: the adapter's middleware filters :id with it
 	handle       func(r *http.Request, id string) reply
 }
 

@@ -8,6 +8,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/vmihailenco/msgpack/v5"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/cacheguard/cacheguard/guard"
 	"github.com/cacheguard/cacheguard/internal/redistest"
@@ -47,6 +49,41 @@ func BenchmarkGet(b *testing.B) {
 		keys := make([]string, 1000)
 		for i := range keys {
 			keys[i] = fmt.Sprintf("p%d", i)
+		}
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			if _, err := guard.Get(ctx, g, keys[i%1000], d.load); err != nil {
+				b.Fatal(err)
+			}
+			i++
+		}
+	})
+	// hit-otel is hit with OpenTelemetry on: an SDK tracer provider that
+	// samples every span (and exports none) and an SDK meter provider
+	// with a reader. Compare with hit (no providers: nothing recorded).
+	b.Run("hit-otel", func(b *testing.B) {
+		c := redistest.Connect(b)
+		rdb := redistest.NewClient()
+		b.Cleanup(func() { _ = rdb.Close() })
+		tp := sdktrace.NewTracerProvider()
+		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+		b.Cleanup(func() { _ = tp.Shutdown(ctx); _ = mp.Shutdown(ctx) })
+		g, err := guard.New(ctx, rdb, "product", &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 100_000, TracerProvider: tp, MeterProvider: mp})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = g.Close() })
+		d := newDB(1000)
+		if _, err := g.Rebuild(ctx, ids("p", 1000), nil); err != nil {
+			b.Fatal(err)
+		}
+		keys := make([]string, 1000)
+		for i := range keys {
+			keys[i] = fmt.Sprintf("p%d", i)
+			if _, err := guard.Get(ctx, g, keys[i], d.load); err != nil {
+				b.Fatal(err)
+			}
 		}
 		b.ReportAllocs()
 		i := 0

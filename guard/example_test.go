@@ -5,6 +5,11 @@ import (
 	"errors"
 	"fmt"
 
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
 	"github.com/cacheguard/cacheguard/guard"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
@@ -174,4 +179,58 @@ func ExampleGetMany() {
 	// Output:
 	// 3 200 batches: 1
 	// 3 300 batches: 1
+}
+
+// ExampleOptions_openTelemetry turns on spans and metrics with the
+// application's OpenTelemetry SDK (here an in-memory span recorder and a
+// manual metric reader; in an application, the providers that export to
+// the collector, or otel.GetTracerProvider() and otel.GetMeterProvider()).
+func ExampleOptions_openTelemetry() {
+	ctx := context.Background()
+	rdb := redistest.NewClient()
+	defer rdb.Close()
+
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer tp.Shutdown(ctx)
+	defer mp.Shutdown(ctx)
+
+	g, err := guard.New(ctx, rdb, "example-otel", &guard.Options{TracerProvider: tp, MeterProvider: mp})
+	if err != nil {
+		panic(err)
+	}
+	defer g.Close()
+	_, _ = g.Rebuild(ctx, func(yield func(string, error) bool) { yield("42", nil) }, nil)
+	load := func(ctx context.Context, id string) (string, error) { return "Desk lamp", nil }
+	for _, id := range []string{"42", "42", "7"} {
+		_, _ = guard.Get(ctx, g, id, load)
+	}
+
+	for _, s := range spans.Ended() {
+		for _, a := range s.Attributes() {
+			if a.Key == "cacheguard.outcome" {
+				fmt.Println(s.Name(), a.Value.AsString())
+			}
+		}
+	}
+	var rm metricdata.ResourceMetrics
+	_ = reader.Collect(ctx, &rm)
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if sum, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == "cacheguard.gets" {
+				var n int64
+				for _, p := range sum.DataPoints {
+					n += p.Value
+				}
+				fmt.Println(m.Name, n)
+			}
+		}
+	}
+	// Output:
+	// cacheguard.Get miss
+	// cacheguard.Get hit
+	// cacheguard.Get reject
+	// cacheguard.gets 3
 }

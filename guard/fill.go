@@ -43,6 +43,7 @@ func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T
 		return loadThrough(ctx, g, id, vkey, load, start, err)
 	}
 	g.stats.count(fl.outcome, shared && !mine)
+	g.tel.settledAs(ctx, fl.outcome, shared && !mine, false)
 	if err != nil {
 		return zero, panicked(g, id, err)
 	}
@@ -140,7 +141,12 @@ func (c *call[T]) Load(ctx context.Context) ([]byte, time.Duration, error) {
 		g.stats.loads.Add(1)
 	}
 	c.decoded = false
+	done := func(error) {}
+	if c.waiter == nil { // a batch records its own call
+		ctx, done = g.tel.load(ctx)
+	}
 	val, err := c.bounded(ctx)
+	done(err)
 	if errors.Is(err, ErrNotFound) {
 		c.found, c.err = flight{outcome: outLoaded}, ErrNotFound
 		return codec.Empty(), g.jitter(g.opts.EmptyTTL), nil
@@ -158,6 +164,11 @@ func (c *call[T]) Load(ctx context.Context) ([]byte, time.Duration, error) {
 	}
 	c.found, c.err = flight{frame: frame, outcome: outLoaded, ttl: ttl}, nil
 	return frame, ttl, nil
+}
+
+// Waited records a wait on another process's load (loader.WaitObserver).
+func (c *call[T]) Waited(ctx context.Context, began time.Time, result string) {
+	c.g.tel.waited(ctx, began, result)
 }
 
 // loaded is what one call of the load function returned (or its panic).

@@ -37,10 +37,22 @@ type LoadFunc[T any] func(ctx context.Context, id string) (T, error)
 // whose Get started before the load did; Get itself returns as soon as ctx
 // is done.
 func Get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, error) {
-	var zero T
 	if g == nil || load == nil {
+		var zero T
 		return zero, errors.New("cacheguard: Get needs a non-nil Guard and load function")
 	}
+	if g.tel == nil {
+		return get(ctx, g, id, load)
+	}
+	ctx, span := g.tel.start(ctx, "cacheguard.Get")
+	v, err := get(ctx, g, id, load)
+	g.tel.end(ctx, span, err)
+	return v, err
+}
+
+// get is Get without its span.
+func get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, error) {
+	var zero T
 	pass, err := g.gate.enter()
 	if err != nil {
 		return zero, err
@@ -57,11 +69,13 @@ func Get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 		if e, ok := g.local.get(vkey); ok {
 			if v, ok := e.value.(T); ok { // decoded once, a copy for each caller
 				g.stats.localHits.Add(1)
+				g.tel.settled(ctx, getLocalHit)
 				return v, nil
 			}
 			var v T
 			if codec.Decode(g.opts.Codec, e.frame, &v) == nil {
 				g.stats.localHits.Add(1)
+				g.tel.settled(ctx, getLocalHit)
 				return v, nil
 			}
 			g.local.drop(vkey)
@@ -92,10 +106,12 @@ func Get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 	switch r.verdict {
 	case verdictRejected:
 		g.stats.count(outRejected, false)
+		g.tel.settled(ctx, getReject)
 		return zero, ErrNotFound
 	case verdictEntry:
 		if e := decodeEntry[T](ctx, g, vkey, r.raw); e.ok {
 			g.stats.count(e.found.outcome, false)
+			g.tel.settledAs(ctx, e.found.outcome, false, false)
 			if e.err == nil && g.local != nil {
 				g.local.put(vkey, r.raw, g.shared(e.v), r.ttl, epoch)
 			}

@@ -96,6 +96,7 @@ type Guard struct {
 	gate      gate                        // every entry point passes it; Close shuts it
 	bound     atomic.Pointer[typeBinding] // the type values decode into, set by the first Get or For
 	credit    atomic.Int64                // > 0: recent reads missed: send the bloom probe with the HGET (see read)
+	tel       *telemetry                  // OpenTelemetry instruments, or nil (off)
 
 	// Background work (automatic rebuilds, connecting after a New without
 	// Redis): each runs in a goroutine owned by the Guard, tracked by
@@ -160,8 +161,12 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 			}
 		},
 	}
+	if g.tel, err = newTelemetry(g, o.TracerProvider, o.MeterProvider); err != nil {
+		return nil, fmt.Errorf("%w: opentelemetry: %w", ErrInvalidOptions, err)
+	}
 	if o.Local != nil {
 		if g.local, err = newLocal(*o.Local); err != nil {
+			_ = g.tel.close()
 			return nil, err
 		}
 	}
@@ -176,6 +181,7 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 		if g.local != nil {
 			_ = g.local.close() // what connect may have started
 		}
+		_ = g.tel.close()
 		g.endLife()
 		if errors.Is(err, bloom.ErrInvalid) {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
@@ -221,7 +227,7 @@ func (g *Guard) Close() error {
 		if g.local != nil {
 			errs = append(errs, g.local.close())
 		}
-		errs = append(errs, g.coord.Close())
+		errs = append(errs, g.coord.Close(), g.tel.close())
 		g.closeErr = errors.Join(errs...)
 	})
 	return g.closeErr

@@ -42,6 +42,17 @@ func GetMany[T any](ctx context.Context, g *Guard, ids []string, load BatchLoadF
 	if g == nil || load == nil {
 		return nil, errors.New("cacheguard: GetMany needs a non-nil Guard and load function")
 	}
+	if g.tel == nil {
+		return getMany(ctx, g, ids, load)
+	}
+	ctx, span := g.tel.start(ctx, "cacheguard.GetMany")
+	out, err := getMany(ctx, g, ids, load)
+	g.tel.endMany(span, len(ids), len(out), err)
+	return out, err
+}
+
+// getMany is GetMany without its span.
+func getMany[T any](ctx context.Context, g *Guard, ids []string, load BatchLoadFunc[T]) (map[string]T, error) {
 	pass, err := g.gate.enter()
 	if err != nil {
 		return nil, err
@@ -71,10 +82,12 @@ func GetMany[T any](ctx context.Context, g *Guard, ids []string, load BatchLoadF
 		switch r.verdict {
 		case verdictRejected:
 			g.stats.count(outRejected, false)
+			g.tel.counted(ctx, outRejected, false)
 			continue
 		case verdictEntry:
 			if e := decodeEntry[T](ctx, g, keys[i], r.raw); e.ok {
 				g.stats.count(e.found.outcome, false)
+				g.tel.counted(ctx, e.found.outcome, false)
 				if e.err == nil {
 					out[ids[i]] = e.v
 				}
@@ -215,6 +228,7 @@ func fillMany[T any](ctx context.Context, g *Guard, ids, keys []string, load Bat
 			return ctx.Err()
 		}
 		g.stats.count(a.found.outcome, false)
+		g.tel.counted(ctx, a.found.outcome, false)
 		switch {
 		case errors.Is(a.err, ErrNotFound):
 		case a.err != nil:
@@ -251,7 +265,16 @@ func loadManyThrough[T any](ctx context.Context, g *Guard, ids []string, load Ba
 	g.stats.loads.Add(1)
 	lctx, cancel := context.WithTimeout(ctx, g.opts.LoadTimeout)
 	defer cancel()
+	lctx, done := g.tel.load(lctx)
 	m, err := load(lctx, ids)
+	done(err)
+	o := outLoaded
+	if err != nil {
+		o = outFailed
+	}
+	for range ids {
+		g.tel.counted(ctx, o, true)
+	}
 	if err != nil {
 		g.stats.loadErrors.Add(1)
 		return fmt.Errorf("cacheguard: %s: load: %w", g.name, err)
@@ -319,7 +342,9 @@ func (m *member[T]) load(ctx context.Context, id string) (T, error) {
 	if b.fired {
 		b.mu.Unlock()
 		b.g.stats.loads.Add(1)
+		ctx, done := b.g.tel.load(ctx)
 		values, err := b.load(ctx, []string{id})
+		done(err)
 		return pick(values, err, id)
 	}
 	b.asked = append(b.asked, id)
@@ -360,10 +385,12 @@ func (b *batch[T]) fireLocked() {
 		ctx, cancel := context.WithTimeout(context.Background(), b.g.opts.LoadTimeout)
 		defer cancel()
 		defer close(b.done)
+		ctx, record := b.g.tel.load(ctx) // a span of its own: the batch serves several GetMany flights
 		defer func() {
 			if p := recover(); p != nil {
 				b.values, b.err = nil, fmt.Errorf("%w: %v\n%s", ErrLoaderPanic, p, debug.Stack())
 			}
+			record(b.err)
 		}()
 		b.values, b.err = b.load(ctx, ids)
 	}()

@@ -1,6 +1,9 @@
 package guard
 
 import (
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
 	"context"
 	"fmt"
 	"iter"
@@ -97,6 +100,13 @@ type Options struct {
 	// Logger receives warnings (filter bypassed, corrupt entries, Redis
 	// failures). Default: no logging.
 	Logger *slog.Logger
+	// TracerProvider and MeterProvider turn on OpenTelemetry: spans for
+	// Get, GetMany, loads and lock waits, and the cacheguard.* metrics (see
+	// telemetry.go for the list). The application brings the SDK; pass
+	// otel.GetTracerProvider() and otel.GetMeterProvider() to use the
+	// global ones. Nil, the default: nothing is recorded, at no cost.
+	TracerProvider trace.TracerProvider
+	MeterProvider  metric.MeterProvider
 }
 
 // resolve fills in the defaults: the one place where a Guard's defaults are

@@ -86,6 +86,15 @@ type Waiter interface {
 	Waiting()
 }
 
+// WaitObserver is an optional interface of a Filler: Waited is called
+// after each wait for another holder's load, with when the wait began and
+// how it ended: "woken" (the holder published), "expired" (its lease ran
+// out first), "timeout" (LockWait ran out first) or "cancelled" (ctx ended,
+// or Redis failed).
+type WaitObserver interface {
+	Waited(ctx context.Context, began time.Time, result string)
+}
+
 // Coordinator makes one process at a time load a key, across all processes
 // that share a Redis and a channel, and wakes the others when it is done.
 //
@@ -200,7 +209,12 @@ func (c *Coordinator) Run(ctx context.Context, key, field string, f Filler) erro
 		if w, ok := f.(Waiter); ok {
 			w.Waiting()
 		}
-		if done, err := c.wait(ctx, key, field, held.TTL, deadline, f); done || err != nil {
+		began := time.Now()
+		done, result, err := c.wait(ctx, key, field, held.TTL, deadline, f)
+		if o, ok := f.(WaitObserver); ok {
+			o.Waited(ctx, began, result)
+		}
+		if done || err != nil {
 			return err
 		}
 		if !time.Now().Before(deadline) {
@@ -317,29 +331,37 @@ func (c *Coordinator) hold(ctx context.Context, l *lock.Lock, key, field string,
 }
 
 // wait blocks until the holder publishes key, its lease (holderTTL) runs out,
-// or the deadline passes. done reports that f accepted what the cache holds.
-func (c *Coordinator) wait(ctx context.Context, key, field string, holderTTL time.Duration, deadline time.Time, f Filler) (done bool, err error) {
+// or the deadline passes. done reports that f accepted what the cache holds;
+// result says how the wait ended (see WaitObserver).
+func (c *Coordinator) wait(ctx context.Context, key, field string, holderTTL time.Duration, deadline time.Time, f Filler) (done bool, result string, err error) {
 	opCtx, cancelOp := c.op(ctx)
 	woken, cancel, err := c.wake.register(opCtx, key)
 	cancelOp()
 	if err != nil {
-		return true, err
+		return true, "cancelled", err
 	}
 	defer cancel()
 	// Subscribed: a publish from now on reaches us, so check before waiting.
 	if done, err := c.cached(ctx, c.hget(ctx, key, field), f); done || err != nil {
-		return true, err
+		return true, "woken", err
 	}
-	t := time.NewTimer(max(min(holderTTL+5*time.Millisecond, time.Until(deadline)), 0))
+	lease := holderTTL + 5*time.Millisecond
+	result = "expired"
+	if until := time.Until(deadline); until < lease {
+		lease, result = max(until, 0), "timeout"
+	}
+	t := time.NewTimer(lease)
 	defer t.Stop()
 	select {
 	case <-woken:
 		c.wakeups.Add(1)
+		result = "woken"
 	case <-t.C:
 	case <-ctx.Done():
-		return true, ctx.Err()
+		return true, "cancelled", ctx.Err()
 	}
-	return c.cached(ctx, c.hget(ctx, key, field), f)
+	done, err = c.cached(ctx, c.hget(ctx, key, field), f)
+	return done, result, err
 }
 
 // op bounds one Redis round trip by OpTimeout.

@@ -1,0 +1,281 @@
+package guard
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// OpenTelemetry, API only: the application brings the SDK (providers,
+// exporters, sampling) and passes its providers in Options.TracerProvider
+// and Options.MeterProvider. Without them a Guard makes no span and no
+// measurement, and a Get pays one nil check (make bench shows both).
+//
+// Spans:
+//   - "cacheguard.Get" (and "cacheguard.GetMany") around every call, with
+//     cacheguard.guard and cacheguard.outcome (hit, local_hit, reject,
+//     marker, miss, coalesced, load_through; a failed Get has error status
+//     and outcome error);
+//   - "cacheguard.load" around each call of the load function, a child of
+//     the Get whose flight ran it;
+//   - "cacheguard.lock.wait" for each wait on another process's load.
+//
+// Metrics (the same attributes):
+//   - cacheguard.gets (counter, by outcome): one per Get, one per ID of a
+//     GetMany;
+//   - cacheguard.load.duration (histogram, s, by cacheguard.result: ok,
+//     not_found, error);
+//   - cacheguard.lock.wait.duration (histogram, s, by cacheguard.result:
+//     woken, expired, timeout, cancelled);
+//   - cacheguard.bloom.fill and cacheguard.bloom.false_positive_rate
+//     (observable gauges, from Guard.Info when the reader collects: BITCOUNT
+//     over the filter, so once per collection, bounded by RedisTimeout).
+
+const instrumentation = "github.com/cacheguard/cacheguard/guard"
+
+// Outcome attribute values, one per Get.
+const (
+	OutcomeHit         = "hit"
+	OutcomeLocalHit    = "local_hit"
+	OutcomeReject      = "reject"
+	OutcomeMarker      = "marker"
+	OutcomeMiss        = "miss"
+	OutcomeCoalesced   = "coalesced"
+	OutcomeLoadThrough = "load_through"
+	OutcomeError       = "error"
+)
+
+var outcomeNames = [...]string{OutcomeHit, OutcomeLocalHit, OutcomeReject, OutcomeMarker, OutcomeMiss,
+	OutcomeCoalesced, OutcomeLoadThrough, OutcomeError}
+
+// getOutcome indexes outcomeNames.
+type getOutcome uint8
+
+const (
+	getHit getOutcome = iota
+	getLocalHit
+	getReject
+	getMarker
+	getMiss
+	getCoalesced
+	getLoadThrough
+	getError
+)
+
+// telemetry is a Guard's OpenTelemetry instruments, made once by New; a
+// nil *telemetry (no provider) records nothing. Its fields are read-only
+// after New.
+type telemetry struct {
+	tracer trace.Tracer // nil: no spans
+
+	// nil gets: no metrics.
+	gets     metric.Int64Counter
+	loadDur  metric.Float64Histogram
+	waitDur  metric.Float64Histogram
+	byOut    [len(outcomeNames)]metric.AddOption // the guard and one outcome, built once
+	gauges   metric.Registration                 // the filter's gauges; unregistered by Close
+	guardKV  attribute.KeyValue
+	spanOpts []trace.SpanStartOption
+}
+
+func newTelemetry(g *Guard, tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry, error) {
+	if tp == nil && mp == nil {
+		return nil, nil
+	}
+	t := &telemetry{guardKV: attribute.String("cacheguard.guard", g.name)}
+	t.spanOpts = []trace.SpanStartOption{trace.WithAttributes(t.guardKV), trace.WithSpanKind(trace.SpanKindInternal)}
+	if tp != nil {
+		t.tracer = tp.Tracer(instrumentation)
+	}
+	if mp == nil {
+		return t, nil
+	}
+	m := mp.Meter(instrumentation)
+	var err error
+	if t.gets, err = m.Int64Counter("cacheguard.gets", metric.WithDescription("Get calls (and GetMany IDs) by outcome"), metric.WithUnit("{get}")); err != nil {
+		return nil, err
+	}
+	if t.loadDur, err = m.Float64Histogram("cacheguard.load.duration", metric.WithDescription("calls of the load function"), metric.WithUnit("s")); err != nil {
+		return nil, err
+	}
+	if t.waitDur, err = m.Float64Histogram("cacheguard.lock.wait.duration", metric.WithDescription("waits on another process's load"), metric.WithUnit("s")); err != nil {
+		return nil, err
+	}
+	for i, name := range outcomeNames {
+		t.byOut[i] = metric.WithAttributeSet(attribute.NewSet(t.guardKV, attribute.String("cacheguard.outcome", name)))
+	}
+	fill, err := m.Float64ObservableGauge("cacheguard.bloom.fill", metric.WithDescription("share of the bloom filter's bits set"), metric.WithUnit("1"))
+	if err != nil {
+		return nil, err
+	}
+	fp, err := m.Float64ObservableGauge("cacheguard.bloom.false_positive_rate", metric.WithDescription("the bloom filter's estimated false-positive rate at its fill"), metric.WithUnit("1"))
+	if err != nil {
+		return nil, err
+	}
+	only := metric.WithAttributeSet(attribute.NewSet(t.guardKV))
+	t.gauges, err = m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		ctx, cancel := context.WithTimeout(ctx, g.opts.RedisTimeout)
+		defer cancel()
+		in, err := g.Info(ctx)
+		if err != nil {
+			return err // the SDK reports it; the next collection tries again
+		}
+		o.ObserveFloat64(fill, in.FillRatio, only)
+		o.ObserveFloat64(fp, in.EstimatedFPRate, only)
+		return nil
+	}, fill, fp)
+	if err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// close unregisters the gauges' callback.
+func (t *telemetry) close() error {
+	if t == nil || t.gauges == nil {
+		return nil
+	}
+	return t.gauges.Unregister()
+}
+
+// start starts a span named name under ctx, or returns ctx and nil.
+func (t *telemetry) start(ctx context.Context, name string) (context.Context, trace.Span) {
+	if t == nil || t.tracer == nil {
+		return ctx, nil
+	}
+	return t.tracer.Start(ctx, name, t.spanOpts...)
+}
+
+// end ends a Get's span: error status for a failure (ErrNotFound is an
+// answer, not a failure), and counts a failed Get (answers are counted where
+// they are settled: see settled).
+func (t *telemetry) end(ctx context.Context, span trace.Span, err error) {
+	failed := err != nil && !errors.Is(err, ErrNotFound)
+	if failed && t.gets != nil {
+		t.gets.Add(ctx, 1, t.byOut[getError])
+	}
+	if span == nil {
+		return
+	}
+	if failed {
+		span.SetAttributes(attribute.String("cacheguard.outcome", OutcomeError))
+		span.RecordError(err)
+		span.SetStatus(codes.Error, "cacheguard: get failed")
+	}
+	span.End()
+}
+
+// settled records how one Get (or one ID of a GetMany) was answered: on
+// the counter and on the caller's span.
+func (t *telemetry) settled(ctx context.Context, o getOutcome) {
+	if t == nil {
+		return
+	}
+	if t.gets != nil {
+		t.gets.Add(ctx, 1, t.byOut[o])
+	}
+	if t.tracer != nil {
+		trace.SpanFromContext(ctx).SetAttributes(attribute.String("cacheguard.outcome", outcomeNames[o]))
+	}
+}
+
+// settledAs is settled for a flight's outcome (see getOutcomeOf); a
+// failure is left to end.
+func (t *telemetry) settledAs(ctx context.Context, o outcome, coalesced, through bool) {
+	if t == nil || o == outFailed {
+		return
+	}
+	t.settled(ctx, getOutcomeOf(o, coalesced, through))
+}
+
+// counted counts one ID of a GetMany (no span attribute: the GetMany span
+// has its own), failures included.
+func (t *telemetry) counted(ctx context.Context, o outcome, through bool) {
+	if t == nil || t.gets == nil {
+		return
+	}
+	t.gets.Add(ctx, 1, t.byOut[getOutcomeOf(o, false, through)])
+}
+
+// getOutcomeOf maps a flight's outcome to how a caller was answered
+// (coalesced: from another caller's flight; through: without Redis).
+func getOutcomeOf(o outcome, coalesced, through bool) getOutcome {
+	switch {
+	case o == outFailed:
+		return getError
+	case coalesced:
+		return getCoalesced
+	case through:
+		return getLoadThrough
+	case o == outHit:
+		return getHit
+	case o == outEmpty:
+		return getMarker
+	case o == outRejected:
+		return getReject
+	}
+	return getMiss
+}
+
+// endMany ends a GetMany's span with how many IDs it asked and found.
+func (t *telemetry) endMany(span trace.Span, asked, found int, err error) {
+	if span == nil {
+		return
+	}
+	span.SetAttributes(attribute.Int("cacheguard.ids", asked), attribute.Int("cacheguard.found", found))
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, "cacheguard: get many failed")
+	}
+	span.End()
+}
+
+// load wraps one call of the load function: a span and the duration.
+func (t *telemetry) load(ctx context.Context) (context.Context, func(err error)) {
+	if t == nil {
+		return ctx, func(error) {}
+	}
+	start := time.Now()
+	ctx, span := t.start(ctx, "cacheguard.load")
+	return ctx, func(err error) {
+		result := "ok"
+		switch {
+		case errors.Is(err, ErrNotFound):
+			result = "not_found"
+		case err != nil:
+			result = "error"
+		}
+		if t.loadDur != nil {
+			t.loadDur.Record(ctx, time.Since(start).Seconds(), metric.WithAttributes(t.guardKV, attribute.String("cacheguard.result", result)))
+		}
+		if span != nil {
+			span.SetAttributes(attribute.String("cacheguard.result", result))
+			if result == "error" {
+				span.RecordError(err)
+				span.SetStatus(codes.Error, "cacheguard: load failed")
+			}
+			span.End()
+		}
+	}
+}
+
+// waited records one wait on another process's load, after the fact.
+func (t *telemetry) waited(ctx context.Context, start time.Time, result string) {
+	if t == nil {
+		return
+	}
+	end := time.Now()
+	if t.waitDur != nil {
+		t.waitDur.Record(ctx, end.Sub(start).Seconds(), metric.WithAttributes(t.guardKV, attribute.String("cacheguard.result", result)))
+	}
+	if t.tracer != nil {
+		_, span := t.tracer.Start(ctx, "cacheguard.lock.wait", append(t.spanOpts, trace.WithTimestamp(start))...)
+		span.SetAttributes(attribute.String("cacheguard.result", result))
+		span.End(trace.WithTimestamp(end))
+	}
+}

@@ -27,13 +27,14 @@ vet:
 
 CLUSTER_PKGS := ./bloom ./lock ./loader ./guard
 
-# Modules of their own beside the root (so the root module needs no Echo):
+# Modules of their own beside the root (so the root module needs neither Echo
+# nor Prometheus):
 # vetted and tested like the root.
-ADAPTER_MODULES := adapters/echo adapters/echov5
+SIDE_MODULES := adapters/echo adapters/echov5 guardprometheus
 
 test: deps fmt-check vet
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
-	@for m in $(ADAPTER_MODULES); do echo "== $$m"; (cd $$m && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 5m ./...) || exit 1; done
+	@for m in $(SIDE_MODULES); do echo "== $$m"; (cd $$m && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 5m ./...) || exit 1; done
 	cd examples/shop && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 10m ./...
 	cd benchmarks && $(GO) vet ./... && $(GO) build -o /dev/null .
 	CG_TEST_CLUSTER=1 $(GO) test -race -count=1 -timeout 15m $(CLUSTER_PKGS)

@@ -59,7 +59,8 @@ func scrape(ctx context.Context, client *http.Client, base, path string) (counte
 			continue
 		}
 		f := strings.Fields(line)
-		*dst, _ = strconv.ParseInt(f[len(f)-1], 10, 64)
+		v, _ := strconv.ParseFloat(f[len(f)-1], 64) // the text format writes 1e+06
+		*dst = int64(v)
 	}
 	return c, sc.Err()
 }

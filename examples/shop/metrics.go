@@ -1,51 +1,85 @@
 package main
 
 import (
-	"fmt"
+	"context"
 	"net/http"
-	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/cacheguard/cacheguard/guard"
+	"github.com/cacheguard/cacheguard/guardprometheus"
 )
 
-// metrics writes the shop's counters in the Prometheus text format. The
-// registry is the shop's own (no global state, no per-ID labels).
-func (s *Shop) metrics(w http.ResponseWriter, r *http.Request) {
-	var b strings.Builder
-	counter := func(name, help string, samples ...string) {
-		fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s counter\n", name, help, name)
-		for _, smp := range samples {
-			fmt.Fprintf(&b, "%s%s\n", name, smp)
-		}
-	}
-	dbq := []string{fmt.Sprintf(`{path="guard"} %d`, s.store.queries.Load()), fmt.Sprintf(`{path="naive"} %d`, s.naiveStore.queries.Load())}
-	cmds := []string{fmt.Sprintf(`{path="guard"} %d`, s.guardCmds.Commands()), fmt.Sprintf(`{path="naive"} %d`, s.naiveCmd.Commands())}
-	for _, v := range s.variants {
-		dbq = append(dbq, fmt.Sprintf(`{path=%q} %d`, v.label, v.store.queries.Load()))
-		cmds = append(cmds, fmt.Sprintf(`{path=%q} %d`, v.label, v.cmds.Commands()))
-	}
-	counter("shop_db_queries_total", "Database queries, by request path.", dbq...)
-	counter("shop_redis_commands_total", "Redis commands sent, by request path.", cmds...)
-	var gets, ops []string
-	for _, g := range []*guard.Guard{s.products, s.users} {
-		st, n := g.Stats(), g.Name()
-		for _, o := range []struct {
-			label string
-			v     uint64
-		}{{"hit", st.Hits}, {"empty_marker", st.EmptyHits}, {"bloom_reject", st.BloomRejects}, {"miss", st.Misses}} {
-			gets = append(gets, fmt.Sprintf(`{guard=%q,outcome=%q} %d`, n, o.label, o.v))
-		}
-		for _, o := range []struct {
-			label string
-			v     uint64
-		}{{"load", st.Loads}, {"load_error", st.LoadErrors}, {"redis_error", st.RedisErrors},
-			{"coalesced", st.Coalesced}, {"lock_wait", st.LockWaits}, {"wakeup", st.Wakeups},
-			{"stale_write_refused", st.StaleWrites}, {"bloom_bypass", st.BloomBypasses}} {
-			ops = append(ops, fmt.Sprintf(`{guard=%q,event=%q} %d`, n, o.label, o.v))
-		}
-	}
-	counter("cacheguard_gets_total", "guard.Get calls by outcome.", gets...)
-	counter("cacheguard_events_total", "Guard operations and events.", ops...)
-	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-	_, _ = w.Write([]byte(b.String()))
+// telemetry is the shop's own Prometheus registry (no global state, no
+// per-ID labels) and the OpenTelemetry meter provider its Guards report to.
+//
+//   - guardprometheus.Collector: every Guard's counters and filter gauges
+//     (cacheguard_gets_total{guard,outcome}, cacheguard_events_total,
+//     cacheguard_bloom_*);
+//   - the Guards' OpenTelemetry histograms through the OpenTelemetry
+//     Prometheus exporter on the same registry (otel_cacheguard_load_duration_seconds,
+//     otel_cacheguard_lock_wait_duration_seconds); the OTel counter and
+//     gauges that the Collector already serves are dropped by views;
+//   - the shop's own counters: shop_db_queries_total{path} and
+//     shop_redis_commands_total{path}, which the demo reads.
+type telemetry struct {
+	reg   *prometheus.Registry
+	meter *sdkmetric.MeterProvider
 }
+
+func newTelemetry() (*telemetry, error) {
+	reg := prometheus.NewRegistry()
+	exporter, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithNamespace("otel"), otelprom.WithoutScopeInfo())
+	if err != nil {
+		return nil, err
+	}
+	drop := func(name string) sdkmetric.View {
+		return sdkmetric.NewView(sdkmetric.Instrument{Name: name}, sdkmetric.Stream{Aggregation: sdkmetric.AggregationDrop{}})
+	}
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter),
+		sdkmetric.WithView(drop("cacheguard.gets"), drop("cacheguard.bloom.*")))
+	return &telemetry{reg: reg, meter: mp}, nil
+}
+
+// registerMetrics adds the Guards' Collector and the shop's own counters.
+func (s *Shop) registerMetrics() {
+	guards := []*guard.Guard{s.products, s.users}
+	for _, v := range s.variants {
+		guards = append(guards, v.g)
+	}
+	s.tel.reg.MustRegister(guardprometheus.New(nil, guards...))
+	paths := []struct {
+		label   string
+		queries func() int64
+		cmds    func() int64
+	}{
+		{"guard", s.store.queries.Load, s.guardCmds.Commands},
+		{"naive", s.naiveStore.queries.Load, s.naiveCmd.Commands},
+	}
+	for _, v := range s.variants {
+		paths = append(paths, struct {
+			label   string
+			queries func() int64
+			cmds    func() int64
+		}{v.label, v.store.queries.Load, v.cmds.Commands})
+	}
+	for _, p := range paths {
+		labels := prometheus.Labels{"path": p.label}
+		s.tel.reg.MustRegister(
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "shop_db_queries_total", Help: "Database queries, by request path.", ConstLabels: labels},
+				func() float64 { return float64(p.queries()) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "shop_redis_commands_total", Help: "Redis commands sent, by request path.", ConstLabels: labels},
+				func() float64 { return float64(p.cmds()) }),
+		)
+	}
+}
+
+// metrics serves the registry in the Prometheus text format.
+func (s *Shop) metrics() http.Handler {
+	return promhttp.HandlerFor(s.tel.reg, promhttp.HandlerOpts{})
+}
+
+func (t *telemetry) close(ctx context.Context) error { return t.meter.Shutdown(ctx) }

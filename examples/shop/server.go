@@ -30,6 +30,7 @@ type Shop struct {
 	guardRDB, naiveRDB  redis.UniversalClient
 	guardCmds, naiveCmd *cmdcount.Counter
 	log                 *slog.Logger
+	tel                 *telemetry // /metrics: the registry, and the Guards' OpenTelemetry meter provider
 	// variants are more guarded read paths over the products table, each
 	// with options of its own, for the demo's Zipf rows.
 	variants []*variant
@@ -88,16 +89,19 @@ func newShop(ctx context.Context, db *sql.DB, redisOpts *redis.Options, dbLatenc
 		naiveCmd:   &cmdcount.Counter{},
 		log:        log,
 	}
+	var err error
+	if s.tel, err = newTelemetry(); err != nil {
+		return nil, err
+	}
 	s.guardRDB.AddHook(s.guardCmds)
 	s.naiveRDB.AddHook(s.naiveCmd)
-	var err error
 	// Rebuilds read the database directly, not through the counted Store.
 	ids := func(table string) func(context.Context) iter.Seq2[string, error] {
 		raw := &Store{db: db}
 		return func(ctx context.Context) iter.Seq2[string, error] { return raw.IDs(ctx, table) }
 	}
 	s.products, err = guard.New(ctx, s.guardRDB, "product", &guard.Options{
-		ExpectedItems: 200_000, Logger: log, RebuildFrom: ids("products"),
+		ExpectedItems: 200_000, Logger: log, RebuildFrom: ids("products"), MeterProvider: s.tel.meter,
 	})
 	if err != nil {
 		return nil, err
@@ -106,7 +110,7 @@ func newShop(ctx context.Context, db *sql.DB, redisOpts *redis.Options, dbLatenc
 		return nil, err
 	}
 	s.users, err = guard.New(ctx, s.guardRDB, "user", &guard.Options{
-		ExpectedItems: 20_000, Logger: log, RebuildFrom: ids("users"),
+		ExpectedItems: 20_000, Logger: log, RebuildFrom: ids("users"), MeterProvider: s.tel.meter,
 	})
 	if err != nil {
 		return nil, err
@@ -125,8 +129,8 @@ func newShop(ctx context.Context, db *sql.DB, redisOpts *redis.Options, dbLatenc
 		label, prefix string
 		opts          *guard.Options
 	}{
-		{"local", "/local/products/", &guard.Options{ExpectedItems: 200_000, Logger: log, Local: &guard.LocalOptions{}}},
-		{"refresh", "/refresh/products/", &guard.Options{ExpectedItems: 200_000, Logger: log, TTL: time.Second, RefreshAhead: &guard.RefreshOptions{}}},
+		{"local", "/local/products/", &guard.Options{ExpectedItems: 200_000, Logger: log, MeterProvider: s.tel.meter, Local: &guard.LocalOptions{}}},
+		{"refresh", "/refresh/products/", &guard.Options{ExpectedItems: 200_000, Logger: log, MeterProvider: s.tel.meter, TTL: time.Second, RefreshAhead: &guard.RefreshOptions{}}},
 	} {
 		vr, err := newVariant(ctx, db, redisOpts, dbLatency, v.label, v.prefix, v.opts)
 		if err != nil {
@@ -134,6 +138,7 @@ func newShop(ctx context.Context, db *sql.DB, redisOpts *redis.Options, dbLatenc
 		}
 		s.variants = append(s.variants, vr)
 	}
+	s.registerMetrics()
 	return s, nil
 }
 
@@ -146,6 +151,7 @@ func (s *Shop) Close() {
 	}
 	_ = s.guardRDB.Close()
 	_ = s.naiveRDB.Close()
+	_ = s.tel.close(context.Background())
 }
 
 func (s *Shop) loadProduct(ctx context.Context, id string) (Product, error) {
@@ -186,7 +192,7 @@ func (s *Shop) Handler(echoVersion ...int) http.Handler {
 			w.Header().Set("Content-Type", "application/json")
 			_ = json.NewEncoder(w).Encode(u)
 		})))
-	mux.HandleFunc("GET /metrics", s.metrics)
+	mux.Handle("GET /metrics", s.metrics())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()

@@ -162,7 +162,8 @@ func lifecycle(t *testing.T, shop *Shop, hs *httptest.Server) {
 		t.Fatalf("malformed user id: %d", code)
 	}
 	if code, body = do(t, "GET", hs.URL+"/metrics", ""); code != 200 ||
-		!regexp.MustCompile(`cacheguard_gets_total\{guard="user",outcome="bloom_reject"\} 1\n`).MatchString(body) ||
+		!regexp.MustCompile(`cacheguard_gets_total\{guard="user",outcome="reject"\} 1\n`).MatchString(body) ||
+		!strings.Contains(body, `otel_cacheguard_load_duration_seconds_bucket{cacheguard_guard="product",cacheguard_result="ok",le=`) ||
 		!strings.Contains(body, `shop_db_queries_total{path="guard"}`) {
 		t.Fatalf("metrics: %d\n%s", code, body)
 	}

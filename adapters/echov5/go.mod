@@ -4,7 +4,12 @@ go 1.26.0
 
 require github.com/cacheguard/cacheguard v0.0.0
 
-require go.uber.org/goleak v1.3.0 // indirect
+require (
+	go.opentelemetry.io/otel v1.47.0 // indirect
+	go.opentelemetry.io/otel/metric v1.47.0 // indirect
+	go.opentelemetry.io/otel/trace v1.47.0 // indirect
+	go.uber.org/goleak v1.3.0 // indirect
+)
 
 require (
 	github.com/bits-and-blooms/bitset v1.29.0 // indirect

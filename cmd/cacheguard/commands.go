@@ -1,0 +1,345 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"iter"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/bloom"
+	"github.com/cacheguard/cacheguard/codec"
+	"github.com/cacheguard/cacheguard/guard"
+	"github.com/cacheguard/cacheguard/internal/keyspace"
+)
+
+// keys names the Guard's Redis keys, after checking -name and -prefix.
+func (c *config) keys() (keyspace.Guard, error) {
+	if !keyspace.ValidName(c.name) {
+		return keyspace.Guard{}, &usageError{fmt.Sprintf("-name %q: letters, digits, '_', '-', '.' only", c.name)}
+	}
+	if !keyspace.ValidPrefix(c.prefix) {
+		return keyspace.Guard{}, &usageError{fmt.Sprintf("-prefix %q is not a valid KeyPrefix", c.prefix)}
+	}
+	return keyspace.ForGuard(c.prefix, c.name, 4096), nil
+}
+
+// withGuard opens the Guard (see open), runs fn with it under -timeout,
+// and closes it.
+func (c *config) withGuard(ctx context.Context, rdb redis.UniversalClient, mustExist bool, fn func(ctx context.Context, g *guard.Guard) error) error {
+	g, err := c.open(ctx, rdb, mustExist)
+	if err != nil {
+		return err
+	}
+	defer g.Close()
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	return fn(ctx, g)
+}
+
+// info prints the filter as Guard.Info reads it.
+func info(ctx context.Context, c *config, rdb redis.UniversalClient, stdout io.Writer) error {
+	return c.withGuard(ctx, rdb, true, func(ctx context.Context, g *guard.Guard) error { return printInfo(ctx, c, g, stdout) })
+}
+
+func printInfo(ctx context.Context, c *config, g *guard.Guard, stdout io.Writer) error {
+	in, err := g.Info(ctx)
+	if err != nil {
+		return err
+	}
+	state := "ready"
+	switch {
+	case !in.Ready:
+		state = "not ready (never rebuilt, or lost by Redis): Gets fail open until a rebuild"
+	case in.Rebuilding:
+		state = "ready; a rebuild is under way"
+	}
+	w := bufio.NewWriter(stdout)
+	fmt.Fprintf(w, "guard          %s (prefix %s)\n", c.name, c.prefix)
+	fmt.Fprintf(w, "state          %s\n", state)
+	fmt.Fprintf(w, "generation     %d\n", in.Generation)
+	fmt.Fprintf(w, "sizing         %d expected items at a %.4g false-positive rate: %d bits, %d hashes, %d shards\n",
+		in.Config.ExpectedItems, in.Config.FalsePositiveRate, in.Config.Bits, in.Config.Hashes, in.Config.Shards)
+	fmt.Fprintf(w, "items added    %d (estimated from the bits: %.0f)\n", in.Added, in.EstimatedItems)
+	fmt.Fprintf(w, "fill           %.2f%% of the bits set\n", 100*in.FillRatio)
+	fmt.Fprintf(w, "est. FP rate   %.4g\n", in.EstimatedFPRate)
+	fmt.Fprintf(w, "memory         %s\n", bytesText(in.MemoryBytes))
+	return w.Flush()
+}
+
+// check prints what the filter says of id, and what the cache holds.
+func check(ctx context.Context, c *config, rdb redis.UniversalClient, id string, stdout io.Writer) error {
+	return c.withGuard(ctx, rdb, true, func(ctx context.Context, g *guard.Guard) error { return checkID(ctx, c, rdb, g, id, stdout) })
+}
+
+func checkID(ctx context.Context, c *config, rdb redis.UniversalClient, g *guard.Guard, id string, stdout io.Writer) error {
+	maybe, err := g.MayExist(ctx, id)
+	if errors.Is(err, guard.ErrInvalidKey) {
+		return &usageError{err.Error()}
+	}
+	if err != nil {
+		return err
+	}
+	e, err := c.entry(ctx, rdb, id)
+	if err != nil {
+		return err
+	}
+	filter := "may exist"
+	if !maybe {
+		filter = "absent"
+	}
+	fmt.Fprintf(stdout, "%s: filter says %s; cache holds %s\n", id, filter, e.describe())
+	if !maybe {
+		return &notFound{fmt.Sprintf("%s: the filter says absent", id)}
+	}
+	return nil
+}
+
+// entry is what the cache holds for an ID.
+type entry struct {
+	ID        string          `json:"id"`
+	Key       string          `json:"key"`
+	Field     string          `json:"field"`
+	Kind      string          `json:"kind"` // value, marker or none
+	TTLMillis int64           `json:"ttl_ms,omitempty"`
+	Codec     string          `json:"codec,omitempty"`
+	RefreshAt *time.Time      `json:"refresh_at,omitempty"`
+	Value     json.RawMessage `json:"value,omitempty"`
+	Note      string          `json:"note,omitempty"`
+}
+
+func (e entry) describe() string {
+	switch e.Kind {
+	case "value":
+		return fmt.Sprintf("a value (TTL %v)", time.Duration(e.TTLMillis)*time.Millisecond)
+	case "marker":
+		return fmt.Sprintf("a not-found marker (TTL %v)", time.Duration(e.TTLMillis)*time.Millisecond)
+	}
+	return "nothing"
+}
+
+// entry reads id's field of its value key and its TTL in one round trip,
+// and decodes the frame with the codec that wrote it.
+func (c *config) entry(ctx context.Context, rdb redis.UniversalClient, id string) (entry, error) {
+	ks, err := c.keys()
+	if err != nil {
+		return entry{}, err
+	}
+	vkey, err := ks.Value(id)
+	if err != nil {
+		return entry{}, &usageError{err.Error()}
+	}
+	e := entry{ID: id, Key: vkey, Field: c.version, Kind: "none"}
+	pipe := rdb.Pipeline()
+	hget := pipe.HGet(ctx, vkey, c.version)
+	pttl := pipe.PTTL(ctx, vkey)
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return entry{}, fmt.Errorf("redis: %w", err)
+	}
+	raw, err := hget.Bytes()
+	if errors.Is(err, redis.Nil) {
+		return e, nil
+	}
+	if err != nil {
+		return entry{}, fmt.Errorf("redis: %w", err)
+	}
+	if d := pttl.Val(); d > 0 {
+		e.TTLMillis = d.Milliseconds()
+	}
+	if at, ok := codec.RefreshAt(raw); ok {
+		e.RefreshAt = &at
+	}
+	for _, cd := range []struct {
+		name string
+		c    codec.Codec
+	}{{"msgpack", codec.Msgpack}, {"json", codec.JSON}} {
+		var v any
+		switch err := codec.Decode(cd.c, raw, &v); {
+		case errors.Is(err, codec.ErrEmpty):
+			e.Kind = "marker"
+			return e, nil
+		case err == nil:
+			b, err := json.Marshal(jsonable(v))
+			if err != nil {
+				return entry{}, fmt.Errorf("%s: the value does not convert to JSON: %w", id, err)
+			}
+			e.Kind, e.Codec, e.Value = "value", cd.name, b
+			return e, nil
+		}
+	}
+	e.Kind, e.Note = "value", fmt.Sprintf("written by a codec this tool does not know (%d bytes); raw bytes not shown", len(raw))
+	return e, nil
+}
+
+// jsonable turns what msgpack decodes into something encoding/json takes
+// (maps with non-string keys become maps with string keys).
+func jsonable(v any) any {
+	switch t := v.(type) {
+	case map[string]any:
+		for k, x := range t {
+			t[k] = jsonable(x)
+		}
+		return t
+	case map[any]any:
+		m := make(map[string]any, len(t))
+		for k, x := range t {
+			m[fmt.Sprint(k)] = jsonable(x)
+		}
+		return m
+	case []any:
+		for i, x := range t {
+			t[i] = jsonable(x)
+		}
+		return t
+	}
+	return v
+}
+
+// get prints id's cached entry as JSON.
+func get(ctx context.Context, c *config, rdb redis.UniversalClient, id string, stdout io.Writer) error {
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	e, err := c.entry(ctx, rdb, id)
+	if err != nil {
+		return err
+	}
+	b, _ := json.MarshalIndent(e, "", "  ")
+	fmt.Fprintf(stdout, "%s\n", b)
+	if e.Kind == "none" {
+		return &notFound{fmt.Sprintf("%s: nothing cached at %s (field %s)", id, e.Key, e.Field)}
+	}
+	return nil
+}
+
+// invalidate drops the IDs' entries through Guard.Invalidate.
+func invalidate(ctx context.Context, c *config, rdb redis.UniversalClient, ids []string, stdout io.Writer) error {
+	return c.withGuard(ctx, rdb, false, func(ctx context.Context, g *guard.Guard) error {
+		if err := g.Invalidate(ctx, ids...); err != nil {
+			if errors.Is(err, guard.ErrInvalidKey) {
+				return &usageError{err.Error()}
+			}
+			return err
+		}
+		fmt.Fprintf(stdout, "invalidated %d ID(s)\n", len(ids))
+		return nil
+	})
+}
+
+// rebuild rebuilds the filter from the IDs in args[0] (or stdin), one per
+// line; blank lines are skipped and surrounding spaces trimmed.
+func rebuild(ctx context.Context, c *config, rdb redis.UniversalClient, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	in, total := stdin, int64(-1)
+	source := "stdin"
+	if len(args) == 1 && args[0] != "-" {
+		f, err := os.Open(args[0])
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if total, err = countLines(f); err != nil {
+			return err
+		}
+		if _, err := f.Seek(0, io.SeekStart); err != nil {
+			return err
+		}
+		in, source = f, args[0]
+	}
+	opts := &bloom.RebuildOptions{ExpectedItems: c.expected, FalsePositiveRate: c.fpRate}
+	if opts.ExpectedItems == 0 && total > 0 {
+		opts.ExpectedItems = uint64(total)
+	}
+	g, err := c.open(ctx, rdb, false)
+	if err != nil {
+		return err
+	}
+	defer g.Close()
+	p := newProgress(c.progress, stderr, total)
+	opts.Progress = p.upload
+	start := time.Now()
+	n, err := g.Rebuild(ctx, p.count(lines(in)), opts)
+	p.done(err)
+	if err != nil {
+		return err
+	}
+	took := time.Since(start)
+	fmt.Fprintf(stdout, "rebuilt %s (prefix %s) from %d IDs (%s) in %v (%.0f IDs/s)\n",
+		c.name, c.prefix, n, source, took.Round(time.Millisecond), float64(n)/took.Seconds())
+	// IDs from stdin keep the current sizing unless -expected says otherwise:
+	// say so when that was too small.
+	if in, err := g.Info(ctx); err == nil && float64(n) > 1.2*float64(in.Config.ExpectedItems) {
+		fmt.Fprintf(stderr, "cacheguard: warning: the filter is sized for %d IDs and holds %d (estimated false-positive rate %.3g, target %.3g): run the rebuild again with -expected %d\n",
+			in.Config.ExpectedItems, n, in.EstimatedFPRate, in.Config.FalsePositiveRate, n)
+	}
+	return nil
+}
+
+// lines yields the non-blank lines of r, trimmed.
+func lines(r io.Reader) iter.Seq2[string, error] {
+	return func(yield func(string, error) bool) {
+		sc := bufio.NewScanner(r)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			id := strings.TrimSpace(sc.Text())
+			if id == "" {
+				continue
+			}
+			if !yield(id, nil) {
+				return
+			}
+		}
+		if err := sc.Err(); err != nil {
+			yield("", fmt.Errorf("reading IDs: %w", err))
+		}
+	}
+}
+
+// countLines counts the non-blank lines of r (for the progress total and
+// the filter's sizing).
+func countLines(r io.Reader) (int64, error) {
+	var n int64
+	br := bufio.NewReaderSize(r, 1<<20)
+	for {
+		line, err := br.ReadSlice('\n')
+		if len(bytes.TrimSpace(line)) > 0 {
+			n++
+		}
+		switch {
+		case err == nil:
+		case errors.Is(err, bufio.ErrBufferFull):
+			// a line longer than the buffer: count it once, skip its rest
+			for errors.Is(err, bufio.ErrBufferFull) {
+				_, err = br.ReadSlice('\n')
+			}
+			if err != nil && !errors.Is(err, io.EOF) {
+				return 0, err
+			}
+			if errors.Is(err, io.EOF) {
+				return n, nil
+			}
+		case errors.Is(err, io.EOF):
+			return n, nil
+		default:
+			return 0, err
+		}
+	}
+}
+
+func bytesText(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}

@@ -1,0 +1,285 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/guard"
+	"github.com/cacheguard/cacheguard/internal/redisserver"
+	"github.com/cacheguard/cacheguard/internal/testcert"
+)
+
+// The CLI runs in-process (run) against private redis-server processes on
+// TCP, each test its own, so REDIS_URL is what a user would type.
+
+func tcpServer(t *testing.T, args ...string) (*redisserver.Server, string) {
+	t.Helper()
+	port, err := redisserver.FreePort(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := redisserver.Start(context.Background(), &redisserver.Options{Port: port, Args: args})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Stop() })
+	return srv, net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+}
+
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+func cli(t *testing.T, env map[string]string, stdin string, args ...string) result {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code := run(context.Background(), args, func(k string) string { return env[k] }, strings.NewReader(stdin), &out, &errOut)
+	return result{code, out.String(), errOut.String()}
+}
+
+func (r result) want(t *testing.T, code int, what string) {
+	t.Helper()
+	if r.code != code {
+		t.Fatalf("%s: exit %d, want %d\nstdout: %s\nstderr: %s", what, r.code, code, r.stdout, r.stderr)
+	}
+}
+
+type product struct {
+	ID    string
+	Name  string
+	Price int
+	Tags  []string
+}
+
+func TestCommandsAgainstRedis(t *testing.T) {
+	srv, addr := tcpServer(t)
+	env := map[string]string{"REDIS_URL": "redis://" + addr + "/0"}
+	ctx := context.Background()
+
+	cli(t, env, "", "info", "-name", "product").want(t, exitNotFound, "info before any rebuild")
+
+	// Rebuild from a file of 1,000 IDs (blank lines and spaces ignored).
+	var ids strings.Builder
+	for i := 1; i <= 1000; i++ {
+		fmt.Fprintf(&ids, " p%d \n", i)
+		if i%100 == 0 {
+			ids.WriteString("\n")
+		}
+	}
+	file := filepath.Join(t.TempDir(), "ids.txt")
+	if err := os.WriteFile(file, []byte(ids.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := cli(t, env, "", "-name", "product", "rebuild", file)
+	r.want(t, exitOK, "rebuild")
+	if !strings.Contains(r.stdout, "from 1000 IDs") {
+		t.Fatalf("rebuild summary: %s", r.stdout)
+	}
+	// Not a terminal: progress as lines, one per tenth, and the upload.
+	if n := strings.Count(r.stderr, "rebuild: read "); n != 10 || !strings.Contains(r.stderr, "1,000 of 1,000 IDs (100%)") ||
+		!strings.Contains(r.stderr, "rebuild: uploaded") || strings.Contains(r.stderr, "\r") {
+		t.Fatalf("progress lines (%d):\n%s", n, r.stderr)
+	}
+
+	r = cli(t, env, "", "info", "-name", "product")
+	r.want(t, exitOK, "info")
+	for _, want := range []string{"state          ready", "items added    1000", "sizing         1000 expected items"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Fatalf("info lacks %q:\n%s", want, r.stdout)
+		}
+	}
+
+	// The application's Guard caches a value and a marker.
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	g, err := guard.New(ctx, rdb, "product", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	load := func(ctx context.Context, id string) (product, error) {
+		if id == "p2" {
+			return product{}, guard.ErrNotFound
+		}
+		return product{ID: id, Name: "Desk lamp", Price: 1999, Tags: []string{"home"}}, nil
+	}
+	for _, id := range []string{"p1", "p2"} {
+		_, _ = guard.Get(ctx, g, id, load)
+	}
+
+	r = cli(t, env, "", "-name", "product", "get", "p1")
+	r.want(t, exitOK, "get a value")
+	var e entry
+	if err := json.Unmarshal([]byte(r.stdout), &e); err != nil {
+		t.Fatalf("get output is not JSON: %v\n%s", err, r.stdout)
+	}
+	var v product
+	if err := json.Unmarshal(e.Value, &v); err != nil || e.Kind != "value" || e.Codec != "msgpack" || e.TTLMillis <= 0 ||
+		v.Name != "Desk lamp" || v.Price != 1999 || len(v.Tags) != 1 {
+		t.Fatalf("get p1: %+v %+v %v", e, v, err)
+	}
+	r = cli(t, env, "", "-name", "product", "get", "p2")
+	r.want(t, exitOK, "get a marker")
+	if !strings.Contains(r.stdout, `"kind": "marker"`) {
+		t.Fatalf("get p2: %s", r.stdout)
+	}
+	cli(t, env, "", "-name", "product", "get", "p3").want(t, exitNotFound, "get an ID with nothing cached")
+
+	r = cli(t, env, "", "-name", "product", "check", "p1")
+	r.want(t, exitOK, "check a known ID")
+	if !strings.Contains(r.stdout, "filter says may exist; cache holds a value") {
+		t.Fatalf("check p1: %s", r.stdout)
+	}
+	r = cli(t, env, "", "-name", "product", "check", "nope")
+	r.want(t, exitNotFound, "check an unknown ID")
+	if !strings.Contains(r.stdout, "filter says absent") {
+		t.Fatalf("check nope: %s", r.stdout)
+	}
+
+	r = cli(t, env, "", "-name", "product", "invalidate", "p1", "p2")
+	r.want(t, exitOK, "invalidate")
+	cli(t, env, "", "-name", "product", "get", "p1").want(t, exitNotFound, "get after invalidate")
+	if loads := 0; true { // the application reloads p1 at its next Get
+		_, err := guard.Get(ctx, g, "p1", func(ctx context.Context, id string) (product, error) {
+			loads++
+			return load(ctx, id)
+		})
+		if err != nil || loads != 1 {
+			t.Fatalf("Get after the CLI's invalidate: loads %d, %v", loads, err)
+		}
+	}
+
+	// IDs from stdin: no total, so lines every 100,000 IDs and no ETA.
+	var many strings.Builder
+	for i := range 250_000 {
+		fmt.Fprintf(&many, "q%d\n", i)
+	}
+	r = cli(t, env, many.String(), "-name", "product", "rebuild")
+	r.want(t, exitOK, "rebuild from stdin, sized for 1,000 IDs")
+	if !strings.Contains(r.stderr, "warning: the filter is sized for 1000 IDs and holds 250000") {
+		t.Fatalf("no warning for an undersized filter:\n%s", r.stderr)
+	}
+	r = cli(t, env, many.String(), "-name", "product", "-expected", "250000", "rebuild")
+	r.want(t, exitOK, "rebuild from stdin")
+	if n := strings.Count(r.stderr, "rebuild: read "); n != 2 || strings.Contains(r.stderr, "ETA") || !strings.Contains(r.stdout, "from 250000 IDs (stdin)") {
+		t.Fatalf("stdin progress (%d lines):\n%s\n%s", n, r.stderr, r.stdout)
+	}
+	cli(t, env, "", "-name", "product", "check", "q7").want(t, exitOK, "an ID of the stdin rebuild")
+	cli(t, env, "", "-name", "product", "check", "p7").want(t, exitNotFound, "an ID the stdin rebuild did not have")
+
+	// Redis gone: a failure, not "not found".
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	for _, cmd := range [][]string{{"info"}, {"check", "p1"}, {"get", "p1"}, {"invalidate", "p1"}} {
+		args := append([]string{"-name", "product", "-timeout", "500ms"}, cmd...)
+		cli(t, env, "", args...).want(t, exitFailed, strings.Join(cmd, " ")+" with Redis down")
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	_, addr := tcpServer(t)
+	env := map[string]string{"REDIS_URL": "redis://" + addr}
+	for _, c := range []struct {
+		args []string
+		want int
+	}{
+		{nil, exitUsage},
+		{[]string{"frobnicate", "-name", "x"}, exitUsage},
+		{[]string{"info"}, exitUsage},                              // no -name
+		{[]string{"-name", "x", "check"}, exitUsage},               // no ID
+		{[]string{"-name", "x", "check", "a", "b"}, exitUsage},     // two IDs
+		{[]string{"-name", "x", "invalidate"}, exitUsage},          // no ID
+		{[]string{"-name", "x", "rebuild", "a", "b"}, exitUsage},   // two files
+		{[]string{"-name", "bad name", "get", "1"}, exitUsage},     // not a Guard name
+		{[]string{"-name", "x", "get", "a\x01b"}, exitUsage},       // not an ID
+		{[]string{"-name", "x", "-nosuchflag", "info"}, exitUsage}, // unknown flag
+		{[]string{"-name", "x", "rebuild", "/no/such/file"}, exitFailed},
+		{[]string{"-h"}, exitOK},
+	} {
+		r := cli(t, env, "", c.args...)
+		if r.code != c.want {
+			t.Errorf("%q: exit %d, want %d (stderr %q)", c.args, r.code, c.want, r.stderr)
+		}
+		if c.want == exitUsage && !strings.Contains(r.stderr, "cacheguard") && !strings.Contains(r.stderr, "usage") {
+			t.Errorf("%q: no message on stderr", c.args)
+		}
+	}
+	bad := map[string]string{"REDIS_URL": "http://nope"}
+	cli(t, bad, "", "-name", "x", "info").want(t, exitUsage, "a REDIS_URL that is not redis://")
+	down := map[string]string{"REDIS_URL": "redis://127.0.0.1:1"}
+	cli(t, down, "", "-name", "x", "-timeout", "300ms", "info").want(t, exitFailed, "nothing listening")
+}
+
+// TestACLUser: a least-privilege user from REDIS_URL (and from -user with
+// REDIS_PASSWORD); a wrong password fails.
+func TestACLUser(t *testing.T) {
+	_, addr := tcpServer(t)
+	ctx := context.Background()
+	admin := redis.NewClient(&redis.Options{Addr: addr})
+	defer admin.Close()
+	// The README's least-privilege list, on the Guard's prefix.
+	if err := admin.Do(ctx, "ACL", "SETUSER", "ops", "on", ">s3cret", "resetkeys", "~cg:*", "resetchannels", "&cg:*", "-@all",
+		"+get", "+set", "+del", "+unlink", "+exists", "+pexpire", "+pttl", "+time", "+publish", "+subscribe", "+eval", "+evalsha",
+		"+getrange", "+setrange", "+bitfield", "+bitop", "+hget", "+hset", "+hdel", "+hexists", "+hgetall", "+hincrby",
+		"+bitcount", "+getbit", "+memory|usage").Err(); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"REDIS_URL": "redis://ops:s3cret@" + addr}
+	cli(t, env, "p1\np2\n", "-name", "product", "rebuild").want(t, exitOK, "rebuild as the ACL user")
+	cli(t, env, "", "-name", "product", "check", "p1").want(t, exitOK, "check as the ACL user")
+	env2 := map[string]string{"REDIS_URL": "redis://" + addr, "REDIS_PASSWORD": "s3cret"}
+	cli(t, env2, "", "-name", "product", "-user", "ops", "info").want(t, exitOK, "-user with REDIS_PASSWORD")
+	wrong := map[string]string{"REDIS_URL": "redis://ops:wrong@" + addr}
+	cli(t, wrong, "", "-name", "product", "info").want(t, exitFailed, "a wrong password")
+	other := map[string]string{"REDIS_URL": "redis://ops:s3cret@" + addr}
+	cli(t, other, "", "-name", "product", "-prefix", "other", "info").want(t, exitFailed, "a prefix outside the user's keys")
+}
+
+// TestTLS: rediss:// to a TLS-only redis-server, trusting the test's CA
+// with -tls-ca; without it the server's certificate is refused.
+func TestTLS(t *testing.T) {
+	dir := t.TempDir()
+	testcert.Write(t, dir)
+	port, err := redisserver.FreePort(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := redisserver.Start(context.Background(), &redisserver.Options{Args: []string{
+		"--tls-port", strconv.Itoa(port),
+		"--tls-cert-file", filepath.Join(dir, "server.crt"), "--tls-key-file", filepath.Join(dir, "server.key"),
+		"--tls-ca-cert-file", filepath.Join(dir, "ca.crt"), "--tls-auth-clients", "no",
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop()
+	env := map[string]string{"REDIS_URL": "rediss://localhost:" + strconv.Itoa(port)}
+	ca := filepath.Join(dir, "ca.crt")
+	cli(t, env, "p1\n", "-name", "product", "-tls-ca", ca, "rebuild").want(t, exitOK, "rebuild over TLS")
+	r := cli(t, env, "", "-name", "product", "-tls-ca", ca, "check", "p1")
+	r.want(t, exitOK, "check over TLS")
+	cli(t, env, "", "-name", "product", "-timeout", time.Second.String(), "info").want(t, exitFailed, "TLS without the CA")
+	plain := map[string]string{"REDIS_URL": "redis://localhost:" + strconv.Itoa(port)}
+	cli(t, plain, "", "-name", "product", "-timeout", time.Second.String(), "info").want(t, exitFailed, "plain text to a TLS port")
+}
+
+func TestThousands(t *testing.T) {
+	for n, want := range map[int64]string{0: "0", 999: "999", 1000: "1,000", 1234567: "1,234,567", -5: "-5"} {
+		if got := thousands(n); got != want {
+			t.Errorf("thousands(%d) = %q, want %q", n, got, want)
+		}
+	}
+}

@@ -24,6 +24,9 @@ type attackOptions struct {
 	HotProduct string
 	Products   int // IDs 1..Products exist (Zipf draws from them)
 	Progress   io.Writer
+	// OnPhase, if set, is told "<scenario> <path>" as each run starts, and
+	// "" when the attack ends (the dashboard labels its charts with it).
+	OnPhase func(string)
 }
 
 // result is one row of the table.
@@ -130,6 +133,9 @@ func attack(ctx context.Context, base string, o attackOptions) ([]result, error)
 		}, []string{"naive", "guard", "local", "refresh"}},
 	}
 	var out []result
+	if o.OnPhase != nil {
+		defer o.OnPhase("")
+	}
 	for _, sc := range scenarios {
 		ps := sc.paths
 		if ps == nil {
@@ -141,6 +147,9 @@ func attack(ctx context.Context, base string, o attackOptions) ([]result, error)
 				return nil, err
 			}
 			rec := &recorder{}
+			if o.OnPhase != nil {
+				o.OnPhase(sc.name + " " + path)
+			}
 			rctx, cancel := context.WithTimeout(ctx, o.Duration)
 			stopProgress := progress(o.Progress, sc.name, path, rec)
 			rounds := sc.run(rctx, paths[path], rec)

@@ -136,7 +136,7 @@ func runServe(ctx context.Context, demo bool, args []string, stdout, stderr io.W
 
 	if demo {
 		fmt.Fprintf(stdout, "attacking %s: each scenario for %v on the naive path, then on the guarded path (DB latency %v)\n", url, *duration, *dbLatency)
-		rows, err := attack(ctx, url, attackOptions{Duration: *duration, Workers: 32, Burst: 100, HotProduct: "1", Products: 100_000, Progress: stderr})
+		rows, err := attack(ctx, url, attackOptions{Duration: *duration, Workers: 32, Burst: 100, HotProduct: "1", Products: 100_000, Progress: stderr, OnPhase: shop.live.setPhase})
 		if err != nil {
 			return err
 		}

@@ -31,6 +31,7 @@ type Shop struct {
 	guardCmds, naiveCmd *cmdcount.Counter
 	log                 *slog.Logger
 	tel                 *telemetry // /metrics: the registry, and the Guards' OpenTelemetry meter provider
+	live                *live      // /dashboard: the sampler behind the live charts
 	// variants are more guarded read paths over the products table, each
 	// with options of its own, for the demo's Zipf rows.
 	variants []*variant
@@ -139,10 +140,26 @@ func newShop(ctx context.Context, db *sql.DB, redisOpts *redis.Options, dbLatenc
 		s.variants = append(s.variants, vr)
 	}
 	s.registerMetrics()
+	s.live = newLive(s.counts)
 	return s, nil
 }
 
+// counts reads the counters the dashboard charts.
+func (s *Shop) counts() counts {
+	c := counts{
+		db:    map[string]int64{"guard": s.store.queries.Load(), "naive": s.naiveStore.queries.Load()},
+		redis: map[string]int64{"guard": s.guardCmds.Commands(), "naive": s.naiveCmd.Commands()},
+	}
+	for _, v := range s.variants {
+		c.db[v.label], c.redis[v.label] = v.store.queries.Load(), v.cmds.Commands()
+	}
+	st := s.products.Stats()
+	c.rejects, c.markers = st.BloomRejects, st.EmptyHits
+	return c
+}
+
 func (s *Shop) Close() {
+	s.live.close()
 	_ = s.products.Close()
 	_ = s.users.Close()
 	for _, v := range s.variants {
@@ -206,7 +223,13 @@ func (s *Shop) Handler(echoVersion ...int) http.Handler {
 		}
 		_, _ = w.Write([]byte("ok\n"))
 	})
-	mux.Handle("/", products)
+	mux.Handle("/dashboard", s.live.handler())
+	mux.Handle("/dashboard/", s.live.handler())
+	timedPaths := map[string]string{"/naive/products/": "naive", "/products/": "guard"}
+	for _, v := range s.variants {
+		timedPaths[v.prefix] = v.label
+	}
+	mux.Handle("/", s.live.timed(products, timedPaths))
 	return mux
 }
 

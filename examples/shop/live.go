@@ -1,0 +1,171 @@
+package main
+
+import (
+	"embed"
+	"encoding/json"
+	"io/fs"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// The live dashboard (/dashboard): a sampler turns the shop's counters into
+// points every sampleEvery (DB queries/s, Redis commands/s and p99 latency
+// for each read path, the product Guard's rejects and markers per second),
+// and the page, served from assets embedded in the binary (no CDN), polls
+// /dashboard/points and draws them.
+
+//go:embed dashboard
+var dashboardFiles embed.FS
+
+const (
+	sampleEvery = 500 * time.Millisecond
+	keepPoints  = 1200 // ten minutes
+)
+
+// point is one sample: rates over the interval before T.
+type point struct {
+	Seq     int64                `json:"seq"`
+	T       int64                `json:"t"` // unix milliseconds
+	Phase   string               `json:"phase,omitempty"`
+	Paths   map[string]pathPoint `json:"paths"`
+	Rejects float64              `json:"rejects"` // product Guard, per second
+	Markers float64              `json:"markers"` // product Guard, per second
+}
+
+type pathPoint struct {
+	DBPerSec    float64 `json:"db"`
+	RedisPerSec float64 `json:"redis"`
+	ReqPerSec   float64 `json:"req"`
+	P99Ms       float64 `json:"p99"`
+}
+
+// live owns the sampler's state. Its goroutine is started by newLive and
+// ends when stop is called (Shop.Close).
+type live struct {
+	mu     sync.Mutex // guards lat, phase, points, seq
+	lat    map[string][]time.Duration
+	phase  string
+	points []point
+	seq    int64
+
+	stopOnce sync.Once
+	stop     chan struct{}
+	stopped  chan struct{}
+}
+
+// counts is what the sampler reads from the shop at each tick.
+type counts struct {
+	db, redis        map[string]int64
+	rejects, markers uint64
+}
+
+func newLive(read func() counts) *live {
+	l := &live{lat: map[string][]time.Duration{}, stop: make(chan struct{}), stopped: make(chan struct{})}
+	go l.run(read)
+	return l
+}
+
+func (l *live) run(read func() counts) {
+	defer close(l.stopped)
+	t := time.NewTicker(sampleEvery)
+	defer t.Stop()
+	prev, prevT := read(), time.Now()
+	for {
+		select {
+		case <-l.stop:
+			return
+		case now := <-t.C:
+			cur := read()
+			l.sample(prev, cur, now.Sub(prevT).Seconds(), now)
+			prev, prevT = cur, now
+		}
+	}
+}
+
+func (l *live) sample(prev, cur counts, secs float64, now time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.seq++
+	p := point{Seq: l.seq, T: now.UnixMilli(), Phase: l.phase, Paths: map[string]pathPoint{},
+		Rejects: float64(cur.rejects-prev.rejects) / secs, Markers: float64(cur.markers-prev.markers) / secs}
+	for path := range cur.db {
+		lat := l.lat[path]
+		pp := pathPoint{DBPerSec: float64(cur.db[path]-prev.db[path]) / secs,
+			RedisPerSec: float64(cur.redis[path]-prev.redis[path]) / secs, ReqPerSec: float64(len(lat)) / secs}
+		if len(lat) > 0 {
+			slices.Sort(lat)
+			pp.P99Ms = float64(lat[min(len(lat)-1, len(lat)*99/100)].Microseconds()) / 1000
+		}
+		p.Paths[path] = pp
+		l.lat[path] = lat[:0]
+	}
+	l.points = append(l.points, p)
+	if len(l.points) > keepPoints {
+		l.points = slices.Delete(l.points, 0, len(l.points)-keepPoints)
+	}
+}
+
+func (l *live) close() {
+	l.stopOnce.Do(func() { close(l.stop) })
+	<-l.stopped
+}
+
+// setPhase names what the demo is doing (shown on the charts).
+func (l *live) setPhase(s string) {
+	l.mu.Lock()
+	l.phase = s
+	l.mu.Unlock()
+}
+
+// observe records one request's latency on path.
+func (l *live) observe(path string, d time.Duration) {
+	l.mu.Lock()
+	if len(l.lat[path]) < 200_000 { // bounded between samples
+		l.lat[path] = append(l.lat[path], d)
+	}
+	l.mu.Unlock()
+}
+
+// timed wraps h: GETs of the read paths are timed for the p99 charts.
+func (l *live) timed(h http.Handler, prefixes map[string]string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet {
+			h.ServeHTTP(w, r)
+			return
+		}
+		for prefix, path := range prefixes {
+			if strings.HasPrefix(r.URL.Path, prefix) {
+				start := time.Now()
+				h.ServeHTTP(w, r)
+				l.observe(path, time.Since(start))
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// handler serves the page and its points (GET /dashboard/points?after=seq).
+func (l *live) handler() http.Handler {
+	static, _ := fs.Sub(dashboardFiles, "dashboard")
+	mux := http.NewServeMux()
+	mux.Handle("GET /dashboard/", http.StripPrefix("/dashboard/", http.FileServerFS(static)))
+	mux.HandleFunc("GET /dashboard", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/dashboard/", http.StatusFound)
+	})
+	mux.HandleFunc("GET /dashboard/points", func(w http.ResponseWriter, r *http.Request) {
+		after, _ := strconv.ParseInt(r.URL.Query().Get("after"), 10, 64)
+		l.mu.Lock()
+		i, _ := slices.BinarySearchFunc(l.points, after+1, func(p point, seq int64) int { return int(p.Seq - seq) })
+		out := slices.Clone(l.points[i:])
+		l.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		_ = json.NewEncoder(w).Encode(out)
+	})
+	return mux
+}

@@ -13,10 +13,15 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: test demo quickstart bench deps fmt-check vet fuzz
+.PHONY: test demo quickstart bench deps deps-demo fmt-check vet fuzz
 
+# What each target needs, and nothing more: the demo, quickstart and bench
+# need redis-server; make test also PostgreSQL and chromium.
 deps:
-	@./scripts/ensure-deps.sh
+	@./scripts/ensure-deps.sh test
+
+deps-demo:
+	@./scripts/ensure-deps.sh demo
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -43,15 +48,20 @@ test: deps fmt-check vet
 
 DEMO_ARGS ?=
 
-demo: deps
-	cd examples/shop && $(GO) run . demo $(DEMO_ARGS)
+# Built first, with a word before the go command's own download lines, so a
+# first run does not look hung.
+demo: deps-demo
+	@echo "demo: building the shop (a first run downloads its Go modules: a minute or two)"
+	@mkdir -p bin && cd examples/shop && $(GO) build -o ../../bin/shop .
+	./bin/shop demo -chart docs/demo.png $(DEMO_ARGS)
 
-quickstart: deps
+quickstart: deps-demo
+	@echo "quickstart: building (a first run downloads Go modules)"
 	$(GO) run ./examples/quickstart
 
 # The side-by-side run against the peers (benchmarks/, its own module), then
 # the library's own go test benchmarks (one iteration of the 10M-ID rebuild).
-bench: deps
+bench: deps-demo
 	cd benchmarks && $(GO) run . -json results/latest.json
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 1s $(PKGS)
 

@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -232,19 +233,34 @@ func progress(w io.Writer, scenario, path string, rec *recorder) (stop func()) {
 	if w == nil || w == io.Discard {
 		return func() {}
 	}
+	// On a terminal the line is redrawn in place; elsewhere (logs, CI) each
+	// update is a line of its own, once a second.
+	tty := false
+	if f, ok := w.(*os.File); ok {
+		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+			tty = true
+		}
+	}
+	every, line := time.Second, "  %-12s %-7s %8d requests\n"
+	if tty {
+		every, line = 250*time.Millisecond, "\r  %-12s %-7s %8d requests"
+	}
 	done := make(chan struct{})
 	finished := make(chan struct{})
 	go func() { // owned by the caller of progress; ends when stop is called
 		defer close(finished)
-		t := time.NewTicker(250 * time.Millisecond)
+		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
-			fmt.Fprintf(w, "\r  %-12s %-6s %8d requests", scenario, path, rec.n.Load())
 			select {
 			case <-done:
-				fmt.Fprintf(w, "\r  %-12s %-6s %8d requests, done\n", scenario, path, rec.n.Load())
+				if tty {
+					fmt.Fprint(w, "\r")
+				}
+				fmt.Fprintf(w, "  %-12s %-7s %8d requests, done\n", scenario, path, rec.n.Load())
 				return
 			case <-t.C:
+				fmt.Fprintf(w, line, scenario, path, rec.n.Load())
 			}
 		}
 	}()

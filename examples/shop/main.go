@@ -1,11 +1,11 @@
 // Command shop is a small but real shop service that reads through
 // cacheguard, and a load generator that shows what the guard saves.
 //
-//	shop demo   [-exit] [-duration 3s]   seed, serve, attack both paths, print the table, keep serving
+//	shop demo   [-exit] [-duration 3s] [-chart demo.png]   seed, serve, attack both paths, print the table, keep serving
 //	shop serve  [-addr 127.0.0.1:8080]   just the service
 //	shop attack -url http://127.0.0.1:8080 [-duration 3s]
 //
-// Data lives in SQLite (a file; -db) unless DATABASE_URL names a PostgreSQL
+// Data lives in SQLite (a temporary file removed on exit, or -db) unless DATABASE_URL names a PostgreSQL
 // database. Redis is REDIS_URL, or else a redis-server the command starts on
 // a free local port and stops on exit. Routes:
 //
@@ -18,7 +18,8 @@
 //	GET    /local/products/:id  the same read with the in-process cache (Options.Local)
 //	GET    /refresh/products/:id  the same read with refresh-ahead (TTL 1 s)
 //	GET    /naive/products/:id  the baseline: plain cache-aside (GET; on a miss query and SET)
-//	GET    /metrics             Prometheus text: DB queries, Redis commands, guard stats
+//	GET    /metrics             Prometheus: the guards' collector, OTel histograms, DB queries, Redis commands
+//	GET    /dashboard           live charts of both paths (assets embedded in the binary)
 //	GET    /healthz
 package main
 
@@ -68,9 +69,10 @@ func main() {
 func runServe(ctx context.Context, demo bool, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("shop", flag.ContinueOnError)
 	addr := fs.String("addr", "127.0.0.1:0", "listen address")
-	dbPath := fs.String("db", filepath.Join(os.TempDir(), "cacheguard-shop.db"), "SQLite file (when DATABASE_URL is not set)")
+	dbPath := fs.String("db", "", "SQLite file to keep (when DATABASE_URL is not set); default: a temporary one, removed on exit")
 	dbLatency := fs.Duration("db-latency", 2*time.Millisecond, "added to every query, as a networked database's round trip would be")
 	exit := fs.Bool("exit", false, "demo: exit after printing the table")
+	chart := fs.String("chart", "", "demo: also draw the table as a chart into this file (.png, .svg or .pdf)")
 	duration := fs.Duration("duration", 3*time.Second, "demo: length of each scenario on each path")
 	echoVersion := fs.Int("echo", 5, "Echo major version serving /products (5, or 4 for the v4 adapter)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the process to this file (see go tool pprof)")
@@ -99,9 +101,18 @@ func runServe(ctx context.Context, demo bool, args []string, stdout, stderr io.W
 	defer stopRedis()
 
 	dsn := *dbPath
-	if u := os.Getenv("DATABASE_URL"); u != "" {
-		dsn = u
+	switch {
+	case os.Getenv("DATABASE_URL") != "":
+		dsn = os.Getenv("DATABASE_URL")
+	case dsn == "": // a temporary SQLite file, removed on exit
+		dir, err := os.MkdirTemp("", "cacheguard-shop-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		dsn = filepath.Join(dir, "shop.db")
 	}
+	fmt.Fprintf(stdout, "preparing the database (%s): 100,000 products, 10,000 users\n", redact(dsn))
 	db, err := openStore(ctx, dsn)
 	if err != nil {
 		return fmt.Errorf("database: %w", err)
@@ -111,7 +122,7 @@ func runServe(ctx context.Context, demo bool, args []string, stdout, stderr io.W
 	if err := seed(ctx, db, 100_000, 10_000); err != nil {
 		return fmt.Errorf("seed: %w", err)
 	}
-	fmt.Fprintf(stdout, "database ready (%s), seeded in %v\n", redact(dsn), time.Since(start).Round(time.Millisecond))
+	fmt.Fprintf(stdout, "database ready in %v; opening the Guards and building their bloom filters\n", time.Since(start).Round(time.Millisecond))
 
 	shop, err := newShop(ctx, db, redisOpts, *dbLatency, log)
 	if err != nil {
@@ -135,8 +146,10 @@ func runServe(ctx context.Context, demo bool, args []string, stdout, stderr io.W
 	url := "http://" + ln.Addr().String()
 
 	if demo {
+		fmt.Fprintf(stdout, "watch it live: %s/dashboard\n", url)
 		fmt.Fprintf(stdout, "attacking %s: each scenario for %v on the naive path, then on the guarded path (DB latency %v)\n", url, *duration, *dbLatency)
-		rows, err := attack(ctx, url, attackOptions{Duration: *duration, Workers: 32, Burst: 100, HotProduct: "1", Products: 100_000, Progress: stderr, OnPhase: shop.live.setPhase})
+		rows, err := attack(ctx, url, attackOptions{Duration: *duration, Workers: 32, Burst: 100, HotProduct: "1", Products: 100_000,
+			Progress: stderr, OnPhase: shop.live.setPhase})
 		if err != nil {
 			return err
 		}
@@ -144,11 +157,18 @@ func runServe(ctx context.Context, demo bool, args []string, stdout, stderr io.W
 		fmt.Fprint(stdout, table(rows))
 		fmt.Fprintln(stdout)
 		fmt.Fprint(stdout, summary(rows))
+		if *chart != "" {
+			caption := fmt.Sprintf("make demo, %s, %d s per scenario and path", time.Now().UTC().Format("2006-01-02"), int(duration.Seconds()))
+			if err := writeChart(rows, *chart, caption); err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "chart: %s\n", *chart)
+		}
 		if *exit {
 			return nil
 		}
 	}
-	fmt.Fprintf(stdout, "\nshop listening on %s  (try %s/products/42, %s/users/7, %s/metrics; Ctrl-C stops)\n", url, url, url, url)
+	fmt.Fprintf(stdout, "\nshop listening on %s  (try %s/dashboard, %s/products/42, %s/users/7, %s/metrics; Ctrl-C stops)\n", url, url, url, url, url)
 	select {
 	case <-ctx.Done():
 		return nil
@@ -207,11 +227,12 @@ func redisFromEnv(ctx context.Context, stdout io.Writer) (*redis.Options, func()
 	if err != nil {
 		return nil, nil, err
 	}
+	fmt.Fprintln(stdout, "starting a private redis-server (REDIS_URL unset)")
 	srv, err := redisserver.Start(ctx, &redisserver.Options{Port: port})
 	if err != nil {
 		return nil, nil, err
 	}
-	fmt.Fprintf(stdout, "started redis-server (pid %d) on %s\n", srv.PID(), srv.Addr)
+	fmt.Fprintf(stdout, "redis-server running (pid %d) on %s\n", srv.PID(), srv.Addr)
 	return srv.Options(), func() { _ = srv.Stop() }, nil
 }
 

@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"image"
+	_ "image/png"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -178,11 +181,25 @@ func TestDemoTable(t *testing.T) {
 	t.Setenv("REDIS_URL", "")
 	t.Setenv("DATABASE_URL", "")
 	var out bytes.Buffer
-	err := runServe(context.Background(), true, []string{"-exit", "-duration", "700ms", "-db", filepath.Join(t.TempDir(), "demo.db")}, &out, io.Discard)
+	dir, tmp := t.TempDir(), t.TempDir()
+	t.Setenv("TMPDIR", tmp) // where the demo's temporary SQLite file goes
+	chart := filepath.Join(dir, "demo.png")
+	err := runServe(context.Background(), true, []string{"-exit", "-duration", "700ms", "-chart", chart}, &out, io.Discard)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
+	if left, _ := os.ReadDir(tmp); len(left) != 0 {
+		t.Fatalf("the demo left files behind in TMPDIR: %v", left)
+	}
 	t.Log("\n" + out.String())
+	f, err := os.Open(chart)
+	if err != nil {
+		t.Fatalf("the chart was not written: %v", err)
+	}
+	defer f.Close()
+	if img, format, err := image.DecodeConfig(f); err != nil || format != "png" || img.Width < 400 || img.Height < 200 {
+		t.Fatalf("chart: %v %q %+v", err, format, img)
+	}
 	rows := map[string][]int64{}
 	re := regexp.MustCompile(`\| (\w+)(?: \((\d+) invalidations\))? \| (\w+) \| (\d+) \| (\d+) \| (\d+) \|`)
 	for _, m := range re.FindAllStringSubmatch(out.String(), -1) {

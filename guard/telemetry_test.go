@@ -3,6 +3,7 @@ package guard_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -37,10 +38,13 @@ func newOtelRig(t *testing.T) *otelRig {
 	return r
 }
 
+// collect reads the metrics. A failed collection fails the test unless
+// the filter gauges could not read Redis (down on purpose): the rest is
+// still collected then.
 func (r *otelRig) collect(t *testing.T) map[string]metricdata.Metrics {
 	t.Helper()
 	var rm metricdata.ResourceMetrics
-	if err := r.reader.Collect(context.Background(), &rm); err != nil {
+	if err := r.reader.Collect(context.Background(), &rm); err != nil && !errors.Is(err, guard.ErrUnavailable) {
 		t.Fatal(err)
 	}
 	out := map[string]metricdata.Metrics{}
@@ -251,5 +255,102 @@ func TestOpenTelemetryOffRecordsNothing(t *testing.T) {
 	}
 	if a := rig.spans.Ended()[0].Attributes(); len(a) != 0 {
 		t.Fatalf("the application's span got attributes: %v", a)
+	}
+}
+
+// TestOpenTelemetryOtherOutcomes: a local hit, callers that shared a
+// flight, and a load-through while Redis is down, each on its span and the
+// counter.
+func TestOpenTelemetryOtherOutcomes(t *testing.T) {
+	ctx := context.Background()
+	srv, rdb := redistest.Private(t)
+	rig := newOtelRig(t)
+	g, err := guard.New(ctx, rdb, "product", &guard.Options{ExpectedItems: 1000, Local: &guard.LocalOptions{TTL: time.Minute},
+		TracerProvider: rig.tp, MeterProvider: rig.mp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if _, err := g.Rebuild(ctx, ids("p", 10), nil); err != nil {
+		t.Fatal(err)
+	}
+	d := newDB(10)
+	if _, err := guard.Get(ctx, g, "p1", d.load); err != nil { // miss
+		t.Fatal(err)
+	}
+	if _, err := guard.Get(ctx, g, "p1", d.load); err != nil { // from process memory
+		t.Fatal(err)
+	}
+	// Eight callers of p2 at once while its load is held: those that
+	// started before the flight share it (coalesced); any that started
+	// after it run the next flight (see join), so the split is counted, not
+	// assumed: every Get is a miss (it ran a load) or coalesced.
+	release := make(chan struct{})
+	slow := func(ctx context.Context, id string) (product, error) {
+		<-release
+		return d.load(ctx, id)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	start := make(chan struct{})
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			_, err := guard.Get(ctx, g, "p2", slow)
+			errs <- err
+		}()
+	}
+	close(start)
+	time.Sleep(50 * time.Millisecond) // let them reach the flight (a late one only runs a later flight)
+	close(release)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	loadsP2 := int(d.calls.Load()) - 1 // p1 loaded once before
+	if loadsP2 < 1 || loadsP2 > 7 {
+		t.Fatalf("%d loads for 8 concurrent callers of p2: no flight was shared", loadsP2)
+	}
+	// Redis down: p3 is loaded through.
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := guard.Get(ctx, g, "p3", d.load); err != nil {
+		t.Fatal(err)
+	}
+
+	outcomes := map[string]int{}
+	for _, s := range rig.spans.Ended() {
+		if s.Name() == "cacheguard.Get" {
+			outcomes[attr(attribute.NewSet(s.Attributes()...), "cacheguard.outcome")]++
+		}
+	}
+	// p2's eight: loadsP2 misses, the rest coalesced, or hits for a later
+	// flight whose re-check found what the first one wrote.
+	hitsP2 := 8 - loadsP2 - outcomes[guard.OutcomeCoalesced]
+	if outcomes[guard.OutcomeCoalesced] < 1 || outcomes[guard.OutcomeHit] != hitsP2 {
+		t.Errorf("p2: %d loads, outcomes %v: the eight Gets are not all accounted for", loadsP2, outcomes)
+	}
+	want := map[string]int{guard.OutcomeMiss: 1 + loadsP2, guard.OutcomeLocalHit: 1, guard.OutcomeCoalesced: outcomes[guard.OutcomeCoalesced],
+		guard.OutcomeHit: hitsP2, guard.OutcomeLoadThrough: 1}
+	for k, v := range want {
+		if outcomes[k] != v {
+			t.Errorf("spans with outcome %s: %d, want %d (all: %v)", k, outcomes[k], v, outcomes)
+		}
+	}
+	sum := rig.collect(t)["cacheguard.gets"].Data.(metricdata.Sum[int64])
+	got := map[string]int64{}
+	for _, p := range sum.DataPoints {
+		got[attr(p.Attributes, "cacheguard.outcome")] += p.Value
+	}
+	for k, v := range want {
+		if got[k] != int64(v) {
+			t.Errorf("cacheguard.gets{outcome=%s} = %d, want %d (all: %v)", k, got[k], v, got)
+		}
 	}
 }

@@ -59,7 +59,7 @@ type setup struct {
 }
 
 var contenderNames = []string{"raw", "go-zero", "go-zero+bloom", "go-redis/cache", "go-redis/cache+local", "rueidis+client-cache",
-	"cacheguard", "cacheguard+local", "cacheguard+refresh"}
+	"cacheguard", "cacheguard+local", "cacheguard+refresh", "cacheguard+local+refresh"}
 
 func newContender(ctx context.Context, name string, s setup) (Contender, error) {
 	switch name {
@@ -103,7 +103,7 @@ func newContender(ctx context.Context, name string, s setup) (Contender, error) 
 			return nil, err
 		}
 		return &rueidisCache{c: c, prefix: s.prefix, ttl: s.ttl}, nil
-	case "cacheguard", "cacheguard+local", "cacheguard+refresh":
+	case "cacheguard", "cacheguard+local", "cacheguard+refresh", "cacheguard+local+refresh":
 		rdb := redis.NewClient(&redis.Options{Addr: s.addr})
 		rdb.AddHook(s.counter)
 		o := &guard.Options{KeyPrefix: s.prefix, TTL: s.ttl}
@@ -112,6 +112,8 @@ func newContender(ctx context.Context, name string, s setup) (Contender, error) 
 			o.Local = &guard.LocalOptions{} // defaults: 10,000 values for 1 s
 		case "cacheguard+refresh":
 			o.RefreshAhead = &guard.RefreshOptions{} // refresh from 85% of the TTL
+		case "cacheguard+local+refresh":
+			o.Local, o.RefreshAhead = &guard.LocalOptions{}, &guard.RefreshOptions{}
 		}
 		g, err := guard.New(ctx, rdb, "bench", o)
 		if err != nil {

@@ -1,6 +1,8 @@
 package guard
 
 import (
+	"github.com/cacheguard/cacheguard/codec"
+
 	"context"
 	"fmt"
 	"reflect"
@@ -147,7 +149,19 @@ func (l *local) put(key string, frame []byte, value any, redisTTL time.Duration,
 	if l.sub.Load() == nil || redisTTL <= 0 || l.epoch.Load() != epoch {
 		return
 	}
-	l.c.Set(key, localEntry{frame: frame, value: value, life: min(l.ttl, redisTTL)})
+	life := min(l.ttl, redisTTL)
+	// A frame with a refresh-at time (RefreshAhead) is kept only until
+	// then: the Get after it reads Redis, serves the value and starts the
+	// refresh, so a hot key served from memory is refreshed too instead of
+	// expiring under its readers. Past refresh-at it is not kept at all:
+	// the refreshed value arrives through Redis.
+	if at, ok := codec.RefreshAt(frame); ok {
+		life = min(life, time.Until(at))
+	}
+	if life <= 0 {
+		return
+	}
+	l.c.Set(key, localEntry{frame: frame, value: value, life: life})
 	if l.epoch.Load() != epoch {
 		l.c.Invalidate(key)
 	}

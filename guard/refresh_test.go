@@ -15,8 +15,20 @@ import (
 // no caller is answered by a load it waited for (every Get is a hit), and
 // the loads stay at most 1.2 per TTL.
 func TestRefreshAheadHotKey(t *testing.T) {
+	for _, local := range []*guard.LocalOptions{nil, {TTL: time.Minute}} {
+		name := "redis"
+		if local != nil {
+			// Local copies live only until the refresh-at time, so the
+			// refresh still runs while the key is served from memory.
+			name = "local"
+		}
+		t.Run(name, func(t *testing.T) { refreshAheadHotKey(t, local) })
+	}
+}
+
+func refreshAheadHotKey(t *testing.T, local *guard.LocalOptions) {
 	ctx := context.Background()
-	_, g, d := setup(t, 10, &guard.Options{TTL: 500 * time.Millisecond, Jitter: -1, RefreshAhead: &guard.RefreshOptions{}})
+	_, g, d := setup(t, 10, &guard.Options{TTL: 500 * time.Millisecond, Jitter: -1, RefreshAhead: &guard.RefreshOptions{}, Local: local})
 	d.delay = 20 * time.Millisecond
 	if _, err := guard.Get(ctx, g, "p3", d.load); err != nil {
 		t.Fatal(err)
@@ -33,14 +45,20 @@ func TestRefreshAheadHotKey(t *testing.T) {
 				if p, err := guard.Get(ctx, g, "p3", d.load); err != nil || p.Price != 3 {
 					wrong.Add(1)
 				}
+				if local != nil {
+					time.Sleep(50 * time.Microsecond) // memory hits would starve the refresh goroutine of the 2 cores
+				}
 			}
 		}()
 	}
 	wg.Wait()
 	st := g.Stats()
-	t.Logf("%d Gets in %v: %d answered by a load, %d loads, %d refreshes", st.Hits+st.Misses, run, st.Misses, d.calls.Load(), st.Refreshes)
+	t.Logf("%d Gets in %v: %d from memory, %d answered by a load, %d loads, %d refreshes", st.Hits+st.LocalHits+st.Misses, run, st.LocalHits, st.Misses, d.calls.Load(), st.Refreshes)
 	if wrong.Load() != 0 {
 		t.Fatalf("%d wrong answers", wrong.Load())
+	}
+	if local != nil && st.LocalHits == 0 {
+		t.Fatalf("no Get was served from memory: %+v", st)
 	}
 	if st.Misses > 2 { // the first Get; one more at most if a refresh came late on a slow machine
 		t.Fatalf("%d Gets waited for a load: refresh-ahead did not keep the key warm (%+v)", st.Misses, st)

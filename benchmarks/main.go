@@ -118,7 +118,7 @@ func run(ctx context.Context, hitTime time.Duration, hitRounds int, hotTime time
 	// machine's noise moves a single run's ratio a lot, and whoever runs
 	// first or last has an edge); each contender's row is its median run, and
 	// "vs raw" is the median of its same-round ratios to raw.
-	if hotKeyOnly {
+	hot := func() error {
 		for _, name := range contenderNames {
 			step("hot key: " + name)
 			r, err := hotKey(ctx, e, name, hotTime)
@@ -126,6 +126,12 @@ func run(ctx context.Context, hitTime time.Duration, hitRounds int, hotTime time
 				return err
 			}
 			rep.HotKey = append(rep.HotKey, r)
+		}
+		return nil
+	}
+	if hotKeyOnly {
+		if err := hot(); err != nil {
+			return err
 		}
 		fmt.Fprint(w, markdownHot(rep))
 		return nil
@@ -170,13 +176,8 @@ func run(ctx context.Context, hitTime time.Duration, hitRounds int, hotTime time
 		}
 		rep.Stampede = append(rep.Stampede, r)
 	}
-	for _, name := range contenderNames {
-		step("hot key: " + name)
-		r, err := hotKey(ctx, e, name, hotTime)
-		if err != nil {
-			return err
-		}
-		rep.HotKey = append(rep.HotKey, r)
+	if err := hot(); err != nil {
+		return err
 	}
 	for _, name := range contenderNames {
 		step("avalanche: " + name)

@@ -40,7 +40,9 @@ import (
 // drop copies whose key was written by a client that is not a Guard, but it
 // has the same window (the push is read by another goroutine), needs RESP3
 // on a dedicated connection per node, and is not used yet; copies here
-// never outlive their entry's TTL in Redis (read with the value) anyway.
+// never outlive their entry's TTL in Redis (read with the value) anyway,
+// and with RefreshAhead they live only until the frame's refresh-at time,
+// so that the refresh runs while the key is served from memory.
 type LocalOptions struct {
 	// Size caps the values kept; when full, the eviction policy of
 	// github.com/maypok86/otter/v2 (adaptive W-TinyLFU: it keeps what is

@@ -146,6 +146,10 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 	}
 	g.life, g.endLife = context.WithCancel(context.Background())
 	g.gate.drained, g.gate.left = make(chan struct{}), make(chan struct{}, 1)
+	// A new Guard's first reads are likely misses (a cold cache, or a
+	// flood of unknown IDs already under way): they send the bloom probe
+	// with the HGET until hits have paid the credit back (see read).
+	g.credit.Store(missCredit)
 	if g.outage, err = newOutage(*o.Outage, g); err != nil {
 		return nil, err
 	}

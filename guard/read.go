@@ -36,7 +36,8 @@ type readResult struct {
 // HGET together (pipelined): a flood of unknown IDs costs one round trip
 // each after the first. Every hit takes one back. At a steady hit ratio h
 // the pipelined share settles where h·1 = (1−h)·missCredit; with
-// missCredit 16 reads go alone once more than about 94% of them hit.
+// missCredit 16 reads go alone once more than about 94% of them hit. A new
+// Guard starts with missCredit (New): its first reads are likely misses.
 const (
 	missCredit = 16
 	maxCredit  = 1024

@@ -1,8 +1,10 @@
 package echov5_test
 
 import (
+	"context"
 	"errors"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -18,10 +20,25 @@ import (
 // the adapter's ErrorHandler renders.
 func TestEchoOwnProblemHandler(t *testing.T) {
 	c := redistest.Connect(t)
-	a := newApp(t, c, c.Prefix, cgecho.DefaultConfig)
-	ours := get(a.e, "/products/999").Body.String()
-	a.e.HTTPErrorHandler = labecho.ProblemDetailsHTTPErrorHandler(false)
-	rec := get(a.e, "/products/999")
+	ctx := context.Background()
+	g, err := guard.New(ctx, c, "product", &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if _, err := g.Rebuild(ctx, func(yield func(string, error) bool) { yield("1", nil) }, nil); err != nil {
+		t.Fatal(err)
+	}
+	serve := func(h labecho.HTTPErrorHandler) *httptest.ResponseRecorder {
+		e := labecho.New()
+		e.HTTPErrorHandler = h
+		e.GET("/products/:id", func(c *labecho.Context) error { return c.String(http.StatusOK, "found") }, cgecho.Middleware(g))
+		rec := httptest.NewRecorder()
+		e.ServeHTTP(rec, httptest.NewRequest("GET", "/products/999", nil))
+		return rec
+	}
+	ours := serve(cgecho.ErrorHandler(labecho.DefaultHTTPErrorHandler(false))).Body.String()
+	rec := serve(labecho.ProblemDetailsHTTPErrorHandler(false))
 	if rec.Code != http.StatusNotFound || !strings.Contains(rec.Header().Get("Content-Type"), "application/problem+json") {
 		t.Fatalf("echo's handler: %d %q", rec.Code, rec.Header().Get("Content-Type"))
 	}

@@ -1,0 +1,229 @@
+// Package adaptertest is the test suite both Echo adapters pass (v4 in
+// adapters/echo, v5 in adapters/echov5): the same requests, the same
+// answers. Each adapter's tests give it a Framework that builds a router
+// with that adapter; the suite does the rest against a real redis-server.
+package adaptertest
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/guard"
+	"github.com/cacheguard/cacheguard/internal/redistest"
+)
+
+// Config is a middleware configuration in neutral terms; a Framework maps
+// it to its adapter's Config (zero fields: the adapter's defaults).
+type Config struct {
+	FailClosed   bool
+	RetryAfter   time.Duration
+	Logger       *slog.Logger
+	OnUnfiltered func(route string)
+	// SkipHeader: requests that carry this header skip the middleware
+	// (the adapter's Skipper).
+	SkipHeader string
+}
+
+// Framework builds routers with one adapter.
+type Framework interface {
+	// New returns a router whose error handler is the adapter's, serving
+	// GET /products/:id behind the middleware (cfg, guarding with g); the
+	// handler answers get's string with 200, or get's error through the
+	// adapter's HTTPError.
+	New(g *guard.Guard, cfg Config, get func(r *http.Request, id string) (string, error)) Router
+}
+
+// Router is a Framework's router.
+type Router interface {
+	http.Handler
+	// OK registers GET path (Echo syntax) behind a middleware with cfg on
+	// g; its handler answers 200 with no body.
+	OK(path string, g *guard.Guard, cfg Config)
+}
+
+// Run runs the suite.
+func Run(t *testing.T, f Framework) {
+	t.Run("UnknownKnownMalformed", func(t *testing.T) { unknownKnownMalformed(t, f) })
+	t.Run("SkipperAndRedisDown", func(t *testing.T) { skipperAndRedisDown(t, f) })
+	t.Run("RetryAfterIsTheConfiguredValue", func(t *testing.T) { retryAfterIsTheConfiguredValue(t, f) })
+	t.Run("UnfilteredRouteIsReported", func(t *testing.T) { unfilteredRouteIsReported(t, f) })
+}
+
+type product struct{ ID, Name string }
+
+// app is a router over a Guard whose filter holds "1" and "3" (3 is in the
+// filter but no longer in the database).
+type app struct {
+	Router
+	g     *guard.Guard
+	loads atomic.Int64
+	ran   atomic.Int64 // handler runs
+}
+
+func newApp(t *testing.T, f Framework, rdb redis.UniversalClient, opts *guard.Options, cfg Config) *app {
+	t.Helper()
+	ctx := context.Background()
+	g, err := guard.New(ctx, rdb, "product", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = g.Close() })
+	if _, err := g.Rebuild(ctx, func(yield func(string, error) bool) {
+		_ = yield("1", nil) && yield("3", nil)
+	}, nil); err != nil {
+		t.Fatal(err)
+	}
+	a := &app{g: g}
+	a.Router = f.New(g, cfg, func(r *http.Request, id string) (string, error) {
+		a.ran.Add(1)
+		p, err := guard.Get(r.Context(), g, id, func(ctx context.Context, id string) (product, error) {
+			a.loads.Add(1)
+			if id == "1" {
+				return product{"1", "lamp"}, nil
+			}
+			return product{}, guard.ErrNotFound
+		})
+		return p.Name, err
+	})
+	return a
+}
+
+func defaults(prefix string) *guard.Options {
+	return &guard.Options{KeyPrefix: prefix, ExpectedItems: 1000}
+}
+
+func get(h http.Handler, path string) *httptest.ResponseRecorder {
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
+	return rec
+}
+
+func unknownKnownMalformed(t *testing.T, f Framework) {
+	c := redistest.Connect(t)
+	a := newApp(t, f, c, defaults(c.Prefix), Config{})
+	if rec := get(a, "/products/1"); rec.Code != 200 || rec.Body.String() != "lamp" {
+		t.Fatalf("known: %d %q", rec.Code, rec.Body)
+	}
+	c.Counter.Reset()
+	if rec := get(a, "/products/1"); rec.Code != 200 || c.Counter.RoundTrips() != 1 {
+		t.Fatalf("hit through the middleware: %d, %d round trips", rec.Code, c.Counter.RoundTrips())
+	}
+	real := get(a, "/products/3")
+	loads := a.loads.Load()
+	rejected := get(a, "/products/999")
+	if a.loads.Load() != loads {
+		t.Fatal("the loader ran for an ID the filter rejects")
+	}
+	if real.Code != 404 || rejected.Code != 404 || !bytes.Equal(real.Body.Bytes(), rejected.Body.Bytes()) ||
+		fmt.Sprint(real.Header()) != fmt.Sprint(rejected.Header()) {
+		t.Fatalf("not identical:\n%d %s %v\n%d %s %v", real.Code, real.Body, real.Header(), rejected.Code, rejected.Body, rejected.Header())
+	}
+	if ct := rejected.Header().Get("Content-Type"); ct != "application/problem+json" {
+		t.Fatalf("content type %q", ct)
+	}
+	for _, bad := range []string{"..%2Fx", strings.Repeat("a", 300), "%00", "%7Bx%7D", "42:lock"} {
+		c.Counter.Reset()
+		rec := get(a, "/products/"+bad)
+		if rec.Code != 400 || c.Counter.Commands() != 0 {
+			t.Fatalf("%q: %d, %d Redis commands", bad, rec.Code, c.Counter.Commands())
+		}
+	}
+}
+
+func skipperAndRedisDown(t *testing.T, f Framework) {
+	srv, rdb := redistest.Private(t)
+	open := newApp(t, f, rdb, defaults("open"), Config{})
+	closed := newApp(t, f, rdb, defaults("closed"), Config{FailClosed: true})
+	skip := newApp(t, f, rdb, defaults("skip"), Config{SkipHeader: "X-Internal"})
+
+	req := httptest.NewRequest("GET", "/products/999", nil)
+	req.Header.Set("X-Internal", "1")
+	rec := httptest.NewRecorder()
+	skip.ServeHTTP(rec, req)
+	if rec.Code != 404 || skip.ran.Load() != 1 {
+		t.Fatalf("skipped middleware: the handler must decide: %d, handler ran %d", rec.Code, skip.ran.Load())
+	}
+
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	// Fail open: the middleware lets the request through, and the
+	// handler's guard.Get loads through (the outage policy): served from
+	// the source of truth.
+	loads := open.loads.Load()
+	rec = get(open, "/products/1")
+	if rec.Code != 200 || rec.Body.String() != "lamp" || open.loads.Load() != loads+1 {
+		t.Fatalf("fail open: %d %v %s", rec.Code, rec.Header(), rec.Body)
+	}
+	loads = closed.loads.Load()
+	rec = get(closed, "/products/1")
+	if rec.Code != 503 || closed.loads.Load() != loads {
+		t.Fatalf("fail closed: %d, loads %d", rec.Code, closed.loads.Load()-loads)
+	}
+}
+
+// retryAfterIsTheConfiguredValue: the error handler sends the middleware's
+// RetryAfter with every 503, the middleware's own (fail closed) and the
+// handler's HTTPError(err) (fail open), and logs the error behind it.
+func retryAfterIsTheConfiguredValue(t *testing.T, f Framework) {
+	srv, rdb := redistest.Private(t)
+	var logs bytes.Buffer
+	cfg := Config{RetryAfter: 5 * time.Second, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	// The Guards fail fast, so that the handler's guard.Get reports the
+	// outage (by default it would load through and answer 200).
+	failFast := func(prefix string) *guard.Options {
+		o := defaults(prefix)
+		o.Outage = &guard.OutageOptions{FailFast: true}
+		return o
+	}
+	open := newApp(t, f, rdb, failFast("open"), cfg)
+	cfg.FailClosed = true
+	closed := newApp(t, f, rdb, failFast("closed"), cfg)
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	for name, a := range map[string]*app{"fail open": open, "fail closed": closed} {
+		rec := get(a, "/products/1")
+		if rec.Code != 503 || rec.Header().Get("Retry-After") != "5" {
+			t.Errorf("%s: %d, Retry-After %q, want 503 and 5", name, rec.Code, rec.Header().Get("Retry-After"))
+		}
+	}
+	if !strings.Contains(logs.String(), "redis unavailable") {
+		t.Fatalf("the error behind the 503 was not logged:\n%s", logs.String())
+	}
+}
+
+// unfilteredRouteIsReported: a route whose parameter is not the
+// middleware's Param passes unfiltered; logged once per route, counted per
+// request; a route without parameters is quiet.
+func unfilteredRouteIsReported(t *testing.T, f Framework) {
+	c := redistest.Connect(t)
+	a := newApp(t, f, c, defaults(c.Prefix), Config{})
+	var logs bytes.Buffer
+	var unfiltered atomic.Int32
+	cfg := Config{Logger: slog.New(slog.NewTextHandler(&logs, nil)), OnUnfiltered: func(string) { unfiltered.Add(1) }}
+	a.OK("/items/:sku", a.g, cfg)
+	a.OK("/items", a.g, cfg)
+	for range 3 {
+		if rec := get(a, "/items/999"); rec.Code != 200 {
+			t.Fatalf("unfiltered route: %d", rec.Code)
+		}
+		get(a, "/items")
+	}
+	if n := unfiltered.Load(); n != 3 {
+		t.Fatalf("OnUnfiltered called %d times, want 3", n)
+	}
+	if n := strings.Count(logs.String(), "unfiltered"); n != 1 || !strings.Contains(logs.String(), "/items/:sku") {
+		t.Fatalf("want one warning naming the route, got %d:\n%s", n, logs.String())
+	}
+}

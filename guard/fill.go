@@ -42,8 +42,7 @@ func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T
 	if downOrRefusing(err) { // the lock or the re-check failed: Redis cannot fill
 		return loadThrough(ctx, g, id, vkey, load, start, err)
 	}
-	g.stats.count(fl.outcome, shared && !mine)
-	g.tel.settledAs(ctx, fl.outcome, shared && !mine, false)
+	g.answered(ctx, fl.outcome, shared && !mine, false)
 	if err != nil {
 		return zero, panicked(g, id, err)
 	}

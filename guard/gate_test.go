@@ -58,7 +58,7 @@ func TestGateCloseWaitsForEveryCallInside(t *testing.T) {
 		if n := admittedAfterClose.Load(); n != 0 {
 			t.Fatalf("round %d: %d calls entered after close returned", round, n)
 		}
-		if n := gt.inside(); n != 0 {
+		if n := gt.inside.sum(); n != 0 {
 			t.Fatalf("round %d: the stripes sum to %d after every call left", round, n)
 		}
 	}

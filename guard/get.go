@@ -68,14 +68,12 @@ func get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 	if g.local != nil {
 		if e, ok := g.local.get(vkey); ok {
 			if v, ok := e.value.(T); ok { // decoded once, a copy for each caller
-				g.stats.localHits.Add(1)
-				g.tel.settled(ctx, getLocalHit)
+				g.answered(ctx, outLocalHit, false, false)
 				return v, nil
 			}
 			var v T
 			if codec.Decode(g.opts.Codec, e.frame, &v) == nil {
-				g.stats.localHits.Add(1)
-				g.tel.settled(ctx, getLocalHit)
+				g.answered(ctx, outLocalHit, false, false)
 				return v, nil
 			}
 			g.local.drop(vkey)
@@ -105,13 +103,11 @@ func get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 	}
 	switch r.verdict {
 	case verdictRejected:
-		g.stats.count(outRejected, false)
-		g.tel.settled(ctx, getReject)
+		g.answered(ctx, outRejected, false, false)
 		return zero, ErrNotFound
 	case verdictEntry:
 		if e := decodeEntry[T](ctx, g, vkey, r.raw); e.ok {
-			g.stats.count(e.found.outcome, false)
-			g.tel.settledAs(ctx, e.found.outcome, false, false)
+			g.answered(ctx, e.found.outcome, false, false)
 			if e.err == nil && g.local != nil {
 				g.local.put(vkey, r.raw, g.shared(e.v), r.ttl, epoch)
 			}
@@ -182,6 +178,7 @@ const (
 	outRejected
 	outLoaded
 	outFailed
+	outLocalHit // answered from process memory (Options.Local); never a flight's
 )
 
 // flight is what one fill flight hands to all its callers: the frame to

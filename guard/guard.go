@@ -63,7 +63,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -251,18 +250,11 @@ func (g *Guard) Close() error {
 // store, which precedes the sum's read); a call that enters after sees
 // closed and leaves at once.
 type gate struct {
-	stripes [gateStripes]gateStripe
+	inside  stripes // calls inside, each counted on the stripe it entered on
 	closed  atomic.Bool
 	left    chan struct{} // made by New, buffer 1: a call left after closed was set
 	once    sync.Once     // closes drained
 	drained chan struct{} // made by New; closed once the gate is closed and empty
-}
-
-const gateStripes = 16
-
-type gateStripe struct {
-	n atomic.Int64
-	_ [56]byte // a cache line each
 }
 
 // gatePass is the stripe a call entered on.
@@ -271,8 +263,8 @@ type gatePass uint32
 // enter lets a call in, or reports ErrClosed. A call let in must leave with
 // the pass.
 func (gt *gate) enter() (gatePass, error) {
-	p := gatePass(rand.Uint32() % gateStripes)
-	gt.stripes[p].n.Add(1)
+	p := gatePass(gt.inside.pick())
+	gt.inside.add(int(p), 1)
 	if gt.closed.Load() {
 		gt.leave(p)
 		return 0, ErrClosed
@@ -281,7 +273,7 @@ func (gt *gate) enter() (gatePass, error) {
 }
 
 func (gt *gate) leave(p gatePass) {
-	gt.stripes[p].n.Add(-1)
+	gt.inside.add(int(p), -1)
 	if gt.closed.Load() {
 		select {
 		case gt.left <- struct{}{}:
@@ -295,20 +287,10 @@ func (gt *gate) leave(p gatePass) {
 func (gt *gate) close() {
 	gt.closed.Store(true)
 	gt.once.Do(func() {
-		for gt.inside() != 0 {
+		for gt.inside.sum() != 0 {
 			<-gt.left
 		}
 		close(gt.drained)
 	})
 	<-gt.drained
-}
-
-// inside is the number of calls inside (exact once closed is set and no
-// call enters for good).
-func (gt *gate) inside() int64 {
-	var n int64
-	for i := range gt.stripes {
-		n += gt.stripes[i].n.Load()
-	}
-	return n
 }

@@ -1,8 +1,6 @@
 package guard
 
 import (
-	"github.com/cacheguard/cacheguard/codec"
-
 	"context"
 	"fmt"
 	"reflect"
@@ -13,6 +11,7 @@ import (
 	"github.com/maypok86/otter/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/cacheguard/cacheguard/codec"
 	"github.com/cacheguard/cacheguard/internal/pubsub"
 )
 

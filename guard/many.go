@@ -81,13 +81,11 @@ func getMany[T any](ctx context.Context, g *Guard, ids []string, load BatchLoadF
 	for i, r := range reads {
 		switch r.verdict {
 		case verdictRejected:
-			g.stats.count(outRejected, false)
-			g.tel.counted(ctx, outRejected, false)
+			g.answeredMany(ctx, outRejected, false)
 			continue
 		case verdictEntry:
 			if e := decodeEntry[T](ctx, g, keys[i], r.raw); e.ok {
-				g.stats.count(e.found.outcome, false)
-				g.tel.counted(ctx, e.found.outcome, false)
+				g.answeredMany(ctx, e.found.outcome, false)
 				if e.err == nil {
 					out[ids[i]] = e.v
 				}
@@ -227,8 +225,7 @@ func fillMany[T any](ctx context.Context, g *Guard, ids, keys []string, load Bat
 			}()
 			return ctx.Err()
 		}
-		g.stats.count(a.found.outcome, false)
-		g.tel.counted(ctx, a.found.outcome, false)
+		g.answeredMany(ctx, a.found.outcome, false)
 		switch {
 		case errors.Is(a.err, ErrNotFound):
 		case a.err != nil:
@@ -273,7 +270,7 @@ func loadManyThrough[T any](ctx context.Context, g *Guard, ids []string, load Ba
 		o = outFailed
 	}
 	for range ids {
-		g.tel.counted(ctx, o, true)
+		g.answeredMany(ctx, o, true)
 	}
 	if err != nil {
 		g.stats.loadErrors.Add(1)

@@ -176,3 +176,35 @@ func TestGetManyLoaderPanic(t *testing.T) {
 		t.Fatalf("after the panic: %v, %v", got, err)
 	}
 }
+
+// TestGetManyWhenRedisIsDown: with Redis gone, GetMany loads the IDs
+// through in one batch call (the outage policy), and each ID counts as a
+// Get answered by a load.
+func TestGetManyWhenRedisIsDown(t *testing.T) {
+	ctx := context.Background()
+	srv, rdb := redistest.Private(t)
+	g, err := guard.New(ctx, rdb, "product", &guard.Options{ExpectedItems: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if _, err := g.Rebuild(ctx, ids("p", 10), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	b := &batchDB{db: newDB(10)}
+	before := g.Stats()
+	got, err := guard.GetMany(ctx, g, []string{"p1", "p2", "p3", "p42"}, b.loadMany)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 || got["p2"].Price != 2 || len(b.calls) != 1 {
+		t.Fatalf("values %v, %d batch calls", got, len(b.calls))
+	}
+	st := g.Stats()
+	if st.LoadThroughs-before.LoadThroughs != 1 || st.Misses-before.Misses != 4 {
+		t.Fatalf("load-throughs %d, misses %d: want 1 and 4", st.LoadThroughs-before.LoadThroughs, st.Misses-before.Misses)
+	}
+}

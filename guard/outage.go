@@ -147,8 +147,7 @@ func loadThrough[T any](ctx context.Context, g *Guard, id, vkey string, load Loa
 		return zero, cause
 	}
 	c, fl, shared, mine, err := join(ctx, g, "\x00through:"+vkey, start, call[T]{g: g, id: id, vkey: vkey, load: load}, (*call[T]).loadThrough)
-	g.stats.count(fl.outcome, shared && !mine)
-	g.tel.settledAs(ctx, fl.outcome, false, true)
+	g.answered(ctx, fl.outcome, shared && !mine, true)
 	if err != nil {
 		return zero, panicked(g, id, err)
 	}

@@ -1,7 +1,7 @@
 package guard
 
 import (
-	"math/rand/v2"
+	"context"
 	"sync/atomic"
 )
 
@@ -55,10 +55,28 @@ func (c *counters) count(o outcome, coalesced bool) {
 		c.rejects.Add(1)
 	case outLoaded:
 		c.misses.Add(1)
+	case outLocalHit:
+		c.localHits.Add(1)
 	}
 	if coalesced {
 		c.coalesced.Add(1)
 	}
+}
+
+// answered counts how one Get was answered, in Stats and, with
+// OpenTelemetry on, on the gets counter and the Get's span: every count of
+// an answer goes through here (or answeredMany). coalesced: from another
+// caller's flight; through: loaded without Redis (the outage policy).
+func (g *Guard) answered(ctx context.Context, o outcome, coalesced, through bool) {
+	g.stats.count(o, coalesced)
+	g.tel.settled(ctx, o, coalesced, through)
+}
+
+// answeredMany is answered for one ID of a GetMany: its span is the
+// GetMany's, which gets no per-ID outcome.
+func (g *Guard) answeredMany(ctx context.Context, o outcome, through bool) {
+	g.stats.count(o, false)
+	g.tel.counted(ctx, o, through)
 }
 
 // Stats returns a snapshot of the Guard's counters.
@@ -76,24 +94,10 @@ func (g *Guard) Stats() Stats {
 	}
 }
 
-// striped is a counter spread over cache lines, a stripe picked at random
-// per Add: under parallel hits one shared word bounces between cores on
-// every Get. Load sums the stripes (exact once the adds have returned).
-type striped struct {
-	stripes [counterStripes]struct {
-		n atomic.Uint64
-		_ [56]byte // a cache line each
-	}
-}
+// striped is a counter that parallel hits update without sharing a cache
+// line (see stripes). Load is exact once the adds have returned.
+type striped struct{ s stripes }
 
-const counterStripes = 8
+func (c *striped) Add(n uint64) { c.s.add(c.s.pick(), int64(n)) }
 
-func (c *striped) Add(n uint64) { c.stripes[rand.Uint32()%counterStripes].n.Add(n) }
-
-func (c *striped) Load() uint64 {
-	var n uint64
-	for i := range c.stripes {
-		n += c.stripes[i].n.Load()
-	}
-	return n
-}
+func (c *striped) Load() uint64 { return uint64(c.s.sum()) }

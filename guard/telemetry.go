@@ -170,27 +170,19 @@ func (t *telemetry) end(ctx context.Context, span trace.Span, err error) {
 	span.End()
 }
 
-// settled records how one Get (or one ID of a GetMany) was answered: on
-// the counter and on the caller's span.
-func (t *telemetry) settled(ctx context.Context, o getOutcome) {
-	if t == nil {
-		return
-	}
-	if t.gets != nil {
-		t.gets.Add(ctx, 1, t.byOut[o])
-	}
-	if t.tracer != nil {
-		trace.SpanFromContext(ctx).SetAttributes(attribute.String("cacheguard.outcome", outcomeNames[o]))
-	}
-}
-
-// settledAs is settled for a flight's outcome (see getOutcomeOf); a
-// failure is left to end.
-func (t *telemetry) settledAs(ctx context.Context, o outcome, coalesced, through bool) {
+// settled records how one Get was answered (see getOutcomeOf): on the
+// counter and on the Get's span. A failure is left to end.
+func (t *telemetry) settled(ctx context.Context, o outcome, coalesced, through bool) {
 	if t == nil || o == outFailed {
 		return
 	}
-	t.settled(ctx, getOutcomeOf(o, coalesced, through))
+	g := getOutcomeOf(o, coalesced, through)
+	if t.gets != nil {
+		t.gets.Add(ctx, 1, t.byOut[g])
+	}
+	if t.tracer != nil {
+		trace.SpanFromContext(ctx).SetAttributes(attribute.String("cacheguard.outcome", outcomeNames[g]))
+	}
 }
 
 // counted counts one ID of a GetMany (no span attribute: the GetMany span
@@ -202,16 +194,18 @@ func (t *telemetry) counted(ctx context.Context, o outcome, through bool) {
 	t.gets.Add(ctx, 1, t.byOut[getOutcomeOf(o, false, through)])
 }
 
-// getOutcomeOf maps a flight's outcome to how a caller was answered
-// (coalesced: from another caller's flight; through: without Redis).
+// getOutcomeOf maps an outcome to how a caller was answered (coalesced:
+// from another caller's flight; through: without Redis).
 func getOutcomeOf(o outcome, coalesced, through bool) getOutcome {
 	switch {
 	case o == outFailed:
 		return getError
+	case o == outLocalHit:
+		return getLocalHit
+	case through: // the answer came without Redis: that matters more than who loaded it
+		return getLoadThrough
 	case coalesced:
 		return getCoalesced
-	case through:
-		return getLoadThrough
 	case o == outHit:
 		return getHit
 	case o == outEmpty:

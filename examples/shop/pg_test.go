@@ -100,7 +100,7 @@ func TestProductLifecyclePostgres(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := httptest.NewServer(shop.Handler())
+	hs := httptest.NewServer(shop.Handler(5))
 	t.Cleanup(func() { hs.Close(); shop.Close() })
 	lifecycle(t, shop, hs)
 }

@@ -39,8 +39,6 @@ type status struct {
 
 func (e *status) Error() string { return strconv.Itoa(e.code) + " " + e.msg }
 
-var errNoRow = sql.ErrNoRows // a write found no such product: the adapter's NotFound
-
 func fail(err error) reply { return reply{err: err} }
 
 func ok(code int, v any) reply { return reply{status: code, value: v} }
@@ -166,7 +164,7 @@ func (rp reply) write(c responder, m errorMapping) error {
 	switch {
 	case rp.err != nil && errors.As(rp.err, &st):
 		return m.request(st.code, st.msg)
-	case rp.err != nil && errors.Is(rp.err, errNoRow):
+	case rp.err != nil && errors.Is(rp.err, sql.ErrNoRows): // no such product
 		return m.notFound()
 	case rp.err != nil:
 		return m.adapter(rp.err)

@@ -188,12 +188,12 @@ func (s *Shop) loadUser(ctx context.Context, id string) (User, error) {
 }
 
 // Handler routes: /products through Echo and its adapter (Echo v5 by
-// default, v4 with Handler(4); see routes and echo4.go, echo5.go), /users
+// default, v4 when echoVersion is 4; see routes and echo4.go, echo5.go), /users
 // through net/http and the net/http adapter, /naive/products/:id as the
 // baseline.
-func (s *Shop) Handler(echoVersion ...int) http.Handler {
+func (s *Shop) Handler(echoVersion int) http.Handler {
 	var products http.Handler
-	if len(echoVersion) > 0 && echoVersion[0] == 4 {
+	if echoVersion == 4 {
 		products = routerV4(s.routes())
 	} else {
 		products = routerV5(s.routes())

@@ -42,7 +42,11 @@ func newTestShop(t *testing.T, products, users int, echoVersion ...int) (*Shop, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := httptest.NewServer(shop.Handler(echoVersion...))
+	version := 5
+	if len(echoVersion) > 0 {
+		version = echoVersion[0]
+	}
+	hs := httptest.NewServer(shop.Handler(version))
 	t.Cleanup(func() { hs.Close(); shop.Close() })
 	return shop, hs
 }

@@ -223,8 +223,9 @@ func (s *Shop) Handler(echoVersion int) http.Handler {
 		}
 		_, _ = w.Write([]byte("ok\n"))
 	})
-	mux.Handle("/dashboard", s.live.handler())
-	mux.Handle("/dashboard/", s.live.handler())
+	dashboard := s.live.handler()
+	mux.Handle("/dashboard", dashboard)
+	mux.Handle("/dashboard/", dashboard)
 	timedPaths := map[string]string{"/naive/products/": "naive", "/products/": "guard"}
 	for _, v := range s.variants {
 		timedPaths[v.prefix] = v.label

@@ -326,17 +326,40 @@ func (l *Lock) TTL(ctx context.Context) (time.Duration, error) {
 // keep failing until the lock must have expired, it calls onLost once (if
 // non-nil) with the reason and stops.
 //
-// The watchdog goroutine belongs to the caller of KeepAlive: it always ends
-// by the time stop returns.
+// Nothing runs until the first refresh is due: a timer (time.AfterFunc)
+// starts the watchdog goroutine then, so a hold shorter than ttl/3 (most
+// cache loads) costs no goroutine and no Redis command. The goroutine
+// belongs to the caller of KeepAlive: it always ends by the time stop
+// returns.
 func (l *Lock) KeepAlive(ctx context.Context, ttl time.Duration, onLost func(error)) (stop func()) {
 	quit := make(chan struct{})
 	done := make(chan struct{})
-	go func() {
+	period := max(ttl/3, time.Millisecond)
+	lastOK := time.Now() // the lock was taken (or last refreshed) with ttl about now
+	t := time.AfterFunc(period, func() {
 		defer close(done)
-		tick := time.NewTicker(max(ttl/3, time.Millisecond))
+		tick := time.NewTicker(period)
 		defer tick.Stop()
-		lastOK := time.Now()
 		for {
+			select {
+			case <-quit:
+				return
+			case <-ctx.Done():
+				return
+			default:
+			}
+			err := l.Refresh(ctx, ttl)
+			switch {
+			case err == nil:
+				lastOK = time.Now()
+			case errors.Is(err, ErrNotHeld), time.Since(lastOK) >= ttl:
+				// gone, or failing for so long that it must have expired
+				if onLost != nil {
+					onLost(err)
+				}
+				return
+			}
+			// else a passing Redis error: the lock still stands
 			select {
 			case <-quit:
 				return
@@ -344,24 +367,16 @@ func (l *Lock) KeepAlive(ctx context.Context, ttl time.Duration, onLost func(err
 				return
 			case <-tick.C:
 			}
-			err := l.Refresh(ctx, ttl)
-			switch {
-			case err == nil:
-				lastOK = time.Now()
-				continue
-			case errors.Is(err, ErrNotHeld):
-			case time.Since(lastOK) < ttl:
-				continue // a passing Redis error; the lock still stands
-			}
-			if onLost != nil {
-				onLost(err)
-			}
-			return
 		}
-	}()
+	})
 	var once sync.Once
 	return func() {
-		once.Do(func() { close(quit) })
+		once.Do(func() {
+			close(quit)
+			if t.Stop() { // the watchdog never started, and now never will
+				close(done)
+			}
+		})
 		<-done
 	}
 }

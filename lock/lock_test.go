@@ -3,6 +3,7 @@ package lock_test
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -189,6 +190,41 @@ func TestWatchdogOutlivesTTL(t *testing.T) {
 		t.Fatal("onLost not called after the lock vanished")
 	}
 	stop()
+}
+
+// TestKeepAliveShortHold: a hold that ends before the first refresh is due
+// sends nothing and starts no goroutine (TestMain's leak check would see one
+// left behind); a stop after ctx ended returns at once.
+func TestKeepAliveShortHold(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	lc := lock.New(c)
+	key := c.Prefix + ":{k}:lock"
+	l, err := lc.Obtain(ctx, key, 30*time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := c.Counter.Commands()
+	goroutines := runtime.NumGoroutine()
+	stop := l.KeepAlive(ctx, 30*time.Second, func(err error) { t.Errorf("onLost(%v)", err) })
+	if n := runtime.NumGoroutine(); n > goroutines {
+		t.Errorf("KeepAlive started %d goroutines before a refresh was due", n-goroutines)
+	}
+	stop()
+	stop() // twice is fine
+	if n := c.Counter.Commands() - before; n != 0 {
+		t.Errorf("a hold shorter than ttl/3 sent %d commands", n)
+	}
+
+	// ctx ends while the watchdog runs: it stops, and stop returns.
+	cctx, cancel := context.WithCancel(ctx)
+	stop = l.KeepAlive(cctx, 30*time.Millisecond, nil)
+	time.Sleep(50 * time.Millisecond) // a refresh or two
+	cancel()
+	stop()
+	if err := l.Release(ctx); err != nil {
+		t.Fatalf("release: %v", err)
+	}
 }
 
 // TestQueueInPipeline: an attempt queued in a pipeline runs before the

@@ -11,6 +11,7 @@ import (
 	"github.com/cacheguard/cacheguard/internal/keyspace"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 	"github.com/cacheguard/cacheguard/loader"
+	"github.com/cacheguard/cacheguard/lock"
 )
 
 // filler answers from any cached bytes and loads with load.
@@ -113,5 +114,40 @@ func TestCoordinatorReleasesOnPanicAndError(t *testing.T) {
 	}
 	if err := co.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestCoordinatorTakenOverWriteKeepsTheNewLock: a holder whose lock expired
+// and passed to another holder during its load has its write refused, and
+// leaves the new holder's lock alone (write_release deletes the lock without
+// reading it only while the fence is still the writer's).
+func TestCoordinatorTakenOverWriteKeepsTheNewLock(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	co := loader.NewCoordinator(c.UniversalClient, c.Prefix+":ch", nil)
+	defer co.Close()
+	key := c.Prefix + ":{k}"
+	lc := lock.New(c)
+	var other *lock.Lock
+	err := co.TryRun(ctx, key, "1", filler{load: func(ctx context.Context) ([]byte, time.Duration, error) {
+		c.Del(ctx, keyspace.Lock(key)) // the lease ran out...
+		var err error                  // ...and another process took the lock
+		other, err = lc.Obtain(ctx, keyspace.Lock(key), time.Minute, &lock.Options{FenceKey: keyspace.Fence(key)})
+		if err != nil {
+			t.Error(err)
+		}
+		return []byte("stale"), time.Minute, nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := c.Exists(ctx, key).Val(); n != 0 {
+		t.Fatal("the overtaken holder's write landed")
+	}
+	if got := c.Get(ctx, keyspace.Lock(key)).Val(); other == nil || got != other.Token() {
+		t.Fatalf("lock holds %q after the overtaken holder's release, want the new holder's token", got)
+	}
+	if st := co.Stats(); st.StaleWrites != 1 {
+		t.Fatalf("stale writes %d, want 1", st.StaleWrites)
 	}
 }

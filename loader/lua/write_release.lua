@@ -16,13 +16,18 @@
 -- ARGV[5]  the holder's lock token
 -- ARGV[6]  channel
 -- Returns  1 if written, 0 if the fence had moved on (or expired).
+--
+-- Every obtain of the lock sets the fence key, so a fence that is still the
+-- holder's means nobody obtained the lock since: it is the holder's, or it
+-- expired. The lock is then deleted without reading it; only a holder whose
+-- fence moved on must check that the lock is still its own.
 local written = 0
 if redis.call('GET', KEYS[2]) == ARGV[1] then
   redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
+  redis.call('DEL', KEYS[3])
   written = 1
-end
-if redis.call('GET', KEYS[3]) == ARGV[5] then
+elseif redis.call('GET', KEYS[3]) == ARGV[5] then
   redis.call('DEL', KEYS[3])
 end
 redis.call('PUBLISH', ARGV[6], KEYS[1])

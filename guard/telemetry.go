@@ -78,6 +78,7 @@ type telemetry struct {
 	loadDur  metric.Float64Histogram
 	waitDur  metric.Float64Histogram
 	byOut    [len(outcomeNames)]metric.AddOption // the guard and one outcome, built once
+	byResult map[string]metric.RecordOption      // the guard and one load or wait result, built once
 	gauges   metric.Registration                 // the filter's gauges; unregistered by Close
 	guardKV  attribute.KeyValue
 	spanOpts []trace.SpanStartOption
@@ -108,6 +109,10 @@ func newTelemetry(g *Guard, tp trace.TracerProvider, mp metric.MeterProvider) (*
 	}
 	for i, name := range outcomeNames {
 		t.byOut[i] = metric.WithAttributeSet(attribute.NewSet(t.guardKV, attribute.String("cacheguard.outcome", name)))
+	}
+	t.byResult = map[string]metric.RecordOption{}
+	for _, name := range []string{"ok", "not_found", "error", "woken", "expired", "timeout", "cancelled"} {
+		t.byResult[name] = metric.WithAttributeSet(attribute.NewSet(t.guardKV, attribute.String("cacheguard.result", name)))
 	}
 	fill, err := m.Float64ObservableGauge("cacheguard.bloom.fill", metric.WithDescription("share of the bloom filter's bits set"), metric.WithUnit("1"))
 	if err != nil {
@@ -245,7 +250,7 @@ func (t *telemetry) load(ctx context.Context) (context.Context, func(err error))
 			result = "error"
 		}
 		if t.loadDur != nil {
-			t.loadDur.Record(ctx, time.Since(start).Seconds(), metric.WithAttributes(t.guardKV, attribute.String("cacheguard.result", result)))
+			t.loadDur.Record(ctx, time.Since(start).Seconds(), t.resultAttrs(result))
 		}
 		if span != nil {
 			span.SetAttributes(attribute.String("cacheguard.result", result))
@@ -258,6 +263,15 @@ func (t *telemetry) load(ctx context.Context) (context.Context, func(err error))
 	}
 }
 
+// resultAttrs is the attribute set of a load or wait result (built once in
+// newTelemetry for the known results).
+func (t *telemetry) resultAttrs(result string) metric.RecordOption {
+	if o, ok := t.byResult[result]; ok {
+		return o
+	}
+	return metric.WithAttributes(t.guardKV, attribute.String("cacheguard.result", result))
+}
+
 // waited records one wait on another process's load, after the fact.
 func (t *telemetry) waited(ctx context.Context, start time.Time, result string) {
 	if t == nil {
@@ -265,7 +279,7 @@ func (t *telemetry) waited(ctx context.Context, start time.Time, result string) 
 	}
 	end := time.Now()
 	if t.waitDur != nil {
-		t.waitDur.Record(ctx, end.Sub(start).Seconds(), metric.WithAttributes(t.guardKV, attribute.String("cacheguard.result", result)))
+		t.waitDur.Record(ctx, end.Sub(start).Seconds(), t.resultAttrs(result))
 	}
 	if t.tracer != nil {
 		_, span := t.tracer.Start(ctx, "cacheguard.lock.wait", append(t.spanOpts, trace.WithTimestamp(start))...)

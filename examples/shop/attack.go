@@ -24,7 +24,10 @@ type attackOptions struct {
 	Burst      int           // concurrent GETs after each invalidation (stampede)
 	HotProduct string
 	Products   int // IDs 1..Products exist (Zipf draws from them)
-	Progress   io.Writer
+	// Scenarios, if not empty, names the scenarios to run (penetration,
+	// stampede, zipf); the others are left out.
+	Scenarios []string
+	Progress  io.Writer
 	// OnPhase, if set, is told "<scenario> <path>" as each run starts, and
 	// "" when the attack ends (the dashboard labels its charts with it).
 	OnPhase func(string)
@@ -138,6 +141,9 @@ func attack(ctx context.Context, base string, o attackOptions) ([]result, error)
 		defer o.OnPhase("")
 	}
 	for _, sc := range scenarios {
+		if len(o.Scenarios) > 0 && !slices.Contains(o.Scenarios, sc.name) {
+			continue
+		}
 		ps := sc.paths
 		if ps == nil {
 			ps = []string{"naive", "guard"}

@@ -36,6 +36,8 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/pprof"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -76,7 +78,12 @@ func runServe(ctx context.Context, demo bool, args []string, stdout, stderr io.W
 	duration := fs.Duration("duration", 3*time.Second, "demo: length of each scenario on each path")
 	echoVersion := fs.Int("echo", 5, "Echo major version serving /products (5, or 4 for the v4 adapter)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the process to this file (see go tool pprof)")
+	only := fs.String("only", "", "demo: run only these scenarios (comma-separated: penetration, stampede, zipf)")
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	scenarios, err := scenarioList(*only)
+	if err != nil {
 		return err
 	}
 	if *echoVersion != 4 && *echoVersion != 5 {
@@ -149,7 +156,7 @@ func runServe(ctx context.Context, demo bool, args []string, stdout, stderr io.W
 		fmt.Fprintf(stdout, "watch it live: %s/dashboard\n", url)
 		fmt.Fprintf(stdout, "attacking %s: each scenario for %v on the naive path, then on the guarded path (DB latency %v)\n", url, *duration, *dbLatency)
 		rows, err := attack(ctx, url, attackOptions{Duration: *duration, Workers: 32, Burst: 100, HotProduct: "1", Products: 100_000,
-			Progress: stderr, OnPhase: shop.live.setPhase})
+			Scenarios: scenarios, Progress: stderr, OnPhase: shop.live.setPhase})
 		if err != nil {
 			return err
 		}
@@ -181,10 +188,16 @@ func runAttack(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := flag.NewFlagSet("attack", flag.ContinueOnError)
 	url := fs.String("url", "http://127.0.0.1:8080", "the shop's base URL")
 	duration := fs.Duration("duration", 3*time.Second, "length of each scenario on each path")
+	only := fs.String("only", "", "run only these scenarios (comma-separated: penetration, stampede, zipf)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	rows, err := attack(ctx, *url, attackOptions{Duration: *duration, Workers: 32, Burst: 100, HotProduct: "1", Products: 100_000, Progress: stderr})
+	scenarios, err := scenarioList(*only)
+	if err != nil {
+		return err
+	}
+	rows, err := attack(ctx, *url, attackOptions{Duration: *duration, Workers: 32, Burst: 100, HotProduct: "1", Products: 100_000,
+		Scenarios: scenarios, Progress: stderr})
 	if err != nil {
 		return err
 	}
@@ -193,28 +206,53 @@ func runAttack(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	return nil
 }
 
-// summary states the two ratios the demo is about.
+// summary states the two ratios the demo is about, for the scenarios
+// that ran.
 func summary(rows []result) string {
-	find := func(scenario, path string) result {
+	find := func(scenario, path string) (result, bool) {
 		for _, r := range rows {
 			if r.Scenario == scenario && r.Path == path {
-				return r
+				return r, true
 			}
 		}
-		return result{}
+		return result{}, false
 	}
-	pn, pg := find("penetration", "naive"), find("penetration", "guard")
-	sn, sg := find("stampede", "naive"), find("stampede", "guard")
 	ratio := func(a, b int64) float64 {
 		if b == 0 {
 			return 0
 		}
 		return float64(a) / float64(b)
 	}
-	return fmt.Sprintf("penetration: the guarded path sent %.2f%% of the naive path's DB queries per request (%.4f vs %.4f)\n"+
-		"stampede: %.2f DB queries per invalidation guarded, %.2f naive\n",
-		100*ratio(pg.DBQueries*pn.Requests, pn.DBQueries*pg.Requests), ratio(pg.DBQueries, pg.Requests), ratio(pn.DBQueries, pn.Requests),
-		ratio(sg.DBQueries, sg.Invalidations), ratio(sn.DBQueries, sn.Invalidations))
+	var out string
+	pn, ok1 := find("penetration", "naive")
+	pg, ok2 := find("penetration", "guard")
+	if ok1 && ok2 {
+		out += fmt.Sprintf("penetration: the guarded path sent %.2f%% of the naive path's DB queries per request (%.4f vs %.4f)\n",
+			100*ratio(pg.DBQueries*pn.Requests, pn.DBQueries*pg.Requests), ratio(pg.DBQueries, pg.Requests), ratio(pn.DBQueries, pn.Requests))
+	}
+	sn, ok1 := find("stampede", "naive")
+	sg, ok2 := find("stampede", "guard")
+	if ok1 && ok2 {
+		out += fmt.Sprintf("stampede: %.2f DB queries per invalidation guarded, %.2f naive\n",
+			ratio(sg.DBQueries, sg.Invalidations), ratio(sn.DBQueries, sn.Invalidations))
+	}
+	return out
+}
+
+// scenarioList parses -only: empty means every scenario.
+func scenarioList(only string) ([]string, error) {
+	if only == "" {
+		return nil, nil
+	}
+	var out []string
+	for name := range strings.SplitSeq(only, ",") {
+		name = strings.TrimSpace(name)
+		if !slices.Contains([]string{"penetration", "stampede", "zipf"}, name) {
+			return nil, fmt.Errorf("-only: unknown scenario %q (penetration, stampede, zipf)", name)
+		}
+		out = append(out, name)
+	}
+	return out, nil
 }
 
 // redisFromEnv connects to REDIS_URL, or starts a private redis-server.

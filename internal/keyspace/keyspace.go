@@ -83,6 +83,45 @@ func (s Guard) Value(id string) (string, error) {
 	return b.String(), nil
 }
 
+// ID is the inverse of Value: the ID whose value key vkey is, or false if
+// vkey is not a value key of this Guard (another Guard's, a lock or fence
+// key, or malformed).
+func (s Guard) ID(vkey string) (string, bool) {
+	enc, ok := strings.CutPrefix(vkey, s.base+"{")
+	if !ok {
+		return "", false
+	}
+	if enc, ok = strings.CutSuffix(enc, "}"); !ok || enc == "" || strings.ContainsAny(enc, "{}") {
+		return "", false
+	}
+	if !strings.Contains(enc, "%") {
+		return enc, true
+	}
+	var b strings.Builder
+	b.Grow(len(enc))
+	for i := 0; i < len(enc); i++ {
+		if enc[i] != '%' {
+			b.WriteByte(enc[i])
+			continue
+		}
+		if i+3 > len(enc) {
+			return "", false
+		}
+		switch enc[i : i+3] {
+		case "%25":
+			b.WriteByte('%')
+		case "%7B":
+			b.WriteByte('{')
+		case "%7D":
+			b.WriteByte('}')
+		default:
+			return "", false
+		}
+		i += 2
+	}
+	return b.String(), true
+}
+
 // Check reports whether id is usable (an error wrapping ErrInvalidKey if not)
 // without building its key.
 func (s Guard) Check(id string) error {

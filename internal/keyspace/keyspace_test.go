@@ -45,11 +45,32 @@ func FuzzKeyEncoding(f *testing.F) {
 			if unescape(inner) != c.id {
 				t.Fatalf("%q: key %q does not decode back", c.id, c.key)
 			}
+			if id, ok := ks.ID(c.key); !ok || id != c.id {
+				t.Fatalf("%q: ID(%q) = %q, %v", c.id, c.key, id, ok)
+			}
 		}
 		if errA == nil && errB == nil && a != b && ka == kb {
 			t.Fatalf("%q and %q share key %q", a, b, ka)
 		}
 	})
+}
+
+// TestIDRefusesWhatIsNotAValueKey: ID answers only for this Guard's value
+// keys (FuzzKeyEncoding checks that it inverts Value).
+func TestIDRefusesWhatIsNotAValueKey(t *testing.T) {
+	ks := ForGuard("cg", "product", 128)
+	v, _ := ks.Value("a{b}%c")
+	for _, k := range []string{
+		"cg:user:{42}", "cg:product:42", "cg:product:{42}:lock", Lock(v), Fence(v), "cg:product:{}",
+		"cg:product:{4{2}", "cg:product:{%7}", "cg:product:{%41}", "cg:product:{4%}", ks.Loaded(), ks.Filter().Meta(),
+	} {
+		if id, ok := ks.ID(k); ok {
+			t.Errorf("ID(%q) = %q, want no ID", k, id)
+		}
+	}
+	if id, ok := ks.ID(v); !ok || id != "a{b}%c" {
+		t.Errorf("ID(%q) = %q, %v", v, id, ok)
+	}
 }
 
 // TestEveryNameStartsWithThePrefix: the ACL pattern "<prefix>:*" covers every

@@ -132,9 +132,11 @@ func (g *Guard) forget(keys []string, copy *localEntry) {
 		g.flights.Forget(k)
 		if g.local != nil {
 			g.local.epoch.Add(1)
-			g.local.drop(k)
-			if copy != nil {
-				g.local.put(k, copy.frame, copy.value, copy.life, g.local.epoch.Load())
+			if id, ok := g.keys.ID(k); ok {
+				g.local.drop(id)
+				if copy != nil {
+					g.local.put(id, copy.frame, copy.value, copy.life, g.local.epoch.Load())
+				}
 			}
 		}
 	}

@@ -53,36 +53,26 @@ func Get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 // get is Get without its span.
 func get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, error) {
 	var zero T
+	if err := bind[T](g); err != nil {
+		return zero, err
+	}
+	if g.local != nil {
+		if v, ok := localHit[T](ctx, g, id); ok {
+			return v, nil
+		}
+	}
 	pass, err := g.gate.enter()
 	if err != nil {
 		return zero, err
 	}
 	defer g.gate.leave(pass)
-	if err := bind[T](g); err != nil {
-		return zero, err
-	}
 	vkey, err := g.keys.Value(id)
 	if err != nil {
 		return zero, err
 	}
+	from := since{at: time.Now()} // a flight that answers this Get must have started after it (join)
 	if g.local != nil {
-		if e, ok := g.local.get(vkey); ok {
-			if v, ok := e.value.(T); ok { // decoded once, a copy for each caller
-				g.answered(ctx, outLocalHit, false, false)
-				return v, nil
-			}
-			var v T
-			if codec.Decode(g.opts.Codec, e.frame, &v) == nil {
-				g.answered(ctx, outLocalHit, false, false)
-				return v, nil
-			}
-			g.local.drop(vkey)
-		}
-	}
-	start := time.Now() // a flight that answers this Get must have started after it (fill)
-	var epoch uint64
-	if g.local != nil {
-		epoch = g.local.epoch.Load() // before the read: see local.put
+		from.epoch = g.local.epoch.Load() // before the read: see local.put
 	}
 	// Step 3 in this goroutine: a hit, a reject or a marker is answered
 	// from a read made after this Get started, never from another caller's.
@@ -90,12 +80,12 @@ func get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 	if !ok {
 		done, err := g.outage.before()
 		if err != nil { // the breaker is open: Redis is not asked (nor counted as failing)
-			return loadThrough(ctx, g, id, vkey, load, start, fmt.Errorf("cacheguard: %s %q: read: %w", g.name, id, err))
+			return loadThrough(ctx, g, id, vkey, load, from, fmt.Errorf("cacheguard: %s %q: read: %w", g.name, id, err))
 		}
 		r, err = g.read(ctx, id, vkey)
 		g.outage.after(done, err)
 		if downOrRefusing(err) {
-			return loadThrough(ctx, g, id, vkey, load, start, err)
+			return loadThrough(ctx, g, id, vkey, load, from, err)
 		}
 		if err != nil {
 			return zero, err
@@ -109,7 +99,7 @@ func get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 		if e := decodeEntry[T](ctx, g, vkey, r.raw); e.ok {
 			g.answered(ctx, e.found.outcome, false, false)
 			if e.err == nil && g.local != nil {
-				g.local.put(vkey, r.raw, g.shared(e.v), r.ttl, epoch)
+				g.local.put(id, r.raw, g.shared(e.v), r.ttl, from.epoch)
 			}
 			if e.err == nil && g.opts.RefreshAhead != nil {
 				refresh(g, id, vkey, r.raw, load)
@@ -117,7 +107,35 @@ func get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 			return e.v, e.err
 		}
 	}
-	return fill(ctx, g, id, vkey, load, start)
+	return fill(ctx, g, id, vkey, load, from)
+}
+
+// localHit answers id from the in-process cache (Options.Local) if it holds
+// a copy. It runs outside the close gate's count: it touches no Redis
+// connection, and the otter cache stays safe to read while Close empties
+// it; once Close has begun, it answers nothing and the caller's gate.enter
+// reports ErrClosed. IDs are not checked here: a malformed one was never
+// stored, so it misses and Get refuses it afterwards.
+func localHit[T any](ctx context.Context, g *Guard, id string) (T, bool) {
+	var zero T
+	if g.gate.closed.Load() {
+		return zero, false
+	}
+	e, ok := g.local.get(id)
+	if !ok {
+		return zero, false
+	}
+	if v, ok := e.value.(T); ok { // decoded once, a copy for each caller
+		g.answered(ctx, outLocalHit, false, false)
+		return v, true
+	}
+	var v T
+	if codec.Decode(g.opts.Codec, e.frame, &v) == nil {
+		g.answered(ctx, outLocalHit, false, false)
+		return v, true
+	}
+	g.local.drop(id)
+	return zero, false
 }
 
 // panicked turns a flight's panic into an error wrapping ErrLoaderPanic;

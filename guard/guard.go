@@ -168,7 +168,7 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 		return nil, fmt.Errorf("%w: opentelemetry: %w", ErrInvalidOptions, err)
 	}
 	if o.Local != nil {
-		if g.local, err = newLocal(*o.Local); err != nil {
+		if g.local, err = newLocal(*o.Local, g.keys.ID); err != nil {
 			_ = g.tel.close()
 			return nil, err
 		}

@@ -41,7 +41,15 @@ import (
 // on a dedicated connection per node, and is not used yet; copies here
 // never outlive their entry's TTL in Redis (read with the value) anyway,
 // and with RefreshAhead they live only until the frame's refresh-at time,
-// so that the refresh runs while the key is served from memory.
+// so that the refresh runs while the key is served from memory. The same
+// window lets a Get that finds its key being loaded in this process take
+// that load's answer when no write was heard since the load began (without
+// Local it waits for the load and then reads again, so that it sees any
+// write that returned before it started).
+//
+// A local hit costs no Redis command and no allocation: the copies are
+// keyed by ID, and the value is handed out without decoding when its type
+// holds no references (see sharable).
 type LocalOptions struct {
 	// Size caps the values kept; when full, the eviction policy of
 	// github.com/maypok86/otter/v2 (adaptive W-TinyLFU: it keeps what is
@@ -52,11 +60,13 @@ type LocalOptions struct {
 	TTL time.Duration
 }
 
-// local is the in-process cache: otter holds the copies; the invalidation
-// subscription and the epoch keep them right.
+// local is the in-process cache: otter holds the copies, keyed by ID (a
+// local hit builds no value key); the invalidation subscription and the
+// epoch keep them right.
 type local struct {
-	c   *otter.Cache[string, localEntry]
-	ttl time.Duration
+	c    *otter.Cache[string, localEntry]
+	ttl  time.Duration
+	idOf func(vkey string) (string, bool) // the ID an invalidation message (a value key) names
 	// epoch rises with every invalidation this process hears of or makes; a
 	// copy read from Redis before an invalidation must not be kept after it.
 	epoch atomic.Uint64
@@ -76,8 +86,9 @@ type localEntry struct {
 	life  time.Duration
 }
 
-// newLocal returns an unarmed local cache; arm subscribes it.
-func newLocal(o LocalOptions) (*local, error) {
+// newLocal returns an unarmed local cache; arm subscribes it. idOf maps the
+// value keys of invalidation messages to IDs.
+func newLocal(o LocalOptions, idOf func(vkey string) (string, bool)) (*local, error) {
 	if o.Size == 0 {
 		o.Size = 10_000
 	}
@@ -94,7 +105,7 @@ func newLocal(o LocalOptions) (*local, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: Local: %w", ErrInvalidOptions, err)
 	}
-	return &local{c: c, ttl: o.TTL}, nil
+	return &local{c: c, ttl: o.TTL, idOf: idOf}, nil
 }
 
 // arm subscribes to the invalidation channel (once; again after a failure),
@@ -114,10 +125,14 @@ func (l *local) arm(ctx context.Context, rdb redis.UniversalClient, channel stri
 	return nil
 }
 
-// invalidated applies an invalidation message (a value key).
-func (l *local) invalidated(key string) {
+// invalidated applies an invalidation message (a value key). A message
+// that names no value key of this Guard drops nothing, but still raises the
+// epoch.
+func (l *local) invalidated(vkey string) {
 	l.epoch.Add(1)
-	l.c.Invalidate(key)
+	if id, ok := l.idOf(vkey); ok {
+		l.c.Invalidate(id)
+	}
 }
 
 // close ends the subscription and otter's clean-up goroutine (it would end
@@ -133,11 +148,11 @@ func (l *local) close() error {
 	return nil
 }
 
-func (l *local) get(key string) (localEntry, bool) {
+func (l *local) get(id string) (localEntry, bool) {
 	if l.sub.Load() == nil {
 		return localEntry{}, false
 	}
-	return l.c.GetIfPresent(key)
+	return l.c.GetIfPresent(id)
 }
 
 // put keeps a copy for min(TTL, redisTTL), unless an invalidation arrived
@@ -146,7 +161,7 @@ func (l *local) get(key string) (localEntry, bool) {
 // storing and takes the copy back if an invalidation came in between: an
 // invalidation that raised the epoch before that check is seen there, and
 // one that raised it after removes the copy itself.
-func (l *local) put(key string, frame []byte, value any, redisTTL time.Duration, epoch uint64) {
+func (l *local) put(id string, frame []byte, value any, redisTTL time.Duration, epoch uint64) {
 	if l.sub.Load() == nil || redisTTL <= 0 || l.epoch.Load() != epoch {
 		return
 	}
@@ -162,13 +177,13 @@ func (l *local) put(key string, frame []byte, value any, redisTTL time.Duration,
 	if life <= 0 {
 		return
 	}
-	l.c.Set(key, localEntry{frame: frame, value: value, life: life})
+	l.c.Set(id, localEntry{frame: frame, value: value, life: life})
 	if l.epoch.Load() != epoch {
-		l.c.Invalidate(key)
+		l.c.Invalidate(id)
 	}
 }
 
-func (l *local) drop(key string) { l.c.Invalidate(key) }
+func (l *local) drop(id string) { l.c.Invalidate(id) }
 
 // sharable reports whether values of t can be handed to several callers as
 // copies without sharing anything they could change: no pointers, slices,

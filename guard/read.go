@@ -193,7 +193,7 @@ func (g *Guard) Peek(ctx context.Context, id string) (context.Context, bool, err
 		return ctx, false, err
 	}
 	if g.local != nil {
-		if _, ok := g.local.get(vkey); ok { // Get will answer from memory
+		if _, ok := g.local.get(id); ok { // Get will answer from memory
 			return ctx, true, nil
 		}
 	}

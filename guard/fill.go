@@ -12,14 +12,27 @@ import (
 	"github.com/cacheguard/cacheguard/loader"
 )
 
+// since is when a caller started: the time, and the local cache's epoch
+// then (0 without Options.Local).
+type since struct {
+	at    time.Time
+	epoch uint64
+}
+
 // join runs the flight key in this process, or joins the one under way,
-// for a caller that started at start, and returns the call that ran it (if
+// for a caller that started at from, and returns the call that ran it (if
 // it was this caller's: mine). A flight's answer serves a caller only if
 // the flight started after the caller did: otherwise a write that returned
 // between the two could be missing from it. A caller that joined an older
 // flight waits for it and then runs (or joins) a newer one, which started
-// after it. fill and loadThrough both go through here.
-func join[T any](ctx context.Context, g *Guard, key string, start time.Time, proto call[T],
+// after it. With Options.Local, an older flight serves the caller too when
+// the local epoch did not move between the two starts: this process made
+// no write (its writes also Forget the flight) and heard of none from
+// other processes, which is the guarantee a local copy gives (see
+// LocalOptions). A hot key's late callers then take the answer of the load
+// under way instead of running another flight after it. fill and
+// loadThrough both go through here.
+func join[T any](ctx context.Context, g *Guard, key string, from since, proto call[T],
 	fly func(c *call[T], ctx context.Context) (flight, error),
 ) (c *call[T], fl flight, shared, mine bool, err error) {
 	for attempt := 0; ; attempt++ {
@@ -27,20 +40,27 @@ func join[T any](ctx context.Context, g *Guard, key string, start time.Time, pro
 		fl, shared, err = g.flights.Do(ctx, key, func(ctx context.Context) (flight, error) { return fly(c, ctx) })
 		mine = fl.by == any(c) // this caller's function ran the flight
 		answered := err == nil || errors.Is(err, ErrNotFound)
-		if fl.by != nil && answered && fl.started.Before(start) && attempt < 3 {
+		if fl.by != nil && answered && fl.started.Before(from.at) && !g.noWriteHeard(fl.epoch, from.epoch) && attempt < 3 {
 			continue // joined a flight older than this caller: its answer may predate a write
 		}
 		return c, fl, shared, mine, err
 	}
 }
 
+// noWriteHeard reports whether the local cache heard of no write between
+// two epochs read while it was armed (arming raises the epoch, so an epoch
+// read before the subscription never equals one read after it).
+func (g *Guard) noWriteHeard(then, now uint64) bool {
+	return g.local != nil && then != 0 && then == now && g.local.sub.Load() != nil
+}
+
 // fill runs a miss (step 5) through a flight shared with the other callers
 // of the ID in this process (see join).
-func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T], start time.Time) (T, error) {
+func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T], from since) (T, error) {
 	var zero T
-	c, fl, shared, mine, err := join(ctx, g, vkey, start, call[T]{g: g, id: id, vkey: vkey, load: load}, (*call[T]).fly)
+	c, fl, shared, mine, err := join(ctx, g, vkey, from, call[T]{g: g, id: id, vkey: vkey, load: load}, (*call[T]).fly)
 	if downOrRefusing(err) { // the lock or the re-check failed: Redis cannot fill
-		return loadThrough(ctx, g, id, vkey, load, start, err)
+		return loadThrough(ctx, g, id, vkey, load, from, err)
 	}
 	g.answered(ctx, fl.outcome, shared && !mine, false)
 	if err != nil {
@@ -53,7 +73,7 @@ func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T
 		}
 	}
 	if g.local != nil && mine { // kept decoded, for a type whose copies share nothing
-		g.local.put(vkey, fl.frame, g.shared(v), fl.ttl, fl.epoch)
+		g.local.put(id, fl.frame, g.shared(v), fl.ttl, fl.epoch)
 	}
 	return v, nil
 }

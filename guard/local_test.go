@@ -3,6 +3,7 @@ package guard_test
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -121,5 +122,75 @@ func TestLocalCopyNeverOutlivesRedis(t *testing.T) {
 	}
 	if n := d.calls.Load() - calls; n != 2 {
 		t.Fatalf("%d loads after the Redis TTL ran out, want 2: a local copy outlived its entry", n)
+	}
+}
+
+// TestLocalLateCallerSharesTheLoad: with Options.Local, a caller that
+// arrives while a load of its key is under way takes that load's answer
+// when no write was heard in between: no second flight after it (without
+// Local it runs one, a lock attempt and a release, to see any write that
+// returned before it started; a local copy has the same window).
+func TestLocalLateCallerSharesTheLoad(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name   string
+		opts   *guard.Options
+		hgets  int  // from the late caller's read on
+		flight bool // the late caller runs a flight of its own after the first
+	}{
+		{"local", &guard.Options{Local: &guard.LocalOptions{TTL: time.Minute}}, 1, false},
+		{"no local", nil, 2, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, g, d := setup(t, 10, tc.opts)
+			if _, err := guard.Get(ctx, g, "p2", d.load); err != nil { // loads the scripts
+				t.Fatal(err)
+			}
+			before := g.Stats()
+			entered, release := make(chan struct{}, 4), make(chan struct{})
+			var loads atomic.Int32
+			load := func(ctx context.Context, id string) (product, error) {
+				loads.Add(1)
+				entered <- struct{}{}
+				<-release
+				return d.load(ctx, id)
+			}
+			errs := make(chan error, 2)
+			go func() { _, err := guard.Get(ctx, g, "p1", load); errs <- err }()
+			<-entered // the first caller's flight is loading
+			c.Counter.Reset()
+			go func() { _, err := guard.Get(ctx, g, "p1", load); errs <- err }()
+			for c.Counter.RoundTrips() == 0 {
+				time.Sleep(time.Millisecond) // until the late caller has read
+			}
+			time.Sleep(20 * time.Millisecond) // and joined the flight (checked below)
+			close(release)
+			for range 2 {
+				if err := <-errs; err != nil {
+					t.Fatal(err)
+				}
+			}
+			if n := loads.Load(); n != 1 {
+				t.Fatalf("%d loads, want 1", n)
+			}
+			// The late caller is answered by the first flight (coalesced), or
+			// by its own, whose re-check finds what the first one wrote (a hit).
+			st := g.Stats()
+			want := [2]uint64{1, 0} // coalesced, hits
+			if tc.flight {
+				want = [2]uint64{0, 1}
+			}
+			if got := [2]uint64{st.Coalesced - before.Coalesced, st.Hits - before.Hits}; got != want {
+				t.Fatalf("late caller: %d coalesced, %d hits, want %v (%+v)", got[0], got[1], want, st)
+			}
+			// The late caller's read (an HGET); without Local also the
+			// late caller's own flight, whose lock attempt re-checks (HGET).
+			if n := c.Counter.Names()["hget"]; n != tc.hgets {
+				t.Fatalf("%d HGETs from the late caller's read on, want %d (%v)", n, tc.hgets, c.Counter.Names())
+			}
+			if !tc.flight && c.Counter.RoundTrips() != 2 { // and the first flight's write
+				t.Fatalf("%d round trips from the late caller's read on, want 2 (%v)", c.Counter.RoundTrips(), c.Counter.Names())
+			}
+		})
 	}
 }

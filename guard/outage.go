@@ -141,12 +141,12 @@ func reply(err error) bool {
 // the outage policy. cause is the Redis failure that sent it here. Loads are
 // merged per ID in this process (a flight keyed apart from the fill flights)
 // under the same started-after rule as fill (join), and capped by MaxLoads.
-func loadThrough[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T], start time.Time, cause error) (T, error) {
+func loadThrough[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T], from since, cause error) (T, error) {
 	var zero T
 	if g.outage.failFast {
 		return zero, cause
 	}
-	c, fl, shared, mine, err := join(ctx, g, "\x00through:"+vkey, start, call[T]{g: g, id: id, vkey: vkey, load: load}, (*call[T]).loadThrough)
+	c, fl, shared, mine, err := join(ctx, g, "\x00through:"+vkey, from, call[T]{g: g, id: id, vkey: vkey, load: load}, (*call[T]).loadThrough)
 	g.answered(ctx, fl.outcome, shared && !mine, true)
 	if err != nil {
 		return zero, panicked(g, id, err)

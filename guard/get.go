@@ -82,7 +82,11 @@ func get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 		if err != nil { // the breaker is open: Redis is not asked (nor counted as failing)
 			return loadThrough(ctx, g, id, vkey, load, from, fmt.Errorf("cacheguard: %s %q: read: %w", g.name, id, err))
 		}
-		r, err = g.read(ctx, id, vkey)
+		if g.local != nil {
+			r, err = g.readShared(ctx, id, vkey, from)
+		} else {
+			r, err = g.read(ctx, id, vkey)
+		}
 		g.outage.after(done, err)
 		if downOrRefusing(err) {
 			return loadThrough(ctx, g, id, vkey, load, from, err)

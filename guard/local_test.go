@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/cacheguard/cacheguard/guard"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
@@ -192,5 +194,50 @@ func TestLocalLateCallerSharesTheLoad(t *testing.T) {
 				t.Fatalf("%d round trips from the late caller's read on, want 2 (%v)", c.Counter.RoundTrips(), c.Counter.Names())
 			}
 		})
+	}
+}
+
+// TestLocalCallersShareOneRead: with Options.Local, the callers of an ID
+// that this process holds no copy of share one Redis read (a hot key whose
+// copy just expired sends one, not one per caller). Redis is paused while
+// they arrive, so that they all find the first read under way.
+func TestLocalCallersShareOneRead(t *testing.T) {
+	ctx := context.Background()
+	c, g, d := setup(t, 10, &guard.Options{Local: &guard.LocalOptions{TTL: time.Minute}})
+	other, err := guard.New(ctx, redistest.Connect(t), "product", &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 10_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if _, err := guard.Get(ctx, other, "p1", d.load); err != nil { // in Redis, not in g's memory
+		t.Fatal(err)
+	}
+	if err := c.ForEachNode(ctx, func(ctx context.Context, n *redis.Client) error {
+		return n.Do(ctx, "client", "pause", 300, "all").Err()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	c.Counter.Reset()
+	const callers = 16
+	errs := make(chan error, callers)
+	for range callers {
+		go func() {
+			p, err := guard.Get(ctx, g, "p1", d.load)
+			if err == nil && p.Price != 1 {
+				err = fmt.Errorf("got %+v", p)
+			}
+			errs <- err
+		}()
+	}
+	for range callers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := c.Counter.Names()["hget"]; n != 1 {
+		t.Fatalf("%d callers sent %d HGETs, want 1 (%v)", callers, n, c.Counter.Names())
+	}
+	if n := d.calls.Load(); n != 1 { // other's load only
+		t.Fatalf("%d loads, want 1", n)
 	}
 }

@@ -93,6 +93,38 @@ func (g *Guard) read(ctx context.Context, id, vkey string) (readResult, error) {
 	return g.verdict(ctx, id, maybe, err)
 }
 
+// sharedRead is one read shared by the callers of a value key (readShared).
+type sharedRead struct {
+	r       readResult
+	started time.Time // before the read
+	epoch   uint64    // the local cache's epoch then
+}
+
+// readShared is read for a Guard with a local cache: when a hot key's copy
+// expires, its callers in this process share one Redis read instead of
+// sending one each, under the rule of join: a read that started before the
+// caller serves it only if no write was heard in between (the window of a
+// local copy); otherwise the caller reads again. The read runs on a
+// context detached from the callers' and bounded by RedisTimeout; each
+// caller leaves when its own ctx is done.
+func (g *Guard) readShared(ctx context.Context, id, vkey string, from since) (readResult, error) {
+	for attempt := 0; ; attempt++ {
+		sr, _, err := g.reads.Do(ctx, vkey, func(ctx context.Context) (sharedRead, error) {
+			sr := sharedRead{started: time.Now(), epoch: g.local.epoch.Load()}
+			var err error
+			sr.r, err = g.read(ctx, id, vkey)
+			return sr, err
+		})
+		if err != nil {
+			return readResult{}, err
+		}
+		if sr.started.Before(from.at) && !g.noWriteHeard(sr.epoch, from.epoch) && attempt < 3 {
+			continue // a read older than this caller, and a write heard since
+		}
+		return sr.r, nil
+	}
+}
+
 // readWithTTL is read for a Guard with a local cache: the probe, the HGET
 // and the entry's PTTL in one round trip (it runs only when the local copy
 // is missing or expired).

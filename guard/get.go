@@ -75,7 +75,9 @@ func get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 		from.epoch = g.local.epoch.Load() // before the read: see local.put
 	}
 	// Step 3 in this goroutine: a hit, a reject or a marker is answered
-	// from a read made after this Get started, never from another caller's.
+	// from a read made after this Get started, never from another caller's
+	// (with Local, from one shared with the ID's other callers if no write
+	// was heard since it started: see readShared).
 	r, ok := peekedFor(ctx, g, id)
 	if !ok {
 		done, err := g.outage.before()

@@ -12,20 +12,24 @@
 //     a malformed ID ends in [ErrInvalidKey] without a Redis command. After
 //     [Guard.Close] every call ends in [ErrClosed] (the gate in guard.go).
 //  2. With [Options.Local], a copy in process memory answers at once
-//     (local.go).
+//     (local.go; looked up by ID, before the value key is built).
 //  3. One round trip, in the caller's goroutine, reads the ID (Guard.read
-//     in read.go): the bloom probe and the HGET of the value key's field for
-//     [Options.Version], pipelined. An ID the filter has never seen ends in
-//     [ErrNotFound]; a cached value is decoded and returned; a cached empty
-//     marker ends in [ErrNotFound]; a corrupt entry is dropped and treated as
-//     a miss. A filter that is not ready (never built, or lost by Redis)
-//     answers "maybe": the Guard fails open, never rejects an ID that exists.
-//     [Guard.Peek] is this step alone, for HTTP middleware; the Get that
-//     follows it reuses its answer.
+//     in read.go): the HGET of the value key's field for [Options.Version],
+//     with the bloom probe pipelined while recent reads missed (when the
+//     HGET alone finds nothing, the probe follows it). With [Options.Local]
+//     the callers of an ID share this read (readShared). An ID the filter
+//     has never seen ends in [ErrNotFound]; a cached value is decoded and
+//     returned; a cached empty marker ends in [ErrNotFound]; a corrupt entry
+//     is dropped and treated as a miss. A filter that is not ready (never
+//     built, or lost by Redis) answers "maybe": the Guard fails open, never
+//     rejects an ID that exists. [Guard.Peek] is this step alone, for HTTP
+//     middleware; the Get that follows it reuses its answer.
 //  4. A miss joins the ID's fill flight in this process (fill in fill.go),
 //     if that flight started after this Get did: an older flight may have
 //     read before a write that returned before this Get started, so its
-//     answer could be stale, and the Get runs a newer one.
+//     answer could be stale, and the Get runs a newer one (with
+//     [Options.Local], an older flight answers too if no write was heard
+//     since it started: the window a local copy has anyway).
 //  5. The flight goes to the loader's Coordinator (call.coordinate): one
 //     process at a time takes the ID's lock, checks the cache again, calls
 //     the load function and writes its value for [Options.TTL] ±

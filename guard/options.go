@@ -64,7 +64,8 @@ type Options struct {
 	// on its own (lock, re-check, write, release, wait), so that a stalled
 	// Redis cannot keep flights alive: a flight ends within LockWait +
 	// LoadTimeout + 4·RedisTimeout. A Get's own read is bounded by its ctx
-	// (see README: ContextTimeoutEnabled). Default 1 second.
+	// (see README: ContextTimeoutEnabled); with Local, the read that the
+	// callers of an ID share is bounded by RedisTimeout. Default 1 second.
 	RedisTimeout time.Duration
 	// Outage says what Get does when Redis cannot answer; nil means the
 	// defaults of OutageOptions (load through, capped).

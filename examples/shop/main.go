@@ -1,9 +1,9 @@
 // Command shop is a small but real shop service that reads through
 // cacheguard, and a load generator that shows what the guard saves.
 //
-//	shop demo   [-exit] [-duration 3s] [-chart demo.png]   seed, serve, attack both paths, print the table, keep serving
+//	shop demo   [-exit] [-duration 3s] [-chart demo.png] [-only zipf] [-zipf-keys 1000]   seed, serve, attack both paths, print the table, keep serving
 //	shop serve  [-addr 127.0.0.1:8080]   just the service
-//	shop attack -url http://127.0.0.1:8080 [-duration 3s]
+//	shop attack -url http://127.0.0.1:8080 [-duration 3s] [-only ...] [-zipf-keys N]
 //
 // Data lives in SQLite (a temporary file removed on exit, or -db) unless DATABASE_URL names a PostgreSQL
 // database. Redis is REDIS_URL, or else a redis-server the command starts on
@@ -79,12 +79,16 @@ func runServe(ctx context.Context, demo bool, args []string, stdout, stderr io.W
 	echoVersion := fs.Int("echo", 5, "Echo major version serving /products (5, or 4 for the v4 adapter)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the process to this file (see go tool pprof)")
 	only := fs.String("only", "", "demo: run only these scenarios (comma-separated: penetration, stampede, zipf)")
+	zipfKeys := fs.Int("zipf-keys", 100_000, "demo: the Zipf scenario draws from products 1..N (1,000: a cache that is warm after the first second)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	scenarios, err := scenarioList(*only)
 	if err != nil {
 		return err
+	}
+	if *zipfKeys < 2 || *zipfKeys > 100_000 {
+		return fmt.Errorf("-zipf-keys %d: want 2 to 100,000 (the products seeded)", *zipfKeys)
 	}
 	if *echoVersion != 4 && *echoVersion != 5 {
 		return fmt.Errorf("-echo %d: want 4 or 5", *echoVersion)
@@ -155,7 +159,7 @@ func runServe(ctx context.Context, demo bool, args []string, stdout, stderr io.W
 	if demo {
 		fmt.Fprintf(stdout, "watch it live: %s/dashboard\n", url)
 		fmt.Fprintf(stdout, "attacking %s: each scenario for %v on the naive path, then on the guarded path (DB latency %v)\n", url, *duration, *dbLatency)
-		rows, err := attack(ctx, url, attackOptions{Duration: *duration, Workers: 32, Burst: 100, HotProduct: "1", Products: 100_000,
+		rows, err := attack(ctx, url, attackOptions{Duration: *duration, Workers: 32, Burst: 100, HotProduct: "1", Products: *zipfKeys,
 			Scenarios: scenarios, Progress: stderr, OnPhase: shop.live.setPhase})
 		if err != nil {
 			return err
@@ -189,6 +193,7 @@ func runAttack(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	url := fs.String("url", "http://127.0.0.1:8080", "the shop's base URL")
 	duration := fs.Duration("duration", 3*time.Second, "length of each scenario on each path")
 	only := fs.String("only", "", "run only these scenarios (comma-separated: penetration, stampede, zipf)")
+	zipfKeys := fs.Int("zipf-keys", 100_000, "the Zipf scenario draws from products 1..N")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -196,7 +201,10 @@ func runAttack(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	rows, err := attack(ctx, *url, attackOptions{Duration: *duration, Workers: 32, Burst: 100, HotProduct: "1", Products: 100_000,
+	if *zipfKeys < 2 {
+		return fmt.Errorf("-zipf-keys %d: want at least 2", *zipfKeys)
+	}
+	rows, err := attack(ctx, *url, attackOptions{Duration: *duration, Workers: 32, Burst: 100, HotProduct: "1", Products: *zipfKeys,
 		Scenarios: scenarios, Progress: stderr})
 	if err != nil {
 		return err

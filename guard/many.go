@@ -34,6 +34,9 @@ type BatchLoadFunc[T any] func(ctx context.Context, ids []string) (map[string]T,
 //     has is waited for and read when it is done, and does not hold up the
 //     batch. IDs that load does not return get empty markers.
 //
+// GetMany reads Redis for every ID: it neither consults nor fills the
+// in-process cache of Options.Local (Get does).
+//
 // Malformed IDs fail the call with ErrInvalidKey before any Redis command.
 // If some IDs fail (a load error, ErrBusy, Redis failing), the map holds the
 // others and the error joins the failures. When Redis cannot answer, the

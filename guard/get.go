@@ -123,21 +123,30 @@ func get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 // reports ErrClosed. IDs are not checked here: a malformed one was never
 // stored, so it misses and Get refuses it afterwards.
 func localHit[T any](ctx context.Context, g *Guard, id string) (T, bool) {
-	var zero T
 	if g.gate.closed.Load() {
+		var zero T
 		return zero, false
 	}
+	v, ok := fromLocal[T](g, id)
+	if ok {
+		g.answered(ctx, outLocalHit, false, false)
+	}
+	return v, ok
+}
+
+// fromLocal is the copy of id in process memory, if there is one that
+// decodes (one that does not is dropped).
+func fromLocal[T any](g *Guard, id string) (T, bool) {
+	var zero T
 	e, ok := g.local.get(id)
 	if !ok {
 		return zero, false
 	}
 	if v, ok := e.value.(T); ok { // decoded once, a copy for each caller
-		g.answered(ctx, outLocalHit, false, false)
 		return v, true
 	}
 	var v T
 	if codec.Decode(g.opts.Codec, e.frame, &v) == nil {
-		g.answered(ctx, outLocalHit, false, false)
 		return v, true
 	}
 	g.local.drop(id)

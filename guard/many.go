@@ -34,8 +34,8 @@ type BatchLoadFunc[T any] func(ctx context.Context, ids []string) (map[string]T,
 //     has is waited for and read when it is done, and does not hold up the
 //     batch. IDs that load does not return get empty markers.
 //
-// GetMany reads Redis for every ID: it neither consults nor fills the
-// in-process cache of Options.Local (Get does).
+// With Options.Local, the IDs held in process memory are answered from it
+// first, and what the call reads or loads is kept there, as by Get.
 //
 // Malformed IDs fail the call with ErrInvalidKey before any Redis command.
 // If some IDs fail (a load error, ErrBusy, Redis failing), the map holds the
@@ -70,6 +70,11 @@ func getMany[T any](ctx context.Context, g *Guard, ids []string, load BatchLoadF
 		return nil, err
 	}
 	out := make(map[string]T, len(ids))
+	var epoch uint64
+	if g.local != nil {
+		epoch = g.local.epoch.Load() // before the local lookups and the read: see local.put
+		ids, keys = localMany(ctx, g, ids, keys, out)
+	}
 	if len(ids) == 0 {
 		return out, nil
 	}
@@ -91,6 +96,9 @@ func getMany[T any](ctx context.Context, g *Guard, ids []string, load BatchLoadF
 				g.answeredMany(ctx, e.found.outcome, false)
 				if e.err == nil {
 					out[ids[i]] = e.v
+					if g.local != nil {
+						g.local.put(ids[i], r.raw, g.shared(e.v), r.ttl, epoch)
+					}
 				}
 				continue
 			}
@@ -100,7 +108,21 @@ func getMany[T any](ctx context.Context, g *Guard, ids []string, load BatchLoadF
 	if len(missIDs) == 0 {
 		return out, nil
 	}
-	return out, fillMany(ctx, g, missIDs, missKeys, load, out)
+	return out, fillMany(ctx, g, missIDs, missKeys, load, out, epoch)
+}
+
+// localMany answers the IDs that the in-process cache holds (into out) and
+// returns the others, with their keys.
+func localMany[T any](ctx context.Context, g *Guard, ids, keys []string, out map[string]T) (restIDs, restKeys []string) {
+	for i, id := range ids {
+		if v, ok := fromLocal[T](g, id); ok {
+			out[id] = v
+			g.answeredMany(ctx, outLocalHit, false)
+			continue
+		}
+		restIDs, restKeys = append(restIDs, id), append(restKeys, keys[i])
+	}
+	return restIDs, restKeys
 }
 
 // readMany is GetMany's read: each ID's entry, and its bloom probe in the
@@ -123,11 +145,18 @@ func (g *Guard) readManyOnce(ctx context.Context, ids, keys []string) ([]readRes
 	pipe := g.rdb.Pipeline()
 	probes := make([]bloom.Probe, len(ids))
 	gets := make([]*redis.StringCmd, len(ids))
+	var pttls []*redis.DurationCmd // with Local: a copy must not outlive its entry
+	if g.local != nil {
+		pttls = make([]*redis.DurationCmd, len(ids))
+	}
 	for i, id := range ids {
 		if probeNow {
 			probes[i] = f.Queue(ctx, pipe, id)
 		}
 		gets[i] = pipe.HGet(ctx, keys[i], g.field)
+		if pttls != nil {
+			pttls[i] = pipe.PTTL(ctx, keys[i])
+		}
 	}
 	_, _ = pipe.Exec(ctx) // errors are read per command
 	out := make([]readResult, len(ids))
@@ -137,6 +166,9 @@ func (g *Guard) readManyOnce(ctx context.Context, ids, keys []string) ([]readRes
 		switch {
 		case err == nil:
 			out[i] = readResult{verdict: verdictEntry, raw: raw}
+			if pttls != nil {
+				out[i].ttl = max(pttls[i].Val(), 0)
+			}
 		case errors.Is(err, redis.Nil):
 			missed = append(missed, i)
 		default:
@@ -177,7 +209,7 @@ func (g *Guard) readManyOnce(ctx context.Context, ids, keys []string) ([]readRes
 // fillMany runs GetMany's misses through the Coordinator, one goroutine per
 // ID (each ends by the flight bound: see Options.RedisTimeout), their loads
 // batched, and adds what they found to out.
-func fillMany[T any](ctx context.Context, g *Guard, ids, keys []string, load BatchLoadFunc[T], out map[string]T) error {
+func fillMany[T any](ctx context.Context, g *Guard, ids, keys []string, load BatchLoadFunc[T], out map[string]T, epoch uint64) error {
 	b := newBatch(g, load, len(ids))
 	type answer struct {
 		id    string
@@ -242,6 +274,9 @@ func fillMany[T any](ctx context.Context, g *Guard, ids, keys []string, load Bat
 				continue
 			}
 			out[a.id] = v
+		}
+		if g.local != nil && a.err == nil { // kept for the TTL it was written with (0, unknown: not kept)
+			g.local.put(a.id, a.found.frame, g.shared(out[a.id]), a.found.ttl, epoch)
 		}
 	}
 	cancel()

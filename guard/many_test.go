@@ -208,3 +208,70 @@ func TestGetManyWhenRedisIsDown(t *testing.T) {
 		t.Fatalf("load-throughs %d, misses %d: want 1 and 4", st.LoadThroughs-before.LoadThroughs, st.Misses-before.Misses)
 	}
 }
+
+// TestGetManyLocal: with Options.Local, GetMany answers what process memory
+// holds without Redis, keeps what it reads and loads (a Get finds it
+// there too), reads only the rest, and drops a copy when another process
+// invalidates it.
+func TestGetManyLocal(t *testing.T) {
+	ctx := context.Background()
+	c, g, d := setup(t, 10, &guard.Options{Local: &guard.LocalOptions{TTL: time.Minute}})
+	b := &batchDB{db: d}
+	other, err := guard.New(ctx, redistest.Connect(t), "product", &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 10_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if _, err := guard.Get(ctx, other, "p3", d.load); err != nil { // p3: in Redis, not in g's memory
+		t.Fatal(err)
+	}
+	ids := []string{"p1", "p2", "p3"}
+	if got, err := guard.GetMany(ctx, g, ids, b.loadMany); err != nil || len(got) != 3 || got["p2"].Price != 2 {
+		t.Fatalf("cold GetMany: %v, %v", got, err)
+	}
+	if len(b.calls) != 1 || !slices.Equal(slices.Sorted(slices.Values(b.calls[0])), []string{"p1", "p2"}) {
+		t.Fatalf("batch calls %v, want one for p1 and p2", b.calls)
+	}
+	c.Counter.Reset()
+	before := g.Stats().LocalHits
+	got, err := guard.GetMany(ctx, g, ids, b.loadMany)
+	if err != nil || len(got) != 3 || got["p3"].Price != 3 {
+		t.Fatalf("warm GetMany: %v, %v", got, err)
+	}
+	if p, err := guard.Get(ctx, g, "p1", d.load); err != nil || p.Price != 1 {
+		t.Fatalf("Get after GetMany: %+v, %v", p, err)
+	}
+	if n := c.Counter.RoundTrips(); n != 0 {
+		t.Fatalf("GetMany and Get from memory cost %d round trips (%v)", n, c.Counter.Names())
+	}
+	if n := g.Stats().LocalHits - before; n != 4 {
+		t.Fatalf("%d local hits, want 4", n)
+	}
+	// One ID held, one not: only p4 is read (and loaded).
+	got, err = guard.GetMany(ctx, g, []string{"p1", "p4"}, b.loadMany)
+	if err != nil || len(got) != 2 || got["p4"].Price != 4 {
+		t.Fatalf("mixed GetMany: %v, %v", got, err)
+	}
+	if n := c.Counter.Names()["hget"]; n != 2 { // p4's read and its lock attempt's re-check
+		t.Fatalf("%d HGETs for one ID not in memory, want 2 (%v)", n, c.Counter.Names())
+	}
+	// Another process's write reaches the copy.
+	d.set(product{ID: "p2", Name: "new", Price: 20})
+	if err := other.Invalidate(ctx, "p2"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got, err := guard.GetMany(ctx, g, ids, b.loadMany)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got["p2"].Price == 20 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the other process's Invalidate never reached GetMany's copy")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

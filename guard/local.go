@@ -25,10 +25,12 @@ import (
 // write from a message on the Guard's pub/sub channel, sent in the write's
 // round trip: until it arrives they may serve their copy. Measured by
 // TestConsistencyCheckerLocal (3 processes, 60,000 operations on 200 IDs,
-// 30% writes, on one 2-core machine): 4 to 7 stale reads per 10,000 reads,
+// 30% writes, on one 2-core machine): 3 to 7 stale reads per 10,000 reads,
 // the longest 0.3 to 22 ms after the write returned (scheduling delays of
 // the receiving goroutine; 5.2 to 6.7 and 1.2 to 8.2 ms in three runs on
-// the otter-based cache), and 0 in the writing process. TTL bounds what a
+// the otter-based cache; 3.3 to 6.0 and 0.56 to 1.85 ms in four runs with
+// the shared reads and flights described below), and 0 in the writing
+// process. TTL bounds what a
 // lost message (a dropped connection) can leave stale. Closing the window
 // entirely would cost a local hit a check with Redis (a round trip, which is
 // what Local saves), or a client that reads pending invalidation pushes on

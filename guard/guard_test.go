@@ -102,6 +102,19 @@ func setup(t *testing.T, n int, opts *guard.Options) (*redistest.Conn, *guard.Gu
 	return c, g, d
 }
 
+// otherProcess opens a Guard on the keys of setup's (c.Prefix, "product")
+// with a client of its own, as another process would; closed when the test
+// ends.
+func otherProcess(t *testing.T, c *redistest.Conn) *guard.Guard {
+	t.Helper()
+	g, err := guard.New(context.Background(), redistest.Connect(t), "product", &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 10_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = g.Close() })
+	return g
+}
+
 func TestRoundTrips(t *testing.T) {
 	ctx := context.Background()
 	c, g, d := setup(t, 100, nil)

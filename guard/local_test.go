@@ -204,11 +204,7 @@ func TestLocalLateCallerSharesTheLoad(t *testing.T) {
 func TestLocalCallersShareOneRead(t *testing.T) {
 	ctx := context.Background()
 	c, g, d := setup(t, 10, &guard.Options{Local: &guard.LocalOptions{TTL: time.Minute}})
-	other, err := guard.New(ctx, redistest.Connect(t), "product", &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 10_000})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
+	other := otherProcess(t, c)
 	if _, err := guard.Get(ctx, other, "p1", d.load); err != nil { // in Redis, not in g's memory
 		t.Fatal(err)
 	}

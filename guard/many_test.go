@@ -109,12 +109,7 @@ func TestGetManyAcrossProcesses(t *testing.T) {
 	}
 	guards := []*guard.Guard{g0}
 	for range 3 {
-		g, err := guard.New(ctx, redistest.Connect(t), "product", &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 10_000})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer g.Close()
-		guards = append(guards, g)
+		guards = append(guards, otherProcess(t, c))
 	}
 	var ids []string
 	for i := range 50 {
@@ -217,11 +212,7 @@ func TestGetManyLocal(t *testing.T) {
 	ctx := context.Background()
 	c, g, d := setup(t, 10, &guard.Options{Local: &guard.LocalOptions{TTL: time.Minute}})
 	b := &batchDB{db: d}
-	other, err := guard.New(ctx, redistest.Connect(t), "product", &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 10_000})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
+	other := otherProcess(t, c)
 	if _, err := guard.Get(ctx, other, "p3", d.load); err != nil { // p3: in Redis, not in g's memory
 		t.Fatal(err)
 	}

@@ -108,7 +108,7 @@ type sharedRead struct {
 // context detached from the callers' and bounded by RedisTimeout; each
 // caller leaves when its own ctx is done.
 func (g *Guard) readShared(ctx context.Context, id, vkey string, from since) (readResult, error) {
-	for attempt := 0; ; attempt++ {
+	for range 3 { // a second read already starts after this caller: see below
 		sr, _, err := g.reads.Do(ctx, vkey, func(ctx context.Context) (sharedRead, error) {
 			sr := sharedRead{started: time.Now(), epoch: g.local.epoch.Load()}
 			var err error
@@ -118,11 +118,13 @@ func (g *Guard) readShared(ctx context.Context, id, vkey string, from since) (re
 		if err != nil {
 			return readResult{}, err
 		}
-		if sr.started.Before(from.at) && !g.noWriteHeard(sr.epoch, from.epoch) && attempt < 3 {
-			continue // a read older than this caller, and a write heard since
+		if !sr.started.Before(from.at) || g.noWriteHeard(sr.epoch, from.epoch) {
+			return sr.r, nil
 		}
-		return sr.r, nil
+		// A read older than this caller, and a write heard since: the next
+		// one starts after this one ended, so after this caller.
 	}
+	return g.read(ctx, id, vkey) // only if reads were forgotten under it again and again: its own
 }
 
 // readWithTTL is read for a Guard with a local cache: the probe, the HGET

@@ -19,13 +19,20 @@ import (
 // Compare each with BenchmarkRawGet: the ratio is the guard's overhead on top
 // of the round trip every cache-aside read pays anyway.
 
-func benchGuard(b *testing.B, known int) (*redistest.Conn, *guard.Guard, *db) {
+// benchGuard opens a Guard (opts on top of the harness's prefix and
+// 100,000 expected items; nil: defaults) on a client without the counting
+// hook, as BenchmarkRawGet's, and fills its filter with p0..p<known-1>.
+func benchGuard(b *testing.B, known int, opts *guard.Options) (*redistest.Conn, *guard.Guard, *db) {
 	b.Helper()
 	c := redistest.Connect(b)
-	// The Guard gets a client without the counting hook, as BenchmarkRawGet's.
 	rdb := redistest.NewClient()
 	b.Cleanup(func() { _ = rdb.Close() })
-	g, err := guard.New(context.Background(), rdb, "product", &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 100_000})
+	var o guard.Options
+	if opts != nil {
+		o = *opts
+	}
+	o.KeyPrefix, o.ExpectedItems = c.Prefix, 100_000
+	g, err := guard.New(context.Background(), rdb, "product", &o)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -37,65 +44,64 @@ func benchGuard(b *testing.B, known int) (*redistest.Conn, *guard.Guard, *db) {
 	return c, g, d
 }
 
-func BenchmarkGet(b *testing.B) {
+// warm Gets p0..p999 once (each a miss that caches it) and returns their IDs.
+func warm(b *testing.B, g *guard.Guard, d *db) []string {
+	b.Helper()
+	keys := make([]string, 1000)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("p%d", i)
+		if _, err := guard.Get(context.Background(), g, keys[i], d.load); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return keys
+}
+
+// hits times Gets of warm keys, in one goroutine or in RunParallel's.
+func hits(b *testing.B, g *guard.Guard, d *db, keys []string, parallel bool) {
 	ctx := context.Background()
-	b.Run("hit", func(b *testing.B) {
-		_, g, d := benchGuard(b, 1000)
-		for i := range 1000 {
-			if _, err := guard.Get(ctx, g, fmt.Sprintf("p%d", i), d.load); err != nil {
-				b.Fatal(err)
-			}
-		}
-		keys := make([]string, 1000)
-		for i := range keys {
-			keys[i] = fmt.Sprintf("p%d", i)
-		}
-		b.ReportAllocs()
+	b.ReportAllocs()
+	b.ResetTimer() // the warm-up's misses are not hits
+	if !parallel {
 		i := 0
 		for b.Loop() {
-			if _, err := guard.Get(ctx, g, keys[i%1000], d.load); err != nil {
+			if _, err := guard.Get(ctx, g, keys[i%len(keys)], d.load); err != nil {
 				b.Fatal(err)
 			}
 			i++
 		}
+		return
+	}
+	b.RunParallel(func(pb *testing.PB) {
+		i := 0
+		for pb.Next() {
+			if _, err := guard.Get(ctx, g, keys[i%len(keys)], d.load); err != nil {
+				b.Error(err)
+				return
+			}
+			i++
+		}
+	})
+}
+
+func BenchmarkGet(b *testing.B) {
+	ctx := context.Background()
+	b.Run("hit", func(b *testing.B) {
+		_, g, d := benchGuard(b, 1000, nil)
+		hits(b, g, d, warm(b, g, d), false)
 	})
 	// hit-otel is hit with OpenTelemetry on: an SDK tracer provider that
 	// samples every span (and exports none) and an SDK meter provider
 	// with a reader. Compare with hit (no providers: nothing recorded).
 	b.Run("hit-otel", func(b *testing.B) {
-		c := redistest.Connect(b)
-		rdb := redistest.NewClient()
-		b.Cleanup(func() { _ = rdb.Close() })
 		tp := sdktrace.NewTracerProvider()
 		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
 		b.Cleanup(func() { _ = tp.Shutdown(ctx); _ = mp.Shutdown(ctx) })
-		g, err := guard.New(ctx, rdb, "product", &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 100_000, TracerProvider: tp, MeterProvider: mp})
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { _ = g.Close() })
-		d := newDB(1000)
-		if _, err := g.Rebuild(ctx, ids("p", 1000), nil); err != nil {
-			b.Fatal(err)
-		}
-		keys := make([]string, 1000)
-		for i := range keys {
-			keys[i] = fmt.Sprintf("p%d", i)
-			if _, err := guard.Get(ctx, g, keys[i], d.load); err != nil {
-				b.Fatal(err)
-			}
-		}
-		b.ReportAllocs()
-		i := 0
-		for b.Loop() {
-			if _, err := guard.Get(ctx, g, keys[i%1000], d.load); err != nil {
-				b.Fatal(err)
-			}
-			i++
-		}
+		_, g, d := benchGuard(b, 1000, &guard.Options{TracerProvider: tp, MeterProvider: mp})
+		hits(b, g, d, warm(b, g, d), false)
 	})
 	b.Run("reject", func(b *testing.B) {
-		_, g, d := benchGuard(b, 1000)
+		_, g, d := benchGuard(b, 1000, nil)
 		b.ReportAllocs()
 		i := 0
 		for b.Loop() {
@@ -106,7 +112,7 @@ func BenchmarkGet(b *testing.B) {
 		}
 	})
 	b.Run("miss", func(b *testing.B) {
-		c, g, d := benchGuard(b, 1000)
+		c, g, d := benchGuard(b, 1000, nil)
 		b.ReportAllocs()
 		i := 0
 		for b.Loop() {
@@ -121,57 +127,12 @@ func BenchmarkGet(b *testing.B) {
 		}
 	})
 	b.Run("local-hit-parallel", func(b *testing.B) {
-		c := redistest.Connect(b)
-		rdb := redistest.NewClient()
-		b.Cleanup(func() { _ = rdb.Close() })
-		g, err := guard.New(ctx, rdb, "product", &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 100_000,
-			Local: &guard.LocalOptions{TTL: time.Minute}})
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { _ = g.Close() })
-		d := newDB(1000)
-		keys := make([]string, 1000)
-		for i := range keys {
-			keys[i] = fmt.Sprintf("p%d", i)
-			if _, err := guard.Get(ctx, g, keys[i], d.load); err != nil {
-				b.Fatal(err)
-			}
-		}
-		b.ReportAllocs()
-		b.ResetTimer()
-		b.RunParallel(func(pb *testing.PB) {
-			i := 0
-			for pb.Next() {
-				if _, err := guard.Get(ctx, g, keys[i%1000], d.load); err != nil {
-					b.Error(err)
-					return
-				}
-				i++
-			}
-		})
+		_, g, d := benchGuard(b, 1000, &guard.Options{Local: &guard.LocalOptions{TTL: time.Minute}})
+		hits(b, g, d, warm(b, g, d), true)
 	})
 	b.Run("hit-parallel", func(b *testing.B) {
-		_, g, d := benchGuard(b, 1000)
-		keys := make([]string, 1000)
-		for i := range keys {
-			keys[i] = fmt.Sprintf("p%d", i)
-			if _, err := guard.Get(ctx, g, keys[i], d.load); err != nil {
-				b.Fatal(err)
-			}
-		}
-		b.ReportAllocs()
-		b.ResetTimer() // the warm-up's misses are not hits
-		b.RunParallel(func(pb *testing.PB) {
-			i := 0
-			for pb.Next() {
-				if _, err := guard.Get(ctx, g, keys[i%1000], d.load); err != nil {
-					b.Error(err)
-					return
-				}
-				i++
-			}
-		})
+		_, g, d := benchGuard(b, 1000, nil)
+		hits(b, g, d, warm(b, g, d), true)
 	})
 }
 
@@ -241,7 +202,7 @@ func BenchmarkRawGet(b *testing.B) {
 // the same bytes with their decoding.
 func BenchmarkGetMany(b *testing.B) {
 	ctx := context.Background()
-	c, g, d := benchGuard(b, 1000)
+	c, g, d := benchGuard(b, 1000, nil)
 	var page []string
 	for i := range 100 {
 		page = append(page, fmt.Sprintf("p%d", i))

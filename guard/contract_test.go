@@ -21,17 +21,9 @@ import (
 // of the Guard it returns report ErrUnavailable alike.
 func TestErrUnavailableFromEveryOperation(t *testing.T) {
 	ctx := context.Background()
-	srv, rdb := redistest.Private(t)
 	failFast := &guard.Options{Outage: &guard.OutageOptions{FailFast: true}}
-	g, err := guard.New(ctx, rdb, "product", failFast)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
+	srv, rdb, g := privateGuard(t, failFast)
 	d := newDB(10)
-	if _, err := g.Rebuild(ctx, ids("p", 10), nil); err != nil {
-		t.Fatal(err)
-	}
 	if err := srv.Kill(); err != nil {
 		t.Fatal(err)
 	}

@@ -12,8 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/cacheguard/cacheguard/codec"
 	"github.com/cacheguard/cacheguard/guard"
+	"github.com/cacheguard/cacheguard/internal/redisserver"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 	"github.com/cacheguard/cacheguard/lock"
 )
@@ -100,6 +103,27 @@ func setup(t *testing.T, n int, opts *guard.Options) (*redistest.Conn, *guard.Gu
 	}
 	c.Counter.Reset()
 	return c, g, d
+}
+
+// privateGuard opens a Guard (opts; ExpectedItems 1000 unless set) on a
+// redis-server of the test's own, which the test may kill or reconfigure,
+// and fills its filter with p0..p9.
+func privateGuard(t *testing.T, opts *guard.Options) (*redisserver.Server, *redis.Client, *guard.Guard) {
+	t.Helper()
+	srv, rdb := redistest.Private(t)
+	o := *opts
+	if o.ExpectedItems == 0 {
+		o.ExpectedItems = 1000
+	}
+	g, err := guard.New(context.Background(), rdb, "product", &o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = g.Close() })
+	if _, err := g.Rebuild(context.Background(), ids("p", 10), nil); err != nil {
+		t.Fatal(err)
+	}
+	return srv, rdb, g
 }
 
 // otherProcess opens a Guard on the keys of setup's (c.Prefix, "product")

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/cacheguard/cacheguard/guard"
-	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
 // batchDB wraps db with a batch loader that records its calls.
@@ -177,15 +176,7 @@ func TestGetManyLoaderPanic(t *testing.T) {
 // Get answered by a load.
 func TestGetManyWhenRedisIsDown(t *testing.T) {
 	ctx := context.Background()
-	srv, rdb := redistest.Private(t)
-	g, err := guard.New(ctx, rdb, "product", &guard.Options{ExpectedItems: 1000})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
-	if _, err := g.Rebuild(ctx, ids("p", 10), nil); err != nil {
-		t.Fatal(err)
-	}
+	srv, _, g := privateGuard(t, &guard.Options{})
 	if err := srv.Kill(); err != nil {
 		t.Fatal(err)
 	}

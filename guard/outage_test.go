@@ -24,17 +24,9 @@ import (
 // Redis at all.
 func TestLoadThroughWhenRedisIsDown(t *testing.T) {
 	ctx := context.Background()
-	srv, rdb := redistest.Private(t)
-	g, err := guard.New(ctx, rdb, "product", &guard.Options{ExpectedItems: 1000})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
+	srv, _, g := privateGuard(t, &guard.Options{})
 	d := newDB(10)
 	d.delay = 50 * time.Millisecond
-	if _, err := g.Rebuild(ctx, ids("p", 10), nil); err != nil {
-		t.Fatal(err)
-	}
 	if err := srv.Kill(); err != nil {
 		t.Fatal(err)
 	}
@@ -136,16 +128,8 @@ func TestLoadThroughIsCapped(t *testing.T) {
 // lock cannot be taken; a known, uncached ID is served from the loader.
 func TestLoadThroughWhenRedisRefusesWrites(t *testing.T) {
 	ctx := context.Background()
-	_, rdb := redistest.Private(t)
-	g, err := guard.New(ctx, rdb, "product", &guard.Options{ExpectedItems: 1000})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
+	_, rdb, g := privateGuard(t, &guard.Options{})
 	d := newDB(10)
-	if _, err := g.Rebuild(ctx, ids("p", 10), nil); err != nil {
-		t.Fatal(err)
-	}
 	if err := rdb.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err(); err != nil {
 		t.Fatal(err)
 	}

@@ -263,17 +263,9 @@ func TestOpenTelemetryOffRecordsNothing(t *testing.T) {
 // counter.
 func TestOpenTelemetryOtherOutcomes(t *testing.T) {
 	ctx := context.Background()
-	srv, rdb := redistest.Private(t)
 	rig := newOtelRig(t)
-	g, err := guard.New(ctx, rdb, "product", &guard.Options{ExpectedItems: 1000, Local: &guard.LocalOptions{TTL: time.Minute},
+	srv, _, g := privateGuard(t, &guard.Options{Local: &guard.LocalOptions{TTL: time.Minute},
 		TracerProvider: rig.tp, MeterProvider: rig.mp})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
-	if _, err := g.Rebuild(ctx, ids("p", 10), nil); err != nil {
-		t.Fatal(err)
-	}
 	d := newDB(10)
 	if _, err := guard.Get(ctx, g, "p1", d.load); err != nil { // miss
 		t.Fatal(err)

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+	"unsafe"
 
 	gocache "github.com/go-redis/cache/v9"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
+	"github.com/redis/rueidis/rueidisaside"
 	"github.com/vmihailenco/msgpack/v5"
 	zbloom "github.com/zeromicro/go-zero/core/bloom"
 	zcache "github.com/zeromicro/go-zero/core/stores/cache"
@@ -59,7 +61,7 @@ type setup struct {
 }
 
 var contenderNames = []string{"raw", "go-zero", "go-zero+bloom", "go-redis/cache", "go-redis/cache+local", "rueidis+client-cache",
-	"cacheguard", "cacheguard+local", "cacheguard+refresh", "cacheguard+local+refresh"}
+	"rueidisaside", "cacheguard", "cacheguard+local", "cacheguard+refresh", "cacheguard+local+refresh"}
 
 func newContender(ctx context.Context, name string, s setup) (Contender, error) {
 	switch name {
@@ -96,13 +98,25 @@ func newContender(ctx context.Context, name string, s setup) (Contender, error) 
 		return &goRedisCache{rdb: rdb, c: gocache.New(o), prefix: s.prefix, ttl: s.ttl}, nil
 	case "rueidis+client-cache":
 		// Cache-aside on rueidis's server-assisted client-side caching
-		// (DoCache: CLIENT TRACKING, RESP3): what rueidisaside builds on,
-		// which the module proxy here does not serve. No loader dedup.
+		// (DoCache: CLIENT TRACKING, RESP3), what rueidisaside builds on,
+		// without its lock: no loader dedup.
 		c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{s.addr}})
 		if err != nil {
 			return nil, err
 		}
 		return &rueidisCache{c: c, prefix: s.prefix, ttl: s.ttl}, nil
+	case "rueidisaside":
+		// redis/rueidis's cache-aside: server-assisted client-side caching
+		// (CLIENT TRACKING, RESP3) on by default, a per-key lock in Redis
+		// (SET NX GET of a placeholder) so one process loads a key, and the
+		// others wait for the key's invalidation. Not-found is cached the way
+		// its users do it: an empty value, here for a minute as go-zero does.
+		c, err := rueidisaside.NewClient(rueidisaside.ClientOption{
+			ClientOption: rueidis.ClientOption{InitAddress: []string{s.addr}}})
+		if err != nil {
+			return nil, err
+		}
+		return &rueidisAside{c: c, prefix: s.prefix, ttl: s.ttl}, nil
 	case "cacheguard", "cacheguard+local", "cacheguard+refresh", "cacheguard+local+refresh":
 		rdb := redis.NewClient(&redis.Options{Addr: s.addr})
 		rdb.AddHook(s.counter)
@@ -263,6 +277,41 @@ func (r *rueidisCache) Get(ctx context.Context, id string, load Loader) (Value, 
 		return v, err
 	}
 	return v, r.c.Do(ctx, r.c.B().Set().Key(key).Value(rueidis.BinaryString(raw)).Px(r.ttl).Build()).Error()
+}
+
+// rueidisAside: rueidisaside.Client.Get; the value is msgpack in a string,
+// "" stands for "not found".
+type rueidisAside struct {
+	c      rueidisaside.CacheAsideClient
+	prefix string
+	ttl    time.Duration
+}
+
+func (r *rueidisAside) RedisKey(id string) string { return r.prefix + ":" + id }
+func (r *rueidisAside) Close()                    { r.c.Close() }
+func (r *rueidisAside) Get(ctx context.Context, id string, load Loader) (Value, error) {
+	var v Value
+	s, err := r.c.Get(ctx, r.ttl, r.RedisKey(id), func(ctx context.Context, _ string) (string, error) {
+		v, err := load(ctx, id)
+		if errors.Is(err, errNotFound) {
+			rueidisaside.OverrideCacheTTL(ctx, time.Minute)
+			return "", nil
+		}
+		if err != nil {
+			return "", err
+		}
+		b, err := msgpack.Marshal(v)
+		return string(b), err
+	})
+	if err != nil {
+		return v, err
+	}
+	if s == "" {
+		return v, errNotFound
+	}
+	// Decoded in place: msgpack only reads the bytes (a copy would cost the
+	// peer an allocation per hit).
+	return v, msgpack.Unmarshal(unsafe.Slice(unsafe.StringData(s), len(s)), &v)
 }
 
 // isNotFound tells a contender's "not found" from a failure.

@@ -7,6 +7,7 @@ require (
 	github.com/go-redis/cache/v9 v9.0.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/redis/rueidis v1.0.79
+	github.com/redis/rueidis/rueidisaside v1.0.78
 	github.com/vmihailenco/msgpack/v5 v5.4.1
 	github.com/zeromicro/go-zero v1.10.3
 )

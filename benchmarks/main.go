@@ -6,8 +6,11 @@
 //
 // Contenders: raw (go-redis GET, on a miss load + SET), go-zero
 // core/stores/cache (TakeCtx) with and without go-zero core/bloom in front,
-// go-redis/cache Once with and without its local TinyLFU, and cacheguard's
-// guard.Get with default options, with and without its in-process cache. Every figure is measured in this run; any
+// go-redis/cache Once with and without its local TinyLFU, cache-aside on
+// rueidis's client-side caching (DoCache), redis/rueidis's rueidisaside
+// (client-side caching plus a per-key lock in Redis), and cacheguard's
+// guard.Get with default options, with its in-process cache, with
+// refresh-ahead and with both. Every figure is measured in this run; any
 // contender error stops the run with a non-zero exit.
 package main
 

@@ -56,10 +56,13 @@ func get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 	if err := bind[T](g); err != nil {
 		return zero, err
 	}
+	gone := false // the local copy expired with its Redis entry
 	if g.local != nil {
-		if v, ok := localHit[T](ctx, g, id); ok {
+		v, st := localHit[T](ctx, g, id)
+		if st == localFresh {
 			return v, nil
 		}
+		gone = st == localGone
 	}
 	pass, err := g.gate.enter()
 	if err != nil {
@@ -79,6 +82,11 @@ func get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 	// (with Local, from one shared with the ID's other callers if no write
 	// was heard since it started: see readShared).
 	r, ok := peekedFor(ctx, g, id)
+	if !ok && gone && !g.outage.troubled.Load() {
+		// The entry has expired in Redis: a read would miss. The lock
+		// attempt's re-check reads whatever another process stored since.
+		r, ok = readResult{verdict: verdictMiss}, true
+	}
 	if !ok {
 		done, err := g.outage.before()
 		if err != nil { // the breaker is open: Redis is not asked (nor counted as failing)
@@ -122,35 +130,35 @@ func get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 // it; once Close has begun, it answers nothing and the caller's gate.enter
 // reports ErrClosed. IDs are not checked here: a malformed one was never
 // stored, so it misses and Get refuses it afterwards.
-func localHit[T any](ctx context.Context, g *Guard, id string) (T, bool) {
+func localHit[T any](ctx context.Context, g *Guard, id string) (T, localState) {
 	if g.gate.closed.Load() {
 		var zero T
-		return zero, false
+		return zero, localNone
 	}
-	v, ok := fromLocal[T](g, id)
-	if ok {
+	v, st := fromLocal[T](g, id)
+	if st == localFresh {
 		g.answered(ctx, outLocalHit, false, false)
 	}
-	return v, ok
+	return v, st
 }
 
 // fromLocal is the copy of id in process memory, if there is one that
 // decodes (one that does not is dropped).
-func fromLocal[T any](g *Guard, id string) (T, bool) {
+func fromLocal[T any](g *Guard, id string) (T, localState) {
 	var zero T
-	e, ok := g.local.get(id)
-	if !ok {
-		return zero, false
+	e, st := g.local.get(id)
+	if st != localFresh {
+		return zero, st
 	}
 	if v, ok := e.value.(T); ok { // decoded once, a copy for each caller
-		return v, true
+		return v, localFresh
 	}
 	var v T
 	if codec.Decode(g.opts.Codec, e.frame, &v) == nil {
-		return v, true
+		return v, localFresh
 	}
 	g.local.drop(id)
-	return zero, false
+	return zero, localNone
 }
 
 // panicked turns a flight's panic into an error wrapping ErrLoaderPanic;

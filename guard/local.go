@@ -51,7 +51,11 @@ import (
 //
 // A local hit costs no Redis command and no allocation: the copies are
 // keyed by ID, and the value is handed out without decoding when its type
-// holds no references (see sharable).
+// holds no references (see sharable). A copy that lived exactly as long as
+// its Redis entry is remembered for a moment after both expired (goneGrace):
+// the Get that finds it then skips the read, which would miss, and goes
+// straight to the lock attempt, whose re-check reads the entry anyway. When
+// a hot key expires, its callers wait one round trip less for the reload.
 type LocalOptions struct {
 	// Size caps the values kept; when full, the eviction policy of
 	// github.com/maypok86/otter/v2 (adaptive W-TinyLFU: it keeps what is
@@ -86,7 +90,22 @@ type localEntry struct {
 	frame []byte
 	value any // a T, for types with no references; nil otherwise
 	life  time.Duration
+	// gone: the copy's life ends when its entry expires in Redis, at until
+	// (Unix nanoseconds). otter keeps it goneGrace longer, so that a Get
+	// that finds it past until knows Redis has nothing to read either. Only
+	// such copies cost a hit a clock read: with the usual TTLs (minutes in
+	// Redis, a second in memory) that is the last second of an entry.
+	gone  bool
+	until int64
 }
+
+// goneGrace is how long a copy that lived as long as its Redis entry is
+// remembered after both expired. A Get in that time skips the read (it
+// would miss) and goes straight to the lock attempt, whose re-check reads
+// the entry anyway: a hot key's callers wait one round trip less when it
+// expires. Short, because a copy remembered while another process already
+// reloaded the entry costs a lock attempt where a read would have hit.
+const goneGrace = 100 * time.Millisecond
 
 // newLocal returns an unarmed local cache; arm subscribes it. idOf maps the
 // value keys of invalidation messages to IDs.
@@ -101,8 +120,13 @@ func newLocal(o LocalOptions, idOf func(vkey string) (string, bool)) (*local, er
 		return nil, fmt.Errorf("%w: Local %+v", ErrInvalidOptions, o)
 	}
 	c, err := otter.New(&otter.Options[string, localEntry]{
-		MaximumSize:      o.Size,
-		ExpiryCalculator: otter.ExpiryWritingFunc(func(e otter.Entry[string, localEntry]) time.Duration { return e.Value.life }),
+		MaximumSize: o.Size,
+		ExpiryCalculator: otter.ExpiryWritingFunc(func(e otter.Entry[string, localEntry]) time.Duration {
+			if e.Value.gone {
+				return e.Value.life + goneGrace
+			}
+			return e.Value.life
+		}),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: Local: %w", ErrInvalidOptions, err)
@@ -150,11 +174,27 @@ func (l *local) close() error {
 	return nil
 }
 
-func (l *local) get(id string) (localEntry, bool) {
+// localState is what the local cache holds for an ID.
+type localState uint8
+
+const (
+	localNone  localState = iota // no copy
+	localFresh                   // a copy to serve
+	localGone                    // a copy whose entry has expired in Redis (see goneGrace)
+)
+
+func (l *local) get(id string) (localEntry, localState) {
 	if l.sub.Load() == nil {
-		return localEntry{}, false
+		return localEntry{}, localNone
 	}
-	return l.c.GetIfPresent(id)
+	e, ok := l.c.GetIfPresent(id)
+	switch {
+	case !ok:
+		return localEntry{}, localNone
+	case e.gone && time.Now().UnixNano() >= e.until:
+		return localEntry{}, localGone
+	}
+	return e, localFresh
 }
 
 // put keeps a copy for min(TTL, redisTTL), unless an invalidation arrived
@@ -173,13 +213,20 @@ func (l *local) put(id string, frame []byte, value any, redisTTL time.Duration, 
 	// refresh, so a hot key served from memory is refreshed too instead of
 	// expiring under its readers. Past refresh-at it is not kept at all:
 	// the refreshed value arrives through Redis.
+	gone := redisTTL <= l.ttl // it dies with its entry (unless refresh-at comes first)
 	if at, ok := codec.RefreshAt(frame); ok {
-		life = min(life, time.Until(at))
+		if until := time.Until(at); until < life {
+			life, gone = until, false
+		}
 	}
 	if life <= 0 {
 		return
 	}
-	l.c.Set(id, localEntry{frame: frame, value: value, life: life})
+	e := localEntry{frame: frame, value: value, life: life, gone: gone}
+	if gone {
+		e.until = time.Now().Add(life).UnixNano()
+	}
+	l.c.Set(id, e)
 	if l.epoch.Load() != epoch {
 		l.c.Invalidate(id)
 	}

@@ -237,3 +237,77 @@ func TestLocalCallersShareOneRead(t *testing.T) {
 		t.Fatalf("%d loads, want 1", n)
 	}
 }
+
+// TestLocalExpiredCopySkipsTheRead: a local copy that lived as long as its
+// Redis entry tells the Get after it that Redis has nothing to read: that
+// Get goes straight to the lock attempt (whose re-check reads the entry) and
+// the write, two round trips instead of three. If another process stored
+// the ID meanwhile, the re-check serves what it stored: no load.
+func TestLocalExpiredCopySkipsTheRead(t *testing.T) {
+	ctx := context.Background()
+	const ttl = 300 * time.Millisecond
+	opts := &guard.Options{TTL: ttl, Jitter: -1, Local: &guard.LocalOptions{TTL: time.Minute}}
+	c, g, d := setup(t, 10, opts)
+	// untilLoaded asks id through get every millisecond (a local hit costs
+	// no round trip) until a Get loads, and returns that Get's round trips.
+	untilLoaded := func(get func() (product, error)) (product, int64) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for calls := d.calls.Load(); ; {
+			c.Counter.Reset()
+			p, err := get()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.calls.Load() != calls {
+				return p, c.Counter.RoundTrips()
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the entry never expired")
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	mine := func() (product, error) { return guard.Get(ctx, g, "p1", d.load) }
+	if _, err := mine(); err != nil { // loads: the copy lives as long as the entry
+		t.Fatal(err)
+	}
+	if _, n := untilLoaded(mine); n != 2 {
+		t.Fatalf("the Get after the copy and its entry expired cost %d round trips, want 2 (lock attempt, write): %v", n, c.Counter.Names())
+	}
+	if n := c.Counter.Names()["hget"]; n != 1 {
+		t.Fatalf("%d HGETs, want only the lock attempt's re-check (%v)", n, c.Counter.Names())
+	}
+
+	// Another process reloads p1 (a new price) after the entry expired:
+	// this process's next Get finds it in the re-check and loads nothing.
+	// First make sure this process holds a copy: its own load's publish
+	// may have dropped the one it kept (it cannot tell its own message).
+	time.Sleep(20 * time.Millisecond)
+	if _, err := mine(); err != nil {
+		t.Fatal(err)
+	}
+	d.set(product{ID: "p1", Name: "new", Price: 42})
+	other := otherProcess(t, c)
+	if _, err := guard.Get(ctx, other, "p1", d.load); err != nil { // a hit on the entry this process loaded
+		t.Fatal(err)
+	}
+	if p, _ := untilLoaded(func() (product, error) { return guard.Get(ctx, other, "p1", d.load) }); p.Price != 42 {
+		t.Fatalf("the other process loaded %+v", p)
+	}
+	calls := d.calls.Load()
+	c.Counter.Reset()
+	p, err := mine()
+	if err != nil || p.Price != 42 {
+		t.Fatalf("after the other process's load: %+v, %v, want price 42", p, err)
+	}
+	if n := d.calls.Load() - calls; n != 0 {
+		t.Fatalf("%d loads: the re-check missed what the other process stored", n)
+	}
+	// No read (HGET with PTTL): the lock attempt's re-check answered, and
+	// the release followed. That is what skipping the read costs when
+	// another process was first.
+	if names := c.Counter.Names(); names["pttl"] != 0 || names["hget"] != 1 {
+		t.Fatalf("want the re-check's HGET only, no read: %v", names)
+	}
+}

@@ -115,7 +115,7 @@ func getMany[T any](ctx context.Context, g *Guard, ids []string, load BatchLoadF
 // returns the others, with their keys.
 func localMany[T any](ctx context.Context, g *Guard, ids, keys []string, out map[string]T) (restIDs, restKeys []string) {
 	for i, id := range ids {
-		if v, ok := fromLocal[T](g, id); ok {
+		if v, st := fromLocal[T](g, id); st == localFresh {
 			out[id] = v
 			g.answeredMany(ctx, outLocalHit, false)
 			continue

@@ -227,7 +227,7 @@ func (g *Guard) Peek(ctx context.Context, id string) (context.Context, bool, err
 		return ctx, false, err
 	}
 	if g.local != nil {
-		if _, ok := g.local.get(id); ok { // Get will answer from memory
+		if _, st := g.local.get(id); st == localFresh { // Get will answer from memory
 			return ctx, true, nil
 		}
 	}

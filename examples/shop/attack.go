@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -40,10 +41,18 @@ type result struct {
 	Errors                     int64
 	P50, P99                   time.Duration
 	Invalidations              int64
+	// CPU per request, in microseconds, of the shop's process (with the
+	// load generator in it under "shop demo") and of redis-server; NaN
+	// when /metrics could not say.
+	ShopCPU, RedisCPU float64
 }
 
-// counters are what /metrics says about one path.
-type counters struct{ db, redis int64 }
+// counters are what /metrics says about one path, and the CPU seconds of
+// the shop's process and of redis-server so far.
+type counters struct {
+	db, redis     int64
+	cpu, redisCPU float64
+}
 
 func scrape(ctx context.Context, client *http.Client, base, path string) (counters, error) {
 	req, _ := http.NewRequestWithContext(ctx, "GET", base+"/metrics", nil)
@@ -52,22 +61,22 @@ func scrape(ctx context.Context, client *http.Client, base, path string) (counte
 		return counters{}, err
 	}
 	defer resp.Body.Close()
-	var c counters
+	c := counters{cpu: math.NaN(), redisCPU: math.NaN()}
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
 		line := sc.Text()
-		var dst *int64
-		switch {
-		case strings.HasPrefix(line, `shop_db_queries_total{path="`+path+`"}`):
-			dst = &c.db
-		case strings.HasPrefix(line, `shop_redis_commands_total{path="`+path+`"}`):
-			dst = &c.redis
-		default:
-			continue
-		}
 		f := strings.Fields(line)
 		v, _ := strconv.ParseFloat(f[len(f)-1], 64) // the text format writes 1e+06
-		*dst = int64(v)
+		switch {
+		case strings.HasPrefix(line, `shop_db_queries_total{path="`+path+`"}`):
+			c.db = int64(v)
+		case strings.HasPrefix(line, `shop_redis_commands_total{path="`+path+`"}`):
+			c.redis = int64(v)
+		case strings.HasPrefix(line, "process_cpu_seconds_total "):
+			c.cpu = v
+		case strings.HasPrefix(line, "shop_redis_cpu_seconds_total "):
+			c.redisCPU = v
+		}
 	}
 	return c, sc.Err()
 }
@@ -170,9 +179,11 @@ func attack(ctx context.Context, base string, o attackOptions) ([]result, error)
 				return nil, err
 			}
 			p50, p99 := rec.percentiles()
+			perRequest := func(before, after float64) float64 { return (after - before) * 1e6 / float64(max(rec.n.Load(), 1)) }
 			out = append(out, result{Scenario: sc.name, Path: path, Requests: rec.n.Load(),
 				DBQueries: after.db - before.db, Redis: after.redis - before.redis,
-				Errors: rec.errors.Load(), P50: p50, P99: p99, Invalidations: rounds})
+				Errors: rec.errors.Load(), P50: p50, P99: p99, Invalidations: rounds,
+				ShopCPU: perRequest(before.cpu, after.cpu), RedisCPU: perRequest(before.redisCPU, after.redisCPU)})
 		}
 	}
 	return out, nil
@@ -276,15 +287,21 @@ func progress(w io.Writer, scenario, path string, rec *recorder) (stop func()) {
 // table renders the rows as a markdown table.
 func table(rows []result) string {
 	var b bytes.Buffer
-	fmt.Fprintln(&b, "| scenario | path | requests | DB queries | Redis commands | p50 | p99 | errors |")
-	fmt.Fprintln(&b, "|---|---|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(&b, "| scenario | path | requests | DB queries | Redis commands | p50 | p99 | errors | shop CPU/request | Redis CPU/request |")
+	fmt.Fprintln(&b, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+	micros := func(v float64) string {
+		if math.IsNaN(v) {
+			return "n/a"
+		}
+		return fmt.Sprintf("%.0f µs", v)
+	}
 	for _, r := range rows {
 		name := r.Scenario
 		if r.Invalidations > 0 {
 			name = fmt.Sprintf("%s (%d invalidations)", r.Scenario, r.Invalidations)
 		}
-		fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %s | %s | %d |\n", name, r.Path, r.Requests, r.DBQueries, r.Redis,
-			r.P50.Round(10*time.Microsecond), r.P99.Round(10*time.Microsecond), r.Errors)
+		fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %s | %s | %d | %s | %s |\n", name, r.Path, r.Requests, r.DBQueries, r.Redis,
+			r.P50.Round(10*time.Microsecond), r.P99.Round(10*time.Microsecond), r.Errors, micros(r.ShopCPU), micros(r.RedisCPU))
 	}
 	return b.String()
 }

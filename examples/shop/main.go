@@ -166,6 +166,7 @@ func runServe(ctx context.Context, demo bool, args []string, stdout, stderr io.W
 		}
 		fmt.Fprintln(stdout)
 		fmt.Fprint(stdout, table(rows))
+		fmt.Fprintln(stdout, "\nCPU/request: the shop's process (the load generator runs in it too) and redis-server, over each run.")
 		fmt.Fprintln(stdout)
 		fmt.Fprint(stdout, summary(rows))
 		if *chart != "" {
@@ -210,6 +211,7 @@ func runAttack(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	fmt.Fprint(stdout, table(rows))
+	fmt.Fprintln(stdout, "\nCPU/request: the shop's process and redis-server, over each run (from the shop's /metrics).")
 	fmt.Fprint(stdout, summary(rows))
 	return nil
 }

@@ -2,9 +2,14 @@ package main
 
 import (
 	"context"
+	"math"
 	"net/http"
+	"strconv"
+	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -24,7 +29,11 @@ import (
 //     otel_cacheguard_lock_wait_duration_seconds); the OTel counter and
 //     gauges that the Collector already serves are dropped by views;
 //   - the shop's own counters: shop_db_queries_total{path} and
-//     shop_redis_commands_total{path}, which the demo reads.
+//     shop_redis_commands_total{path}, which the demo reads;
+//   - process_cpu_seconds_total (the standard process collector) and
+//     shop_redis_cpu_seconds_total (redis-server's used_cpu_user +
+//     used_cpu_sys, read from INFO at scrape time), from which the demo
+//     computes each path's CPU per request.
 type telemetry struct {
 	reg   *prometheus.Registry
 	meter *sdkmetric.MeterProvider
@@ -50,7 +59,11 @@ func (s *Shop) registerMetrics() {
 	for _, v := range s.variants {
 		guards = append(guards, v.g)
 	}
-	s.tel.reg.MustRegister(guardprometheus.New(nil, guards...))
+	s.tel.reg.MustRegister(guardprometheus.New(nil, guards...),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "shop_redis_cpu_seconds_total",
+			Help: "CPU seconds redis-server has used (INFO cpu: used_cpu_user + used_cpu_sys); NaN if Redis did not answer."},
+			s.redisCPU))
 	paths := []struct {
 		label   string
 		queries func() int64
@@ -75,6 +88,29 @@ func (s *Shop) registerMetrics() {
 				func() float64 { return float64(p.cmds()) }),
 		)
 	}
+}
+
+// redisCPU is redis-server's CPU time so far, in seconds (NaN when Redis
+// does not answer within a second).
+func (s *Shop) redisCPU() float64 {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	info, err := s.guardRDB.Info(ctx, "cpu").Result()
+	if err != nil {
+		return math.NaN()
+	}
+	var sum float64
+	for _, line := range strings.Split(info, "\n") {
+		k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
+		if k == "used_cpu_user" || k == "used_cpu_sys" {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				return math.NaN()
+			}
+			sum += f
+		}
+	}
+	return sum
 }
 
 // metrics serves the registry in the Prometheus text format.

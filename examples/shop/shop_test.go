@@ -215,6 +215,18 @@ func TestDemoTable(t *testing.T) {
 	if len(rows) != 8 {
 		t.Fatalf("want 8 rows, got %v", rows)
 	}
+	// Every row says what a request cost in CPU, in the shop's process and
+	// in redis-server (from /metrics: process_cpu_seconds_total and
+	// shop_redis_cpu_seconds_total).
+	cpu := regexp.MustCompile(`(?m)^\| \w+.* \| (\d+) µs \| (\d+) µs \|$`).FindAllStringSubmatch(out.String(), -1)
+	if len(cpu) != 8 {
+		t.Fatalf("want CPU per request on 8 rows, got %d:\n%s", len(cpu), out.String())
+	}
+	for _, m := range cpu {
+		if m[1] == "0" || m[2] == "0" {
+			t.Fatalf("a path cost no CPU in the shop or in Redis: %q", m[0])
+		}
+	}
 	pn, pg := rows["penetration/naive"], rows["penetration/guard"]
 	if pn[0] == 0 || pg[0] == 0 || float64(pg[1])/float64(pg[0]) > 0.02*float64(pn[1])/float64(pn[0]) {
 		t.Fatalf("penetration: guard %d queries for %d requests, naive %d for %d", pg[1], pg[0], pn[1], pn[0])

@@ -131,7 +131,7 @@ func (g *Guard) forget(keys []string, copy *localEntry) {
 	for _, k := range keys {
 		g.flights.Forget(k)
 		if g.local != nil {
-			g.reads.Forget(k)
+			g.reads.forget(k, nil)
 			g.local.epoch.Add(1)
 			if id, ok := g.keys.ID(k); ok {
 				g.local.drop(id)

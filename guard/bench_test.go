@@ -3,6 +3,7 @@ package guard_test
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -111,6 +112,27 @@ func BenchmarkGet(b *testing.B) {
 			i++
 		}
 	})
+	// A flood of unknown IDs from 16 goroutines, without and with the local
+	// cache (whose reads also carry the entry's PTTL and are shared).
+	for _, tc := range []struct {
+		name string
+		opts *guard.Options
+	}{{"reject-parallel", nil}, {"reject-local-parallel", &guard.Options{Local: &guard.LocalOptions{}}}} {
+		b.Run(tc.name, func(b *testing.B) {
+			_, g, d := benchGuard(b, 1000, tc.opts)
+			var n atomic.Int64
+			b.ReportAllocs()
+			b.SetParallelism(8) // 16 goroutines on 2 cores
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if _, err := guard.Get(ctx, g, fmt.Sprintf("u%d", n.Add(1)), d.load); err == nil {
+						b.Error("unknown ID found")
+						return
+					}
+				}
+			})
+		})
+	}
 	b.Run("miss", func(b *testing.B) {
 		c, g, d := benchGuard(b, 1000, nil)
 		b.ReportAllocs()

@@ -91,10 +91,10 @@ type Guard struct {
 	outage    *outage // what Get does when Redis cannot answer
 	log       *slog.Logger
 
-	local     *local                   // the in-process cache, or nil
-	reads     loader.Group[sharedRead] // with local: one Redis read per value key at a time (see readShared)
-	flights   loader.Group[flight]     // one flight per value key in this process
-	coord     *loader.Coordinator      // one load per value key across processes
+	local     *local               // the in-process cache, or nil
+	reads     readGroup            // with local: one Redis read per value key at a time (see readShared)
+	flights   loader.Group[flight] // one flight per value key in this process
+	coord     *loader.Coordinator  // one load per value key across processes
 	stats     counters
 	bypassing atomic.Bool                 // the filter answered ErrNotReady last time (logged once per episode)
 	gate      gate                        // every entry point passes it; Close shuts it
@@ -159,7 +159,6 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 	}
 	// A flight's life is bounded: see Options.RedisTimeout.
 	g.flights.Timeout = o.LockWait + o.LoadTimeout + 4*o.RedisTimeout
-	g.reads.Timeout = o.RedisTimeout
 	g.bloomOpts = &bloom.Options{
 		ExpectedItems: o.ExpectedItems, FalsePositiveRate: o.FalsePositiveRate, Strict: o.StrictSizing,
 		OnSaturated: func(s bloom.Saturation) {

@@ -104,12 +104,13 @@ type sharedRead struct {
 // expires, its callers in this process share one Redis read instead of
 // sending one each, under the rule of join: a read that started before the
 // caller serves it only if no write was heard in between (the window of a
-// local copy); otherwise the caller reads again. The read runs on a
-// context detached from the callers' and bounded by RedisTimeout; each
-// caller leaves when its own ctx is done.
+// local copy); otherwise the caller reads again. The first caller reads in
+// its own goroutine, on its own ctx, as a Get without Local does; each of
+// the others leaves when its own ctx is done, and reads again if the first
+// one gave up (see readGroup).
 func (g *Guard) readShared(ctx context.Context, id, vkey string, from since) (readResult, error) {
 	for range 3 { // a second read already starts after this caller: see below
-		sr, _, err := g.reads.Do(ctx, vkey, func(ctx context.Context) (sharedRead, error) {
+		sr, _, err := g.reads.do(ctx, vkey, func(ctx context.Context) (sharedRead, error) {
 			sr := sharedRead{started: time.Now(), epoch: g.local.epoch.Load()}
 			var err error
 			sr.r, err = g.read(ctx, id, vkey)

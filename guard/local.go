@@ -31,9 +31,9 @@ import (
 // the otter-based cache; 3.3 to 6.0 and 0.56 to 1.85 ms in four runs with
 // the shared reads and flights described below), and 0 in the writing
 // process. Measured directly (BenchmarkInvalidationWindow: a Set in one
-// process, the copy in another): the copy goes 12 to 13 µs after the write
-// returns at the median, 0.9 to 2.3 ms at p99, 5 to 12 ms at most, and
-// before the write returns in a fifth of the writes. TTL bounds what a
+// process, the copy in another): the copy goes 12 to 14 µs after the write
+// returns at the median, 0.9 to 3.1 ms at p99, 5 to 12 ms at most, and
+// before the write returns in 16 to 27% of the writes. TTL bounds what a
 // lost message (a dropped connection) can leave stale. Closing the window
 // entirely would cost a local hit a check with Redis (a round trip, which is
 // what Local saves), or a client that reads pending invalidation pushes on

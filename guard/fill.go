@@ -72,10 +72,7 @@ func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T
 			return zero, err
 		}
 	}
-	if g.local != nil && mine { // kept decoded, for a type whose copies share nothing
-		g.local.put(id, fl.frame, g.shared(v), fl.ttl, fl.epoch)
-	}
-	return v, nil
+	return v, nil // the flight has put its answer in the local cache (keep)
 }
 
 // call is the state of one fill flight. Only the flight writes it (fly and
@@ -113,7 +110,33 @@ func (c *call[T]) fly(ctx context.Context) (flight, error) {
 	}
 	fl, err := c.coordinate(ctx)
 	fl.epoch, fl.started, fl.by = epoch, started, c
+	if g.local != nil && err == nil {
+		c.keep(fl)
+	}
 	return fl, err
+}
+
+// keep puts what the flight wrote in the local cache while the flight is
+// still the ID's: a caller that arrives between the write and the end of
+// the flight joins it (see join) instead of finding the expired copy (see
+// goneGrace) and starting a flight of its own, a lock attempt and a
+// release. A type whose copies share nothing is kept decoded. An entry the
+// re-check found carries no TTL here and is not kept (as before: its
+// callers' next Get reads it with its PTTL).
+func (c *call[T]) keep(fl flight) {
+	g := c.g
+	if fl.ttl <= 0 {
+		return
+	}
+	var value any
+	if b := g.bound.Load(); b != nil && b.sharable {
+		v := c.v
+		if !c.decoded && codec.Decode(g.opts.Codec, fl.frame, &v) != nil {
+			return
+		}
+		value = v
+	}
+	g.local.put(c.id, fl.frame, value, fl.ttl, fl.epoch)
 }
 
 // coordinate runs the miss through the Coordinator (see loader.Coordinator):

@@ -2,6 +2,7 @@ package guard_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -309,5 +310,48 @@ func TestLocalExpiredCopySkipsTheRead(t *testing.T) {
 	// another process was first.
 	if names := c.Counter.Names(); names["pttl"] != 0 || names["hget"] != 1 {
 		t.Fatalf("want the re-check's HGET only, no read: %v", names)
+	}
+}
+
+// TestLocalKeepsWhatTheFlightLoaded: the flight puts what it loaded in the
+// local cache before it ends, even when the caller that started it has
+// left: the next Get is answered from memory (0 round trips). It used to
+// be the caller's job after the flight, so a caller that gave up kept
+// nothing, and a caller arriving between the end of the flight and that
+// put found the old copy gone and ran a flight of its own.
+func TestLocalKeepsWhatTheFlightLoaded(t *testing.T) {
+	c, g, d := setup(t, 10, &guard.Options{Local: &guard.LocalOptions{TTL: time.Minute}})
+	entered, release := make(chan struct{}), make(chan struct{})
+	load := func(ctx context.Context, id string) (product, error) {
+		close(entered)
+		<-release
+		return d.load(ctx, id)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	errs := make(chan error, 1)
+	go func() { _, err := guard.Get(ctx, g, "p1", load); errs <- err }()
+	<-entered
+	cancel() // the caller leaves; its flight goes on
+	if err := <-errs; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the caller that left: %v", err)
+	}
+	close(release)
+	vkey := c.Prefix + ":product:{p1}"
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		if n, err := c.Exists(context.Background(), vkey).Result(); err != nil || n == 1 {
+			break // written: the flight keeps its copy right after, before it ends
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the flight never wrote p1")
+		}
+	}
+	time.Sleep(50 * time.Millisecond)
+	c.Counter.Reset()
+	hits := g.Stats().LocalHits
+	if p, err := guard.Get(context.Background(), g, "p1", d.load); err != nil || p.ID != "p1" {
+		t.Fatalf("%+v, %v", p, err)
+	}
+	if n := c.Counter.RoundTrips(); n != 0 || g.Stats().LocalHits != hits+1 {
+		t.Fatalf("%d round trips, %d local hits: the flight kept no copy of what it loaded", n, g.Stats().LocalHits-hits)
 	}
 }

@@ -89,7 +89,7 @@ type call[T any] struct {
 
 	found   flight // what the re-check or the load found
 	err     error  // the answer's error: ErrNotFound after a marker, or the load's failure
-	v       T      // the value decoded from found.frame on a hit
+	v       T      // the value decoded from found.frame: on a hit, or by keep for a sharable type
 	decoded bool   // v holds it
 }
 
@@ -130,11 +130,14 @@ func (c *call[T]) keep(fl flight) {
 	}
 	var value any
 	if b := g.bound.Load(); b != nil && b.sharable {
-		v := c.v
-		if !c.decoded && codec.Decode(g.opts.Codec, fl.frame, &v) != nil {
-			return
+		if !c.decoded { // decoded once: the caller that started the flight takes it too (fill)
+			var v T
+			if codec.Decode(g.opts.Codec, fl.frame, &v) != nil {
+				return
+			}
+			c.v, c.decoded = v, true
 		}
-		value = v
+		value = c.v
 	}
 	g.local.put(c.id, fl.frame, value, fl.ttl, fl.epoch)
 }

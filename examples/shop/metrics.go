@@ -5,7 +5,6 @@ import (
 	"math"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -95,20 +94,17 @@ func (s *Shop) registerMetrics() {
 func (s *Shop) redisCPU() float64 {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	info, err := s.guardRDB.Info(ctx, "cpu").Result()
-	if err != nil {
+	info := s.guardRDB.InfoMap(ctx, "cpu")
+	if info.Err() != nil {
 		return math.NaN()
 	}
 	var sum float64
-	for _, line := range strings.Split(info, "\n") {
-		k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
-		if k == "used_cpu_user" || k == "used_cpu_sys" {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				return math.NaN()
-			}
-			sum += f
+	for _, k := range []string{"used_cpu_user", "used_cpu_sys"} {
+		f, err := strconv.ParseFloat(info.Item("CPU", k), 64)
+		if err != nil {
+			return math.NaN()
 		}
+		sum += f
 	}
 	return sum
 }

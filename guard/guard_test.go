@@ -89,20 +89,9 @@ func setup(t *testing.T, n int, opts *guard.Options) (*redistest.Conn, *guard.Gu
 		o = *opts
 	}
 	o.KeyPrefix = c.Prefix
-	if o.ExpectedItems == 0 {
-		o.ExpectedItems = 10_000
-	}
-	g, err := guard.New(context.Background(), c, "product", &o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = g.Close() })
-	d := newDB(n)
-	if _, err := g.Rebuild(context.Background(), ids("p", n), nil); err != nil {
-		t.Fatal(err)
-	}
+	g := openRebuilt(t, c, o, 10_000, n)
 	c.Counter.Reset()
-	return c, g, d
+	return c, g, newDB(n)
 }
 
 // privateGuard opens a Guard (opts; ExpectedItems 1000 unless set) on a
@@ -111,19 +100,26 @@ func setup(t *testing.T, n int, opts *guard.Options) (*redistest.Conn, *guard.Gu
 func privateGuard(t *testing.T, opts *guard.Options) (*redisserver.Server, *redis.Client, *guard.Guard) {
 	t.Helper()
 	srv, rdb := redistest.Private(t)
-	o := *opts
+	return srv, rdb, openRebuilt(t, rdb, *opts, 1000, 10)
+}
+
+// openRebuilt opens the "product" Guard on rdb with o (ExpectedItems
+// items unless set), closed when the test ends, its filter rebuilt from
+// p0..p(n-1).
+func openRebuilt(t *testing.T, rdb redis.UniversalClient, o guard.Options, items uint64, n int) *guard.Guard {
+	t.Helper()
 	if o.ExpectedItems == 0 {
-		o.ExpectedItems = 1000
+		o.ExpectedItems = items
 	}
 	g, err := guard.New(context.Background(), rdb, "product", &o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = g.Close() })
-	if _, err := g.Rebuild(context.Background(), ids("p", 10), nil); err != nil {
+	if _, err := g.Rebuild(context.Background(), ids("p", n), nil); err != nil {
 		t.Fatal(err)
 	}
-	return srv, rdb, g
+	return g
 }
 
 // otherProcess opens a Guard on the keys of setup's (c.Prefix, "product")

@@ -1,11 +1,13 @@
 package main
 
 import (
+	"context"
 	"embed"
 	"encoding/json"
 	"io/fs"
 	"math"
 	"net/http"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -183,7 +185,9 @@ func (l *live) timed(h http.Handler, prefixes map[string]string) http.Handler {
 		for prefix, path := range prefixes {
 			if strings.HasPrefix(r.URL.Path, prefix) {
 				start := time.Now()
-				h.ServeHTTP(w, r)
+				// Labelled, so a -cpuprofile splits by path:
+				// go tool pprof -tagfocus path=guard bin/shop cpu.prof
+				pprof.Do(r.Context(), pprof.Labels("path", path), func(context.Context) { h.ServeHTTP(w, r) })
 				l.observe(path, time.Since(start))
 				return
 			}

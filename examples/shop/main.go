@@ -77,7 +77,7 @@ func runServe(ctx context.Context, demo bool, args []string, stdout, stderr io.W
 	chart := fs.String("chart", "", "demo: also draw the table as a chart into this file (.png, .svg or .pdf)")
 	duration := fs.Duration("duration", 3*time.Second, "demo: length of each scenario on each path")
 	echoVersion := fs.Int("echo", 5, "Echo major version serving /products (5, or 4 for the v4 adapter)")
-	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the process to this file (see go tool pprof)")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the process to this file; handler samples carry a path label (go tool pprof -tagfocus path=guard)")
 	only := fs.String("only", "", "demo: run only these scenarios (comma-separated: penetration, stampede, zipf)")
 	zipfKeys := fs.Int("zipf-keys", 100_000, "demo: the Zipf scenario draws from products 1..N (1,000: a cache that is warm after the first second)")
 	if err := fs.Parse(args); err != nil {

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -60,6 +61,33 @@ func (e *env) serverCommands(ctx context.Context) (int64, error) {
 		}
 	}
 	return 0, errors.New("no total_commands_processed in INFO")
+}
+
+// serverCPU is redis-server's CPU time so far (INFO cpu: user + system,
+// its main thread and any others).
+func (e *env) serverCPU(ctx context.Context) (time.Duration, error) {
+	info, err := e.admin.InfoMap(ctx, "cpu").Result()
+	if err != nil {
+		return 0, err
+	}
+	var total float64
+	for _, name := range []string{"used_cpu_sys", "used_cpu_user"} {
+		v, err := strconv.ParseFloat(info["CPU"][name], 64)
+		if err != nil {
+			return 0, fmt.Errorf("INFO cpu %s: %w", name, err)
+		}
+		total += v
+	}
+	return time.Duration(total * float64(time.Second)), nil
+}
+
+// processCPU is this process's CPU time so far (user + system).
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func ids(prefix string, n int) []string {
@@ -112,8 +140,10 @@ type HitResult struct {
 	TripsPerGet     float64 // client hook
 	ServerCmdsPerOp float64 // INFO total_commands_processed
 	AllocsPerOp     float64
-	VsRaw           float64   // the median of VsRawRuns
-	VsRawRuns       []float64 // each run's ratio to raw's ops/s in the same round
+	ClientCPU       time.Duration // this process's CPU per Get (the workers and the contender's client)
+	ServerCPU       time.Duration // redis-server's CPU per Get
+	VsRaw           float64       // the median of VsRawRuns
+	VsRawRuns       []float64     // each run's ratio to raw's ops/s in the same round
 }
 
 // medianHit returns the median run by ops/s, with VsRaw the median of the
@@ -164,6 +194,11 @@ func hitPath(ctx context.Context, e *env, name string, round int) (HitResult, er
 	runtime.GC()
 	var m0, m1 runtime.MemStats
 	runtime.ReadMemStats(&m0)
+	scpu0, err := e.serverCPU(ctx)
+	if err != nil {
+		return HitResult{}, err
+	}
+	ccpu0 := processCPU()
 	stop := time.Now().Add(e.hitTime)
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -196,7 +231,12 @@ func hitPath(ctx context.Context, e *env, name string, round int) (HitResult, er
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
+	ccpu1 := processCPU()
 	runtime.ReadMemStats(&m1)
+	scpu1, err := e.serverCPU(ctx)
+	if err != nil {
+		return HitResult{}, err
+	}
 	server1, err := e.serverCommands(ctx)
 	if err != nil {
 		return HitResult{}, err
@@ -216,6 +256,8 @@ func hitPath(ctx context.Context, e *env, name string, round int) (HitResult, er
 		TripsPerGet:     float64(ctr.RoundTrips()-trips0) / n,
 		ServerCmdsPerOp: float64(server1-server0-1) / n,
 		AllocsPerOp:     float64(m1.Mallocs-m0.Mallocs) / n,
+		ClientCPU:       time.Duration(float64(ccpu1-ccpu0) / n),
+		ServerCPU:       time.Duration(float64(scpu1-scpu0) / n),
 	}, nil
 }
 

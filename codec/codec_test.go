@@ -3,6 +3,7 @@ package codec_test
 import (
 	"bytes"
 	"errors"
+	"github.com/vmihailenco/msgpack/v5"
 	"runtime"
 	"slices"
 	"testing"
@@ -202,5 +203,19 @@ func TestRefreshFrame(t *testing.T) {
 	}
 	if err := codec.Decode(codec.Msgpack, frame[:9], &s); !errors.Is(err, codec.ErrCorrupt) {
 		t.Fatalf("a truncated refresh frame: %v", err)
+	}
+}
+
+// BenchmarkDecodeMsgpackBare is msgpack.Unmarshal alone, what Decode costs
+// without its frame header, the CheckMsgpack walk and the recover: the
+// price of those checks is the difference with BenchmarkDecodeMsgpack.
+func BenchmarkDecodeMsgpackBare(b *testing.B) {
+	raw, _ := msgpack.Marshal(sample())
+	b.ReportAllocs()
+	for b.Loop() {
+		var p product
+		if err := msgpack.Unmarshal(raw, &p); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

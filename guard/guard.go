@@ -35,9 +35,10 @@
 //     the load function and writes its value for [Options.TTL] ±
 //     [Options.Jitter], or an empty marker for [Options.EmptyTTL] when the
 //     load says [ErrNotFound], with a fenced write that any write made in the
-//     meantime refuses; then it releases the lock and publishes the ID.
-//     Flights in other processes wait for that publish and read the value
-//     (see loader.Coordinator for the order of events).
+//     meantime refuses; then it releases the lock, and publishes the ID if
+//     flights in other processes wait for it (they leave a mark): they read
+//     the value on that publish (see loader.Coordinator for the order of
+//     events).
 //  6. Every caller decodes its own copy of the frame the flight found.
 //
 // Writes (admin.go), each after the source of truth committed: [Guard.Add]

@@ -110,25 +110,30 @@ type WaitObserver interface {
 //     between the caller's first read and the lock.
 //  2. The winner whose re-check found K answers from it. Otherwise it loads
 //     under a watchdog that renews the lock every LockTTL/3.
-//  3. The winner writes the load's frame, releases the lock and PUBLISHes K
-//     in one script (write_release.lua). The write happens only if K's fence
+//  3. The winner writes the load's frame, releases the lock and, if a
+//     flight waits for K (step 5 left K's waiting mark), PUBLISHes K, in one
+//     script (write_release.lua). The write happens only if K's fence
 //     is still its own: every write to the source of truth (Invalidate, Set,
 //     Delete, Add) deletes the fence, and a lock that expired and passed to
 //     another holder moved it on; either way the write is refused, and the
 //     winner loads again with a new lock and fence (until LockWait; then it
 //     serves its last load uncached).
 //  4. If the winner did not get that far (the cache answered the re-check,
-//     the load failed or panicked), it releases the lock and PUBLISHes K in
-//     one script (release_publish.lua).
+//     the load failed or panicked), it releases the lock and PUBLISHes K if
+//     awaited, in one script (release_publish.lua).
 //  5. A loser whose HGET found K answers from it. Otherwise it registers on
 //     the channel (one SUBSCRIBE per Coordinator, fanned out in-process),
-//     reads K again once subscribed, so that a publish cannot slip in
+//     and once subscribed leaves K's waiting mark (keyspace.Waiting(K)) and
+//     reads K behind it in one round trip, so that a publish cannot slip in
 //     between its read and its wait, and waits for the publish, the holder's
 //     lease to run out, or LockWait. Woken, it reads K; if K is still empty
 //     (the holder failed or died) it goes back to step 1.
 //
 // A miss thus costs the winner three round trips with the caller's first
-// read: read, lock + re-check, write + release + publish.
+// read: read, lock + re-check, write + release (+ publish). A miss nobody
+// waited for publishes nothing: a message on the channel reaches every
+// process that ever waited, so publishing each miss would make every
+// process of a fleet read every other's misses.
 type Coordinator struct {
 	rdb     redis.UniversalClient
 	locks   *lock.Client
@@ -303,7 +308,7 @@ func (c *Coordinator) hold(ctx context.Context, l *lock.Lock, key, field string,
 		}
 		opCtx, cancel := c.op(context.WithoutCancel(ctx))
 		defer cancel()
-		_ = releasePublish.Run(opCtx, c.rdb, []string{keyspace.Lock(key)}, l.Token(), c.channel, key).Err()
+		_ = releasePublish.Run(opCtx, c.rdb, []string{keyspace.Lock(key), keyspace.Waiting(key)}, l.Token(), c.channel, key).Err()
 	}()
 	if done, err := c.cached(ctx, get, f); done || err != nil {
 		return err
@@ -315,7 +320,7 @@ func (c *Coordinator) hold(ctx context.Context, l *lock.Lock, key, field string,
 	stop() // before the release: the watchdog must not renew a lock it no longer holds
 	opCtx, cancel := c.op(ctx)
 	defer cancel()
-	written, err := writeRelease.Run(opCtx, c.rdb, []string{key, keyspace.Fence(key), keyspace.Lock(key)},
+	written, err := writeRelease.Run(opCtx, c.rdb, []string{key, keyspace.Fence(key), keyspace.Lock(key), keyspace.Waiting(key)},
 		strconv.FormatInt(l.Fence(), 10), field, frame, max(ttl.Milliseconds(), 1), l.Token(), c.channel).Int()
 	released = err == nil
 	switch {
@@ -341,14 +346,19 @@ func (c *Coordinator) wait(ctx context.Context, key, field string, holderTTL tim
 		return true, "cancelled", err
 	}
 	defer cancel()
-	// Subscribed: a publish from now on reaches us, so check before waiting.
-	if done, err := c.cached(ctx, c.hget(ctx, key, field), f); done || err != nil {
-		return true, "woken", err
-	}
 	lease := holderTTL + 5*time.Millisecond
 	result = "expired"
 	if until := time.Until(deadline); until < lease {
 		lease, result = max(until, 0), "timeout"
+	}
+	// Subscribed: a publish from now on reaches us. Leave the waiting mark,
+	// so that the holder publishes, then check before waiting: the holder's
+	// script runs before the mark (the HGET behind it sees what it wrote),
+	// between the two (the same), or after the HGET (it finds the mark and
+	// publishes). The mark lives as long as the holder's lock could without a
+	// renewal; a wait that outlasts it marks again on its next round.
+	if done, err := c.cached(ctx, c.markAndRead(ctx, key, field), f); done || err != nil {
+		return true, "woken", err
 	}
 	t := time.NewTimer(lease)
 	defer t.Stop()
@@ -367,6 +377,21 @@ func (c *Coordinator) wait(ctx context.Context, key, field string, holderTTL tim
 // op bounds one Redis round trip by OpTimeout.
 func (c *Coordinator) op(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, c.opts.OpTimeout)
+}
+
+// markAndRead leaves key's waiting mark for LockTTL and reads the entry
+// behind it, in one round trip bounded by OpTimeout.
+func (c *Coordinator) markAndRead(ctx context.Context, key, field string) *redis.StringCmd {
+	opCtx, cancel := c.op(ctx)
+	defer cancel()
+	pipe := c.rdb.Pipeline()
+	mark := pipe.Set(opCtx, keyspace.Waiting(key), "1", c.opts.LockTTL)
+	get := pipe.HGet(opCtx, key, field)
+	_, _ = pipe.Exec(opCtx) // errors are read per command
+	if err := mark.Err(); err != nil && errors.Is(get.Err(), redis.Nil) {
+		get.SetErr(err) // nothing cached, and unmarked a wait could miss the publish: fail as a read would
+	}
+	return get
 }
 
 // hget reads the entry in a round trip of its own, bounded by OpTimeout.

@@ -76,6 +76,7 @@ func TestCoordinatorReleasesOnPanicAndError(t *testing.T) {
 	if _, err := ps.Receive(ctx); err != nil {
 		t.Fatal(err)
 	}
+	c.Set(ctx, keyspace.Waiting(key), "1", time.Minute) // as a flight elsewhere waits
 	func() {
 		defer func() { _ = recover() }()
 		_ = co.Run(ctx, key, "1", filler{load: func(context.Context) ([]byte, time.Duration, error) { panic("boom") }})
@@ -115,6 +116,111 @@ func TestCoordinatorReleasesOnPanicAndError(t *testing.T) {
 	if err := co.Close(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestCoordinatorPublishesOnlyWhenAwaited: a load nobody waited for
+// publishes nothing (every process that ever waited would read the
+// message); a waiter in another process leaves the waiting mark, and the
+// holder's write wakes it with a publish and clears the mark.
+func TestCoordinatorPublishesOnlyWhenAwaited(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := redistest.Connect(t)
+	channel := c.Prefix + ":ch"
+	ps := c.Subscribe(ctx, channel)
+	defer ps.Close()
+	if _, err := ps.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// next is the payload of the next message on the channel: a publish
+	// that happened before the sentinel's comes first.
+	next := func() string {
+		t.Helper()
+		if err := c.Publish(ctx, channel, "sentinel").Err(); err != nil {
+			t.Fatal(err)
+		}
+		msg, err := ps.ReceiveMessage(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if msg.Payload != "sentinel" { // drain the sentinel behind it
+			if m, err := ps.ReceiveMessage(ctx); err != nil || m.Payload != "sentinel" {
+				t.Fatalf("after %q: %v, %v", msg.Payload, m, err)
+			}
+		}
+		return msg.Payload
+	}
+	holder := loader.NewCoordinator(c.UniversalClient, channel, nil)
+	defer holder.Close()
+	key := c.Prefix + ":{k}"
+	value := filler{load: func(context.Context) ([]byte, time.Duration, error) { return []byte("v"), time.Minute, nil }}
+	if err := holder.Run(ctx, key, "1", value); err != nil {
+		t.Fatal(err)
+	}
+	if got := next(); got != "sentinel" {
+		t.Fatalf("a load nobody waited for published %q", got)
+	}
+	failing := filler{load: func(context.Context) ([]byte, time.Duration, error) { return nil, 0, errors.New("db down") }}
+	if err := holder.Run(ctx, c.Prefix+":{gone}", "1", failing); err == nil {
+		t.Fatal("the failing load's error was lost")
+	}
+	if got := next(); got != "sentinel" {
+		t.Fatalf("a failed load nobody waited for published %q", got)
+	}
+
+	// A waiter in another process: the holder's load runs until the
+	// waiter's mark is there.
+	key = c.Prefix + ":{w}"
+	marked := make(chan struct{})
+	slow := filler{load: func(ctx context.Context) ([]byte, time.Duration, error) {
+		<-marked
+		return []byte("w"), time.Minute, nil
+	}}
+	holding := make(chan error, 1)
+	go func() { holding <- holder.Run(ctx, key, "1", slow) }()
+	for c.Exists(ctx, keyspace.Lock(key)).Val() == 0 && ctx.Err() == nil {
+		time.Sleep(time.Millisecond) // the holder's lock attempt
+	}
+	waiter := loader.NewCoordinator(redistest.Connect(t).UniversalClient, channel, nil)
+	defer waiter.Close()
+	waiting := make(chan error, 1)
+	var got []byte
+	go func() {
+		waiting <- waiter.Run(ctx, key, "1", cachedInto{&got})
+	}()
+	for c.Exists(ctx, keyspace.Waiting(key)).Val() == 0 && ctx.Err() == nil {
+		time.Sleep(time.Millisecond)
+	}
+	close(marked)
+	if err := <-holding; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-waiting; err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != "w" {
+		t.Fatalf("the waiter read %q", got)
+	}
+	if st := waiter.Stats(); st.Waits != 1 || st.Wakeups != 1 {
+		t.Fatalf("waiter stats %+v: want one wait, ended by the publish", st)
+	}
+	if got := next(); got != key {
+		t.Fatalf("the awaited load published %q, want %q", got, key)
+	}
+	if n := c.Exists(ctx, keyspace.Waiting(key)).Val(); n != 0 {
+		t.Fatal("the waiting mark outlived the publish")
+	}
+}
+
+// cachedInto is a Filler that keeps what the cache answered and never loads.
+type cachedInto struct{ got *[]byte }
+
+func (p cachedInto) Cached(_ context.Context, raw []byte) bool {
+	*p.got = append([]byte(nil), raw...)
+	return true
+}
+func (p cachedInto) Load(context.Context) ([]byte, time.Duration, error) {
+	return nil, 0, errors.New("the waiter loaded")
 }
 
 // TestCoordinatorTakenOverWriteKeepsTheNewLock: a holder whose lock expired

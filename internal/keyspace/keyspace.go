@@ -5,14 +5,15 @@
 //
 // For a Guard with KeyPrefix p and name n, base = "p:n:":
 //
-//	value of an ID       p:n:{enc(id)}             string: a value frame or an empty marker
+//	value of an ID       p:n:{enc(id)}             hash: a value frame or an empty marker per schema version
 //	its load lock        p:n:{enc(id)}:lock        string: the holder's token
 //	its fence            p:n:{enc(id)}:fence       string: the newest fencing number
+//	its waiting mark     p:n:{enc(id)}:waiting     string: a flight elsewhere waits for its load
 //	filter meta          p:n:bf:meta               hash: layout, generation, rebuild state
 //	filter shard         p:n:bf:{p:n:bf:G:S}       string: bitmap S of generation G
 //	shard staging        p:n:bf:{p:n:bf:G:S}:up    string: a rebuild's upload
 //	filter rebuild lock  p:n:bf:{p:n:bf}:rebuild   string, and its fence ...:rebuild:fence
-//	loads finished       p:n:loaded                channel: value keys whose load ended
+//	loads finished       p:n:loaded                channel: value keys whose load ended, if awaited
 //	invalidations        p:n:invalidated           channel: value keys invalidated
 //
 // Hash tags come after the prefix. The keys of one ID share the ID's tag, so
@@ -155,6 +156,11 @@ func (s Guard) Filter() Filter { return Filter{base: s.base + "bf"} }
 
 // Lock is the load lock of a value key (same hash tag).
 func Lock(vkey string) string { return vkey + ":lock" }
+
+// Waiting is the mark that a flight waits for the load of a value key
+// (same hash tag): the holder PUBLISHes the key when it is done only if the
+// mark is there, and deletes it.
+func Waiting(vkey string) string { return vkey + ":waiting" }
 
 // Fence is the fence of a key: the fencing numbers handed out with its lock
 // (same hash tag). For a value key, its load lock's fence.

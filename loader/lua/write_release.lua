@@ -3,10 +3,12 @@
 -- key's newest, so a load that a write to the source of truth overtook (its
 -- fence deleted), or whose lock expired and passed to another holder, cannot
 -- store what it read; then release the lock if this holder still has it, and
--- PUBLISH the value key either way, so that waiters read what was left.
+-- PUBLISH the value key if a flight in some process waits for it (it left
+-- the waiting mark), so that the waiters read what was left.
 -- KEYS[1]  value key: a hash, one field per schema version
 -- KEYS[2]  fence key (same hash tag as the value key)
 -- KEYS[3]  lock key (same hash tag)
+-- KEYS[4]  waiting mark (same hash tag)
 -- ARGV[1]  the holder's fence, as a decimal string
 -- ARGV[2]  the field (the holder's schema version)
 -- ARGV[3]  the frame to store
@@ -30,5 +32,7 @@ if redis.call('GET', KEYS[2]) == ARGV[1] then
 elseif redis.call('GET', KEYS[3]) == ARGV[5] then
   redis.call('DEL', KEYS[3])
 end
-redis.call('PUBLISH', ARGV[6], KEYS[1])
+if redis.call('DEL', KEYS[4]) == 1 then
+  redis.call('PUBLISH', ARGV[6], KEYS[1])
+end
 return written

@@ -248,14 +248,13 @@ type entry[T any] struct {
 // loads; the ID existed, so the filter is not asked again.
 func decodeEntry[T any](ctx context.Context, g *Guard, vkey string, raw []byte) entry[T] {
 	var e entry[T]
-	switch err := codec.Decode(g.opts.Codec, raw, &e.v); {
+	v := new(T) // the value alone escapes to the codec, not the whole entry
+	switch err := codec.Decode(g.opts.Codec, raw, v); {
 	case err == nil:
-		e.found, e.ok = flight{frame: raw, outcome: outHit}, true
+		e.v, e.found, e.ok = *v, flight{frame: raw, outcome: outHit}, true
 	case errors.Is(err, codec.ErrEmpty):
 		e.found, e.err, e.ok = flight{outcome: outEmpty}, ErrNotFound, true
-	default:
-		var zero T
-		e.v = zero // no field of the failed decode survives
+	default: // no field of the failed decode survives: e.v stays zero
 		g.dropCorrupt(ctx, vkey, raw, err)
 	}
 	return e

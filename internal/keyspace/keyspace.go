@@ -56,10 +56,10 @@ func ForGuard(prefix, name string, maxLen int) Guard {
 
 // Value returns the value key of id, or an error wrapping ErrInvalidKey.
 func (s Guard) Value(id string) (string, error) {
-	if err := s.Check(id); err != nil {
+	escapes, err := s.scan(id)
+	if err != nil {
 		return "", err
 	}
-	escapes := strings.Count(id, "%") + strings.Count(id, "{") + strings.Count(id, "}")
 	var b strings.Builder
 	b.Grow(len(s.base) + len(id) + 2*escapes + 2)
 	b.WriteString(s.base)
@@ -126,18 +126,27 @@ func (s Guard) ID(vkey string) (string, bool) {
 // Check reports whether id is usable (an error wrapping ErrInvalidKey if not)
 // without building its key.
 func (s Guard) Check(id string) error {
+	_, err := s.scan(id)
+	return err
+}
+
+// scan is Check in the same pass as the count of bytes that Value escapes.
+func (s Guard) scan(id string) (escapes int, err error) {
 	if id == "" {
-		return fmt.Errorf("%w: empty", ErrInvalidKey)
+		return 0, fmt.Errorf("%w: empty", ErrInvalidKey)
 	}
 	if len(id) > s.maxLen {
-		return fmt.Errorf("%w: %d bytes, more than %d", ErrInvalidKey, len(id), s.maxLen)
+		return 0, fmt.Errorf("%w: %d bytes, more than %d", ErrInvalidKey, len(id), s.maxLen)
 	}
 	for i := 0; i < len(id); i++ {
-		if c := id[i]; c < 0x20 || c == 0x7f {
-			return fmt.Errorf("%w: control byte 0x%02x at %d", ErrInvalidKey, c, i)
+		switch c := id[i]; {
+		case c < 0x20 || c == 0x7f:
+			return 0, fmt.Errorf("%w: control byte 0x%02x at %d", ErrInvalidKey, c, i)
+		case c == '%' || c == '{' || c == '}':
+			escapes++
 		}
 	}
-	return nil
+	return escapes, nil
 }
 
 // MaxKeyLen is the longest ID accepted, in bytes.

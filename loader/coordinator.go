@@ -355,9 +355,9 @@ func (c *Coordinator) wait(ctx context.Context, key, field string, holderTTL tim
 	// so that the holder publishes, then check before waiting: the holder's
 	// script runs before the mark (the HGET behind it sees what it wrote),
 	// between the two (the same), or after the HGET (it finds the mark and
-	// publishes). The mark lives as long as the holder's lock could without a
-	// renewal; a wait that outlasts it marks again on its next round.
-	if done, err := c.cached(ctx, c.markAndRead(ctx, key, field), f); done || err != nil {
+	// publishes). The mark outlives this wait; a wait that the holder's
+	// renewed lease outlasts marks again on its next round.
+	if done, err := c.cached(ctx, c.markAndRead(ctx, key, field, lease), f); done || err != nil {
 		return true, "woken", err
 	}
 	t := time.NewTimer(lease)
@@ -379,13 +379,13 @@ func (c *Coordinator) op(ctx context.Context) (context.Context, context.CancelFu
 	return context.WithTimeout(ctx, c.opts.OpTimeout)
 }
 
-// markAndRead leaves key's waiting mark for LockTTL and reads the entry
-// behind it, in one round trip bounded by OpTimeout.
-func (c *Coordinator) markAndRead(ctx context.Context, key, field string) *redis.StringCmd {
+// markAndRead leaves key's waiting mark for a wait of lease and reads the
+// entry behind it, in one round trip bounded by OpTimeout.
+func (c *Coordinator) markAndRead(ctx context.Context, key, field string, lease time.Duration) *redis.StringCmd {
 	opCtx, cancel := c.op(ctx)
 	defer cancel()
 	pipe := c.rdb.Pipeline()
-	mark := pipe.Set(opCtx, keyspace.Waiting(key), "1", c.opts.LockTTL)
+	mark := pipe.Set(opCtx, keyspace.Waiting(key), "1", lease+c.opts.OpTimeout)
 	get := pipe.HGet(opCtx, key, field)
 	_, _ = pipe.Exec(opCtx) // errors are read per command
 	if err := mark.Err(); err != nil && errors.Is(get.Err(), redis.Nil) {

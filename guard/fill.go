@@ -12,12 +12,20 @@ import (
 	"github.com/cacheguard/cacheguard/loader"
 )
 
-// since is when a caller started: the time, and the local cache's epoch
-// then (0 without Options.Local).
+// since is when a caller started: Guard.starts then, and the local cache's
+// epoch then (0 without Options.Local). A flight or shared read takes its
+// number with starts.Add(1) as it starts, so it started after the caller
+// exactly when its number is greater than the caller's at: the atomic
+// orders the two, with no clock to read on every Get and no two starts on
+// the same tick.
 type since struct {
-	at    time.Time
+	at    uint64
 	epoch uint64
 }
+
+// startedBefore reports whether a flight or shared read numbered n started
+// before the caller at from (see since).
+func (from since) startedBefore(n uint64) bool { return n <= from.at }
 
 // join runs the flight key in this process, or joins the one under way,
 // for a caller that started at from, and returns the call that ran it (if
@@ -40,7 +48,7 @@ func join[T any](ctx context.Context, g *Guard, key string, from since, proto ca
 		fl, shared, err = g.flights.Do(ctx, key, func(ctx context.Context) (flight, error) { return fly(c, ctx) })
 		mine = fl.by == any(c) // this caller's function ran the flight
 		answered := err == nil || errors.Is(err, ErrNotFound)
-		if fl.by != nil && answered && fl.started.Before(from.at) && !g.noWriteHeard(fl.epoch, from.epoch) && attempt < 3 {
+		if fl.by != nil && answered && from.startedBefore(fl.started) && !g.noWriteHeard(fl.epoch, from.epoch) && attempt < 3 {
 			continue // joined a flight older than this caller: its answer may predate a write
 		}
 		return c, fl, shared, mine, err
@@ -103,7 +111,7 @@ func (c *call[T]) fly(ctx context.Context) (flight, error) {
 		return flight{outcome: outFailed}, err
 	}
 	defer g.gate.leave(pass)
-	started := time.Now()
+	started := g.starts.Add(1)
 	var epoch uint64
 	if g.local != nil {
 		epoch = g.local.epoch.Load() // before the reads: see local.put

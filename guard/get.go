@@ -73,7 +73,7 @@ func get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 	if err != nil {
 		return zero, err
 	}
-	from := since{at: time.Now()} // a flight that answers this Get must have started after it (join)
+	from := since{at: g.starts.Load()} // a flight that answers this Get must have started after it (join)
 	if g.local != nil {
 		from.epoch = g.local.epoch.Load() // before the read: see local.put
 	}
@@ -230,7 +230,7 @@ type flight struct {
 	outcome outcome
 	ttl     time.Duration // the TTL it wrote the frame with (0: unknown)
 	epoch   uint64        // the local cache's epoch when the flight began
-	started time.Time     // before any of its reads
+	started uint64        // its number from Guard.starts, taken before any of its reads (see since)
 	by      any           // the *call[T] whose flight this was
 }
 

@@ -101,6 +101,7 @@ type Guard struct {
 	gate      gate                        // every entry point passes it; Close shuts it
 	bound     atomic.Pointer[typeBinding] // the type values decode into, set by the first Get or For
 	credit    atomic.Int64                // > 0: recent reads missed: send the bloom probe with the HGET (see read)
+	starts    atomic.Uint64               // counts flights and shared reads as they start; a Get reads it as it starts (see since)
 	tel       *telemetry                  // OpenTelemetry instruments, or nil (off)
 
 	// Background work (automatic rebuilds, connecting after a New without

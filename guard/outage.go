@@ -165,7 +165,7 @@ func (c *call[T]) loadThrough(ctx context.Context) (flight, error) {
 		return flight{outcome: outFailed}, err
 	}
 	defer g.gate.leave(pass)
-	started := time.Now()
+	started := g.starts.Add(1)
 	select {
 	case g.outage.slots <- struct{}{}:
 		defer func() { <-g.outage.slots }()

@@ -96,8 +96,8 @@ func (g *Guard) read(ctx context.Context, id, vkey string) (readResult, error) {
 // sharedRead is one read shared by the callers of a value key (readShared).
 type sharedRead struct {
 	r       readResult
-	started time.Time // before the read
-	epoch   uint64    // the local cache's epoch then
+	started uint64 // its number from Guard.starts, before the read (see since)
+	epoch   uint64 // the local cache's epoch then
 }
 
 // readShared is read for a Guard with a local cache: when a hot key's copy
@@ -111,7 +111,7 @@ type sharedRead struct {
 func (g *Guard) readShared(ctx context.Context, id, vkey string, from since) (readResult, error) {
 	for range 3 { // a second read already starts after this caller: see below
 		sr, _, err := g.reads.do(ctx, vkey, func(ctx context.Context) (sharedRead, error) {
-			sr := sharedRead{started: time.Now(), epoch: g.local.epoch.Load()}
+			sr := sharedRead{started: g.starts.Add(1), epoch: g.local.epoch.Load()}
 			var err error
 			sr.r, err = g.read(ctx, id, vkey)
 			return sr, err
@@ -119,7 +119,7 @@ func (g *Guard) readShared(ctx context.Context, id, vkey string, from since) (re
 		if err != nil {
 			return readResult{}, err
 		}
-		if !sr.started.Before(from.at) || g.noWriteHeard(sr.epoch, from.epoch) {
+		if !from.startedBefore(sr.started) || g.noWriteHeard(sr.epoch, from.epoch) {
 			return sr.r, nil
 		}
 		// A read older than this caller, and a write heard since: the next

@@ -1,7 +1,7 @@
 -- obtain: take the lock if it is free and hand out the next fencing number.
 -- KEYS[1]  lock key
 -- KEYS[2]  fence key (same hash slot as the lock key)
--- ARGV[1]  token (random, 128 bits)
+-- ARGV[1]  token (unique, 128 bits: a random per-process prefix and a count)
 -- ARGV[2]  lock TTL in milliseconds
 -- ARGV[3]  fence key TTL in milliseconds
 -- Returns  {1, fence} when obtained (fence as a decimal string),

@@ -30,7 +30,7 @@ fmt-check:
 vet:
 	$(GO) vet $(PKGS)
 
-CLUSTER_PKGS := ./bloom ./lock ./loader ./guard
+CLUSTER_PKGS := ./bloom ./lock ./loader ./guard ./internal/cputime
 
 # Modules of their own beside the root (so the root module needs neither Echo
 # nor Prometheus):

@@ -17,7 +17,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -25,6 +24,7 @@ import (
 	zredis "github.com/zeromicro/go-zero/core/stores/redis"
 
 	"github.com/cacheguard/cacheguard/guard"
+	"github.com/cacheguard/cacheguard/internal/cputime"
 )
 
 // env is what every workload runs against.
@@ -61,33 +61,6 @@ func (e *env) serverCommands(ctx context.Context) (int64, error) {
 		}
 	}
 	return 0, errors.New("no total_commands_processed in INFO")
-}
-
-// serverCPU is redis-server's CPU time so far (INFO cpu: user + system,
-// its main thread and any others).
-func (e *env) serverCPU(ctx context.Context) (time.Duration, error) {
-	info, err := e.admin.InfoMap(ctx, "cpu").Result()
-	if err != nil {
-		return 0, err
-	}
-	var total float64
-	for _, name := range []string{"used_cpu_sys", "used_cpu_user"} {
-		v, err := strconv.ParseFloat(info["CPU"][name], 64)
-		if err != nil {
-			return 0, fmt.Errorf("INFO cpu %s: %w", name, err)
-		}
-		total += v
-	}
-	return time.Duration(total * float64(time.Second)), nil
-}
-
-// processCPU is this process's CPU time so far (user + system).
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func ids(prefix string, n int) []string {
@@ -194,11 +167,11 @@ func hitPath(ctx context.Context, e *env, name string, round int) (HitResult, er
 	runtime.GC()
 	var m0, m1 runtime.MemStats
 	runtime.ReadMemStats(&m0)
-	scpu0, err := e.serverCPU(ctx)
+	scpu0, err := cputime.Redis(ctx, e.admin)
 	if err != nil {
 		return HitResult{}, err
 	}
-	ccpu0 := processCPU()
+	ccpu0 := cputime.Process()
 	stop := time.Now().Add(e.hitTime)
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -231,9 +204,9 @@ func hitPath(ctx context.Context, e *env, name string, round int) (HitResult, er
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	ccpu1 := processCPU()
+	ccpu1 := cputime.Process()
 	runtime.ReadMemStats(&m1)
-	scpu1, err := e.serverCPU(ctx)
+	scpu1, err := cputime.Redis(ctx, e.admin)
 	if err != nil {
 		return HitResult{}, err
 	}

@@ -5,10 +5,7 @@ package guard_test
 import (
 	"context"
 	"strconv"
-	"strings"
-	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -16,6 +13,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/cacheguard/cacheguard/guard"
+	"github.com/cacheguard/cacheguard/internal/cputime"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
@@ -98,7 +96,7 @@ func costRun(b *testing.B, c redis.UniversalClient, op func(i int), cursor *int,
 	}
 	from := *cursor
 	var next atomic.Int64
-	r0, s0 := redisCPU(b, c), processCPU()
+	r0, s0 := redisCPU(b, c), cputime.Process()
 	b.SetParallelism(8)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
@@ -108,57 +106,19 @@ func costRun(b *testing.B, c redis.UniversalClient, op func(i int), cursor *int,
 		}
 	})
 	b.StopTimer()
-	r1, s1 := redisCPU(b, c), processCPU()
+	r1, s1 := redisCPU(b, c), cputime.Process()
 	n := float64(b.N)
 	b.ReportMetric(float64((s1-s0).Microseconds())/n, "client-cpu-µs/op")
 	b.ReportMetric((r1-r0)*1e6/n, "redis-cpu-µs/op")
 	return min(from+b.N, limit)
 }
 
-// redisCPU is the server's CPU time so far, in seconds (INFO cpu; summed
-// over the nodes in a cluster).
+// redisCPU is the server's CPU time so far, in seconds (summed over the
+// nodes in a cluster).
 func redisCPU(b *testing.B, c redis.UniversalClient) float64 {
-	var total float64
-	add := func(info string) {
-		for line := range strings.SplitSeq(info, "\n") {
-			k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
-			if ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
-				f, err := strconv.ParseFloat(v, 64)
-				if err != nil {
-					b.Fatalf("INFO cpu: %s: %v", line, err)
-				}
-				total += f
-			}
-		}
-	}
-	ctx := context.Background()
-	if cc, ok := c.(*redis.ClusterClient); ok {
-		var mu sync.Mutex // guards total: ForEachShard calls fn concurrently
-		err := cc.ForEachShard(ctx, func(ctx context.Context, n *redis.Client) error {
-			s, err := n.Info(ctx, "cpu").Result()
-			mu.Lock()
-			defer mu.Unlock()
-			add(s)
-			return err
-		})
-		if err != nil {
-			b.Fatal(err)
-		}
-		return total
-	}
-	s, err := c.Info(ctx, "cpu").Result()
+	d, err := cputime.Redis(context.Background(), c)
 	if err != nil {
 		b.Fatal(err)
 	}
-	add(s)
-	return total
-}
-
-// processCPU is this process's user + system CPU time so far.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	return d.Seconds()
 }

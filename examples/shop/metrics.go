@@ -4,7 +4,6 @@ import (
 	"context"
 	"math"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/cacheguard/cacheguard/guard"
 	"github.com/cacheguard/cacheguard/guardprometheus"
+	"github.com/cacheguard/cacheguard/internal/cputime"
 )
 
 // telemetry is the shop's own Prometheus registry (no global state, no
@@ -94,19 +94,11 @@ func (s *Shop) registerMetrics() {
 func (s *Shop) redisCPU() float64 {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	info := s.guardRDB.InfoMap(ctx, "cpu")
-	if info.Err() != nil {
+	d, err := cputime.Redis(ctx, s.guardRDB)
+	if err != nil {
 		return math.NaN()
 	}
-	var sum float64
-	for _, k := range []string{"used_cpu_user", "used_cpu_sys"} {
-		f, err := strconv.ParseFloat(info.Item("CPU", k), 64)
-		if err != nil {
-			return math.NaN()
-		}
-		sum += f
-	}
-	return sum
+	return d.Seconds()
 }
 
 // metrics serves the registry in the Prometheus text format.

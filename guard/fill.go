@@ -137,7 +137,7 @@ func (c *call[T]) keep(fl flight) {
 		return
 	}
 	var value any
-	if b := g.bound.Load(); b != nil && b.sharable {
+	if g.keepsDecoded() {
 		if !c.decoded { // decoded once: the caller that started the flight takes it too (fill)
 			var v T
 			if codec.Decode(g.opts.Codec, fl.frame, &v) != nil {

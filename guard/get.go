@@ -204,10 +204,17 @@ func bind[T any](g *Guard) error {
 // shared returns v as a local copy to hand out without decoding, if the
 // Guard's type allows it (else nil: decode each time).
 func (g *Guard) shared(v any) any {
-	if b := g.bound.Load(); b != nil && b.sharable {
+	if g.keepsDecoded() {
 		return v
 	}
 	return nil
+}
+
+// keepsDecoded reports whether the local cache keeps the Guard's values
+// decoded: its type's copies share nothing (see sharable).
+func (g *Guard) keepsDecoded() bool {
+	b := g.bound.Load()
+	return b != nil && b.sharable
 }
 
 // outcome is how a flight ended, counted once per caller.

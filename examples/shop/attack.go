@@ -66,6 +66,9 @@ func scrape(ctx context.Context, client *http.Client, base, path string) (counte
 	for sc.Scan() {
 		line := sc.Text()
 		f := strings.Fields(line)
+		if len(f) < 2 || strings.HasPrefix(line, "#") {
+			continue
+		}
 		v, _ := strconv.ParseFloat(f[len(f)-1], 64) // the text format writes 1e+06
 		switch {
 		case strings.HasPrefix(line, `shop_db_queries_total{path="`+path+`"}`):

@@ -1,0 +1,206 @@
+// Package batch merges concurrent requests into shared round trips, as a
+// database's group commit does. A request that finds fewer than the limit
+// of batches in flight runs at once, in its caller's goroutine, together
+// with whatever requests were waiting. One that finds them all busy waits;
+// when a batch in flight ends, the first waiting request is woken to run
+// all the waiting ones as the next batch. With no contention every request
+// runs alone and at once, in its own goroutine: no goroutine hop, no timer,
+// no added latency. Under load a batch holds what arrived during one round
+// trip, so the round trips, system calls and Redis event-loop turns per
+// request fall as the load rises. guard sends its reads through one
+// (Guard.read): one pipelined round trip for many Gets, each still one
+// command.
+//
+// There is no goroutine of the batcher's own: batches run in callers'
+// goroutines, so there is nothing to stop.
+package batch
+
+import (
+	"context"
+	"errors"
+	"sync"
+)
+
+// ErrPanicked is what Do returns to the requests of a batch whose run
+// panicked in another caller's goroutine (the panic goes on up that one).
+var ErrPanicked = errors.New("batch: the run of this request's batch panicked")
+
+// state is where a Call is; Batcher.mu guards it from the moment the call
+// waits until it is taken into a batch.
+type state uint8
+
+const (
+	running state = iota // leads its own batch, or is not in the batcher
+	waiting              // in Batcher.pending
+	batched              // taken into a batch that another caller runs
+	leading              // taken, and woken to run lead
+)
+
+// Call is one request: Req is the request, and its result once Do returns
+// nil (run writes it). A Call can be used again after Do returned nil; not
+// after Do returned an error, when a batch may still write to it.
+type Call[Q any] struct {
+	Req Q
+
+	done  chan struct{} // buffered (1): sent once when the call is answered or must lead; made on first wait
+	lead  []*Call[Q]    // the batch this call must run (state leading)
+	state state
+	err   error       // ErrPanicked, set before done
+	one   [1]*Call[Q] // the batch of a call that runs alone, without an allocation
+}
+
+// Batcher runs Calls in batches. Its methods are safe for concurrent use.
+type Batcher[Q any] struct {
+	run   func(ctx context.Context, calls []*Call[Q]) // answers every call's Req
+	limit int                                         // batches in flight at most
+	max   int                                         // calls per batch at most
+
+	mu       sync.Mutex // guards inflight, pending, and the state of calls in pending
+	inflight int        // batches running
+	pending  []*Call[Q] // calls waiting for a batch, oldest first
+}
+
+// New returns a Batcher that runs up to limit batches at once, each of at
+// most max calls, with run. run must answer every call it is given, and
+// should honour the ctx it is given (for a batch of other callers' calls
+// it is the leading caller's, without its cancellation: see Do).
+func New[Q any](limit, max int, run func(ctx context.Context, calls []*Call[Q])) *Batcher[Q] {
+	return &Batcher[Q]{run: run, limit: max1(limit), max: max1(max)}
+}
+
+func max1(n int) int { return max(n, 1) }
+
+// Do runs c, alone or in a batch, and returns when c.Req holds its result:
+// then the error is nil. If ctx ends while c waits for a batch, Do returns
+// ctx.Err() at once; a batch that took c may still answer it afterwards,
+// into nothing. A caller that runs a batch holding other callers' calls
+// runs it to its end, on ctx without its cancellation: they wait for it.
+func (b *Batcher[Q]) Do(ctx context.Context, c *Call[Q]) error {
+	c.err, c.lead = nil, nil
+	b.mu.Lock()
+	if b.inflight < b.limit {
+		b.inflight++
+		batch := b.takeLocked(c)
+		b.mu.Unlock()
+		b.runThenHandOff(ctx, batch, c)
+		return nil
+	}
+	if c.done == nil {
+		c.done = make(chan struct{}, 1)
+	}
+	c.state = waiting
+	b.pending = append(b.pending, c)
+	b.mu.Unlock()
+	select {
+	case <-c.done:
+	case <-ctx.Done():
+		b.mu.Lock()
+		switch c.state {
+		case waiting:
+			b.removeLocked(c)
+			b.mu.Unlock()
+			return ctx.Err()
+		case leading:
+			// Woken to lead as ctx ended: the batch is others' too and
+			// must run. It runs in a goroutine of its own, which ends with
+			// it; c is not answered into anything anyone reads.
+			b.mu.Unlock()
+			go b.runThenHandOff(context.WithoutCancel(ctx), c.lead, c)
+			return ctx.Err()
+		default: // batched: answered by its batch, into nothing
+			b.mu.Unlock()
+			return ctx.Err()
+		}
+	}
+	if c.state == leading { // written before done was sent
+		if len(c.lead) == 1 && ctx.Err() != nil {
+			// Woken to run only its own request, after ctx ended (select
+			// chose done): nobody waits for the answer.
+			b.handOff()
+			return ctx.Err()
+		}
+		b.runThenHandOff(ctx, c.lead, c)
+		return nil
+	}
+	return c.err
+}
+
+// takeLocked takes up to max−1 waiting calls and self as a batch: self
+// runs it. b.mu is held.
+func (b *Batcher[Q]) takeLocked(self *Call[Q]) []*Call[Q] {
+	self.state = running
+	if len(b.pending) == 0 {
+		self.one[0] = self
+		return self.one[:]
+	}
+	n := min(len(b.pending), b.max-1)
+	batch := make([]*Call[Q], 0, n+1)
+	for _, c := range b.pending[:n] {
+		c.state = batched
+		batch = append(batch, c)
+	}
+	b.shiftLocked(n)
+	return append(batch, self)
+}
+
+// shiftLocked drops the first n waiting calls. b.mu is held.
+func (b *Batcher[Q]) shiftLocked(n int) {
+	rest := copy(b.pending, b.pending[n:])
+	clear(b.pending[rest:])
+	b.pending = b.pending[:rest]
+}
+
+// removeLocked drops c, which waits, from pending. b.mu is held.
+func (b *Batcher[Q]) removeLocked(c *Call[Q]) {
+	for i, p := range b.pending {
+		if p == c {
+			copy(b.pending[i:], b.pending[i+1:])
+			b.pending[len(b.pending)-1] = nil
+			b.pending = b.pending[:len(b.pending)-1]
+			return
+		}
+	}
+}
+
+// runThenHandOff runs batch for self and answers the other calls in it;
+// then it wakes the oldest waiting call to run the waiting ones as the next
+// batch, or, with none waiting, gives its place in flight back. If run
+// panics, the others are answered ErrPanicked and the batcher goes on; the
+// panic goes on up self's stack.
+func (b *Batcher[Q]) runThenHandOff(ctx context.Context, batch []*Call[Q], self *Call[Q]) {
+	answered := false
+	defer func() {
+		for _, c := range batch {
+			if c == self {
+				continue
+			}
+			if !answered {
+				c.err = ErrPanicked
+			}
+			c.done <- struct{}{}
+		}
+		b.handOff()
+	}()
+	if len(batch) > 1 {
+		ctx = context.WithoutCancel(ctx)
+	}
+	b.run(ctx, batch)
+	answered = true
+}
+
+// handOff passes a batch's place in flight to the oldest waiting call, or
+// gives it back.
+func (b *Batcher[Q]) handOff() {
+	b.mu.Lock()
+	if len(b.pending) == 0 {
+		b.inflight--
+		b.mu.Unlock()
+		return
+	}
+	next := b.pending[0]
+	b.shiftLocked(1)
+	next.lead = b.takeLocked(next)
+	next.state = leading
+	b.mu.Unlock()
+	next.done <- struct{}{}
+}

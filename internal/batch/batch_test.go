@@ -1,0 +1,300 @@
+package batch_test
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cacheguard/cacheguard/internal/batch"
+)
+
+type req struct{ in, out int }
+
+// double answers every call with twice its input and records batch sizes.
+type double struct {
+	mu    sync.Mutex
+	sizes []int
+}
+
+func (d *double) run(_ context.Context, calls []*batch.Call[req]) {
+	for _, c := range calls {
+		c.Req.out = 2 * c.Req.in
+	}
+	d.mu.Lock()
+	d.sizes = append(d.sizes, len(calls))
+	d.mu.Unlock()
+}
+
+func TestAloneRunsAtOnceInTheCallersGoroutine(t *testing.T) {
+	var d double
+	b := batch.New(1, 16, d.run)
+	c := &batch.Call[req]{}
+	for i := range 5 {
+		c.Req = req{in: i}
+		if err := b.Do(context.Background(), c); err != nil {
+			t.Fatal(err)
+		}
+		if c.Req.out != 2*i {
+			t.Fatalf("call %d answered %d, want %d", i, c.Req.out, 2*i)
+		}
+	}
+	if len(d.sizes) != 5 {
+		t.Fatalf("runs = %v, want five batches of one", d.sizes)
+	}
+	for _, n := range d.sizes {
+		if n != 1 {
+			t.Fatalf("runs = %v, want five batches of one", d.sizes)
+		}
+	}
+}
+
+// gated is a run whose first batch waits for release.
+type gated struct {
+	double
+	entered chan struct{}
+	release chan struct{}
+	first   atomic.Bool
+}
+
+func newGated() *gated {
+	return &gated{entered: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (g *gated) run(ctx context.Context, calls []*batch.Call[req]) {
+	if g.first.CompareAndSwap(false, true) {
+		close(g.entered)
+		<-g.release
+	}
+	g.double.run(ctx, calls)
+}
+
+// waitPending blocks until n goroutines beyond base exist: the callers
+// that wait (a test of pure logic: no other way to see them queue).
+func waitPending(t *testing.T, base, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for runtime.NumGoroutine() < base+n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines, want %d", runtime.NumGoroutine(), base+n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(20 * time.Millisecond) // let them reach the queue
+}
+
+func TestWaitersGoTogetherInTheNextBatch(t *testing.T) {
+	g := newGated()
+	b := batch.New(1, 16, g.run)
+	first := &batch.Call[req]{Req: req{in: 100}}
+	errs := make(chan error, 8)
+	go func() { errs <- b.Do(context.Background(), first) }()
+	<-g.entered
+	base := runtime.NumGoroutine()
+	calls := make([]*batch.Call[req], 6)
+	for i := range calls {
+		calls[i] = &batch.Call[req]{Req: req{in: i}}
+		go func() { errs <- b.Do(context.Background(), calls[i]) }()
+	}
+	waitPending(t, base, len(calls))
+	close(g.release)
+	for range len(calls) + 1 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, c := range calls {
+		if c.Req.out != 2*i {
+			t.Fatalf("call %d answered %d", i, c.Req.out)
+		}
+	}
+	if first.Req.out != 200 {
+		t.Fatalf("first call answered %d", first.Req.out)
+	}
+	if len(g.sizes) != 2 || g.sizes[0] != 1 || g.sizes[1] != 6 {
+		t.Fatalf("batches = %v, want [1 6]: the six waiters in one", g.sizes)
+	}
+}
+
+func TestBatchesHoldAtMostMax(t *testing.T) {
+	g := newGated()
+	b := batch.New(1, 4, g.run)
+	errs := make(chan error, 16)
+	go func() { errs <- b.Do(context.Background(), &batch.Call[req]{}) }()
+	<-g.entered
+	base := runtime.NumGoroutine()
+	for i := range 10 {
+		go func() { errs <- b.Do(context.Background(), &batch.Call[req]{Req: req{in: i}}) }()
+	}
+	waitPending(t, base, 10)
+	close(g.release)
+	for range 11 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	total := 0
+	for _, n := range g.sizes[1:] {
+		if n > 4 {
+			t.Fatalf("batches = %v: one holds more than 4", g.sizes)
+		}
+		total += n
+	}
+	if total != 10 || len(g.sizes) != 4 {
+		t.Fatalf("batches = %v, want 1 then 4, 4, 2", g.sizes)
+	}
+}
+
+func TestLimitBatchesRunAtOnce(t *testing.T) {
+	var running, most atomic.Int32
+	release := make(chan struct{})
+	b := batch.New(3, 16, func(_ context.Context, calls []*batch.Call[req]) {
+		n := running.Add(1)
+		for {
+			m := most.Load()
+			if n <= m || most.CompareAndSwap(m, n) {
+				break
+			}
+		}
+		<-release
+		running.Add(-1)
+	})
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Go(func() {
+			if err := b.Do(context.Background(), &batch.Call[req]{}); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for running.Load() < 3 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(20 * time.Millisecond)
+	close(release)
+	wg.Wait()
+	if most.Load() != 3 {
+		t.Fatalf("at most %d batches ran at once, want the limit, 3", most.Load())
+	}
+}
+
+func TestWaiterLeavesWhenItsContextEnds(t *testing.T) {
+	g := newGated()
+	b := batch.New(1, 16, g.run)
+	done := make(chan error, 1)
+	go func() { done <- b.Do(context.Background(), &batch.Call[req]{}) }()
+	<-g.entered
+	ctx, cancel := context.WithCancel(context.Background())
+	left := make(chan error, 1)
+	gone := &batch.Call[req]{Req: req{in: 7}}
+	go func() { left <- b.Do(ctx, gone) }()
+	stay := &batch.Call[req]{Req: req{in: 8}}
+	stayed := make(chan error, 1)
+	base := runtime.NumGoroutine()
+	go func() { stayed <- b.Do(context.Background(), stay) }()
+	waitPending(t, base, 1)
+	cancel()
+	if err := <-left; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Do after cancel = %v, want context.Canceled", err)
+	}
+	close(g.release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-stayed; err != nil || stay.Req.out != 16 {
+		t.Fatalf("the waiter that stayed: %v, %d", err, stay.Req.out)
+	}
+	if gone.Req.out != 0 {
+		t.Fatalf("a call that left was still run: out = %d", gone.Req.out)
+	}
+	if len(g.sizes) != 2 || g.sizes[1] != 1 {
+		t.Fatalf("batches = %v, want [1 1]: the cancelled call left the queue", g.sizes)
+	}
+}
+
+func TestPanicAnswersTheOthersAndTheBatcherGoesOn(t *testing.T) {
+	g := newGated()
+	boom := atomic.Bool{}
+	b := batch.New(1, 16, func(ctx context.Context, calls []*batch.Call[req]) {
+		if len(calls) > 1 && boom.CompareAndSwap(false, true) {
+			panic("run failed")
+		}
+		g.run(ctx, calls)
+	})
+	errs := make(chan error, 8)
+	go func() { errs <- b.Do(context.Background(), &batch.Call[req]{}) }()
+	<-g.entered
+	base := runtime.NumGoroutine()
+	panics := make(chan any, 8)
+	for range 3 {
+		go func() {
+			defer func() {
+				if p := recover(); p != nil {
+					panics <- p
+					errs <- nil
+				}
+			}()
+			errs <- b.Do(context.Background(), &batch.Call[req]{})
+		}()
+	}
+	waitPending(t, base, 3)
+	close(g.release)
+	var panicked int
+	for range 4 {
+		if err := <-errs; errors.Is(err, batch.ErrPanicked) {
+			panicked++
+		} else if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(panics) != 1 || panicked != 2 {
+		t.Fatalf("%d panics and %d ErrPanicked, want the leader's panic and the two others told", len(panics), panicked)
+	}
+	c := &batch.Call[req]{Req: req{in: 4}}
+	if err := b.Do(context.Background(), c); err != nil || c.Req.out != 8 {
+		t.Fatalf("after the panic: %v, %d: the batcher must go on", err, c.Req.out)
+	}
+}
+
+func TestManyCallersEachGetTheirOwnAnswer(t *testing.T) {
+	var d double
+	b := batch.New(2, 32, d.run)
+	var wg sync.WaitGroup
+	for w := range 64 {
+		wg.Go(func() {
+			c := &batch.Call[req]{}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			for i := range 300 {
+				if i == 299 && w%8 == 0 {
+					cancel() // some leave on the last call: the rest are unaffected
+				}
+				c.Req = req{in: w*1000 + i}
+				err := b.Do(ctx, c)
+				if errors.Is(err, context.Canceled) {
+					return
+				}
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if c.Req.out != 2*(w*1000+i) {
+					t.Errorf("caller %d call %d answered %d", w, i, c.Req.out)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	calls := 0
+	for _, n := range d.sizes {
+		calls += n
+	}
+	if calls < 64*299 || calls > 64*300 {
+		t.Fatalf("%d calls run, want between %d and %d", calls, 64*299, 64*300)
+	}
+}

@@ -16,7 +16,10 @@
 //  3. One round trip, in the caller's goroutine, reads the ID (Guard.read
 //     in read.go): the HGET of the value key's field for [Options.Version],
 //     with the bloom probe pipelined while recent reads missed (when the
-//     HGET alone finds nothing, the probe follows it). With [Options.Local]
+//     HGET alone finds nothing, the probe follows it). Under load,
+//     concurrent Gets' reads share round trips (internal/batch: while
+//     [Options.ReadsInFlight] are under way, the next Gets' reads wait and
+//     go together in one pipeline, sent by one of them). With [Options.Local]
 //     the callers of an ID share this read (readShared). An ID the filter
 //     has never seen ends in [ErrNotFound]; a cached value is decoded and
 //     returned; a cached empty marker ends in [ErrNotFound]; a corrupt entry
@@ -68,6 +71,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -75,6 +79,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cacheguard/cacheguard/bloom"
+	"github.com/cacheguard/cacheguard/internal/batch"
 	"github.com/cacheguard/cacheguard/internal/keyspace"
 	"github.com/cacheguard/cacheguard/loader"
 )
@@ -92,10 +97,12 @@ type Guard struct {
 	outage    *outage // what Get does when Redis cannot answer
 	log       *slog.Logger
 
-	local     *local               // the in-process cache, or nil
-	reads     readGroup            // with local: one Redis read per value key at a time (see readShared)
-	flights   loader.Group[flight] // one flight per value key in this process
-	coord     *loader.Coordinator  // one load per value key across processes
+	local     *local                  // the in-process cache, or nil
+	reads     readGroup               // with local: one Redis read per value key at a time (see readShared)
+	readBatch *batch.Batcher[readReq] // every Get's read goes through it: concurrent reads share round trips (see runReads)
+	readCalls sync.Pool               // of *batch.Call[readReq], reused by read
+	flights   loader.Group[flight]    // one flight per value key in this process
+	coord     *loader.Coordinator     // one load per value key across processes
 	stats     counters
 	bypassing atomic.Bool                 // the filter answered ErrNotReady last time (logged once per episode)
 	gate      gate                        // every entry point passes it; Close shuts it
@@ -151,6 +158,11 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 		closing: make(chan struct{}),
 	}
 	g.life, g.endLife = context.WithCancel(context.Background())
+	g.readBatch = batch.New(o.ReadsInFlight, readBatchMax, g.runReads)
+	if o.ReadsInFlight < 0 { // off: every read alone, at once
+		g.readBatch = batch.New(math.MaxInt, 1, g.runReads)
+	}
+	g.readCalls.New = func() any { return new(batch.Call[readReq]) }
 	g.gate.drained, g.gate.left = make(chan struct{}), make(chan struct{}, 1)
 	// A new Guard's first reads are likely misses (a cold cache, or a
 	// flood of unknown IDs already under way): they send the bloom probe

@@ -322,12 +322,12 @@ func loadManyThrough[T any](ctx context.Context, g *Guard, ids []string, load Ba
 	return nil
 }
 
-// batch gathers the loads of one GetMany into one call of its load
+// batchLoad gathers the loads of one GetMany into one call of its load
 // function. Each miss is undecided until it takes its lock and asks to load,
 // starts waiting for another holder, or ends; once no miss is undecided, the
 // batch loads the IDs that asked, in one call. A miss that asks after that
 // (it waited, then took over from a holder that died) loads on its own.
-type batch[T any] struct {
+type batchLoad[T any] struct {
 	g    *Guard
 	load BatchLoadFunc[T]
 
@@ -342,12 +342,12 @@ type batch[T any] struct {
 
 // member is one miss of a batch.
 type member[T any] struct {
-	b       *batch[T]
+	b       *batchLoad[T]
 	decided bool // guarded by b.mu
 }
 
-func newBatch[T any](g *Guard, load BatchLoadFunc[T], n int) *batch[T] {
-	return &batch[T]{g: g, load: load, undecided: n, done: make(chan struct{})}
+func newBatch[T any](g *Guard, load BatchLoadFunc[T], n int) *batchLoad[T] {
+	return &batchLoad[T]{g: g, load: load, undecided: n, done: make(chan struct{})}
 }
 
 // decide records that the miss is no longer undecided (once), and fires
@@ -407,7 +407,7 @@ func pick[T any](values map[string]T, err error, id string) (T, error) {
 
 // fireLocked starts the batch load once no miss is undecided and some asked.
 // Callers hold b.mu.
-func (b *batch[T]) fireLocked() {
+func (b *batchLoad[T]) fireLocked() {
 	if b.fired || b.undecided > 0 || len(b.asked) == 0 {
 		return
 	}

@@ -67,6 +67,15 @@ type Options struct {
 	// (see README: ContextTimeoutEnabled); with Local, the read that the
 	// callers of an ID share is bounded by RedisTimeout. Default 1 second.
 	RedisTimeout time.Duration
+	// ReadsInFlight caps the round trips of reads that a Guard's Gets have
+	// under way at once. A Get that finds them all busy waits for one to
+	// end, and goes with every other Get that waited, in the next one: a
+	// single pipeline, in which each read is still its own command (a hit
+	// is one HGET). Under load many hits share a round trip, which cuts
+	// the system calls and Redis event-loop turns per hit several times
+	// over; with no contention each Get sends its own read at once, as
+	// without batching. Default 2; a negative value turns batching off.
+	ReadsInFlight int
 	// Outage says what Get does when Redis cannot answer; nil means the
 	// defaults of OutageOptions (load through, capped).
 	Outage *OutageOptions
@@ -166,6 +175,9 @@ func resolve(opts *Options) (Options, error) {
 	}
 	if o.RedisTimeout < time.Millisecond {
 		return bad("RedisTimeout %v below 1ms", o.RedisTimeout)
+	}
+	if o.ReadsInFlight == 0 {
+		o.ReadsInFlight = 2
 	}
 	if o.Outage == nil {
 		o.Outage = &OutageOptions{}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/cacheguard/cacheguard/bloom"
 	"github.com/cacheguard/cacheguard/codec"
+	"github.com/cacheguard/cacheguard/internal/batch"
 	"github.com/cacheguard/cacheguard/internal/redisfail"
 )
 
@@ -45,52 +46,114 @@ const (
 
 // read is the one round trip of every Get (step 3): the HGET of this
 // version's field of the value key, with the bloom probe pipelined before
-// it when recent reads missed (see missCredit). Redis failures come back
-// wrapping ErrUnavailable.
+// it when recent reads missed (see missCredit), and with the entry's PTTL
+// when Local is on (a local copy must not outlive its entry). Concurrent
+// reads share round trips (see runReads). Redis failures come back
+// wrapping ErrUnavailable; a ctx that ends while the read waits for a
+// round trip, as ctx.Err().
 func (g *Guard) read(ctx context.Context, id, vkey string) (readResult, error) {
 	f := g.bloom.Load()
-	if g.local != nil { // a local copy must not outlive the entry: read its TTL too
-		return g.readWithTTL(ctx, id, vkey, f)
+	c := g.readCalls.Get().(*batch.Call[readReq])
+	r := &c.Req
+	withTTL := g.local != nil
+	*r = readReq{id: id, vkey: vkey, withTTL: withTTL}
+	probing := f != nil && (withTTL || g.credit.Load() != 0)
+	if probing {
+		r.f = f
 	}
-	if f == nil || g.credit.Load() == 0 { // the value alone
-		// rdb.HGet would box the field into the command's arguments on
-		// every call; fieldArg is boxed once, in New.
-		get := redis.NewStringCmd(ctx, "hget", vkey, g.fieldArg)
-		_ = g.rdb.Process(ctx, get)
-		raw, err := get.Bytes()
-		switch {
-		case err == nil:
-			return readResult{verdict: verdictEntry, raw: raw}, nil
-		case !errors.Is(err, redis.Nil):
-			return readResult{}, g.fail(ctx, "read", id, redisfail.Wrap(err))
-		}
-		g.credit.Add(missCredit)
-		if f == nil { // not opened yet (New without Redis): fail open
-			_, err = g.filterSays(ctx, id, false, bloom.ErrNotReady)
-			return readResult{verdict: verdictMiss}, err
-		}
-		maybe, err := f.Test(ctx, id)
-		return g.verdict(ctx, id, maybe, err)
+	if err := g.readBatch.Do(ctx, c); err != nil {
+		return readResult{}, err // c may still be answered: not reused
 	}
-	pipe := g.rdb.Pipeline()
-	probe := f.Queue(ctx, pipe, id)
-	get := pipe.HGet(ctx, vkey, g.field)
-	_, _ = pipe.Exec(ctx) // errors are read per command below
-	raw, err := get.Bytes()
+	raw, err := r.get.Bytes()
+	var ttl time.Duration
+	if withTTL {
+		ttl = max(r.pttl.Val(), 0)
+	}
+	probe := r.probe
+	*r = readReq{}
+	g.readCalls.Put(c)
 	switch {
 	case err == nil:
-		if c := g.credit.Add(-1); c < 0 {
-			g.credit.Add(1) // raced below zero: put it back
+		if probing && !withTTL {
+			if c := g.credit.Add(-1); c < 0 {
+				g.credit.Add(1) // raced below zero: put it back
+			}
 		}
-		return readResult{verdict: verdictEntry, raw: raw}, nil
+		return readResult{verdict: verdictEntry, raw: raw, ttl: ttl}, nil
 	case !errors.Is(err, redis.Nil):
 		return readResult{}, g.fail(ctx, "read", id, redisfail.Wrap(err))
 	}
-	if g.credit.Add(missCredit) > maxCredit {
+	if !withTTL && g.credit.Add(missCredit) > maxCredit {
 		g.credit.Store(maxCredit)
 	}
-	maybe, err := probe.Result(ctx)
+	var maybe bool
+	switch {
+	case f == nil: // not opened yet (New without Redis): fail open
+		_, err = g.filterSays(ctx, id, false, bloom.ErrNotReady)
+		return readResult{verdict: verdictMiss}, err
+	case probing:
+		maybe, err = probe.Result(ctx)
+	default: // the value went alone: ask the filter now
+		maybe, err = f.Test(ctx, id)
+	}
 	return g.verdict(ctx, id, maybe, err)
+}
+
+// readReq is one read in a batch (read, runReads): what to send, then the
+// commands that carry the answers.
+type readReq struct {
+	id, vkey string
+	f        *bloom.Filter // probe this filter too; nil: the value alone
+	withTTL  bool          // read the entry's PTTL too (Local)
+
+	get   *redis.StringCmd
+	probe bloom.Probe
+	pttl  *redis.DurationCmd
+}
+
+// Read batching. Gets that read while Options.ReadsInFlight round trips of
+// reads are already under way wait, and the first of them sends all of
+// theirs in one pipeline when one ends (package batch). Each read is still
+// its own commands, so a hit is one HGET and the rule of join holds: a
+// waiting read is sent after its Get started. On this machine's W1 (64
+// goroutines, 2 cores, Redis on the same cores) plain GETs batched this way
+// ran 2.8× as fast as plain GETs one per round trip, at a fifth of the
+// p99: the system calls and event-loop turns per read fall with the batch,
+// on both sides. readBatchMax bounds one pipeline.
+const readBatchMax = 256
+
+// runReads sends calls' reads in one round trip. A read alone that needs
+// only the value is one command, as a plain GET is; anything else is a
+// pipeline. A round trip that carries other Gets' reads runs on the
+// leading caller's ctx without its cancellation (they wait for it), and is
+// bounded by RedisTimeout instead.
+func (g *Guard) runReads(ctx context.Context, calls []*batch.Call[readReq]) {
+	if len(calls) == 1 && calls[0].Req.f == nil && !calls[0].Req.withTTL {
+		r := &calls[0].Req
+		// rdb.HGet would box the field into the command's arguments on
+		// every call; fieldArg is boxed once, in New.
+		r.get = redis.NewStringCmd(ctx, "hget", r.vkey, g.fieldArg)
+		_ = g.rdb.Process(ctx, r.get)
+		return
+	}
+	if len(calls) > 1 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, g.opts.RedisTimeout)
+		defer cancel()
+	}
+	pipe := g.rdb.Pipeline()
+	for _, c := range calls {
+		r := &c.Req
+		if r.f != nil {
+			r.probe = r.f.Queue(ctx, pipe, r.id)
+		}
+		r.get = redis.NewStringCmd(ctx, "hget", r.vkey, g.fieldArg)
+		_ = pipe.Process(ctx, r.get)
+		if r.withTTL {
+			r.pttl = pipe.PTTL(ctx, r.vkey)
+		}
+	}
+	_, _ = pipe.Exec(ctx) // errors are read per command
 }
 
 // sharedRead is one read shared by the callers of a value key (readShared).
@@ -126,33 +189,6 @@ func (g *Guard) readShared(ctx context.Context, id, vkey string, from since) (re
 		// one starts after this one ended, so after this caller.
 	}
 	return g.read(ctx, id, vkey) // only if reads were forgotten under it again and again: its own
-}
-
-// readWithTTL is read for a Guard with a local cache: the probe, the HGET
-// and the entry's PTTL in one round trip (it runs only when the local copy
-// is missing or expired).
-func (g *Guard) readWithTTL(ctx context.Context, id, vkey string, f *bloom.Filter) (readResult, error) {
-	pipe := g.rdb.Pipeline()
-	var probe bloom.Probe
-	if f != nil {
-		probe = f.Queue(ctx, pipe, id)
-	}
-	get := pipe.HGet(ctx, vkey, g.field)
-	pttl := pipe.PTTL(ctx, vkey)
-	_, _ = pipe.Exec(ctx) // errors are read per command below
-	raw, err := get.Bytes()
-	switch {
-	case err == nil:
-		return readResult{verdict: verdictEntry, raw: raw, ttl: max(pttl.Val(), 0)}, nil
-	case !errors.Is(err, redis.Nil):
-		return readResult{}, g.fail(ctx, "read", id, redisfail.Wrap(err))
-	}
-	if f == nil {
-		_, err = g.filterSays(ctx, id, false, bloom.ErrNotReady)
-		return readResult{verdict: verdictMiss}, err
-	}
-	maybe, err := probe.Result(ctx)
-	return g.verdict(ctx, id, maybe, err)
 }
 
 // verdict turns the filter's answer for an ID with no cache entry into the

@@ -1,0 +1,205 @@
+package guard_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"runtime"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/guard"
+)
+
+// holdReads is a redis.Hook that, once armed, holds every read sent alone
+// (a single HGET) until release is closed, and counts them.
+type holdReads struct {
+	mu      sync.Mutex // guards armed and held
+	armed   bool
+	held    int
+	release chan struct{}
+}
+
+func (h *holdReads) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *holdReads) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.mu.Lock()
+		hold := h.armed && cmd.Name() == "hget"
+		if hold {
+			h.held++
+		}
+		h.mu.Unlock()
+		if hold {
+			<-h.release
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *holdReads) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (h *holdReads) setArmed(on bool) {
+	h.mu.Lock()
+	h.armed = on
+	h.mu.Unlock()
+}
+
+// warmThenHold caches p0..p(n-1), pays back the miss credit (payCredit) and
+// returns a holdReads to add to g's client.
+func warmThenHold(t *testing.T, g *guard.Guard, d *db, n int) *holdReads {
+	t.Helper()
+	for i := range n {
+		if _, err := guard.Get(context.Background(), g, pid(i), d.load); err != nil {
+			t.Fatal(err)
+		}
+	}
+	payCredit(t, g, d)
+	return &holdReads{release: make(chan struct{})}
+}
+
+func (h *holdReads) count() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.held
+}
+
+func pid(i int) string { return "p" + strconv.Itoa(i) }
+
+// payCredit makes enough hits on p0 that the reads after it send the HGET
+// alone (the miss credit is at most 1024: see read).
+func payCredit(t *testing.T, g *guard.Guard, d *db) {
+	t.Helper()
+	for range 1100 {
+		if _, err := guard.Get(context.Background(), g, "p0", d.load); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestReadsShareRoundTrips: while ReadsInFlight (2) reads are under way,
+// the Gets that come wait, and all of them go in the next round trip: one
+// pipeline, one HGET each, every caller answered with its own value.
+// A Get whose ctx ends meanwhile leaves at once, and its read is not sent.
+func TestReadsShareRoundTrips(t *testing.T) {
+	ctx := context.Background()
+	c, g, d := setup(t, 60, &guard.Options{ReadsInFlight: 2})
+	h := warmThenHold(t, g, d, 60)
+	c.AddHook(h)
+	h.setArmed(true)
+	loads := d.calls.Load()
+	c.Counter.Reset()
+
+	type answer struct {
+		p   product
+		err error
+	}
+	answers := make([]chan answer, 52)
+	get := func(i int) {
+		answers[i] = make(chan answer, 1)
+		go func() {
+			p, err := guard.Get(ctx, g, pid(i), d.load)
+			answers[i] <- answer{p, err}
+		}()
+	}
+	get(0)
+	get(1)
+	waitFor(t, func() bool { return h.count() == 2 })
+	base := runtime.NumGoroutine()
+	for i := 2; i < 52; i++ {
+		get(i)
+	}
+	// One more, whose ctx ends while it waits.
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := guard.Get(short, g, "p55", d.load)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a Get whose ctx ended while its read waited: %v, want context.DeadlineExceeded", err)
+	}
+	if waited := time.Since(start); waited > 5*time.Second {
+		t.Fatalf("it returned after %v: a waiting read must leave with its ctx", waited)
+	}
+	waitFor(t, func() bool { return runtime.NumGoroutine() >= base+50 })
+	time.Sleep(50 * time.Millisecond) // let them reach the queue
+	h.setArmed(false)
+	close(h.release)
+	for i, ch := range answers {
+		a := <-ch
+		if a.err != nil {
+			t.Fatalf("Get %d: %v", i, a.err)
+		}
+		if a.p.ID != pid(i) || a.p.Price != i {
+			t.Fatalf("Get %d answered %+v", i, a.p)
+		}
+	}
+	trips, hgets := c.Counter.RoundTrips(), c.Counter.Names()["hget"]
+	t.Logf("52 hits while 2 reads were held: %d HGETs in %d round trips", hgets, trips)
+	if hgets != 52 || trips != 3 {
+		t.Fatalf("%d HGETs in %d round trips, want 52 in 3: the two held, then the fifty that waited together (and not the read that left)", hgets, trips)
+	}
+	if n := d.calls.Load(); n != loads {
+		t.Fatalf("loader called %d times during the hits", n-loads)
+	}
+}
+
+// TestReadBatchingOff: with ReadsInFlight negative, concurrent Gets each
+// send their own read.
+func TestReadBatchingOff(t *testing.T) {
+	ctx := context.Background()
+	c, g, d := setup(t, 10, &guard.Options{ReadsInFlight: -1})
+	if _, err := guard.Get(ctx, g, "p1", d.load); err != nil {
+		t.Fatal(err)
+	}
+	payCredit(t, g, d)
+	c.Counter.Reset()
+	var wg sync.WaitGroup
+	for range 200 {
+		wg.Go(func() {
+			if _, err := guard.Get(ctx, g, "p1", d.load); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if trips, hgets := c.Counter.RoundTrips(), c.Counter.Names()["hget"]; trips != 200 || hgets != 200 {
+		t.Fatalf("%d HGETs in %d round trips, want 200 in 200", hgets, trips)
+	}
+}
+
+// TestSharedRoundTripFails: when the round trip that carries several Gets'
+// reads fails, each of them gets ErrUnavailable (and loads through), never
+// ErrNotFound.
+func TestSharedRoundTripFails(t *testing.T) {
+	ctx := context.Background()
+	srv, rdb, g := privateGuard(t, &guard.Options{ReadsInFlight: 1, Outage: &guard.OutageOptions{FailFast: true}})
+	d := newDB(10)
+	h := warmThenHold(t, g, d, 10)
+	rdb.AddHook(h)
+	h.setArmed(true)
+	errs := make(chan error, 10)
+	go func() { _, err := guard.Get(ctx, g, "p0", d.load); errs <- err }()
+	waitFor(t, func() bool { return h.count() == 1 })
+	base := runtime.NumGoroutine()
+	for i := 1; i < 10; i++ {
+		go func() { _, err := guard.Get(ctx, g, pid(i), d.load); errs <- err }()
+	}
+	waitFor(t, func() bool { return runtime.NumGoroutine() >= base+9 })
+	time.Sleep(50 * time.Millisecond)
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	h.setArmed(false)
+	close(h.release)
+	for range 10 {
+		err := <-errs
+		var ne net.Error
+		if errors.Is(err, guard.ErrNotFound) || !errors.Is(err, guard.ErrUnavailable) {
+			t.Fatalf("a read in a failed round trip: %v (net error: %v), want ErrUnavailable", err, errors.As(err, &ne))
+		}
+	}
+}

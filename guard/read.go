@@ -80,6 +80,10 @@ func (g *Guard) read(ctx context.Context, id, vkey string) (readResult, error) {
 			}
 		}
 		return readResult{verdict: verdictEntry, raw: raw, ttl: ttl}, nil
+	case errors.Is(err, context.Canceled) && errors.Is(ctx.Err(), context.Canceled):
+		// The caller went away (a client that disconnected): not Redis
+		// failing, so neither logged nor counted by the breaker.
+		return readResult{}, ctx.Err()
 	case !errors.Is(err, redis.Nil):
 		return readResult{}, g.fail(ctx, "read", id, redisfail.Wrap(err))
 	}

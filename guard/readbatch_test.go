@@ -203,3 +203,20 @@ func TestSharedRoundTripFails(t *testing.T) {
 		}
 	}
 }
+
+// TestCancelledCallerIsNotARedisFailure: a Get whose ctx was cancelled (its
+// client left) gets context.Canceled; it is not counted as Redis failing,
+// so client disconnects cannot open the breaker.
+func TestCancelledCallerIsNotARedisFailure(t *testing.T) {
+	_, g, d := setup(t, 10, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for range 50 {
+		if _, err := guard.Get(ctx, g, "p1", d.load); !errors.Is(err, context.Canceled) || errors.Is(err, guard.ErrUnavailable) {
+			t.Fatalf("Get on a cancelled ctx: %v, want context.Canceled alone", err)
+		}
+	}
+	if st := g.Stats(); st.RedisErrors != 0 || st.BreakerOpens != 0 || st.LoadThroughs != 0 {
+		t.Fatalf("stats %+v: a cancelled caller counted as a Redis failure", st)
+	}
+}

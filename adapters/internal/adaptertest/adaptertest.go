@@ -57,6 +57,7 @@ func Run(t *testing.T, f Framework) {
 	t.Run("SkipperAndRedisDown", func(t *testing.T) { skipperAndRedisDown(t, f) })
 	t.Run("RetryAfterIsTheConfiguredValue", func(t *testing.T) { retryAfterIsTheConfiguredValue(t, f) })
 	t.Run("UnfilteredRouteIsReported", func(t *testing.T) { unfilteredRouteIsReported(t, f) })
+	t.Run("ClientThatLeftIsNotAnOutage", func(t *testing.T) { clientThatLeftIsNotAnOutage(t, f) })
 }
 
 type product struct{ ID, Name string }
@@ -200,6 +201,26 @@ func retryAfterIsTheConfiguredValue(t *testing.T, f Framework) {
 	}
 	if !strings.Contains(logs.String(), "redis unavailable") {
 		t.Fatalf("the error behind the 503 was not logged:\n%s", logs.String())
+	}
+}
+
+// clientThatLeftIsNotAnOutage: a request whose context is already
+// cancelled (its client disconnected) is not logged as the filter being
+// unavailable, nor counted as a Redis failure.
+func clientThatLeftIsNotAnOutage(t *testing.T, f Framework) {
+	c := redistest.Connect(t)
+	var logs bytes.Buffer
+	a := newApp(t, f, c, defaults(c.Prefix), Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for range 20 {
+		a.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/products/1", nil).WithContext(ctx))
+	}
+	if strings.Contains(logs.String(), "filter unavailable") {
+		t.Fatalf("a cancelled request was logged as an outage:\n%s", logs.String())
+	}
+	if st := a.g.Stats(); st.RedisErrors != 0 || st.BreakerOpens != 0 {
+		t.Fatalf("cancelled requests counted as Redis failures: %+v", st)
 	}
 }
 

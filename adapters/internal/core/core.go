@@ -145,6 +145,10 @@ func (c *Core) Decide(ctx context.Context, id, route string, hasWildcards bool) 
 		return Verdict{Decision: NotFound, Ctx: ctx}
 	case errors.Is(err, guard.ErrInvalidKey):
 		return Verdict{Decision: BadRequest, Ctx: ctx}
+	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
+		// The client left: not an outage, nothing to warn of. The handler
+		// sees the same ctx.
+		return Verdict{Decision: Pass, Ctx: ctx}
 	case c.failClosed:
 		return Verdict{Decision: Unavailable, Ctx: ctx, Warn: "cacheguard: filter unavailable, failing closed", Err: err}
 	default:

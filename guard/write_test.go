@@ -320,17 +320,28 @@ type holdRelease struct {
 
 func (h *holdRelease) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *holdRelease) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds { // the write goes in a pipeline (loader's trip batching)
+			h.hold(cmd)
+		}
+		return err
+	}
 }
 func (h *holdRelease) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
-		// Only the call that ran: go-redis tries EVALSHA first, and a server
-		// that has not loaded the script answers NOSCRIPT before the EVAL.
-		if err == nil && slices.Contains(cmd.Args(), any(h.channel)) {
-			h.once.Do(func() { close(h.held); <-h.release })
-		}
+		h.hold(cmd)
 		return err
+	}
+}
+
+// hold holds the first script call with the channel among its arguments
+// that ran: the EVALSHA, or the EVAL after a NOSCRIPT (a server that has
+// not loaded the script answers NOSCRIPT to the EVALSHA).
+func (h *holdRelease) hold(cmd redis.Cmder) {
+	if cmd.Err() == nil && slices.Contains(cmd.Args(), any(h.channel)) {
+		h.once.Do(func() { close(h.held); <-h.release })
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/cacheguard/cacheguard/internal/batch"
 	"github.com/cacheguard/cacheguard/internal/keyspace"
 	"github.com/cacheguard/cacheguard/internal/redisfail"
 	"github.com/cacheguard/cacheguard/lock"
@@ -133,13 +134,17 @@ type WaitObserver interface {
 // read: read, lock + re-check, write + release (+ publish). A miss nobody
 // waited for publishes nothing: a message on the channel reaches every
 // process that ever waited, so publishing each miss would make every
-// process of a fleet read every other's misses.
+// process of a fleet read every other's misses. The round trips of steps
+// 1 and 3 of concurrent flights share pipelines under load (see
+// runTrips): each flight's commands stay its own and in its order, so
+// sharing changes none of the above.
 type Coordinator struct {
 	rdb     redis.UniversalClient
 	locks   *lock.Client
 	wake    waker
 	opts    CoordinatorOptions
 	channel string
+	trips   *batch.Batcher[trip] // the lock attempts and writes of concurrent flights share round trips (see runTrips)
 
 	waits, timeouts, wakeups, staleWrites atomic.Uint64
 }
@@ -160,13 +165,62 @@ func NewCoordinator(rdb redis.UniversalClient, channel string, opts *Coordinator
 	if o.OpTimeout <= 0 {
 		o.OpTimeout = time.Second
 	}
-	return &Coordinator{
+	c := &Coordinator{
 		rdb:     rdb,
 		locks:   lock.New(rdb),
 		wake:    waker{rdb: rdb, channel: channel},
 		opts:    o,
 		channel: channel,
 	}
+	c.trips = batch.New(tripsInFlight, tripBatchMax, c.runTrips)
+	return c
+}
+
+// Trip batching. The lock attempts (with their re-checks) and the fenced
+// writes of concurrent flights go through a group commit (package batch):
+// while tripsInFlight of those round trips are under way, the next ones
+// wait and go together in one pipeline. Each stays its own commands, so
+// the protocol is unchanged; what falls is the system calls and Redis
+// event-loop turns per miss when many keys miss at once (a cold cache).
+const (
+	tripsInFlight = 2
+	tripBatchMax  = 128
+)
+
+// trip is one flight's round trip: queue adds its commands to the pipeline
+// and keeps them to read after it ran.
+type trip struct {
+	queue func(ctx context.Context, pipe redis.Pipeliner)
+}
+
+// runTrips sends calls' commands in one pipeline. One carrying other
+// flights' commands runs on the leading flight's ctx without its
+// cancellation (they wait for it), bounded by OpTimeout.
+func (c *Coordinator) runTrips(ctx context.Context, calls []*batch.Call[trip]) {
+	if len(calls) > 1 {
+		var cancel context.CancelFunc
+		ctx, cancel = c.op(ctx)
+		defer cancel()
+	}
+	pipe := c.rdb.Pipeline()
+	for _, call := range calls {
+		call.Req.queue(ctx, pipe)
+	}
+	_, _ = pipe.Exec(ctx) // errors are read per command
+}
+
+// send runs queue's commands in a round trip, perhaps shared with other
+// flights'. If ctx ends first it returns the error wrapping
+// redisfail.ErrUnavailable, and queue's commands may still be sent later:
+// the caller must not read what queue keeps then (the scripts are safe to
+// run late: a fenced write that lost its turn is refused, a release checks
+// its token).
+func (c *Coordinator) send(ctx context.Context, queue func(ctx context.Context, pipe redis.Pipeliner)) error {
+	call := &batch.Call[trip]{Req: trip{queue: queue}}
+	if err := c.trips.Do(ctx, call); err != nil {
+		return redisfail.Wrap(err)
+	}
+	return nil
 }
 
 // Close ends the Coordinator's subscription. Runs after Close fail.
@@ -257,14 +311,18 @@ func (c *Coordinator) TryRun(ctx context.Context, key, field string, f Filler) e
 func (c *Coordinator) attempt(ctx context.Context, key, field string) (l *lock.Lock, get *redis.StringCmd, held *lock.HeldError, err error) {
 	opCtx, cancel := c.op(ctx)
 	defer cancel()
-	pipe := c.rdb.Pipeline()
-	q, err := c.locks.Queue(opCtx, pipe, keyspace.Lock(key), c.opts.LockTTL,
-		&lock.Options{FenceKey: keyspace.Fence(key), FenceTTL: c.opts.FenceTTL})
-	if err != nil {
+	var q *lock.Queued
+	var qerr error
+	if err := c.send(opCtx, func(ctx context.Context, pipe redis.Pipeliner) {
+		q, qerr = c.locks.Queue(ctx, pipe, keyspace.Lock(key), c.opts.LockTTL,
+			&lock.Options{FenceKey: keyspace.Fence(key), FenceTTL: c.opts.FenceTTL})
+		get = pipe.HGet(ctx, key, field)
+	}); err != nil {
 		return nil, nil, nil, err
 	}
-	get = pipe.HGet(opCtx, key, field)
-	_, _ = pipe.Exec(opCtx) // errors are read per command
+	if qerr != nil {
+		return nil, nil, nil, qerr
+	}
 	l, err = q.Result(opCtx)
 	switch {
 	case err == nil:
@@ -320,8 +378,19 @@ func (c *Coordinator) hold(ctx context.Context, l *lock.Lock, key, field string,
 	stop() // before the release: the watchdog must not renew a lock it no longer holds
 	opCtx, cancel := c.op(ctx)
 	defer cancel()
-	written, err := writeRelease.Run(opCtx, c.rdb, []string{key, keyspace.Fence(key), keyspace.Lock(key), keyspace.Waiting(key)},
-		strconv.FormatInt(l.Fence(), 10), field, frame, max(ttl.Milliseconds(), 1), l.Token(), c.channel).Int()
+	keys := []string{key, keyspace.Fence(key), keyspace.Lock(key), keyspace.Waiting(key)}
+	args := []any{strconv.FormatInt(l.Fence(), 10), field, frame, max(ttl.Milliseconds(), 1), l.Token(), c.channel}
+	var cmd *redis.Cmd
+	err = c.send(opCtx, func(ctx context.Context, pipe redis.Pipeliner) {
+		cmd = writeRelease.EvalSha(ctx, pipe, keys, args...)
+	})
+	var written int
+	if err == nil {
+		written, err = cmd.Int()
+		if redis.HasErrorPrefix(err, "NOSCRIPT") { // not run: send the script itself
+			written, err = writeRelease.Eval(opCtx, c.rdb, keys, args...).Int()
+		}
+	}
 	released = err == nil
 	switch {
 	case err != nil:

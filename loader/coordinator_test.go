@@ -3,10 +3,13 @@ package loader_test
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/cacheguard/cacheguard/internal/keyspace"
 	"github.com/cacheguard/cacheguard/internal/redistest"
@@ -255,5 +258,96 @@ func TestCoordinatorTakenOverWriteKeepsTheNewLock(t *testing.T) {
 	}
 	if st := co.Stats(); st.StaleWrites != 1 {
 		t.Fatalf("stale writes %d, want 1", st.StaleWrites)
+	}
+}
+
+// holdPipelines is a redis.Hook that holds the first n pipelines until
+// release is closed.
+type holdPipelines struct {
+	n       atomic.Int32
+	held    chan struct{} // closed when n pipelines are held
+	release chan struct{}
+}
+
+func (h *holdPipelines) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *holdPipelines) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *holdPipelines) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		switch h.n.Add(-1) {
+		case 0:
+			close(h.held)
+			fallthrough
+		case 1:
+			<-h.release
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestCoordinatorFlightsShareRoundTrips: while two flights' lock attempts
+// are under way, the attempts of twenty more flights (twenty keys) wait and
+// go in one round trip; every flight still loads and writes its own key
+// once, and leaves no lock.
+func TestCoordinatorFlightsShareRoundTrips(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	co := loader.NewCoordinator(c.UniversalClient, c.Prefix+":ch", nil)
+	defer co.Close()
+	one := filler{load: func(context.Context) ([]byte, time.Duration, error) { return []byte("v"), time.Minute, nil }}
+	key := func(i int) string { return c.Prefix + ":{k" + string(rune('a'+i)) + "}" }
+	for i := range 22 { // loads the scripts on every node of a cluster: no NOSCRIPT below
+		if err := co.Run(ctx, key(i)+":warm", "1", one); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := &holdPipelines{held: make(chan struct{}), release: make(chan struct{})}
+	h.n.Store(2)
+	c.AddHook(h)
+	c.Counter.Reset()
+	var loads atomic.Int32
+	f := filler{load: func(context.Context) ([]byte, time.Duration, error) {
+		loads.Add(1)
+		return []byte("v"), time.Minute, nil
+	}}
+	var wg sync.WaitGroup
+	run := func(i int) {
+		wg.Go(func() {
+			if err := co.Run(ctx, key(i), "1", f); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	run(0)
+	run(1)
+	<-h.held
+	base := runtime.NumGoroutine()
+	for i := 2; i < 22; i++ {
+		run(i)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for runtime.NumGoroutine() < base+20 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // let them reach the queue
+	close(h.release)
+	wg.Wait()
+	trips, scripts := c.Counter.RoundTrips(), c.Counter.Names()["evalsha"]
+	if loads.Load() != 22 {
+		t.Fatalf("%d loads, want one per key, 22", loads.Load())
+	}
+	for i := range 22 {
+		if v := c.HGet(ctx, key(i), "1").Val(); v != "v" {
+			t.Fatalf("key %d cached %q", i, v)
+		}
+		if n := c.Exists(ctx, keyspace.Lock(key(i))).Val(); n != 0 {
+			t.Fatalf("key %d: lock left behind", i)
+		}
+	}
+	t.Logf("22 flights: %d scripts in %d round trips", scripts, trips)
+	// Alone: 22 lock attempts + 22 writes = 44 round trips. Shared: the two
+	// held, one for the twenty that waited (one per node on a cluster, at
+	// most 3 here), then at most 22 for the writes.
+	if scripts != 44 || trips > 2+3+22 {
+		t.Fatalf("%d scripts in %d round trips", scripts, trips)
 	}
 }

@@ -64,8 +64,10 @@ type Options struct {
 	// on its own (lock, re-check, write, release, wait), so that a stalled
 	// Redis cannot keep flights alive: a flight ends within LockWait +
 	// LoadTimeout + 4·RedisTimeout. A Get's own read is bounded by its ctx
-	// (see README: ContextTimeoutEnabled); with Local, the read that the
-	// callers of an ID share is bounded by RedisTimeout. Default 1 second.
+	// (see README: ContextTimeoutEnabled); a round trip that carries other
+	// Gets' reads too (ReadsInFlight) is bounded by RedisTimeout, and so,
+	// with Local, is the read that the callers of an ID share. Default 1
+	// second.
 	RedisTimeout time.Duration
 	// ReadsInFlight caps the round trips of reads that a Guard's Gets have
 	// under way at once. A Get that finds them all busy waits for one to

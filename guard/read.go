@@ -57,6 +57,7 @@ func (g *Guard) read(ctx context.Context, id, vkey string) (readResult, error) {
 	r := &c.Req
 	withTTL := g.local != nil
 	*r = readReq{id: id, vkey: vkey, withTTL: withTTL}
+	r.deadline, _ = ctx.Deadline()
 	probing := f != nil && (withTTL || g.credit.Load() != 0)
 	if probing {
 		r.f = f
@@ -109,6 +110,7 @@ type readReq struct {
 	id, vkey string
 	f        *bloom.Filter // probe this filter too; nil: the value alone
 	withTTL  bool          // read the entry's PTTL too (Local)
+	deadline time.Time     // the Get's ctx's, if it has one
 
 	get   *redis.StringCmd
 	probe bloom.Probe
@@ -129,8 +131,10 @@ const readBatchMax = 256
 // runReads sends calls' reads in one round trip. A read alone that needs
 // only the value is one command, as a plain GET is; anything else is a
 // pipeline. A round trip that carries other Gets' reads runs on the
-// leading caller's ctx without its cancellation (they wait for it), and is
-// bounded by RedisTimeout instead.
+// leading caller's ctx without its cancellation (they wait for it), until
+// the latest of their deadlines, and at most RedisTimeout: the leading Get
+// can outlive its own deadline by the difference (one round trip or so
+// when the callers have the same timeout), never the others theirs.
 func (g *Guard) runReads(ctx context.Context, calls []*batch.Call[readReq]) {
 	if len(calls) == 1 && calls[0].Req.f == nil && !calls[0].Req.withTTL {
 		r := &calls[0].Req
@@ -141,8 +145,12 @@ func (g *Guard) runReads(ctx context.Context, calls []*batch.Call[readReq]) {
 		return
 	}
 	if len(calls) > 1 {
+		end := time.Now().Add(g.opts.RedisTimeout)
+		if latest := latestDeadline(calls); !latest.IsZero() && latest.Before(end) {
+			end = latest
+		}
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, g.opts.RedisTimeout)
+		ctx, cancel = context.WithDeadline(ctx, end)
 		defer cancel()
 	}
 	pipe := g.rdb.Pipeline()
@@ -158,6 +166,22 @@ func (g *Guard) runReads(ctx context.Context, calls []*batch.Call[readReq]) {
 		}
 	}
 	_, _ = pipe.Exec(ctx) // errors are read per command
+}
+
+// latestDeadline is the latest of calls' deadlines, or zero if one of
+// them has none.
+func latestDeadline(calls []*batch.Call[readReq]) time.Time {
+	var latest time.Time
+	for _, c := range calls {
+		d := c.Req.deadline
+		if d.IsZero() {
+			return time.Time{}
+		}
+		if d.After(latest) {
+			latest = d
+		}
+	}
+	return latest
 }
 
 // sharedRead is one read shared by the callers of a value key (readShared).

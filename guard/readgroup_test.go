@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/cacheguard/cacheguard/internal/batch"
 )
 
 // readingUntil returns a read function that counts its calls, signals
@@ -197,5 +199,29 @@ func TestReadGroupForgetAndPanic(t *testing.T) {
 	}
 	if err := within(t, waiter, "the waiter"); err != nil {
 		t.Fatalf("waiter after the panic: %v", err)
+	}
+}
+
+// TestLatestDeadline: a shared round trip runs until the latest of its
+// callers' deadlines; one caller without a deadline leaves it to
+// RedisTimeout (zero).
+func TestLatestDeadline(t *testing.T) {
+	now := time.Now()
+	call := func(d time.Time) *batch.Call[readReq] {
+		return &batch.Call[readReq]{Req: readReq{deadline: d}}
+	}
+	for _, tc := range []struct {
+		name  string
+		calls []*batch.Call[readReq]
+		want  time.Time
+	}{
+		{"one", []*batch.Call[readReq]{call(now)}, now},
+		{"latest wins", []*batch.Call[readReq]{call(now), call(now.Add(time.Second)), call(now.Add(-time.Second))}, now.Add(time.Second)},
+		{"one without", []*batch.Call[readReq]{call(now), call(time.Time{}), call(now.Add(time.Second))}, time.Time{}},
+		{"first without", []*batch.Call[readReq]{call(time.Time{}), call(now)}, time.Time{}},
+	} {
+		if got := latestDeadline(tc.calls); !got.Equal(tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }

@@ -143,7 +143,7 @@ func reply(err error) bool {
 // under the same started-after rule as fill (join), and capped by MaxLoads.
 func loadThrough[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T], from since, cause error) (T, error) {
 	var zero T
-	if g.outage.failFast {
+	if g.outage.failFast || ctx.Err() != nil { // a caller whose ctx ended (its read timed out) gets nothing from a load
 		return zero, cause
 	}
 	c, fl, shared, mine, err := join(ctx, g, "\x00through:"+vkey, from, call[T]{g: g, id: id, vkey: vkey, load: load}, (*call[T]).loadThrough)

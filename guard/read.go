@@ -62,8 +62,15 @@ func (g *Guard) read(ctx context.Context, id, vkey string) (readResult, error) {
 	if probing {
 		r.f = f
 	}
-	if err := g.readBatch.Do(ctx, c); err != nil {
-		return readResult{}, err // c may still be answered: not reused
+	if err := g.readBatch.Do(ctx, c); err != nil { // c may still be answered: not reused
+		if errors.Is(err, context.DeadlineExceeded) {
+			// The round trips ahead did not end in time: Redis is slow or
+			// gone, as a read of its own timing out would say (and the
+			// breaker must hear it, or every Get would queue behind a
+			// frozen Redis until its deadline).
+			return readResult{}, g.fail(ctx, "read", id, redisfail.Wrap(err))
+		}
+		return readResult{}, err // the caller left
 	}
 	raw, err := r.get.Bytes()
 	var ttl time.Duration
@@ -130,11 +137,10 @@ const readBatchMax = 256
 
 // runReads sends calls' reads in one round trip. A read alone that needs
 // only the value is one command, as a plain GET is; anything else is a
-// pipeline. A round trip that carries other Gets' reads runs on the
-// leading caller's ctx without its cancellation (they wait for it), until
-// the latest of their deadlines, and at most RedisTimeout: the leading Get
-// can outlive its own deadline by the difference (one round trip or so
-// when the callers have the same timeout), never the others theirs.
+// pipeline. A round trip that carries several Gets' reads runs in a
+// goroutine of its own (package batch) on the leading caller's ctx without
+// its cancellation, until the latest of their deadlines, and at most
+// RedisTimeout; each Get, the leading one too, leaves at its own.
 func (g *Guard) runReads(ctx context.Context, calls []*batch.Call[readReq]) {
 	if len(calls) == 1 && calls[0].Req.f == nil && !calls[0].Req.withTTL {
 		r := &calls[0].Req

@@ -1,18 +1,19 @@
 // Package batch merges concurrent requests into shared round trips, as a
 // database's group commit does. A request that finds fewer than the limit
-// of batches in flight runs at once, in its caller's goroutine, together
-// with whatever requests were waiting. One that finds them all busy waits;
-// when a batch in flight ends, the first waiting request is woken to run
-// all the waiting ones as the next batch. With no contention every request
-// runs alone and at once, in its own goroutine: no goroutine hop, no timer,
-// no added latency. Under load a batch holds what arrived during one round
-// trip, so the round trips, system calls and Redis event-loop turns per
-// request fall as the load rises. guard sends its reads through one
-// (Guard.read): one pipelined round trip for many Gets, each still one
-// command.
+// of batches in flight runs at once, together with whatever requests were
+// waiting. One that finds them all busy waits; when a batch in flight
+// ends, the first waiting request is woken to lead all the waiting ones as
+// the next batch. With no contention every request runs alone and at
+// once, in its caller's goroutine: no goroutine hop, no timer, no added
+// latency. Under load a batch holds what arrived during one round trip, so
+// the round trips, system calls and Redis event-loop turns per request
+// fall as the load rises. guard sends its reads through one (Guard.read),
+// and loader the lock attempts and writes of its flights (Coordinator).
 //
-// There is no goroutine of the batcher's own: batches run in callers'
-// goroutines, so there is nothing to stop.
+// A batch of several requests runs in a goroutine of its own, started by
+// its leader and ending when the batch has run, so that every caller,
+// the leader too, can leave when its ctx ends while the others still get
+// their answers. There is no other goroutine, and nothing to stop.
 package batch
 
 import (
@@ -42,11 +43,12 @@ const (
 type Call[Q any] struct {
 	Req Q
 
-	done  chan struct{} // buffered (1): sent once when the call is answered or must lead; made on first wait
-	lead  []*Call[Q]    // the batch this call must run (state leading)
-	state state
-	err   error       // ErrPanicked, set before done
-	one   [1]*Call[Q] // the batch of a call that runs alone, without an allocation
+	done     chan struct{} // buffered (1): sent once when the call is answered or must lead; made on first wait
+	lead     []*Call[Q]    // the batch this call must run (state leading)
+	state    state
+	err      error       // ErrPanicked, set before done
+	panicked any         // what run panicked with, for the leader to raise
+	one      [1]*Call[Q] // the batch of a call that runs alone, without an allocation
 }
 
 // Batcher runs Calls in batches. Its methods are safe for concurrent use.
@@ -62,8 +64,9 @@ type Batcher[Q any] struct {
 
 // New returns a Batcher that runs up to limit batches at once, each of at
 // most max calls, with run. run must answer every call it is given, and
-// should honour the ctx it is given (for a batch of other callers' calls
-// it is the leading caller's, without its cancellation: see Do).
+// should bound its work by the ctx it is given (for a batch of several
+// calls it is the leading caller's, without its cancellation: see Do):
+// the batch holds its place in flight until run returns.
 func New[Q any](limit, max int, run func(ctx context.Context, calls []*Call[Q])) *Batcher[Q] {
 	return &Batcher[Q]{run: run, limit: max1(limit), max: max1(max)}
 }
@@ -71,19 +74,21 @@ func New[Q any](limit, max int, run func(ctx context.Context, calls []*Call[Q]))
 func max1(n int) int { return max(n, 1) }
 
 // Do runs c, alone or in a batch, and returns when c.Req holds its result:
-// then the error is nil. If ctx ends while c waits for a batch, Do returns
-// ctx.Err() at once; a batch that took c may still answer it afterwards,
-// into nothing. A caller that runs a batch holding other callers' calls
-// runs it to its end, on ctx without its cancellation: they wait for it.
+// then the error is nil. If ctx ends first, Do returns ctx.Err() at once;
+// a batch that took c may still answer it afterwards, into nothing. A
+// request that runs alone runs in the caller's goroutine on ctx. A batch
+// of several runs in a goroutine of its own, on the leading caller's ctx
+// without its cancellation (the others wait for it), which ends when run
+// returns; the leading caller waits for it as the others do, so no caller
+// stays past its own ctx.
 func (b *Batcher[Q]) Do(ctx context.Context, c *Call[Q]) error {
-	c.err, c.lead = nil, nil
+	c.err, c.lead, c.panicked = nil, nil, nil
 	b.mu.Lock()
 	if b.inflight < b.limit {
 		b.inflight++
 		batch := b.takeLocked(c)
 		b.mu.Unlock()
-		b.runThenHandOff(ctx, batch, c)
-		return nil
+		return b.lead(ctx, batch, c)
 	}
 	if c.done == nil {
 		c.done = make(chan struct{}, 1)
@@ -101,11 +106,15 @@ func (b *Batcher[Q]) Do(ctx context.Context, c *Call[Q]) error {
 			b.mu.Unlock()
 			return ctx.Err()
 		case leading:
-			// Woken to lead as ctx ended: the batch is others' too and
-			// must run. It runs in a goroutine of its own, which ends with
-			// it; c is not answered into anything anyone reads.
+			// Woken to lead as ctx ended: the others in the batch wait for
+			// it. (The wake-up may still be on its way: signal drops what
+			// a full done cannot take.)
 			b.mu.Unlock()
-			go b.runThenHandOff(context.WithoutCancel(ctx), c.lead, c)
+			if len(c.lead) == 1 {
+				b.handOff()
+			} else {
+				go b.runShared(context.WithoutCancel(ctx), c.lead, nil)
+			}
 			return ctx.Err()
 		default: // batched: answered by its batch, into nothing
 			b.mu.Unlock()
@@ -119,10 +128,69 @@ func (b *Batcher[Q]) Do(ctx context.Context, c *Call[Q]) error {
 			b.handOff()
 			return ctx.Err()
 		}
-		b.runThenHandOff(ctx, c.lead, c)
-		return nil
+		return b.lead(ctx, c.lead, c)
 	}
 	return c.err
+}
+
+// lead runs batch, which self leads: alone in this goroutine, or shared in
+// a goroutine of its own that self waits for like the others (see Do).
+func (b *Batcher[Q]) lead(ctx context.Context, batch []*Call[Q], self *Call[Q]) error {
+	if len(batch) == 1 {
+		defer b.handOff() // a panic in run goes on up this stack
+		b.run(ctx, batch)
+		return nil
+	}
+	if self.done == nil {
+		self.done = make(chan struct{}, 1)
+	}
+	self.state = batched
+	go b.runShared(context.WithoutCancel(ctx), batch, self)
+	select {
+	case <-self.done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if self.panicked != nil {
+		panic(self.panicked) // the leader's stack is where a panic of a run of its own would have gone
+	}
+	return self.err
+}
+
+// runShared runs a shared batch led by leader (nil: its leader left),
+// answers every call in it, and hands its place in flight on. If run
+// panics, the leader is handed the panic to raise and the others get
+// ErrPanicked; the batcher goes on. It is the goroutine that lead starts
+// and it ends here.
+func (b *Batcher[Q]) runShared(ctx context.Context, batch []*Call[Q], leader *Call[Q]) {
+	defer b.handOff()
+	p := b.runRecovering(ctx, batch)
+	for _, c := range batch {
+		if p != nil {
+			c.err = ErrPanicked
+			if c == leader {
+				c.panicked = p
+			}
+		}
+		signal(c)
+	}
+}
+
+// runRecovering runs batch and returns what it panicked with, if it did.
+func (b *Batcher[Q]) runRecovering(ctx context.Context, batch []*Call[Q]) (p any) {
+	defer func() { p = recover() }()
+	b.run(ctx, batch)
+	return nil
+}
+
+// signal tells c that it is answered or must lead. A done that is full
+// holds a wake-up to lead that its caller left without reading: nobody
+// reads this one either.
+func signal[Q any](c *Call[Q]) {
+	select {
+	case c.done <- struct{}{}:
+	default:
+	}
 }
 
 // takeLocked takes up to max−1 waiting calls and self as a batch: self
@@ -162,32 +230,6 @@ func (b *Batcher[Q]) removeLocked(c *Call[Q]) {
 	}
 }
 
-// runThenHandOff runs batch for self and answers the other calls in it;
-// then it wakes the oldest waiting call to run the waiting ones as the next
-// batch, or, with none waiting, gives its place in flight back. If run
-// panics, the others are answered ErrPanicked and the batcher goes on; the
-// panic goes on up self's stack.
-func (b *Batcher[Q]) runThenHandOff(ctx context.Context, batch []*Call[Q], self *Call[Q]) {
-	answered := false
-	defer func() {
-		for _, c := range batch {
-			if c == self {
-				continue
-			}
-			if !answered {
-				c.err = ErrPanicked
-			}
-			c.done <- struct{}{}
-		}
-		b.handOff()
-	}()
-	if len(batch) > 1 {
-		ctx = context.WithoutCancel(ctx)
-	}
-	b.run(ctx, batch)
-	answered = true
-}
-
 // handOff passes a batch's place in flight to the oldest waiting call, or
 // gives it back.
 func (b *Batcher[Q]) handOff() {
@@ -202,5 +244,5 @@ func (b *Batcher[Q]) handOff() {
 	next.lead = b.takeLocked(next)
 	next.state = leading
 	b.mu.Unlock()
-	next.done <- struct{}{}
+	signal(next)
 }

@@ -3,7 +3,6 @@ package batch_test
 import (
 	"context"
 	"errors"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -72,18 +71,16 @@ func (g *gated) run(ctx context.Context, calls []*batch.Call[req]) {
 	g.double.run(ctx, calls)
 }
 
-// waitPending blocks until n goroutines beyond base exist: the callers
-// that wait (a test of pure logic: no other way to see them queue).
-func waitPending(t *testing.T, base, n int) {
+// waitPending blocks until n calls of b wait for a batch.
+func waitPending(t *testing.T, b *batch.Batcher[req], n int) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for runtime.NumGoroutine() < base+n {
+	for batch.Waiting(b) != n {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d goroutines, want %d", runtime.NumGoroutine(), base+n)
+			t.Fatalf("%d calls wait, want %d", batch.Waiting(b), n)
 		}
 		time.Sleep(time.Millisecond)
 	}
-	time.Sleep(20 * time.Millisecond) // let them reach the queue
 }
 
 func TestWaitersGoTogetherInTheNextBatch(t *testing.T) {
@@ -93,13 +90,12 @@ func TestWaitersGoTogetherInTheNextBatch(t *testing.T) {
 	errs := make(chan error, 8)
 	go func() { errs <- b.Do(context.Background(), first) }()
 	<-g.entered
-	base := runtime.NumGoroutine()
 	calls := make([]*batch.Call[req], 6)
 	for i := range calls {
 		calls[i] = &batch.Call[req]{Req: req{in: i}}
 		go func() { errs <- b.Do(context.Background(), calls[i]) }()
 	}
-	waitPending(t, base, len(calls))
+	waitPending(t, b, len(calls))
 	close(g.release)
 	for range len(calls) + 1 {
 		if err := <-errs; err != nil {
@@ -125,11 +121,10 @@ func TestBatchesHoldAtMostMax(t *testing.T) {
 	errs := make(chan error, 16)
 	go func() { errs <- b.Do(context.Background(), &batch.Call[req]{}) }()
 	<-g.entered
-	base := runtime.NumGoroutine()
 	for i := range 10 {
 		go func() { errs <- b.Do(context.Background(), &batch.Call[req]{Req: req{in: i}}) }()
 	}
-	waitPending(t, base, 10)
+	waitPending(t, b, 10)
 	close(g.release)
 	for range 11 {
 		if err := <-errs; err != nil {
@@ -194,9 +189,8 @@ func TestWaiterLeavesWhenItsContextEnds(t *testing.T) {
 	go func() { left <- b.Do(ctx, gone) }()
 	stay := &batch.Call[req]{Req: req{in: 8}}
 	stayed := make(chan error, 1)
-	base := runtime.NumGoroutine()
 	go func() { stayed <- b.Do(context.Background(), stay) }()
-	waitPending(t, base, 1)
+	waitPending(t, b, 2)
 	cancel()
 	if err := <-left; !errors.Is(err, context.Canceled) {
 		t.Fatalf("Do after cancel = %v, want context.Canceled", err)
@@ -228,7 +222,6 @@ func TestPanicAnswersTheOthersAndTheBatcherGoesOn(t *testing.T) {
 	errs := make(chan error, 8)
 	go func() { errs <- b.Do(context.Background(), &batch.Call[req]{}) }()
 	<-g.entered
-	base := runtime.NumGoroutine()
 	panics := make(chan any, 8)
 	for range 3 {
 		go func() {
@@ -241,7 +234,7 @@ func TestPanicAnswersTheOthersAndTheBatcherGoesOn(t *testing.T) {
 			errs <- b.Do(context.Background(), &batch.Call[req]{})
 		}()
 	}
-	waitPending(t, base, 3)
+	waitPending(t, b, 3)
 	close(g.release)
 	var panicked int
 	for range 4 {
@@ -296,5 +289,59 @@ func TestManyCallersEachGetTheirOwnAnswer(t *testing.T) {
 	}
 	if calls < 64*299 || calls > 64*300 {
 		t.Fatalf("%d calls run, want between %d and %d", calls, 64*299, 64*300)
+	}
+}
+
+// TestLeaderLeavesWithItsContext: the caller that leads a shared batch
+// returns when its own ctx ends, while the batch goes on for the others.
+func TestLeaderLeavesWithItsContext(t *testing.T) {
+	g := newGated()
+	shared, sharedEntered := make(chan struct{}), make(chan struct{})
+	var d double
+	b := batch.New(1, 16, func(ctx context.Context, calls []*batch.Call[req]) {
+		if len(calls) > 1 {
+			close(sharedEntered)
+			<-shared
+			d.run(ctx, calls)
+			return
+		}
+		g.run(ctx, calls)
+	})
+	first := make(chan error, 1)
+	go func() { first <- b.Do(context.Background(), &batch.Call[req]{}) }()
+	<-g.entered
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	leader := make(chan error, 1)
+	go func() { leader <- b.Do(ctx, &batch.Call[req]{Req: req{in: 1}}) }() // oldest: leads the next batch
+	waitPending(t, b, 1)
+	others := []*batch.Call[req]{{Req: req{in: 2}}, {Req: req{in: 3}}}
+	errs := make(chan error, 2)
+	for _, c := range others {
+		go func() { errs <- b.Do(context.Background(), c) }()
+	}
+	waitPending(t, b, 3)
+	close(g.release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	<-sharedEntered
+	cancel()
+	if err := <-leader; !errors.Is(err, context.Canceled) {
+		t.Fatalf("leader: %v, want context.Canceled while its batch is held", err)
+	}
+	close(shared)
+	for range others {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range others {
+		if c.Req.out != 2*c.Req.in {
+			t.Fatalf("call %d answered %d", c.Req.in, c.Req.out)
+		}
+	}
+	if len(d.sizes) != 1 || d.sizes[0] != 3 {
+		t.Fatalf("shared batches %v, want one of 3 (the leader's request too)", d.sizes)
 	}
 }

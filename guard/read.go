@@ -49,8 +49,9 @@ const (
 // it when recent reads missed (see missCredit), and with the entry's PTTL
 // when Local is on (a local copy must not outlive its entry). Concurrent
 // reads share round trips (see runReads). Redis failures come back
-// wrapping ErrUnavailable; a ctx that ends while the read waits for a
-// round trip, as ctx.Err().
+// wrapping ErrUnavailable, and so does a deadline that passes while the
+// read waits for a round trip (Redis too slow); a cancelled caller gets
+// context.Canceled alone.
 func (g *Guard) read(ctx context.Context, id, vkey string) (readResult, error) {
 	f := g.bloom.Load()
 	c := g.readCalls.Get().(*batch.Call[readReq])

@@ -311,15 +311,19 @@ func (c *Coordinator) TryRun(ctx context.Context, key, field string, f Filler) e
 func (c *Coordinator) attempt(ctx context.Context, key, field string) (l *lock.Lock, get *redis.StringCmd, held *lock.HeldError, err error) {
 	opCtx, cancel := c.op(ctx)
 	defer cancel()
+	// The closure writes only these locals: after a failed send it may
+	// still run, into variables nobody reads (not the results).
 	var q *lock.Queued
 	var qerr error
+	var hget *redis.StringCmd
 	if err := c.send(opCtx, func(ctx context.Context, pipe redis.Pipeliner) {
 		q, qerr = c.locks.Queue(ctx, pipe, keyspace.Lock(key), c.opts.LockTTL,
 			&lock.Options{FenceKey: keyspace.Fence(key), FenceTTL: c.opts.FenceTTL})
-		get = pipe.HGet(ctx, key, field)
+		hget = pipe.HGet(ctx, key, field)
 	}); err != nil {
 		return nil, nil, nil, err
 	}
+	get = hget
 	if qerr != nil {
 		return nil, nil, nil, qerr
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net"
-	"runtime"
 	"strconv"
 	"sync"
 	"testing"
@@ -109,7 +108,6 @@ func TestReadsShareRoundTrips(t *testing.T) {
 	get(0)
 	get(1)
 	waitFor(t, func() bool { return h.count() == 2 })
-	base := runtime.NumGoroutine()
 	for i := 2; i < 52; i++ {
 		get(i)
 	}
@@ -124,8 +122,7 @@ func TestReadsShareRoundTrips(t *testing.T) {
 	if waited := time.Since(start); waited > 5*time.Second {
 		t.Fatalf("it returned after %v: a waiting read must leave with its ctx", waited)
 	}
-	waitFor(t, func() bool { return runtime.NumGoroutine() >= base+50 })
-	time.Sleep(50 * time.Millisecond) // let them reach the queue
+	waitFor(t, func() bool { return guard.ReadsWaiting(g) == 50 })
 	h.setArmed(false)
 	close(h.release)
 	for i, ch := range answers {
@@ -184,12 +181,10 @@ func TestSharedRoundTripFails(t *testing.T) {
 	errs := make(chan error, 10)
 	go func() { _, err := guard.Get(ctx, g, "p0", d.load); errs <- err }()
 	waitFor(t, func() bool { return h.count() == 1 })
-	base := runtime.NumGoroutine()
 	for i := 1; i < 10; i++ {
 		go func() { _, err := guard.Get(ctx, g, pid(i), d.load); errs <- err }()
 	}
-	waitFor(t, func() bool { return runtime.NumGoroutine() >= base+9 })
-	time.Sleep(50 * time.Millisecond)
+	waitFor(t, func() bool { return guard.ReadsWaiting(g) == 9 })
 	if err := srv.Kill(); err != nil {
 		t.Fatal(err)
 	}

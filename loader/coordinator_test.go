@@ -3,7 +3,6 @@ package loader_test
 import (
 	"context"
 	"errors"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -320,15 +319,16 @@ func TestCoordinatorFlightsShareRoundTrips(t *testing.T) {
 	run(0)
 	run(1)
 	<-h.held
-	base := runtime.NumGoroutine()
 	for i := 2; i < 22; i++ {
 		run(i)
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for runtime.NumGoroutine() < base+20 && time.Now().Before(deadline) {
+	for loader.TripsWaiting(co) != 20 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d lock attempts wait, want 20", loader.TripsWaiting(co))
+		}
 		time.Sleep(time.Millisecond)
 	}
-	time.Sleep(50 * time.Millisecond) // let them reach the queue
 	close(h.release)
 	wg.Wait()
 	trips, scripts := c.Counter.RoundTrips(), c.Counter.Names()["evalsha"]

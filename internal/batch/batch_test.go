@@ -75,9 +75,9 @@ func (g *gated) run(ctx context.Context, calls []*batch.Call[req]) {
 func waitPending(t *testing.T, b *batch.Batcher[req], n int) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for batch.Waiting(b) != n {
+	for b.Waiting() != n {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d calls wait, want %d", batch.Waiting(b), n)
+			t.Fatalf("%d calls wait, want %d", b.Waiting(), n)
 		}
 		time.Sleep(time.Millisecond)
 	}

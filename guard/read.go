@@ -64,14 +64,7 @@ func (g *Guard) read(ctx context.Context, id, vkey string) (readResult, error) {
 		r.f = f
 	}
 	if err := g.readBatch.Do(ctx, c); err != nil { // c may still be answered: not reused
-		if errors.Is(err, context.DeadlineExceeded) {
-			// The round trips ahead did not end in time: Redis is slow or
-			// gone, as a read of its own timing out would say (and the
-			// breaker must hear it, or every Get would queue behind a
-			// frozen Redis until its deadline).
-			return readResult{}, g.fail(ctx, "read", id, redisfail.Wrap(err))
-		}
-		return readResult{}, err // the caller left
+		return readResult{}, g.readFailed(ctx, id, err)
 	}
 	raw, err := r.get.Bytes()
 	var ttl time.Duration
@@ -89,12 +82,8 @@ func (g *Guard) read(ctx context.Context, id, vkey string) (readResult, error) {
 			}
 		}
 		return readResult{verdict: verdictEntry, raw: raw, ttl: ttl}, nil
-	case errors.Is(err, context.Canceled) && errors.Is(ctx.Err(), context.Canceled):
-		// The caller went away (a client that disconnected): not Redis
-		// failing, so neither logged nor counted by the breaker.
-		return readResult{}, ctx.Err()
 	case !errors.Is(err, redis.Nil):
-		return readResult{}, g.fail(ctx, "read", id, redisfail.Wrap(err))
+		return readResult{}, g.readFailed(ctx, id, err)
 	}
 	if !withTTL && g.credit.Add(missCredit) > maxCredit {
 		g.credit.Store(maxCredit)
@@ -110,6 +99,20 @@ func (g *Guard) read(ctx context.Context, id, vkey string) (readResult, error) {
 		maybe, err = f.Test(ctx, id)
 	}
 	return g.verdict(ctx, id, maybe, err)
+}
+
+// readFailed is what a read that got no answer returns, whether it failed
+// in Redis or waited for a round trip past its ctx. A cancelled caller (a
+// client that disconnected) gets ctx.Err() alone: not Redis failing, so
+// neither logged nor counted by the breaker. Anything else wraps
+// ErrUnavailable, a deadline too: the round trip did not end in time,
+// Redis is slow or gone, and the breaker must hear it (or every Get would
+// queue behind a frozen Redis until its deadline).
+func (g *Guard) readFailed(ctx context.Context, id string, err error) error {
+	if errors.Is(err, context.Canceled) && errors.Is(ctx.Err(), context.Canceled) {
+		return ctx.Err()
+	}
+	return g.fail(ctx, "read", id, redisfail.Wrap(err))
 }
 
 // readReq is one read in a batch (read, runReads): what to send, then the

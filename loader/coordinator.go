@@ -144,7 +144,7 @@ type Coordinator struct {
 	wake    waker
 	opts    CoordinatorOptions
 	channel string
-	trips   *batch.Batcher[trip] // the lock attempts and writes of concurrent flights share round trips (see runTrips)
+	trips   *batch.Batcher[queueFunc] // the lock attempts and writes of concurrent flights share round trips (see runTrips)
 
 	waits, timeouts, wakeups, staleWrites atomic.Uint64
 }
@@ -187,16 +187,14 @@ const (
 	tripBatchMax  = 128
 )
 
-// trip is one flight's round trip: queue adds its commands to the pipeline
-// and keeps them to read after it ran.
-type trip struct {
-	queue func(ctx context.Context, pipe redis.Pipeliner)
-}
+// queueFunc is one flight's part of a round trip: it adds its commands to
+// the pipeline and keeps them to read after it ran.
+type queueFunc func(ctx context.Context, pipe redis.Pipeliner)
 
 // runTrips sends calls' commands in one pipeline. One carrying other
 // flights' commands runs on the leading flight's ctx without its
 // cancellation (they wait for it), bounded by OpTimeout.
-func (c *Coordinator) runTrips(ctx context.Context, calls []*batch.Call[trip]) {
+func (c *Coordinator) runTrips(ctx context.Context, calls []*batch.Call[queueFunc]) {
 	if len(calls) > 1 {
 		var cancel context.CancelFunc
 		ctx, cancel = c.op(ctx)
@@ -204,7 +202,7 @@ func (c *Coordinator) runTrips(ctx context.Context, calls []*batch.Call[trip]) {
 	}
 	pipe := c.rdb.Pipeline()
 	for _, call := range calls {
-		call.Req.queue(ctx, pipe)
+		call.Req(ctx, pipe)
 	}
 	_, _ = pipe.Exec(ctx) // errors are read per command
 }
@@ -215,8 +213,8 @@ func (c *Coordinator) runTrips(ctx context.Context, calls []*batch.Call[trip]) {
 // the caller must not read what queue keeps then (the scripts are safe to
 // run late: a fenced write that lost its turn is refused, a release checks
 // its token).
-func (c *Coordinator) send(ctx context.Context, queue func(ctx context.Context, pipe redis.Pipeliner)) error {
-	call := &batch.Call[trip]{Req: trip{queue: queue}}
+func (c *Coordinator) send(ctx context.Context, queue queueFunc) error {
+	call := &batch.Call[queueFunc]{Req: queue}
 	if err := c.trips.Do(ctx, call); err != nil {
 		return redisfail.Wrap(err)
 	}

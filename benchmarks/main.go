@@ -2,7 +2,7 @@
 // pick through the same workloads, on the same Redis, data and machine, in
 // one run, and prints markdown tables (and writes JSON).
 //
-//	go run . [-hit 3s] [-hot 3s] [-json results/latest.json]   (make bench)
+//	go run . [-hit 3s] [-hit-rounds 3] [-hot 5s] [-hot-rounds 3] [-json results/latest.json]   (make bench)
 //
 // Contenders: raw (go-redis GET, on a miss load + SET), go-zero
 // core/stores/cache (TakeCtx) with and without go-zero core/bloom in front,
@@ -61,6 +61,7 @@ func main() {
 	hit := flag.Duration("hit", 3*time.Second, "length of the hit-path run per contender")
 	hitRounds := flag.Int("hit-rounds", 3, "hit-path rounds, the contenders' order rotated each round; the table shows the medians")
 	hot := flag.Duration("hot", 5*time.Second, "length of the hot-key run per contender")
+	hotRounds := flag.Int("hot-rounds", 3, "hot-key rounds, the contenders' order rotated each round; the table shows the medians")
 	jsonPath := flag.String("json", filepath.Join("results", "latest.json"), "where to write the JSON report")
 	only := flag.String("only", "", "comma-separated contenders to run (raw always runs first in the list); empty: all")
 	hitOnly := flag.Bool("hit-only", false, "run the hit path only and print its table (for quick comparisons)")
@@ -92,14 +93,14 @@ func main() {
 		contenderNames = keep
 	}
 	stopAfterHit, hotKeyOnly = *hitOnly, *hotOnly
-	if err := run(ctx, *hit, *hitRounds, *hot, *jsonPath, os.Stdout); err != nil {
+	if err := run(ctx, *hit, *hitRounds, *hot, *hotRounds, *jsonPath, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "benchmarks:", err)
 		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, hitTime time.Duration, hitRounds int, hotTime time.Duration, jsonPath string, w io.Writer) error {
+func run(ctx context.Context, hitTime time.Duration, hitRounds int, hotTime time.Duration, hotRounds int, jsonPath string, w io.Writer) error {
 	port, err := redisserver.FreePort(false)
 	if err != nil {
 		return err
@@ -117,18 +118,35 @@ func run(ctx context.Context, hitTime time.Duration, hitRounds int, hotTime time
 
 	start := time.Now()
 	step := func(what string) { fmt.Fprintf(os.Stderr, "[%5.1fs] %s\n", time.Since(start).Seconds(), what) }
-	// The hit path runs hitRounds times, the order rotated each round (this
-	// machine's noise moves a single run's ratio a lot, and whoever runs
-	// first or last has an edge); each contender's row is its median run, and
-	// "vs raw" is the median of its same-round ratios to raw.
-	hot := func() error {
-		for _, name := range contenderNames {
-			step("hot key: " + name)
-			r, err := hotKey(ctx, e, name, hotTime)
-			if err != nil {
-				return err
+	// rotated runs every contender once per round, the order rotated each
+	// round: this machine's noise moves a single run a lot, and whoever
+	// runs first or last has an edge. Each contender's row is then a median
+	// over its rounds.
+	rotated := func(what string, rounds int, run func(round int, name string) error) error {
+		for round := range max(rounds, 1) {
+			for i := range contenderNames {
+				name := contenderNames[(i+round)%len(contenderNames)]
+				step(fmt.Sprintf("%s, round %d: %s", what, round+1, name))
+				if err := run(round, name); err != nil {
+					return err
+				}
 			}
-			rep.HotKey = append(rep.HotKey, r)
+		}
+		return nil
+	}
+	// The hot key's rows differ by a few percent between contenders, less
+	// than one run's noise: the median of hotRounds.
+	hot := func() error {
+		runs := map[string][]HotKeyResult{}
+		if err := rotated("hot key", hotRounds, func(_ int, name string) error {
+			r, err := hotKey(ctx, e, name, hotTime)
+			runs[name] = append(runs[name], r)
+			return err
+		}); err != nil {
+			return err
+		}
+		for _, name := range contenderNames {
+			rep.HotKey = append(rep.HotKey, medianHot(runs[name]))
 		}
 		return nil
 	}
@@ -139,18 +157,21 @@ func run(ctx context.Context, hitTime time.Duration, hitRounds int, hotTime time
 		fmt.Fprint(w, markdownHot(rep))
 		return nil
 	}
+	// The hit path: each row is the contender's median round, and "vs raw"
+	// the median of its same-round ratios to raw.
 	runs := map[string][]HitResult{}
-	for round := range max(hitRounds, 1) {
-		byName := map[string]HitResult{}
-		for i := range contenderNames {
-			name := contenderNames[(i+round)%len(contenderNames)]
-			step(fmt.Sprintf("hit path, round %d: %s", round+1, name))
-			r, err := hitPath(ctx, e, name, round)
-			if err != nil {
-				return err
-			}
-			byName[name] = r
+	byRound := make([]map[string]HitResult, max(hitRounds, 1))
+	if err := rotated("hit path", hitRounds, func(round int, name string) error {
+		r, err := hitPath(ctx, e, name, round)
+		if byRound[round] == nil {
+			byRound[round] = map[string]HitResult{}
 		}
+		byRound[round][name] = r
+		return err
+	}); err != nil {
+		return err
+	}
+	for _, byName := range byRound {
 		for name, r := range byName {
 			r.VsRaw = r.OpsPerSec / byName[contenderNames[0]].OpsPerSec
 			runs[name] = append(runs[name], r)
@@ -274,10 +295,13 @@ func markdownHot(r *Report) string {
 	var b strings.Builder
 	fmt.Fprintln(&b, "\n**4. Hot key expiring under load** (32 clients, each asking again 100 µs after its answer; one warm key, TTL 1 s, loader 10 ms; \"Gets ≥ 10 ms\" counts the callers that took as long as a load: waiting for one, or a Redis round trip that slow)")
 	fmt.Fprintln(&b)
-	fmt.Fprintln(&b, "| contender | Gets | loader calls | loads/s | expiries | p99 | max | Gets ≥ 10 ms |")
+	fmt.Fprintln(&b, "Each contender ran once per round, the order rotated between rounds. Gets and max are the medians of its rounds (each round in brackets); the other columns are from its median-Gets round.")
+	fmt.Fprintln(&b)
+	fmt.Fprintln(&b, "| contender | Gets (rounds) | loader calls | loads/s | expiries | p99 | max (rounds) | Gets ≥ 10 ms |")
 	fmt.Fprintln(&b, "|---|---:|---:|---:|---:|---:|---:|---:|")
 	for _, h := range r.HotKey {
-		fmt.Fprintf(&b, "| %s | %d | %d | %.1f | %.0f | %s | %s | %d |\n", h.Contender, h.Gets, h.LoaderCalls, h.LoadsPerSecond, h.Expiries, ms(h.P99), ms(h.Max), h.Slow)
+		fmt.Fprintf(&b, "| %s | %d (%s) | %d | %.1f | %.0f | %s | %s (%s) | %d |\n", h.Contender, h.Gets, joinInts(h.GetsRuns), h.LoaderCalls,
+			h.LoadsPerSecond, h.Expiries, ms(h.P99), ms(h.Max), joinDurations(h.MaxRuns), h.Slow)
 	}
 	return b.String()
 }
@@ -317,4 +341,22 @@ func markdown(r *Report) string {
 		fmt.Fprintf(&b, "| %s | %.2f | %d | %.2f× | %.3f%% |\n", m.Filter, m.BitsPerItem, m.Bytes, m.VsBound, 100*m.MeasuredFP)
 	}
 	return b.String()
+}
+
+// joinInts formats a round's counts for a table cell: "1, 2, 3".
+func joinInts(v []int64) string {
+	s := make([]string, len(v))
+	for i, n := range v {
+		s[i] = strconv.FormatInt(n, 10)
+	}
+	return strings.Join(s, ", ")
+}
+
+// joinDurations formats rounds' durations in milliseconds: "1.20, 3.40".
+func joinDurations(v []time.Duration) string {
+	s := make([]string, len(v))
+	for i, d := range v {
+		s[i] = fmt.Sprintf("%.2f", float64(d)/float64(time.Millisecond))
+	}
+	return strings.Join(s, ", ")
 }

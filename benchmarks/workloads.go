@@ -421,6 +421,27 @@ type HotKeyResult struct {
 	P99            time.Duration
 	Max            time.Duration // the slowest Get
 	Slow           int64         // Gets that took as long as a load (10 ms) or longer: callers that waited for one
+
+	GetsRuns []int64         // Gets of each round (medianHot)
+	MaxRuns  []time.Duration // the slowest Get of each round
+}
+
+// medianHot is a contender's hot-key row over its rounds: the round with
+// the median Gets, with Max the median of the rounds' slowest Gets, and
+// every round's Gets and slowest Get kept beside.
+func medianHot(runs []HotKeyResult) HotKeyResult {
+	byGets := slices.Clone(runs)
+	slices.SortFunc(byGets, func(a, b HotKeyResult) int { return cmp.Compare(a.Gets, b.Gets) })
+	m := byGets[len(byGets)/2]
+	maxes := make([]time.Duration, len(runs))
+	for i, r := range runs {
+		m.GetsRuns = append(m.GetsRuns, r.Gets)
+		maxes[i] = r.Max
+	}
+	m.MaxRuns = slices.Clone(maxes)
+	slices.Sort(maxes)
+	m.Max = maxes[len(maxes)/2]
+	return m
 }
 
 // hotKey: 32 goroutines on one key whose TTL is short, for several seconds.

@@ -35,3 +35,30 @@ func Example() {
 	// <nil>
 	// true
 }
+
+// A lock taken in a pipeline without a fence: the commands queued behind
+// the attempt run with the lock taken (or not), and the holder's write
+// proves its hold with the token (see the package doc).
+func ExampleClient_QueueUnfenced() {
+	ctx := context.Background()
+	rdb := redistest.NewClient() // in your app: redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	defer rdb.Close()
+	locks := lock.New(rdb)
+
+	pipe := rdb.Pipeline()
+	q, err := locks.QueueUnfenced(ctx, pipe, "example:{report-7}:lock", 5*time.Second)
+	if err != nil {
+		panic(err)
+	}
+	cached := pipe.Get(ctx, "example:{report-7}") // runs after the attempt
+	_, _ = pipe.Exec(ctx)
+	l, err := q.Result(ctx)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(l.Fence(), cached.Err())
+	fmt.Println(l.Release(ctx))
+	// Output:
+	// 0 redis: nil
+	// <nil>
+}

@@ -275,6 +275,61 @@ func TestQueueInPipeline(t *testing.T) {
 	}
 }
 
+// TestQueueUnfenced: a plain SET NX PX in the caller's pipeline; the
+// commands queued after it see the lock; a second attempt learns the
+// holder's lease; no fence key is written; the lock is released, refreshed
+// and kept alive by its token like a fenced one.
+func TestQueueUnfenced(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	lc := lock.New(c)
+	key := c.Prefix + ":{k}:lock"
+	pipe := c.Pipeline()
+	q, err := lc.QueueUnfenced(ctx, pipe, key, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := pipe.Get(ctx, key)
+	_, _ = pipe.Exec(ctx)
+	l, err := q.Result(ctx)
+	if err != nil || !q.InPipeline() {
+		t.Fatalf("%v, in pipeline %v", err, q.InPipeline())
+	}
+	if after.Val() != l.Token() || l.Fence() != 0 {
+		t.Fatalf("queued after the attempt saw %q (token %q), fence %d", after.Val(), l.Token(), l.Fence())
+	}
+	if n := c.Exists(ctx, key+":fence").Val(); n != 0 {
+		t.Fatal("an unfenced lock wrote a fence key")
+	}
+	pipe = c.Pipeline()
+	q2, _ := lc.QueueUnfenced(ctx, pipe, key, time.Minute)
+	_, _ = pipe.Exec(ctx)
+	var held *lock.HeldError
+	if _, err := q2.Result(ctx); !errors.As(err, &held) || held.TTL <= 0 || held.TTL > time.Minute || !errors.Is(err, lock.ErrNotObtained) {
+		t.Fatalf("second attempt: %v", err)
+	}
+	if err := l.Refresh(ctx, 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if ttl, err := l.TTL(ctx); err != nil || ttl <= time.Minute {
+		t.Fatalf("after Refresh: %v, %v", ttl, err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(ctx); !errors.Is(err, lock.ErrNotHeld) {
+		t.Fatalf("second release: %v", err)
+	}
+	for _, bad := range []struct {
+		key string
+		ttl time.Duration
+	}{{"", time.Second}, {key, 0}} {
+		if _, err := lc.QueueUnfenced(ctx, c.Pipeline(), bad.key, bad.ttl); !errors.Is(err, lock.ErrInvalid) {
+			t.Fatalf("QueueUnfenced(%q, %v): %v", bad.key, bad.ttl, err)
+		}
+	}
+}
+
 // TestRedisDownIsErrUnavailable: every operation that needs Redis reports a
 // dead server with an error wrapping ErrUnavailable.
 func TestRedisDownIsErrUnavailable(t *testing.T) {
@@ -296,6 +351,16 @@ func TestRedisDownIsErrUnavailable(t *testing.T) {
 		"Queue": func() error {
 			pipe := rdb.Pipeline()
 			q, err := lc.Queue(ctx, pipe, "{j}:lock", time.Second, nil)
+			if err != nil {
+				return err
+			}
+			_, _ = pipe.Exec(ctx)
+			_, err = q.Result(ctx)
+			return err
+		},
+		"QueueUnfenced": func() error {
+			pipe := rdb.Pipeline()
+			q, err := lc.QueueUnfenced(ctx, pipe, "{j}:lock", time.Second)
 			if err != nil {
 				return err
 			}

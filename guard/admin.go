@@ -30,7 +30,7 @@ var (
 // bloom filter, drops their empty markers (an ID asked for before it
 // existed, a bloom false positive, a deleted and re-created ID), and voids
 // any load in flight that read "absent" before the create and would write a
-// marker after it (it deletes the fence, as Invalidate does). A cached value
+// marker after it (it deletes the ID's load lock, as Invalidate does). A cached value
 // is never dropped. One round trip for any number of IDs (two while a filter
 // rebuild runs; see bloom.Filter.AddMany). Malformed IDs make Add fail before
 // any Redis command; Redis failures wrap ErrUnavailable.
@@ -45,7 +45,7 @@ func (g *Guard) Add(ctx context.Context, ids ...string) error {
 		cleared := make([]*redis.Cmd, len(keys))
 		marker := codec.Empty()
 		for i, k := range keys {
-			cleared[i] = clearMarkers.Eval(ctx, pipe, []string{k, keyspace.Fence(k)}, marker)
+			cleared[i] = clearMarkers.Eval(ctx, pipe, voids(k), marker)
 		}
 		_, _ = pipe.Exec(ctx) // errors are read per command
 		g.forget(keys, nil)
@@ -111,7 +111,7 @@ func (g *Guard) replace(ctx context.Context, op string, add, keys []string, fram
 	}
 	cmds := make([]*redis.Cmd, len(keys))
 	for i, k := range keys {
-		cmds[i] = replace.Eval(ctx, pipe, []string{k, keyspace.Fence(k)}, g.field, frame, ttl().Milliseconds())
+		cmds[i] = replace.Eval(ctx, pipe, voids(k), g.field, frame, ttl().Milliseconds())
 		pipe.Publish(ctx, g.keys.Invalidated(), k)
 	}
 	_, _ = pipe.Exec(ctx) // errors are read per command
@@ -190,19 +190,20 @@ func firstErr(err error, cmds []*redis.Cmd) error {
 // truth has changed them (or use Set to write the new value through, or
 // Delete for deleted IDs).
 //
-// It also deletes each ID's fence, so a load that read the old data before
-// the change and is still running cannot write it afterwards: its fenced
-// write is refused and it loads again. New callers in this process start a
+// It also deletes each ID's load lock, so a load that read the old data
+// before the change and is still running cannot write it afterwards: its
+// write checks that the lock still holds its token, is refused, and it
+// loads again (or waits for a load that started after the change). New callers in this process start a
 // new flight instead of joining one that may have read the old data, and
 // every process's in-memory copy (Options.Local) is dropped. One round trip.
 func (g *Guard) Invalidate(ctx context.Context, ids ...string) error {
 	return g.write(ids, func(keys []string) error {
-		// One DEL per ID (value and fence share a slot; IDs do not), and a
-		// message per ID for the processes that keep values in memory
+		// One DEL per ID (value, lock and fence share a slot; IDs do not),
+		// and a message per ID for the processes that keep values in memory
 		// (Local), in one round trip.
 		pipe := g.rdb.Pipeline()
 		for _, k := range keys {
-			pipe.Del(ctx, k, keyspace.Fence(k))
+			pipe.Del(ctx, voids(k)...)
 			pipe.Publish(ctx, g.keys.Invalidated(), k)
 		}
 		_, err := pipe.Exec(ctx)
@@ -289,4 +290,14 @@ func (g *Guard) autoRebuild() {
 			g.log.Info("cacheguard: bloom filter rebuilt", "ids", n)
 		}
 	}()
+}
+
+// voids is what a write to the source of truth deletes besides the entry to
+// void the loads of vkey in flight: the value key itself (first, as the
+// scripts take it), its load lock (a holder's write checks its token there:
+// see loader.Coordinator) and its fence, which versions that took the lock
+// with a fencing number checked instead (deleted so that their loads are
+// voided too while a rolling upgrade runs both).
+func voids(vkey string) []string {
+	return []string{vkey, keyspace.Lock(vkey), keyspace.Fence(vkey)}
 }

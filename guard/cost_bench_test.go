@@ -27,8 +27,8 @@ import (
 // sum of the two.
 //
 // A guarded miss costs more than a naive one by construction: three round
-// trips against two (read; lock attempt and re-check; fenced write, release
-// and publish) and two Lua scripts. That is the price of one load per key
+// trips against two (read; lock attempt and re-check; checked write, release
+// and publish) and one Lua script. That is the price of one load per key
 // across processes and of never caching a value that a write overtook;
 // under ordinary traffic it is paid on the misses only.
 func BenchmarkCost(b *testing.B) {

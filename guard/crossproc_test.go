@@ -390,7 +390,7 @@ func TestStaleSetRace(t *testing.T) {
 		}
 		cached++
 	}
-	t.Logf("%d rounds in %d processes over %d keys: %d stale writes refused by the fence; %d keys cached (all current), %d empty",
+	t.Logf("%d rounds in %d processes over %d keys: %d stale writes refused (their lock deleted by a write); %d keys cached (all current), %d empty",
 		total, procs, keys, refused, cached, keys-cached)
 	if refused == 0 {
 		t.Fatal("no write was ever refused: the race was not exercised")

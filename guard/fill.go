@@ -151,7 +151,7 @@ func (c *call[T]) keep(fl flight) {
 }
 
 // coordinate runs the miss through the Coordinator (see loader.Coordinator):
-// one load per ID across processes, written with the lock's fence.
+// one load per ID across processes, written only while its lock is its own.
 func (c *call[T]) coordinate(ctx context.Context) (flight, error) {
 	err := c.g.coord.Run(ctx, c.vkey, c.g.field, c)
 	switch {

@@ -37,8 +37,9 @@
 //     process at a time takes the ID's lock, checks the cache again, calls
 //     the load function and writes its value for [Options.TTL] ±
 //     [Options.Jitter], or an empty marker for [Options.EmptyTTL] when the
-//     load says [ErrNotFound], with a fenced write that any write made in the
-//     meantime refuses; then it releases the lock, and publishes the ID if
+//     load says [ErrNotFound], with a write that checks the lock is still
+//     its own, which any write made in the meantime refuses (it deletes the
+//     lock); then it releases the lock, and publishes the ID if
 //     flights in other processes wait for it (they leave a mark): they read
 //     the value on that publish (see loader.Coordinator for the order of
 //     events).
@@ -48,7 +49,7 @@
 // for created IDs (registers them and drops their "not found" markers),
 // [Set] to write a new value through, [Guard.Invalidate] to drop it instead,
 // [Guard.Delete] for deleted IDs (a marker at once). Each deletes the IDs'
-// fences, so no load in flight that read older data can store it afterwards:
+// load locks, so no load in flight that read older data can store it afterwards:
 // once a write returned, no Get that starts later, in any process, answers
 // older data or a stale "not found" (without Options.Local; see
 // LocalOptions). [Guard.Rebuild] fills the filter from the source of truth.
@@ -74,7 +75,6 @@ import (
 	"math"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -215,11 +215,11 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 		LockWait:   o.LockWait,
 		LoadOnBusy: o.LoadOnBusy,
 		OpTimeout:  o.RedisTimeout,
-		// A fence must outlive any load that may still write with it; past
-		// that, an expired fence only refuses a late write, which is safe.
-		FenceTTL: 2*(o.LoadTimeout+o.LockTTL) + time.Minute,
 		OnLockLost: func(key string, err error) {
-			g.log.Warn("cacheguard: load lock lost while loading", "key", key, "err", err)
+			// A write to the source of truth deletes the lock (it voids the
+			// load), and so does its lease running out while Redis was
+			// unreachable: either way the load's result will not be cached.
+			g.log.Warn("cacheguard: load lock lost while loading (a write voided the load, or the lock expired); its result will not be cached", "key", key, "err", err)
 		},
 		OnWriteFailed: func(key string, err error) {
 			// The load's result is good and served; only caching it failed.

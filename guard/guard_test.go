@@ -417,7 +417,7 @@ func TestKeysAreInjective(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, k := range all {
-		if strings.HasSuffix(k, "}") { // value keys; the rest are fences
+		if strings.HasSuffix(k, "}") { // value keys, not locks or marks
 			keys = append(keys, k)
 		}
 	}
@@ -522,7 +522,7 @@ func TestBusy(t *testing.T) {
 
 // TestInvalidateBeatsSlowLoader: a load that read the old row before an
 // update cannot cache it after the Invalidate, and its callers get the new
-// row (it loads again under a new fence).
+// row (it loads again under a new lock).
 func TestInvalidateBeatsSlowLoader(t *testing.T) {
 	ctx := context.Background()
 	c, g, d := setup(t, 10, nil)

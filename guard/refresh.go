@@ -14,8 +14,8 @@ import (
 // background, so callers of a hot key never wait for its load. One refresh
 // per key per process at a time, and one across processes (it takes the
 // key's lock once, without waiting: a process that finds the lock held
-// leaves the refresh to its holder). The refresh's write is fenced like a
-// fill's, and the Redis TTL is the hard expiry: past it the key is a plain
+// leaves the refresh to its holder). The refresh's write checks its lock
+// like a fill's, and the Redis TTL is the hard expiry: past it the key is a plain
 // miss. Writes are never bypassed: Invalidate, Set and Delete replace or
 // drop the entry, so after they return no Get serves the old value, and a
 // refresh that read the old row is refused.

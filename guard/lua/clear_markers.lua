@@ -1,9 +1,12 @@
 -- clear_markers: after an ID was created, drop its empty markers (of every
 -- schema version) and void any load in flight, which may have read "absent"
--- before the create and would write a marker after it. A cached value is
--- never dropped.
+-- before the create and would write a marker after it: deleting the load
+-- lock refuses its write (the holder's write checks its token in the lock).
+-- A cached value is never dropped.
 -- KEYS[1]  value key (a hash, one field per schema version)
--- KEYS[2]  fence key (same hash tag)
+-- KEYS[2]  load lock key (same hash tag)
+-- KEYS[3]  fence key (same hash tag): the fence of versions that took the
+--          lock with a fencing number (see replace.lua)
 -- ARGV[1]  the empty marker's bytes
 -- Returns  the number of markers dropped.
 local dropped = 0
@@ -14,5 +17,5 @@ for i = 1, #h, 2 do
     dropped = dropped + 1
   end
 end
-redis.call('DEL', KEYS[2])
+redis.call('DEL', KEYS[2], KEYS[3])
 return dropped

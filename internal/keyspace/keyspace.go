@@ -7,7 +7,8 @@
 //
 //	value of an ID       p:n:{enc(id)}             hash: a value frame or an empty marker per schema version
 //	its load lock        p:n:{enc(id)}:lock        string: the holder's token
-//	its fence            p:n:{enc(id)}:fence       string: the newest fencing number
+//	its old fence        p:n:{enc(id)}:fence       string: a fencing number, written by versions whose
+//	                                               load lock had one; writes only delete it now
 //	its waiting mark     p:n:{enc(id)}:waiting     string: a flight elsewhere waits for its load
 //	filter meta          p:n:bf:meta               hash: layout, generation, rebuild state
 //	filter shard         p:n:bf:{p:n:bf:G:S}       string: bitmap S of generation G
@@ -17,7 +18,7 @@
 //	invalidations        p:n:invalidated           channel: value keys invalidated
 //
 // Hash tags come after the prefix. The keys of one ID share the ID's tag, so
-// the scripts that touch value, lock and fence together run in one Redis
+// the scripts and pipelines that touch value, lock and fence together run in one Redis
 // Cluster slot; each filter shard has a tag of its own, so shards spread over
 // the cluster.
 //

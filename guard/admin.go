@@ -30,10 +30,10 @@ var (
 // bloom filter, drops their empty markers (an ID asked for before it
 // existed, a bloom false positive, a deleted and re-created ID), and voids
 // any load in flight that read "absent" before the create and would write a
-// marker after it (it deletes the ID's load lock, as Invalidate does). A cached value
-// is never dropped. One round trip for any number of IDs (two while a filter
-// rebuild runs; see bloom.Filter.AddMany). Malformed IDs make Add fail before
-// any Redis command; Redis failures wrap ErrUnavailable.
+// marker after it (it deletes the ID's load lock, as Invalidate does). A
+// cached value is never dropped. One round trip for any number of IDs (two
+// while a filter rebuild runs; see bloom.Filter.AddMany). Malformed IDs make
+// Add fail before any Redis command; Redis failures wrap ErrUnavailable.
 func (g *Guard) Add(ctx context.Context, ids ...string) error {
 	return g.write(ids, func(keys []string) error {
 		f, err := g.filter(ctx)
@@ -193,9 +193,10 @@ func firstErr(err error, cmds []*redis.Cmd) error {
 // It also deletes each ID's load lock, so a load that read the old data
 // before the change and is still running cannot write it afterwards: its
 // write checks that the lock still holds its token, is refused, and it
-// loads again (or waits for a load that started after the change). New callers in this process start a
-// new flight instead of joining one that may have read the old data, and
-// every process's in-memory copy (Options.Local) is dropped. One round trip.
+// loads again (or waits for a load that started after the change). New
+// callers in this process start a new flight instead of joining one that
+// may have read the old data, and every process's in-memory copy
+// (Options.Local) is dropped. One round trip.
 func (g *Guard) Invalidate(ctx context.Context, ids ...string) error {
 	return g.write(ids, func(keys []string) error {
 		// One DEL per ID (value, lock and fence share a slot; IDs do not),

@@ -49,10 +49,10 @@
 // for created IDs (registers them and drops their "not found" markers),
 // [Set] to write a new value through, [Guard.Invalidate] to drop it instead,
 // [Guard.Delete] for deleted IDs (a marker at once). Each deletes the IDs'
-// load locks, so no load in flight that read older data can store it afterwards:
-// once a write returned, no Get that starts later, in any process, answers
-// older data or a stale "not found" (without Options.Local; see
-// LocalOptions). [Guard.Rebuild] fills the filter from the source of truth.
+// load locks, so no load in flight that read older data can store it
+// afterwards: once a write returned, no Get that starts later, in any
+// process, answers older data or a stale "not found" (without
+// Options.Local; see LocalOptions). [Guard.Rebuild] fills the filter from the source of truth.
 // Every error that Redis failing causes, from every function, wraps
 // [ErrUnavailable] (errors.go).
 //

@@ -520,6 +520,69 @@ func TestBusy(t *testing.T) {
 	}
 }
 
+// TestWriteFreesTheLockForANewerLoad: a write deletes the load lock, so a
+// Get in another process that starts after the write loads at once, while
+// the overtaken load is still running, instead of waiting for it (before
+// the lock's token was the fence, the write only deleted a fence key and
+// that Get waited for the overtaken load and its reload). The overtaken
+// load's write is refused, and its caller gets the newer row from the
+// re-check.
+func TestWriteFreesTheLockForANewerLoad(t *testing.T) {
+	ctx := context.Background()
+	c, g, d := setup(t, 10, nil)
+	other := otherProcess(t, c)
+	read := make(chan struct{})
+	resume := make(chan struct{})
+	var slow atomic.Int32
+	load := func(ctx context.Context, id string) (product, error) {
+		p, err := d.load(ctx, id)
+		if slow.Add(1) == 1 {
+			close(read)
+			<-resume
+		}
+		return p, err
+	}
+	got := make(chan product)
+	go func() {
+		p, err := guard.Get(ctx, g, "p3", load)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- p
+	}()
+	<-read                                           // the first process's load has the old row
+	d.set(product{ID: "p3", Name: "new", Price: 33}) // UPDATE commits
+	if err := other.Invalidate(ctx, "p3"); err != nil {
+		t.Fatal(err)
+	}
+	// While the overtaken load still runs, the other process loads at once
+	// (a deadline well under LockWait turns a wait into a failure).
+	bctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	p, err := guard.Get(bctx, other, "p3", d.load)
+	if err != nil || p.Price != 33 {
+		t.Fatalf("the other process's Get during the overtaken load: %+v, %v", p, err)
+	}
+	close(resume)
+	if p := <-got; p.Price != 33 {
+		t.Fatalf("the overtaken caller got %+v, want the updated row", p)
+	}
+	raw, err := c.HGet(ctx, c.Prefix+":product:{p3}", "1").Bytes()
+	var cached product
+	if err != nil || codec.Decode(codec.Msgpack, raw, &cached) != nil || cached.Price != 33 {
+		t.Fatalf("cache holds %+v (%v), want the updated row", cached, err)
+	}
+	if n := slow.Load(); n != 1 {
+		t.Fatalf("the first process loaded %d times, want 1 (its re-check finds the newer row)", n)
+	}
+	if st, so := g.Stats(), other.Stats(); st.StaleWrites != 1 || so.Loads != 1 || so.LockWaits != 0 {
+		t.Fatalf("first process %+v, other %+v", st, so)
+	}
+	if n := c.Exists(ctx, c.Prefix+":product:{p3}:lock").Val(); n != 0 {
+		t.Fatal("lock left behind")
+	}
+}
+
 // TestInvalidateBeatsSlowLoader: a load that read the old row before an
 // update cannot cache it after the Invalidate, and its callers get the new
 // row (it loads again under a new lock).

@@ -520,6 +520,44 @@ func TestBusy(t *testing.T) {
 	}
 }
 
+// overtaken is a Get whose first load read the row and waits (overtake).
+type overtaken struct {
+	resume chan struct{}
+	got    chan product
+	loads  atomic.Int32 // calls of its load function
+}
+
+// overtake starts a Get of id on g whose first load reads the row and then
+// waits until finish; it returns once that load has read, so the caller
+// can write the row meanwhile.
+func overtake(t *testing.T, g *guard.Guard, d *db, id string) *overtaken {
+	o := &overtaken{resume: make(chan struct{}), got: make(chan product)}
+	read := make(chan struct{})
+	load := func(ctx context.Context, id string) (product, error) {
+		p, err := d.load(ctx, id)
+		if o.loads.Add(1) == 1 {
+			close(read)
+			<-o.resume
+		}
+		return p, err
+	}
+	go func() {
+		p, err := guard.Get(context.Background(), g, id, load)
+		if err != nil {
+			t.Error(err)
+		}
+		o.got <- p
+	}()
+	<-read
+	return o
+}
+
+// finish lets the waiting load return, and returns what the Get answered.
+func (o *overtaken) finish() product {
+	close(o.resume)
+	return <-o.got
+}
+
 // TestWriteFreesTheLockForANewerLoad: a write deletes the load lock, so a
 // Get in another process that starts after the write loads at once, while
 // the overtaken load is still running, instead of waiting for it (before
@@ -531,26 +569,7 @@ func TestWriteFreesTheLockForANewerLoad(t *testing.T) {
 	ctx := context.Background()
 	c, g, d := setup(t, 10, nil)
 	other := otherProcess(t, c)
-	read := make(chan struct{})
-	resume := make(chan struct{})
-	var slow atomic.Int32
-	load := func(ctx context.Context, id string) (product, error) {
-		p, err := d.load(ctx, id)
-		if slow.Add(1) == 1 {
-			close(read)
-			<-resume
-		}
-		return p, err
-	}
-	got := make(chan product)
-	go func() {
-		p, err := guard.Get(ctx, g, "p3", load)
-		if err != nil {
-			t.Error(err)
-		}
-		got <- p
-	}()
-	<-read                                           // the first process's load has the old row
+	slow := overtake(t, g, d, "p3")                  // the first process's load has the old row
 	d.set(product{ID: "p3", Name: "new", Price: 33}) // UPDATE commits
 	if err := other.Invalidate(ctx, "p3"); err != nil {
 		t.Fatal(err)
@@ -563,8 +582,7 @@ func TestWriteFreesTheLockForANewerLoad(t *testing.T) {
 	if err != nil || p.Price != 33 {
 		t.Fatalf("the other process's Get during the overtaken load: %+v, %v", p, err)
 	}
-	close(resume)
-	if p := <-got; p.Price != 33 {
+	if p := slow.finish(); p.Price != 33 {
 		t.Fatalf("the overtaken caller got %+v, want the updated row", p)
 	}
 	raw, err := c.HGet(ctx, c.Prefix+":product:{p3}", "1").Bytes()
@@ -572,7 +590,7 @@ func TestWriteFreesTheLockForANewerLoad(t *testing.T) {
 	if err != nil || codec.Decode(codec.Msgpack, raw, &cached) != nil || cached.Price != 33 {
 		t.Fatalf("cache holds %+v (%v), want the updated row", cached, err)
 	}
-	if n := slow.Load(); n != 1 {
+	if n := slow.loads.Load(); n != 1 {
 		t.Fatalf("the first process loaded %d times, want 1 (its re-check finds the newer row)", n)
 	}
 	if st, so := g.Stats(), other.Stats(); st.StaleWrites != 1 || so.Loads != 1 || so.LockWaits != 0 {
@@ -589,32 +607,12 @@ func TestWriteFreesTheLockForANewerLoad(t *testing.T) {
 func TestInvalidateBeatsSlowLoader(t *testing.T) {
 	ctx := context.Background()
 	c, g, d := setup(t, 10, nil)
-	read := make(chan struct{})
-	resume := make(chan struct{})
-	var calls atomic.Int32
-	load := func(ctx context.Context, id string) (product, error) {
-		p, err := d.load(ctx, id)
-		if calls.Add(1) == 1 {
-			close(read)
-			<-resume
-		}
-		return p, err
-	}
-	got := make(chan product)
-	go func() {
-		p, err := guard.Get(ctx, g, "p3", load)
-		if err != nil {
-			t.Error(err)
-		}
-		got <- p
-	}()
-	<-read                                           // the loader has the old row
+	slow := overtake(t, g, d, "p3")                  // the loader has the old row
 	d.set(product{ID: "p3", Name: "new", Price: 33}) // UPDATE commits
 	if err := g.Invalidate(ctx, "p3"); err != nil {
 		t.Fatal(err)
 	}
-	close(resume)
-	if p := <-got; p.Price != 33 {
+	if p := slow.finish(); p.Price != 33 {
 		t.Fatalf("Get returned %+v, want the updated row", p)
 	}
 	raw, err := c.HGet(ctx, c.Prefix+":product:{p3}", "1").Bytes()

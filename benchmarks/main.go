@@ -343,7 +343,7 @@ func markdown(r *Report) string {
 	return b.String()
 }
 
-// joinInts formats a round's counts for a table cell: "1, 2, 3".
+// joinInts formats the rounds' counts for a table cell: "1, 2, 3".
 func joinInts(v []int64) string {
 	s := make([]string, len(v))
 	for i, n := range v {

@@ -2,7 +2,8 @@
 // goroutines and processes ask at once.
 //
 // Two layers do it. A Group merges concurrent calls for one key in one process
-// into one flight (golang.org/x/sync/singleflight). The flight runs on a
+// into one flight, as golang.org/x/sync/singleflight does, and can answer
+// some callers before the flight ends (Group.DoEarly). The flight runs on a
 // context detached from the first caller's (context.WithoutCancel, plus the
 // Group's Timeout), so one caller that gives up cannot fail the others; each
 // caller waits on its own ctx and leaves when that ctx is done. A panic in the
@@ -11,10 +12,11 @@
 // goroutine, where nobody can recover it).
 //
 // A Coordinator then makes the flights of different processes take turns
-// through a Redis lock per key (package lock): one holder loads, with the
-// lock's fencing number for its write, while the others wait for its PUBLISH
-// on one pub/sub subscription per Coordinator and read what it stored. See
-// Coordinator for the order of events and what happens when a holder dies.
+// through a Redis lock per key (package lock): one holder loads and writes
+// only while the lock still holds its token, while the others wait for its
+// PUBLISH on one pub/sub subscription per Coordinator and read what it
+// stored. See Coordinator for the order of events and what happens when a
+// holder dies.
 package loader
 
 import (
@@ -22,9 +24,8 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"sync"
 	"time"
-
-	"golang.org/x/sync/singleflight"
 )
 
 // ErrPanic is wrapped by the error every caller gets when a flight panicked.
@@ -32,11 +33,30 @@ var ErrPanic = errors.New("loader: load panicked")
 
 // Group merges concurrent flights per key. The zero value is ready to use and
 // flights have no timeout; set Timeout before first use to bound them.
+//
+// It is golang.org/x/sync/singleflight with one thing added, which that
+// package cannot express: a flight may answer early (DoEarly), handing a
+// result to the callers that can take it while it goes on for the others.
 type Group[R any] struct {
 	// Timeout bounds each flight (0: none). Read-only after first use.
 	Timeout time.Duration
 
-	sf singleflight.Group // one flight per key; it guards its own state
+	mu      sync.Mutex            // guards flights and each flight's callers
+	flights map[string]*flight[R] // the flight under way per key
+}
+
+// flight is one run of a Group's function and what it hands its callers.
+// The fields before done are written once, by the flight's goroutine,
+// before it closes done (res, err) or early (first, firstErr); callers read
+// them after the close.
+type flight[R any] struct {
+	res         R
+	err         error
+	first       R
+	firstErr    error
+	done, early chan struct{}
+	earlyOnce   sync.Once
+	callers     int // callers that joined, guarded by Group.mu
 }
 
 // Do runs fn once for all concurrent callers of key and returns its result to
@@ -45,25 +65,73 @@ type Group[R any] struct {
 // by Timeout) for the other callers.
 //
 // The goroutine that runs a flight belongs to the Group: it is started by the
-// first caller with a cancellable ctx and ends when fn returns.
+// first caller with a cancellable ctx and ends when fn returns (with an
+// uncancellable ctx the first caller runs fn itself).
 func (g *Group[R]) Do(ctx context.Context, key string, fn func(ctx context.Context) (R, error)) (res R, shared bool, err error) {
-	run := func() (any, error) { return g.run(ctx, fn) }
-	if ctx.Done() == nil { // cannot be cancelled: wait in this goroutine
-		v, err, shared := g.sf.Do(key, run)
-		r, _ := v.(R)
-		return r, shared, err
+	return g.DoEarly(ctx, key, func(ctx context.Context, _ func(R, error)) (R, error) { return fn(ctx) }, nil)
+}
+
+// DoEarly is Do for a flight that can answer some callers before it ends.
+// fn may call early once with a result (a later call is ignored); each
+// caller of the flight, present or still to join, for which accept says
+// yes to that result returns it then, while the flight goes on and its own
+// result goes to the others. With accept nil a caller takes no early
+// result. The guard uses it to answer the callers that started before a
+// load as soon as the load returns, while the flight writes the value to
+// Redis for those that started after.
+//
+// The flight always runs in a goroutine of its own when accept is set: it
+// must outlive callers that leave early.
+func (g *Group[R]) DoEarly(ctx context.Context, key string, fn func(ctx context.Context, early func(R, error)) (R, error), accept func(R) bool) (res R, shared bool, err error) {
+	g.mu.Lock()
+	f, joined := g.flights[key]
+	if !joined {
+		f = &flight[R]{done: make(chan struct{}), early: make(chan struct{})}
+		if g.flights == nil {
+			g.flights = make(map[string]*flight[R])
+		}
+		g.flights[key] = f
 	}
-	select {
-	case out := <-g.sf.DoChan(key, run):
-		r, _ := out.Val.(R)
-		return r, out.Shared, out.Err
-	case <-ctx.Done():
-		var zero R
-		return zero, false, ctx.Err()
+	f.callers++
+	g.mu.Unlock()
+	if !joined {
+		if ctx.Done() == nil && accept == nil { // nobody can leave before the end: run it here
+			g.run(ctx, key, f, fn)
+			return f.res, g.shared(f), f.err
+		}
+		go g.run(ctx, key, f, fn)
+	}
+	early := f.early
+	if accept == nil {
+		early = nil
+	}
+	for {
+		select {
+		case <-f.done:
+			return f.res, g.shared(f), f.err
+		case <-early:
+			if accept(f.first) {
+				return f.first, g.shared(f), f.firstErr
+			}
+			early = nil // not for this caller: wait for the end
+		case <-ctx.Done():
+			var zero R
+			return zero, false, ctx.Err()
+		}
 	}
 }
 
-func (g *Group[R]) run(ctx context.Context, fn func(ctx context.Context) (R, error)) (res any, err error) {
+// shared reports whether f had more than one caller so far.
+func (g *Group[R]) shared(f *flight[R]) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return f.callers > 1
+}
+
+// run runs fn for flight f of key on a context detached from the first
+// caller's, records its result (a panic becomes an error wrapping ErrPanic)
+// and ends the flight: the key's next caller starts a new one.
+func (g *Group[R]) run(ctx context.Context, key string, f *flight[R], fn func(ctx context.Context, early func(R, error)) (R, error)) {
 	fctx := context.WithoutCancel(ctx)
 	if g.Timeout > 0 {
 		var cancel context.CancelFunc
@@ -72,12 +140,28 @@ func (g *Group[R]) run(ctx context.Context, fn func(ctx context.Context) (R, err
 	}
 	defer func() {
 		if p := recover(); p != nil {
-			res, err = nil, fmt.Errorf("%w: %v\n%s", ErrPanic, p, debug.Stack())
+			var zero R
+			f.res, f.err = zero, fmt.Errorf("%w: %v\n%s", ErrPanic, p, debug.Stack())
 		}
+		g.mu.Lock()
+		if g.flights[key] == f {
+			delete(g.flights, key)
+		}
+		g.mu.Unlock()
+		close(f.done)
 	}()
-	return fn(fctx)
+	f.res, f.err = fn(fctx, func(r R, err error) {
+		f.earlyOnce.Do(func() {
+			f.first, f.firstErr = r, err
+			close(f.early)
+		})
+	})
 }
 
 // Forget makes the next call for key start a new flight, even if one is in
 // progress (callers already in that flight still get its result).
-func (g *Group[R]) Forget(key string) { g.sf.Forget(key) }
+func (g *Group[R]) Forget(key string) {
+	g.mu.Lock()
+	delete(g.flights, key)
+	g.mu.Unlock()
+}

@@ -39,20 +39,40 @@ func (from since) startedBefore(n uint64) bool { return n <= from.at }
 // other processes, which is the guarantee a local copy gives (see
 // LocalOptions). A hot key's late callers then take the answer of the load
 // under way instead of running another flight after it. fill and
-// loadThrough both go through here.
-func join[T any](ctx context.Context, g *Guard, key string, from since, proto call[T],
+// loadThrough both go through here; older reports a flight that does not
+// serve the caller, and the caller goes round again (fill reads the cache
+// first: the flight has just written it).
+//
+// With early set, a caller that the same rule lets take a load's answer
+// (its Get started before the load did, or no write was heard) takes it as
+// soon as the load returns (see call.Load), and does not wait for the
+// flight's write to Redis: the value was read from the source of truth
+// while its Get ran, so answering it is as fresh as answering after the
+// write. The flight goes on, and the callers the rule leaves out wait for
+// its end: for a value whose write the lock's token let through, or for
+// the next load's (the write was refused: a write to the source of truth
+// overtook the load).
+func join[T any](ctx context.Context, g *Guard, key string, from since, proto call[T], early bool,
 	fly func(c *call[T], ctx context.Context) (flight, error),
-) (c *call[T], fl flight, shared, mine bool, err error) {
-	for attempt := 0; ; attempt++ {
-		c = &call[T]{g: proto.g, id: proto.id, vkey: proto.vkey, load: proto.load}
-		fl, shared, err = g.flights.Do(ctx, key, func(ctx context.Context) (flight, error) { return fly(c, ctx) })
-		mine = fl.by == any(c) // this caller's function ran the flight
-		answered := err == nil || errors.Is(err, ErrNotFound)
-		if fl.by != nil && answered && from.startedBefore(fl.started) && !g.noWriteHeard(fl.epoch, from.epoch) && attempt < 3 {
-			continue // joined a flight older than this caller: its answer may predate a write
-		}
-		return c, fl, shared, mine, err
+) (c *call[T], fl flight, shared, mine, older bool, err error) {
+	serves := func(fl flight) bool { // the rule above
+		return !from.startedBefore(fl.started) || g.noWriteHeard(fl.epoch, from.epoch)
 	}
+	var accept func(flight) bool
+	if early {
+		accept = serves
+	}
+	c = &call[T]{g: proto.g, id: proto.id, vkey: proto.vkey, load: proto.load}
+	fl, shared, err = g.flights.DoEarly(ctx, key, func(ctx context.Context, answer func(flight, error)) (flight, error) {
+		if early {
+			c.early = answer
+		}
+		return fly(c, ctx)
+	}, accept)
+	mine = fl.by == any(c) // this caller's function ran the flight
+	answered := err == nil || errors.Is(err, ErrNotFound)
+	older = fl.by != nil && answered && !serves(fl) // its answer may predate a write
+	return c, fl, shared, mine, older, err
 }
 
 // noWriteHeard reports whether the local cache heard of no write between
@@ -66,7 +86,26 @@ func (g *Guard) noWriteHeard(then, now uint64) bool {
 // of the ID in this process (see join).
 func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T], from since) (T, error) {
 	var zero T
-	c, fl, shared, mine, err := join(ctx, g, vkey, from, call[T]{g: g, id: id, vkey: vkey, load: load}, (*call[T]).fly)
+	var (
+		c                   *call[T]
+		fl                  flight
+		shared, mine, older bool
+		err                 error
+	)
+	for attempt := 0; ; attempt++ {
+		c, fl, shared, mine, older, err = join(ctx, g, vkey, from, call[T]{g: g, id: id, vkey: vkey, load: load}, true, (*call[T]).fly)
+		if !older || attempt == 3 {
+			break
+		}
+		// The flight that ended has written its answer (or another's
+		// write deleted it): a read of this caller's own usually finds it,
+		// one round trip where a flight of its own would take two.
+		if r, rerr := g.readFor(ctx, id, vkey, from); rerr == nil {
+			if v, ok, err := answerRead(ctx, g, id, vkey, r, load, from); ok {
+				return v, err
+			}
+		}
+	}
 	if downOrRefusing(err) { // the lock or the re-check failed: Redis cannot fill
 		return loadThrough(ctx, g, id, vkey, load, from, err)
 	}
@@ -74,13 +113,10 @@ func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T
 	if err != nil {
 		return zero, panicked(g, id, err)
 	}
-	v := c.v
-	if !mine || !c.decoded {
-		if v, err = decodeFrame[T](g, id, fl.frame); err != nil {
-			return zero, err
-		}
+	if mine && !fl.early && c.decoded { // after an early answer the flight goes on, and may still write c
+		return c.v, nil // the flight has put its answer in the local cache (keep)
 	}
-	return v, nil // the flight has put its answer in the local cache (keep)
+	return decodeFrame[T](g, id, fl.frame)
 }
 
 // call is the state of one fill flight. Only the flight writes it (fly and
@@ -92,13 +128,16 @@ type call[T any] struct {
 	id, vkey string
 	load     LoadFunc[T]
 
-	waiter  loader.Waiter // told when the Coordinator waits for another holder (GetMany's batch), or nil
-	refresh bool          // a refresh ahead of expiry: an entry past its refresh-at time does not answer
+	waiter  loader.Waiter       // told when the Coordinator waits for another holder (GetMany's batch), or nil
+	refresh bool                // a refresh ahead of expiry: an entry past its refresh-at time does not answer
+	early   func(flight, error) // hands the first load's answer to the callers that can take it (join), or nil
+	epoch   uint64              // the local cache's epoch when the flight began (0 without Options.Local)
 
 	found   flight // what the re-check or the load found
 	err     error  // the answer's error: ErrNotFound after a marker, or the load's failure
 	v       T      // the value decoded from found.frame: on a hit, or by keep for a sharable type
 	decoded bool   // v holds it
+	kept    bool   // the current load's answer is in the local cache (keep)
 }
 
 // fly is the flight: step 5 of the package doc, once for the callers of the
@@ -111,14 +150,14 @@ func (c *call[T]) fly(ctx context.Context) (flight, error) {
 		return flight{outcome: outFailed}, err
 	}
 	defer g.gate.leave(pass)
+	defer g.pending.add()()
 	started := g.starts.Add(1)
-	var epoch uint64
 	if g.local != nil {
-		epoch = g.local.epoch.Load() // before the reads: see local.put
+		c.epoch = g.local.epoch.Load() // before the reads: see local.put
 	}
 	fl, err := c.coordinate(ctx)
-	fl.epoch, fl.started, fl.by = epoch, started, c
-	if g.local != nil && err == nil {
+	fl.epoch, fl.started, fl.by = c.epoch, started, c
+	if g.local != nil && err == nil && !c.kept {
 		c.keep(fl)
 	}
 	return fl, err
@@ -148,6 +187,7 @@ func (c *call[T]) keep(fl flight) {
 		value = c.v
 	}
 	g.local.put(c.id, fl.frame, value, fl.ttl, fl.epoch)
+	c.kept = true
 }
 
 // coordinate runs the miss through the Coordinator (see loader.Coordinator):
@@ -193,7 +233,8 @@ func (c *call[T]) Load(ctx context.Context) ([]byte, time.Duration, error) {
 	if c.waiter == nil { // a batch counts its own calls
 		g.stats.loads.Add(1)
 	}
-	c.decoded = false
+	c.decoded, c.kept = false, false
+	started := g.starts.Add(1) // before the load reads: see join
 	done := func(error) {}
 	if c.waiter == nil { // a batch records its own call
 		ctx, done = g.tel.load(ctx)
@@ -202,6 +243,7 @@ func (c *call[T]) Load(ctx context.Context) ([]byte, time.Duration, error) {
 	done(err)
 	if errors.Is(err, ErrNotFound) {
 		c.found, c.err = flight{outcome: outLoaded}, ErrNotFound
+		c.answerEarly(started)
 		return codec.Empty(), g.jitter(g.opts.EmptyTTL), nil
 	}
 	if err != nil {
@@ -216,7 +258,30 @@ func (c *call[T]) Load(ctx context.Context) ([]byte, time.Duration, error) {
 		return nil, 0, c.err
 	}
 	c.found, c.err = flight{frame: frame, outcome: outLoaded, ttl: ttl}, nil
+	c.answerEarly(started)
 	return frame, ttl, nil
+}
+
+// answerEarly hands the load's answer (c.found, c.err), from a load that
+// started at number started, to the flight's callers that can take it
+// before it is written (see join). Only a flight's first load answers
+// early; after a refused write the callers left wait for the flight's end.
+//
+// With Options.Local the answer goes into process memory first, so that a
+// caller's next Get finds it there as it did when the flight ended before
+// answering. A local copy carries the guarantee it always has: no write
+// was heard since the flight began (local.put), and a write heard later
+// drops it. It expires before the Redis entry that the flight writes next.
+func (c *call[T]) answerEarly(started uint64) {
+	if c.early == nil {
+		return
+	}
+	fl := c.found
+	fl.epoch, fl.started, fl.by, fl.early = c.epoch, started, c, true
+	if c.g.local != nil && c.err == nil {
+		c.keep(fl)
+	}
+	c.early(fl, c.err)
 }
 
 // Waited records a wait on another process's load (loader.WaitObserver).

@@ -92,11 +92,7 @@ func get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 		if err != nil { // the breaker is open: Redis is not asked (nor counted as failing)
 			return loadThrough(ctx, g, id, vkey, load, from, fmt.Errorf("cacheguard: %s %q: read: %w", g.name, id, err))
 		}
-		if g.local != nil {
-			r, err = g.readShared(ctx, id, vkey, from)
-		} else {
-			r, err = g.read(ctx, id, vkey)
-		}
+		r, err = g.readFor(ctx, id, vkey, from)
 		g.outage.after(done, err)
 		if downOrRefusing(err) {
 			return loadThrough(ctx, g, id, vkey, load, from, err)
@@ -105,10 +101,31 @@ func get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 			return zero, err
 		}
 	}
+	if v, ok, err := answerRead(ctx, g, id, vkey, r, load, from); ok {
+		return v, err
+	}
+	return fill(ctx, g, id, vkey, load, from)
+}
+
+// readFor is step 3 for a caller that started at from: the probe and the
+// read (see read), or with Options.Local a read shared with the ID's other
+// callers (see readShared).
+func (g *Guard) readFor(ctx context.Context, id, vkey string, from since) (readResult, error) {
+	if g.local != nil {
+		return g.readShared(ctx, id, vkey, from)
+	}
+	return g.read(ctx, id, vkey)
+}
+
+// answerRead answers a Get from a read: a reject or a marker
+// (ErrNotFound) or a value, which it keeps in the local cache and perhaps
+// refreshes. ok is false when the read answers nothing (a miss, or a
+// corrupt entry, dropped): load.
+func answerRead[T any](ctx context.Context, g *Guard, id, vkey string, r readResult, load LoadFunc[T], from since) (v T, ok bool, err error) {
 	switch r.verdict {
 	case verdictRejected:
 		g.answered(ctx, outRejected, false, false)
-		return zero, ErrNotFound
+		return v, true, ErrNotFound
 	case verdictEntry:
 		if e := decodeEntry[T](ctx, g, vkey, r.raw); e.ok {
 			g.answered(ctx, e.found.outcome, false, false)
@@ -118,10 +135,10 @@ func get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 			if e.err == nil && g.opts.RefreshAhead != nil {
 				refresh(g, id, vkey, r.raw, load)
 			}
-			return e.v, e.err
+			return e.v, true, e.err
 		}
 	}
-	return fill(ctx, g, id, vkey, load, from)
+	return v, false, nil
 }
 
 // localHit answers id from the in-process cache (Options.Local) if it holds
@@ -239,6 +256,7 @@ type flight struct {
 	epoch   uint64        // the local cache's epoch when the flight began
 	started uint64        // its number from Guard.starts, taken before any of its reads (see since)
 	by      any           // the *call[T] whose flight this was
+	early   bool          // handed out as the load returned, before the flight wrote it (see join)
 }
 
 // entry is a cache entry judged.

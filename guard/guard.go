@@ -30,9 +30,10 @@
 //  4. A miss joins the ID's fill flight in this process (fill in fill.go),
 //     if that flight started after this Get did: an older flight may have
 //     read before a write that returned before this Get started, so its
-//     answer could be stale, and the Get runs a newer one (with
-//     [Options.Local], an older flight answers too if no write was heard
-//     since it started: the window a local copy has anyway).
+//     answer could be stale, and the Get reads again once it ended, then
+//     runs a newer one (with [Options.Local], an older flight answers too
+//     if no write was heard since it started: the window a local copy has
+//     anyway).
 //  5. The flight goes to the loader's Coordinator (call.coordinate): one
 //     process at a time takes the ID's lock, checks the cache again, calls
 //     the load function and writes its value for [Options.TTL] ±
@@ -44,6 +45,13 @@
 //     the value on that publish (see loader.Coordinator for the order of
 //     events).
 //  6. Every caller decodes its own copy of the frame the flight found.
+//     The callers whose Get started before the load did take it as soon
+//     as the load returns, before the write of step 5: the load read the
+//     source of truth while their Get ran, so that answer is as fresh as
+//     one given after the write, and a miss costs its caller two round
+//     trips and the load. The flight writes after answering them, and the
+//     callers that joined during the load wait for that write ([Guard.Flush]
+//     waits for it too).
 //
 // Writes (admin.go), each after the source of truth committed: [Guard.Add]
 // for created IDs (registers them and drops their "not found" markers),
@@ -102,6 +110,7 @@ type Guard struct {
 	readBatch *batch.Batcher[readReq] // every Get's read goes through it: concurrent reads share round trips (see runReads)
 	readCalls sync.Pool               // of *batch.Call[readReq], reused by read
 	flights   loader.Group[flight]    // one flight per value key in this process
+	pending   pending                 // the fill flights under way (Flush)
 	coord     *loader.Coordinator     // one load per value key across processes
 	stats     counters
 	bypassing atomic.Bool                 // the filter answered ErrNotReady last time (logged once per episode)

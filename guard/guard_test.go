@@ -122,6 +122,29 @@ func openRebuilt(t *testing.T, rdb redis.UniversalClient, o guard.Options, items
 	return g
 }
 
+// cache Gets ids on g and waits for their flights to end: a miss answers
+// as its load returns, and its flight writes the value after that.
+func cache(t *testing.T, g *guard.Guard, d *db, ids ...string) {
+	t.Helper()
+	for _, id := range ids {
+		if _, err := guard.Get(context.Background(), g, id, d.load); err != nil {
+			t.Fatal(err)
+		}
+	}
+	flush(t, g)
+}
+
+// flush waits for the flights under way on g (Guard.Flush): what the Gets
+// before it loaded is in Redis afterwards.
+func flush(t *testing.T, g *guard.Guard) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := g.Flush(ctx); err != nil {
+		t.Fatalf("flights did not end: %v", err)
+	}
+}
+
 // otherProcess opens a Guard on the keys of setup's (c.Prefix, "product")
 // with a client of its own, as another process would; closed when the test
 // ends.
@@ -148,10 +171,12 @@ func TestRoundTrips(t *testing.T) {
 	if err != nil || p.Name != "product p7" {
 		t.Fatalf("miss: %+v, %v", p, err)
 	}
+	flush(t, g)
 	c.Counter.Reset()
 	if _, err := guard.Get(ctx, g, "p8", d.load); err != nil { // scripts now cached
 		t.Fatal(err)
 	}
+	flush(t, g) // the Get answered as the load returned; the write follows
 	t.Logf("miss: %d round trips, commands %v", c.Counter.RoundTrips(), c.Counter.Names())
 	// read; lock attempt + re-check; write + release + publish.
 	if n := c.Counter.RoundTrips(); n != 3 {
@@ -166,6 +191,7 @@ func TestRoundTrips(t *testing.T) {
 		if !errors.Is(err, wantErr) && !(wantErr == nil && err == nil) {
 			t.Fatalf("%s: err = %v, want %v", what, err, wantErr)
 		}
+		flush(t, g) // nothing may follow in a flight
 		if got := c.Counter.RoundTrips(); got != trips {
 			t.Fatalf("%s: %d round trips (%v), want %d", what, got, c.Counter.Names(), trips)
 		}
@@ -179,6 +205,8 @@ func TestRoundTrips(t *testing.T) {
 	if _, err := guard.Get(ctx, g, "ghost", d.load); !errors.Is(err, guard.ErrNotFound) {
 		t.Fatalf("ghost: %v", err)
 	}
+	// The Get answered as the load returned; the marker's write follows.
+	flush(t, g)
 	if n := c.Counter.RoundTrips(); n != 3 { // a miss that writes a marker
 		t.Fatalf("marker miss: %d round trips (%v), want 3", n, c.Counter.Names())
 	}
@@ -268,9 +296,7 @@ func TestStampedeOneProcess(t *testing.T) {
 func TestHitsReadForEachCaller(t *testing.T) {
 	ctx := context.Background()
 	c, g, d := setup(t, 10, nil)
-	if _, err := guard.Get(ctx, g, "p1", d.load); err != nil {
-		t.Fatal(err)
-	}
+	cache(t, g, d, "p1")
 	c.Counter.Reset()
 	var wg sync.WaitGroup
 	results := make([]product, 200)
@@ -320,6 +346,7 @@ func TestTTLJitter(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	flush(t, g) // the Gets answered as their loads returned; the writes follow
 	lo, hi := time.Duration(1<<62), time.Duration(0)
 	for i := range 1000 {
 		pttl, err := c.PTTL(ctx, fmt.Sprintf("%s:product:{p%d}", c.Prefix, i)).Result()
@@ -349,6 +376,7 @@ func TestEmptyMarkerTTLAndLoaderErrors(t *testing.T) {
 	if !errors.Is(err, guard.ErrNotFound) {
 		t.Fatalf("err = %v", err)
 	}
+	flush(t, g) // the Get answered as the load returned; the marker's write follows
 	if pttl := c.PTTL(ctx, c.Prefix+":product:{gone}").Val(); pttl <= 0 || pttl > 33*time.Second {
 		t.Fatalf("marker PTTL %v, want within EmptyTTL 30s ±10%%", pttl)
 	}
@@ -563,8 +591,9 @@ func (o *overtaken) finish() product {
 // the overtaken load is still running, instead of waiting for it (before
 // the lock's token was the fence, the write only deleted a fence key and
 // that Get waited for the overtaken load and its reload). The overtaken
-// load's write is refused, and its caller gets the newer row from the
-// re-check.
+// load's write is refused and its flight's re-check finds the newer row
+// (no second load); its caller, whose Get started before the update, got
+// the row its load read as soon as the load returned.
 func TestWriteFreesTheLockForANewerLoad(t *testing.T) {
 	ctx := context.Background()
 	c, g, d := setup(t, 10, nil)
@@ -582,9 +611,12 @@ func TestWriteFreesTheLockForANewerLoad(t *testing.T) {
 	if err != nil || p.Price != 33 {
 		t.Fatalf("the other process's Get during the overtaken load: %+v, %v", p, err)
 	}
-	if p := slow.finish(); p.Price != 33 {
-		t.Fatalf("the overtaken caller got %+v, want the updated row", p)
+	// The overtaken caller started before the update, and its load read the
+	// old row while it ran: that is its answer (see TestMissAnswersBeforeItsWrite).
+	if p := slow.finish(); p.Price != 3 {
+		t.Fatalf("the overtaken caller got %+v, want the row its load read", p)
 	}
+	flush(t, g)
 	raw, err := c.HGet(ctx, c.Prefix+":product:{p3}", "1").Bytes()
 	var cached product
 	if err != nil || codec.Decode(codec.Msgpack, raw, &cached) != nil || cached.Price != 33 {
@@ -602,8 +634,9 @@ func TestWriteFreesTheLockForANewerLoad(t *testing.T) {
 }
 
 // TestInvalidateBeatsSlowLoader: a load that read the old row before an
-// update cannot cache it after the Invalidate, and its callers get the new
-// row (it loads again under a new lock).
+// update cannot cache it after the Invalidate: its flight loads again
+// under a new lock and caches the new row. Its caller started before the
+// update and gets the row its load read.
 func TestInvalidateBeatsSlowLoader(t *testing.T) {
 	ctx := context.Background()
 	c, g, d := setup(t, 10, nil)
@@ -612,9 +645,10 @@ func TestInvalidateBeatsSlowLoader(t *testing.T) {
 	if err := g.Invalidate(ctx, "p3"); err != nil {
 		t.Fatal(err)
 	}
-	if p := slow.finish(); p.Price != 33 {
-		t.Fatalf("Get returned %+v, want the updated row", p)
+	if p := slow.finish(); p.Price != 3 { // it started before the update (see TestWriteFreesTheLockForANewerLoad)
+		t.Fatalf("Get returned %+v, want the row its load read", p)
 	}
+	flush(t, g)
 	raw, err := c.HGet(ctx, c.Prefix+":product:{p3}", "1").Bytes()
 	if err != nil {
 		t.Fatal(err)
@@ -744,6 +778,7 @@ func TestPeek(t *testing.T) {
 	if _, err := guard.Get(ctx, g, "p1", d.load); err != nil { // cache it
 		t.Fatal(err)
 	}
+	flush(t, g) // the Get answered as the load returned; the write follows
 	c.Counter.Reset()
 	pctx, ok, err := g.Peek(ctx, "p1")
 	if err != nil || !ok {

@@ -207,6 +207,7 @@ func TestGetManyLocal(t *testing.T) {
 	if _, err := guard.Get(ctx, other, "p3", d.load); err != nil { // p3: in Redis, not in g's memory
 		t.Fatal(err)
 	}
+	flush(t, other) // the Get answered as the load returned; the write follows
 	ids := []string{"p1", "p2", "p3"}
 	if got, err := guard.GetMany(ctx, g, ids, b.loadMany); err != nil || len(got) != 3 || got["p2"].Price != 2 {
 		t.Fatalf("cold GetMany: %v, %v", got, err)

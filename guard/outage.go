@@ -146,7 +146,15 @@ func loadThrough[T any](ctx context.Context, g *Guard, id, vkey string, load Loa
 	if g.outage.failFast || ctx.Err() != nil { // a caller whose ctx ended (its read timed out) gets nothing from a load
 		return zero, cause
 	}
-	c, fl, shared, mine, err := join(ctx, g, "\x00through:"+vkey, from, call[T]{g: g, id: id, vkey: vkey, load: load}, (*call[T]).loadThrough)
+	var (
+		c                   *call[T]
+		fl                  flight
+		shared, mine, older bool
+		err                 error
+	)
+	for attempt := 0; attempt == 0 || older && attempt <= 3; attempt++ { // an older flight's answer may predate a write (join)
+		c, fl, shared, mine, older, err = join(ctx, g, "\x00through:"+vkey, from, call[T]{g: g, id: id, vkey: vkey, load: load}, false, (*call[T]).loadThrough)
+	}
 	g.answered(ctx, fl.outcome, shared && !mine, true)
 	if err != nil {
 		return zero, panicked(g, id, err)

@@ -113,6 +113,7 @@ func TestAddKeepsValuesAndBeatsAMarkerLoad(t *testing.T) {
 	if _, err := guard.Get(ctx, g, "p1", d.load); err != nil {
 		t.Fatal(err)
 	}
+	flush(t, g) // the Get answered as the load returned; the write follows
 	c.Counter.Reset()
 	if err := g.Add(ctx, "p1"); err != nil {
 		t.Fatal(err)
@@ -146,12 +147,15 @@ func TestAddKeepsValuesAndBeatsAMarkerLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	close(resume)
-	if err := <-got; err != nil {
-		t.Fatalf("the Get that started before the create: %v (its refused marker write makes it load again)", err)
+	// Its load read "absent" while it ran, before the create: that is its
+	// answer (it does not wait for the marker write, which is refused).
+	if err := <-got; !errors.Is(err, guard.ErrNotFound) {
+		t.Fatalf("the Get that started before the create: %v, want the ErrNotFound its load read", err)
 	}
 	if p, err := guard.Get(ctx, g, "late", d.load); err != nil || p.Price != 7 {
 		t.Fatalf("after the create: %+v, %v", p, err)
 	}
+	flush(t, g) // the overtaken flight's refused write may still be under way
 	if st := g.Stats(); st.StaleWrites != 1 {
 		t.Fatalf("the marker write was not refused: %+v", st)
 	}
@@ -308,12 +312,14 @@ func TestVersionsKeepSeparateEntriesAndWritesDropAll(t *testing.T) {
 }
 
 // holdRelease is a redis.Hook that holds the load holder's last step (the
-// script that writes, releases and publishes) after it ran and before its
-// reply reaches the flight, until released: the flight has cached its value
-// but not yet answered its callers.
+// script that writes, releases and publishes) until released: after it ran
+// and before its reply reaches the flight (the flight has cached its value
+// but not yet heard so), or with before set, before it is sent (nothing is
+// cached yet).
 type holdRelease struct {
 	channel string        // the Guard's "loaded" channel, an argument of that script
-	held    chan struct{} // closed when the reply is held
+	before  bool          // hold the script before it runs
+	held    chan struct{} // closed when the script is held
 	release chan struct{}
 	once    sync.Once
 }
@@ -321,6 +327,12 @@ type holdRelease struct {
 func (h *holdRelease) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *holdRelease) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if h.before {
+			for _, cmd := range cmds {
+				h.hold(cmd)
+			}
+			return next(ctx, cmds)
+		}
 		err := next(ctx, cmds)
 		for _, cmd := range cmds { // the write goes in a pipeline (loader's trip batching)
 			h.hold(cmd)
@@ -330,6 +342,10 @@ func (h *holdRelease) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 }
 func (h *holdRelease) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
+		if h.before {
+			h.hold(cmd)
+			return next(ctx, cmd)
+		}
 		err := next(ctx, cmd)
 		h.hold(cmd)
 		return err
@@ -337,8 +353,9 @@ func (h *holdRelease) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 }
 
 // hold holds the first script call with the channel among its arguments
-// that ran: the EVALSHA, or the EVAL after a NOSCRIPT (a server that has
-// not loaded the script answers NOSCRIPT to the EVALSHA).
+// that ran (or, before, the first one): the EVALSHA, or the EVAL after a
+// NOSCRIPT (a server that has not loaded the script answers NOSCRIPT to
+// the EVALSHA).
 func (h *holdRelease) hold(cmd redis.Cmder) {
 	if cmd.Err() == nil && slices.Contains(cmd.Args(), any(h.channel)) {
 		h.once.Do(func() { close(h.held); <-h.release })
@@ -393,4 +410,51 @@ func pausedAfterRead(d *db) (slow func(context.Context, string) (product, error)
 		return p, err
 	}
 	return slow, read, resume
+}
+
+// TestMissAnswersBeforeItsWrite: a miss answers its caller as soon as the
+// load returns, without waiting for the round trip that writes the value
+// (held here before it is sent); a Get that starts after the load did waits
+// for that write, and the ID is loaded once.
+func TestMissAnswersBeforeItsWrite(t *testing.T) {
+	ctx := context.Background()
+	c, _, d := setup(t, 10, nil)
+	c2 := redistest.Connect(t)
+	h := &holdRelease{channel: c.Prefix + ":product:loaded", before: true, held: make(chan struct{}), release: make(chan struct{})}
+	c2.AddHook(h)
+	g, err := guard.New(ctx, c2, "product", &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 10_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var releaseOnce sync.Once
+	release := func() { releaseOnce.Do(func() { close(h.release) }) }
+	defer g.Close()
+	defer release() // before Close, which waits for the held flight
+	// Before this change the Get waited for the held reply: the deadline
+	// turns that into a failure instead of a hang.
+	short, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if p, err := guard.Get(short, g, "p7", d.load); err != nil || p.Price != 7 {
+		t.Fatalf("miss: %+v, %v", p, err)
+	}
+	<-h.held // the flight's write is held before it was sent
+	if n := c.Exists(ctx, c.Prefix+":product:{p7}").Val(); n != 0 {
+		t.Fatal("p7 is cached already: the write was not held")
+	}
+	later := make(chan product, 1)
+	go func() { p, _ := guard.Get(ctx, g, "p7", d.load); later <- p }()
+	time.Sleep(50 * time.Millisecond) // the later Get reaches the flight while it is held
+	select {
+	case p := <-later:
+		t.Fatalf("a Get that started after the load answered %+v before the flight's write returned", p)
+	default:
+	}
+	release()
+	if p := <-later; p.Price != 7 {
+		t.Fatalf("later Get: %+v", p)
+	}
+	flush(t, g)
+	if st := g.Stats(); st.Loads != 1 || st.StaleWrites != 0 {
+		t.Fatalf("stats %+v, want one load and no refused write", st)
+	}
 }

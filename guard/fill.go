@@ -163,13 +163,14 @@ func (c *call[T]) fly(ctx context.Context) (flight, error) {
 	return fl, err
 }
 
-// keep puts what the flight wrote in the local cache while the flight is
-// still the ID's: a caller that arrives between the write and the end of
-// the flight joins it (see join) instead of finding the expired copy (see
-// goneGrace) and starting a flight of its own, a lock attempt and a
-// release. A type whose copies share nothing is kept decoded. An entry the
-// re-check found carries no TTL here and is not kept (as before: its
-// callers' next Get reads it with its PTTL).
+// keep puts what the flight loaded in the local cache while the flight is
+// still the ID's: as the load returns, before the early answer (see
+// answerEarly), or after the write when the flight loaded again. A caller
+// that arrives before the end of the flight joins it (see join) instead of
+// finding the expired copy (see goneGrace) and starting a flight of its
+// own, a lock attempt and a release. A type whose copies share nothing is
+// kept decoded. An entry the re-check found carries no TTL here and is not
+// kept (as before: its callers' next Get reads it with its PTTL).
 func (c *call[T]) keep(fl flight) {
 	g := c.g
 	if fl.ttl <= 0 {

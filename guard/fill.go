@@ -98,9 +98,11 @@ func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T
 			break
 		}
 		// The flight that ended has written its answer (or another's
-		// write deleted it): a read of this caller's own usually finds it,
-		// one round trip where a flight of its own would take two.
-		if r, rerr := g.readFor(ctx, id, vkey, from); rerr == nil {
+		// write deleted it): a read that starts now usually finds it, one
+		// round trip where a flight would take two. The callers in this
+		// case share it (they all started before that flight ended, so
+		// before the read), as they would share a flight.
+		if r, rerr := g.readShared(ctx, id, vkey, from); rerr == nil {
 			if v, ok, err := answerRead(ctx, g, id, vkey, r, load, from); ok {
 				return v, err
 			}

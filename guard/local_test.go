@@ -150,14 +150,8 @@ func TestLocalLateCallerSharesTheLoad(t *testing.T) {
 				t.Fatal(err)
 			}
 			before := g.Stats()
-			entered, release := make(chan struct{}, 4), make(chan struct{})
-			var loads atomic.Int32
-			load := func(ctx context.Context, id string) (product, error) {
-				loads.Add(1)
-				entered <- struct{}{}
-				<-release
-				return d.load(ctx, id)
-			}
+			gl := gateLoads(d)
+			load, entered, release, loads := gl.load, gl.entered, gl.release, &gl.calls
 			errs := make(chan error, 2)
 			go func() { _, err := guard.Get(ctx, g, "p1", load); errs <- err }()
 			<-entered // the first caller's flight is loading
@@ -362,4 +356,69 @@ func TestLocalKeepsWhatTheFlightLoaded(t *testing.T) {
 	if n := c.Counter.RoundTrips(); n != 0 || g.Stats().LocalHits != hits+1 {
 		t.Fatalf("%d round trips, %d local hits: the flight kept no copy of what it loaded", n, g.Stats().LocalHits-hits)
 	}
+}
+
+// TestLateCallersShareTheirReadAgain: without Options.Local, callers that
+// joined a flight older than them (its load was under way when they
+// started) read again once it ended, and share that read: one HGET for
+// all of them after their own first reads, not one each, and no flight
+// (lock attempt) of their own.
+func TestLateCallersShareTheirReadAgain(t *testing.T) {
+	ctx := context.Background()
+	c, g, d := setup(t, 10, nil)
+	cache(t, g, d, "p2") // loads the scripts
+	gl := gateLoads(d)
+	load, entered, release := gl.load, gl.entered, gl.release
+	errs := make(chan error, 21)
+	go func() { _, err := guard.Get(ctx, g, "p1", load); errs <- err }()
+	<-entered // the first caller's flight is loading
+	c.Counter.Reset()
+	const late = 20
+	for range late {
+		go func() {
+			p, err := guard.Get(ctx, g, "p1", load)
+			if err == nil && p.Price != 1 {
+				err = fmt.Errorf("got %+v", p)
+			}
+			errs <- err
+		}()
+	}
+	for c.Counter.Names()["hget"] < late {
+		time.Sleep(time.Millisecond) // until every late caller has read (and missed)
+	}
+	time.Sleep(20 * time.Millisecond) // and joined the flight
+	close(release)
+	for range late + 1 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	flush(t, g)
+	// late first reads, then the shared read again (a caller that arrives
+	// at it late reads once more: a little slack).
+	if n := c.Counter.Names()["hget"]; n < late+1 || n > late+3 {
+		t.Fatalf("%d HGETs, want %d first reads and about one shared read after the flight (%v)", n, late, c.Counter.Names())
+	}
+	if n := c.Counter.Names()["set"]; n != 0 {
+		t.Fatalf("%d lock attempts after the first flight's, want 0 (%v)", n, c.Counter.Names())
+	}
+}
+
+// gatedLoads wraps d.load: each call is counted, tells entered (buffer 4),
+// and waits until release is closed.
+type gatedLoads struct {
+	d                *db
+	entered, release chan struct{}
+	calls            atomic.Int32
+}
+
+func gateLoads(d *db) *gatedLoads {
+	return &gatedLoads{d: d, entered: make(chan struct{}, 4), release: make(chan struct{})}
+}
+
+func (gl *gatedLoads) load(ctx context.Context, id string) (product, error) {
+	gl.calls.Add(1)
+	gl.entered <- struct{}{}
+	<-gl.release
+	return gl.d.load(ctx, id)
 }

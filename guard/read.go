@@ -205,14 +205,19 @@ type sharedRead struct {
 // expires, its callers in this process share one Redis read instead of
 // sending one each, under the rule of join: a read that started before the
 // caller serves it only if no write was heard in between (the window of a
-// local copy); otherwise the caller reads again. The first caller reads in
+// local copy); otherwise the caller reads again. Without a local cache
+// only a read that started after the caller serves it: fill uses it so
+// for the callers that waited for a flight older than them. The first caller reads in
 // its own goroutine, on its own ctx, as a Get without Local does; each of
 // the others leaves when its own ctx is done, and reads again if the first
 // one gave up (see readGroup).
 func (g *Guard) readShared(ctx context.Context, id, vkey string, from since) (readResult, error) {
 	for range 3 { // a second read already starts after this caller: see below
 		sr, _, err := g.reads.do(ctx, vkey, func(ctx context.Context) (sharedRead, error) {
-			sr := sharedRead{started: g.starts.Add(1), epoch: g.local.epoch.Load()}
+			sr := sharedRead{started: g.starts.Add(1)}
+			if g.local != nil {
+				sr.epoch = g.local.epoch.Load()
+			}
 			var err error
 			sr.r, err = g.read(ctx, id, vkey)
 			return sr, err

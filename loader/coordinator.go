@@ -133,7 +133,9 @@ type WaitObserver interface {
 //     (the holder failed or died) it goes back to step 1.
 //
 // A miss thus costs the winner three round trips with the caller's first
-// read: read, lock + re-check, write + release (+ publish). A miss nobody
+// read: read, lock + re-check, write + release (+ publish). The guard
+// answers its callers after the second, as the load returns (Filler.Load
+// may hand its result out before Run writes it; see Group.DoEarly). A miss nobody
 // waited for publishes nothing: a message on the channel reaches every
 // process that ever waited, so publishing each miss would make every
 // process of a fleet read every other's misses. The round trips of steps

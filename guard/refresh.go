@@ -53,7 +53,8 @@ func stale(raw []byte) bool {
 // refresh starts the background refresh of a hit that is past its
 // refresh-at time, unless one runs for the key in this process. The
 // goroutine belongs to the Guard (tracked by background, cancelled by
-// Close); it is started from inside the gate, so Close cannot miss it.
+// Close; Flush waits for it too); it is started from inside the gate, so
+// Close cannot miss it.
 func refresh[T any](g *Guard, id, vkey string, raw []byte, load LoadFunc[T]) {
 	if !stale(raw) {
 		return
@@ -62,8 +63,10 @@ func refresh[T any](g *Guard, id, vkey string, raw []byte, load LoadFunc[T]) {
 		return
 	}
 	g.background.Add(1)
+	end := g.pending.add() // Flush waits for it
 	go func() {
 		defer g.background.Done()
+		defer end()
 		defer g.refreshing.Delete(vkey)
 		defer func() { // a panic in the load (raised again here by bounded): the value expires at its TTL
 			if p := recover(); p != nil {

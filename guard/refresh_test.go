@@ -163,3 +163,46 @@ func TestRefreshAheadLoaderPanic(t *testing.T) {
 		t.Fatalf("after the panicked refresh: %+v, %v", p, err)
 	}
 }
+
+// TestFlushWaitsForRefresh: a Get that serves a value past its refresh-at
+// time returns before the reload it started; Flush returns only after the
+// reload, and then the new value is in Redis (the next Get calls no loader).
+func TestFlushWaitsForRefresh(t *testing.T) {
+	ctx := context.Background()
+	_, g, d := setup(t, 10, &guard.Options{TTL: time.Minute, Jitter: -1, RefreshAhead: &guard.RefreshOptions{At: 0.001}})
+	if _, err := guard.Get(ctx, g, "p3", d.load); err != nil {
+		t.Fatal(err)
+	}
+	flush(t, g)
+	time.Sleep(100 * time.Millisecond) // past the refresh-at time (60ms)
+	d.set(product{ID: "p3", Name: "product p3", Price: 3003})
+	gate := make(chan struct{})
+	var opened sync.Once
+	open := func() { opened.Do(func() { close(gate) }) }
+	t.Cleanup(open) // before the Guard's Close, if the test fails first
+	held := func(ctx context.Context, id string) (product, error) {
+		<-gate
+		return d.load(ctx, id)
+	}
+	if p, err := guard.Get(ctx, g, "p3", held); err != nil || p.Price != 3 {
+		t.Fatalf("the value before its refresh: %+v, %v", p, err)
+	}
+	flushed := make(chan error, 1)
+	go func() { flushed <- g.Flush(ctx) }()
+	select {
+	case err := <-flushed:
+		t.Fatalf("Flush returned (%v) while the reload's load was still held", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	open()
+	if err := <-flushed; err != nil {
+		t.Fatal(err)
+	}
+	calls := d.calls.Load()
+	if p, err := guard.Get(ctx, g, "p3", d.load); err != nil || p.Price != 3003 {
+		t.Fatalf("after Flush: %+v, %v; want the reloaded price 3003", p, err)
+	}
+	if n := d.calls.Load() - calls; n != 0 {
+		t.Fatalf("the Get after Flush called the loader %d times; the reload should have written the value", n)
+	}
+}

@@ -81,7 +81,7 @@ func Set[T any](ctx context.Context, g *Guard, id string, v T) error {
 	if err != nil {
 		return fmt.Errorf("cacheguard: %s %q: %w", g.name, id, err)
 	}
-	return g.replace(ctx, "set", []string{id}, []string{vkey}, frame, func() time.Duration { return ttl }, &localEntry{frame: frame, value: g.shared(v), life: ttl})
+	return g.replace(ctx, "set", []string{id}, []string{vkey}, frame, func() time.Duration { return ttl }, &localEntry{frame: frame, value: kept(g, v), life: ttl})
 }
 
 // Delete records that ids no longer exist, after the source of truth deleted

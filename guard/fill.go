@@ -137,7 +137,7 @@ type call[T any] struct {
 
 	found   flight // what the re-check or the load found
 	err     error  // the answer's error: ErrNotFound after a marker, or the load's failure
-	v       T      // the value decoded from found.frame: on a hit, or by keep for a sharable type
+	v       T      // the value decoded from found.frame: on a hit, or by keep when the local cache keeps values decoded
 	decoded bool   // v holds it
 	kept    bool   // the current load's answer is in the local cache (keep)
 }
@@ -170,8 +170,8 @@ func (c *call[T]) fly(ctx context.Context) (flight, error) {
 // answerEarly), or after the write when the flight loaded again. A caller
 // that arrives before the end of the flight joins it (see join) instead of
 // finding the expired copy (see goneGrace) and starting a flight of its
-// own, a lock attempt and a release. A type whose copies share nothing is
-// kept decoded. An entry the re-check found carries no TTL here and is not
+// own, a lock attempt and a release. A type that can be copied is kept
+// decoded (see kept). An entry the re-check found carries no TTL here and is not
 // kept (as before: its callers' next Get reads it with its PTTL).
 func (c *call[T]) keep(fl flight) {
 	g := c.g
@@ -187,7 +187,7 @@ func (c *call[T]) keep(fl flight) {
 			}
 			c.v, c.decoded = v, true
 		}
-		value = c.v
+		value = kept(g, c.v) // c.v goes to the caller that started the flight
 	}
 	g.local.put(c.id, fl.frame, value, fl.ttl, fl.epoch)
 	c.kept = true

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cacheguard/cacheguard/codec"
+	"github.com/cacheguard/cacheguard/internal/clone"
 	"github.com/cacheguard/cacheguard/loader"
 )
 
@@ -130,7 +131,7 @@ func answerRead[T any](ctx context.Context, g *Guard, id, vkey string, r readRes
 		if e := decodeEntry[T](ctx, g, vkey, r.raw); e.ok {
 			g.answered(ctx, e.found.outcome, false, false)
 			if e.err == nil && g.local != nil {
-				g.local.put(id, r.raw, g.shared(e.v), r.ttl, from.epoch)
+				g.local.put(id, r.raw, kept(g, e.v), r.ttl, from.epoch)
 			}
 			if e.err == nil && g.opts.RefreshAhead != nil {
 				refresh(g, id, vkey, r.raw, load)
@@ -168,7 +169,7 @@ func fromLocal[T any](g *Guard, id string) (T, localState) {
 		return zero, st
 	}
 	if v, ok := e.value.(T); ok { // decoded once, a copy for each caller
-		return v, localFresh
+		return handOut(g, v), localFresh
 	}
 	var v T
 	if codec.Decode(g.opts.Codec, e.frame, &v) == nil {
@@ -197,20 +198,29 @@ func decodeFrame[T any](g *Guard, id string, frame []byte) (T, error) {
 	return v, nil
 }
 
-// typeBinding is the type a Guard's values decode into.
+// typeBinding is the type a Guard's values decode into, and how the local
+// cache hands out a value it keeps decoded (see kept).
 type typeBinding struct {
-	t        reflect.Type
-	sharable bool // values of t can go to several callers as copies (see sharable)
+	t         reflect.Type
+	shareable bool // values of t go to several callers as they are: assignment copies everything
+	copy      any  // else a func(T) T that deep-copies them (package clone), or nil: decode each time
 }
 
-// bind binds g to T on first use and refuses any other T afterwards: two
-// types on one Guard would read each other's entries as corrupt and evict
-// them.
+// bind ties g to T on first use and refuses any other T after that.
 func bind[T any](g *Guard) error {
 	t := reflect.TypeFor[T]()
 	b := g.bound.Load()
-	if b == nil && g.bound.CompareAndSwap(nil, &typeBinding{t: t, sharable: sharable(t)}) {
-		return nil
+	if b == nil {
+		nb := &typeBinding{t: t}
+		if fn, shareable, ok := clone.For[T](); ok {
+			nb.shareable = shareable
+			if fn != nil {
+				nb.copy = fn
+			}
+		}
+		if g.bound.CompareAndSwap(nil, nb) {
+			return nil
+		}
 	}
 	if b = g.bound.Load(); b.t != t {
 		return fmt.Errorf("%w: guard %s holds %v values, not %v (one Guard per type; use Options.Version or another name)", ErrWrongType, g.name, b.t, t)
@@ -218,20 +228,37 @@ func bind[T any](g *Guard) error {
 	return nil
 }
 
-// shared returns v as a local copy to hand out without decoding, if the
-// Guard's type allows it (else nil: decode each time).
-func (g *Guard) shared(v any) any {
-	if g.keepsDecoded() {
+// kept returns what the local cache keeps of v, a value that a caller
+// also gets (or, for Set, that the application still holds): v itself for
+// a type whose copies share nothing, a deep copy of it (so that nobody
+// reaches what the cache hands out later), or nil when the type can only
+// be decoded each time.
+func kept[T any](g *Guard, v T) any {
+	switch b := g.bound.Load(); {
+	case b == nil:
+		return nil
+	case b.shareable:
 		return v
+	case b.copy != nil:
+		return b.copy.(func(T) T)(v)
 	}
 	return nil
 }
 
+// handOut returns a caller's own copy of a value the local cache kept
+// decoded (see kept).
+func handOut[T any](g *Guard, v T) T {
+	if b := g.bound.Load(); b.copy != nil {
+		return b.copy.(func(T) T)(v)
+	}
+	return v
+}
+
 // keepsDecoded reports whether the local cache keeps the Guard's values
-// decoded: its type's copies share nothing (see sharable).
+// decoded (see kept).
 func (g *Guard) keepsDecoded() bool {
 	b := g.bound.Load()
-	return b != nil && b.sharable
+	return b != nil && (b.shareable || b.copy != nil)
 }
 
 // outcome is how a flight ended, counted once per caller.

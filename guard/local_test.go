@@ -422,3 +422,104 @@ func (gl *gatedLoads) load(ctx context.Context, id string) (product, error) {
 	<-gl.release
 	return gl.d.load(ctx, id)
 }
+
+// tagged has slices and a map: the local cache hands each caller a deep
+// copy of the value it keeps decoded.
+type tagged struct {
+	ID    string
+	Tags  []string
+	Attrs map[string]int
+}
+
+func taggedRow(id string) tagged {
+	return tagged{ID: id, Tags: []string{"red", "large"}, Attrs: map[string]int{"stock": 3}}
+}
+
+// TestLocalHitsHandOutCopies: a value kept decoded in memory is never
+// reachable by a caller. Whatever a caller (or the application, after Set)
+// changes in the value it holds, the next local hit answers the row as it
+// was: through a miss's flight, a read that hit, GetMany, and Set. Each
+// next Get is a local hit (no round trip).
+func TestLocalHitsHandOutCopies(t *testing.T) {
+	ctx := context.Background()
+	c, g, _ := setup(t, 10, &guard.Options{Local: &guard.LocalOptions{TTL: time.Minute}})
+	load := func(_ context.Context, id string) (tagged, error) { return taggedRow(id), nil }
+	loadMany := func(_ context.Context, ids []string) (map[string]tagged, error) {
+		out := map[string]tagged{}
+		for _, id := range ids {
+			out[id] = taggedRow(id)
+		}
+		return out, nil
+	}
+	spoil := func(v tagged) {
+		v.Tags[0] = "spoiled"
+		v.Attrs["stock"] = -1
+		v.Attrs["new"] = 1
+	}
+	// next spoils what a Get answered, then checks that a local hit
+	// answers the row as it was, and spoils that too.
+	next := func(how, id string) {
+		t.Helper()
+		c.Counter.Reset()
+		for range 2 {
+			v, err := guard.Get(ctx, g, id, load)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := taggedRow(id); v.Tags[0] != want.Tags[0] || len(v.Attrs) != 1 || v.Attrs["stock"] != 3 {
+				t.Fatalf("%s: a local hit answered %+v after a caller changed its value; want %+v", how, v, want)
+			}
+			spoil(v)
+		}
+		if n := c.Counter.RoundTrips(); n != 0 {
+			t.Fatalf("%s: the Gets after it cost %d round trips; want local hits", how, n)
+		}
+	}
+
+	// A miss: the flight keeps the value, and answers the caller that started it.
+	v, err := guard.Get(ctx, g, "p1", load)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flush(t, g)
+	spoil(v)
+	next("after a miss", "p1")
+
+	// A read that hit in Redis: another process filled the entry.
+	other, err := guard.New(ctx, redistest.Connect(t), "product", &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 10_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if _, err := guard.Get(ctx, other, "p2", load); err != nil {
+		t.Fatal(err)
+	}
+	flush(t, other)
+	c.Counter.Reset()
+	if v, err = guard.Get(ctx, g, "p2", load); err != nil {
+		t.Fatal(err)
+	}
+	if n := c.Counter.Names()["evalsha"] + c.Counter.Names()["set"]; n != 0 {
+		t.Fatalf("the Get of p2 sent %d lock or write commands; want a Redis hit", n)
+	}
+	spoil(v)
+	next("after a Redis hit", "p2")
+
+	// GetMany.
+	many, err := guard.GetMany(ctx, g, []string{"p3", "p4"}, loadMany)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range many {
+		spoil(v)
+	}
+	next("after GetMany", "p3")
+
+	// Set: the application goes on changing the value it wrote through.
+	row := taggedRow("p5")
+	if err := guard.Set(ctx, g, "p5", row); err != nil {
+		t.Fatal(err)
+	}
+	spoil(row)
+	next("after Set", "p5")
+}

@@ -97,7 +97,7 @@ func getMany[T any](ctx context.Context, g *Guard, ids []string, load BatchLoadF
 				if e.err == nil {
 					out[ids[i]] = e.v
 					if g.local != nil {
-						g.local.put(ids[i], r.raw, g.shared(e.v), r.ttl, epoch)
+						g.local.put(ids[i], r.raw, kept(g, e.v), r.ttl, epoch)
 					}
 				}
 				continue
@@ -276,7 +276,7 @@ func fillMany[T any](ctx context.Context, g *Guard, ids, keys []string, load Bat
 			out[a.id] = v
 		}
 		if g.local != nil && a.err == nil { // kept for the TTL it was written with (0, unknown: not kept)
-			g.local.put(a.id, a.found.frame, g.shared(out[a.id]), a.found.ttl, epoch)
+			g.local.put(a.id, a.found.frame, kept(g, out[a.id]), a.found.ttl, epoch)
 		}
 	}
 	cancel()

@@ -3,6 +3,7 @@
 // one run, and prints markdown tables (and writes JSON).
 //
 //	go run . [-hit 3s] [-hit-rounds 3] [-hot 5s] [-hot-rounds 3] [-json results/latest.json]   (make bench)
+//	go run . -hot-only [-hot-pause 100µs] [-only cacheguard+local,rueidisaside]   (table 4 alone; -hot-pause 0: table 4b)
 //
 // Contenders: raw (go-redis GET, on a miss load + SET), go-zero
 // core/stores/cache (TakeCtx) with and without go-zero core/bloom in front,
@@ -43,7 +44,8 @@ type Report struct {
 	Hit         []HitResult
 	Penetration []PenetrationResult
 	Stampede    []StampedeResult
-	HotKey      []HotKeyResult
+	HotKey      []HotKeyResult // clients pause 100 µs between Gets
+	HotKeyYield []HotKeyResult // clients yield the processor between Gets instead
 	Avalanche   []AvalancheResult
 	Memory      []MemoryResult
 }
@@ -65,6 +67,7 @@ func main() {
 	jsonPath := flag.String("json", filepath.Join("results", "latest.json"), "where to write the JSON report")
 	only := flag.String("only", "", "comma-separated contenders to run (raw always runs first in the list); empty: all")
 	hitOnly := flag.Bool("hit-only", false, "run the hit path only and print its table (for quick comparisons)")
+	hotPause := flag.Duration("hot-pause", 100*time.Microsecond, "with -hot-only: each hot-key client's pause between Gets (0: it yields the processor instead); a full run shows both 100µs and 0")
 	hotOnly := flag.Bool("hot-only", false, "run the hot-key workload only and print its table (for quick comparisons)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
@@ -93,6 +96,7 @@ func main() {
 		contenderNames = keep
 	}
 	stopAfterHit, hotKeyOnly = *hitOnly, *hotOnly
+	hotOnlyPause = *hotPause
 	if err := run(ctx, *hit, *hitRounds, *hot, *hotRounds, *jsonPath, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "benchmarks:", err)
 		pprof.StopCPUProfile()
@@ -135,26 +139,34 @@ func run(ctx context.Context, hitTime time.Duration, hitRounds int, hotTime time
 		return nil
 	}
 	// The hot key's rows differ by a few percent between contenders, less
-	// than one run's noise: the median of hotRounds.
-	hot := func() error {
+	// than one run's noise: the median of hotRounds. It runs twice, with
+	// the clients pausing between Gets and with them yielding (see hotKey).
+	hot := func(pause time.Duration) ([]HotKeyResult, error) {
 		runs := map[string][]HotKeyResult{}
-		if err := rotated("hot key", hotRounds, func(_ int, name string) error {
-			r, err := hotKey(ctx, e, name, hotTime)
+		what := fmt.Sprintf("hot key (pause %v)", pause)
+		if err := rotated(what, hotRounds, func(_ int, name string) error {
+			r, err := hotKey(ctx, e, name, hotTime, pause)
 			runs[name] = append(runs[name], r)
 			return err
 		}); err != nil {
-			return err
+			return nil, err
 		}
+		var out []HotKeyResult
 		for _, name := range contenderNames {
-			rep.HotKey = append(rep.HotKey, medianHot(runs[name]))
+			out = append(out, medianHot(runs[name]))
 		}
-		return nil
+		return out, nil
 	}
 	if hotKeyOnly {
-		if err := hot(); err != nil {
+		rs, err := hot(hotOnlyPause)
+		if err != nil {
 			return err
 		}
-		fmt.Fprint(w, markdownHot(rep))
+		number := "4"
+		if hotOnlyPause <= 0 {
+			number = "4b"
+		}
+		fmt.Fprint(w, markdownHot(number, rs, hotOnlyPause))
 		return nil
 	}
 	// The hit path: each row is the contender's median round, and "vs raw"
@@ -200,7 +212,10 @@ func run(ctx context.Context, hitTime time.Duration, hitRounds int, hotTime time
 		}
 		rep.Stampede = append(rep.Stampede, r)
 	}
-	if err := hot(); err != nil {
+	if rep.HotKey, err = hot(hotPauseDefault); err != nil {
+		return err
+	}
+	if rep.HotKeyYield, err = hot(0); err != nil {
 		return err
 	}
 	for _, name := range contenderNames {
@@ -231,8 +246,12 @@ func run(ctx context.Context, hitTime time.Duration, hitRounds int, hotTime time
 	return nil
 }
 
-// stopAfterHit: -hit-only; hotKeyOnly: -hot-only.
-var stopAfterHit, hotKeyOnly bool
+// stopAfterHit: -hit-only; hotKeyOnly: -hot-only, with hotOnlyPause
+// (-hot-pause).
+var (
+	stopAfterHit, hotKeyOnly bool
+	hotOnlyPause             time.Duration
+)
 
 func field(info, name string) string {
 	for _, line := range strings.Split(info, "\n") {
@@ -290,16 +309,24 @@ func markdownHit(r *Report) string {
 	return b.String()
 }
 
-// markdownHot is table 4, the hot key.
-func markdownHot(r *Report) string {
+// markdownHot is table 4 (pause 100 µs) or 4b (pause 0: the clients
+// yield instead), the hot key.
+func markdownHot(number string, rs []HotKeyResult, pause time.Duration) string {
 	var b strings.Builder
-	fmt.Fprintln(&b, "\n**4. Hot key expiring under load** (32 clients, each asking again 100 µs after its answer; one warm key, TTL 1 s, loader 10 ms; \"Gets ≥ 10 ms\" counts the callers that took as long as a load: waiting for one, or a Redis round trip that slow)")
+	pacing := fmt.Sprintf("each asking again %v after its answer", pause)
+	if us := pause / time.Microsecond; pause < time.Millisecond && us*time.Microsecond == pause {
+		pacing = fmt.Sprintf("each asking again %d µs after its answer", us)
+	}
+	if pause <= 0 {
+		pacing = "each yielding the processor between Gets instead of pausing"
+	}
+	fmt.Fprintf(&b, "\n**%s. Hot key expiring under load** (32 clients, %s; one warm key, TTL 1 s, loader 10 ms; \"Gets ≥ 10 ms\" counts the callers that took as long as a load: waiting for one, or a Redis round trip that slow)\n", number, pacing)
 	fmt.Fprintln(&b)
 	fmt.Fprintln(&b, "Each contender ran once per round, the order rotated between rounds. Gets and max are the medians of its rounds (each round in brackets); the other columns are from its median-Gets round.")
 	fmt.Fprintln(&b)
 	fmt.Fprintln(&b, "| contender | Gets (rounds) | loader calls | loads/s | expiries | p99 | max (rounds) | Gets ≥ 10 ms |")
 	fmt.Fprintln(&b, "|---|---:|---:|---:|---:|---:|---:|---:|")
-	for _, h := range r.HotKey {
+	for _, h := range rs {
 		fmt.Fprintf(&b, "| %s | %d (%s) | %d | %.1f | %.0f | %s | %s (%s) | %d |\n", h.Contender, h.Gets, joinInts(h.GetsRuns), h.LoaderCalls,
 			h.LoadsPerSecond, h.Expiries, ms(h.P99), ms(h.Max), joinDurations(h.MaxRuns), h.Slow)
 	}
@@ -325,7 +352,8 @@ func markdown(r *Report) string {
 	for _, s := range r.Stampede {
 		fmt.Fprintf(&b, "| %s | %d | %s | %s |\n", s.Contender, s.LoaderCalls, ms(s.P99), ms(s.MaxLatency))
 	}
-	b.WriteString(markdownHot(r))
+	b.WriteString(markdownHot("4", r.HotKey, hotPauseDefault))
+	b.WriteString(markdownHot("4b", r.HotKeyYield, 0))
 	fmt.Fprintln(&b, "\n**5. Avalanche** (5,000 keys loaded at once, TTL 10 min)")
 	fmt.Fprintln(&b)
 	fmt.Fprintln(&b, "| contender | min TTL | max TTL | std dev | spread (max−min)/TTL |")

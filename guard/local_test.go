@@ -30,6 +30,7 @@ func TestLocalCache(t *testing.T) {
 	if p, err := guard.Get(ctx, g, "p1", d.load); err != nil || p.Price != 1 {
 		t.Fatalf("first Get: %+v, %v", p, err)
 	}
+	flush(t, g) // the Get answered as the load returned; the write follows
 	c.Counter.Reset()
 	for range 100 {
 		if p, err := guard.Get(ctx, g, "p1", d.load); err != nil || p.Price != 1 {

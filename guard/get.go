@@ -168,8 +168,11 @@ func fromLocal[T any](g *Guard, id string) (T, localState) {
 	if st != localFresh {
 		return zero, st
 	}
-	if v, ok := e.value.(T); ok { // decoded once, a copy for each caller
-		return handOut(g, v), localFresh
+	if v, ok := e.value.(T); ok { // decoded once; assignment copies it all
+		return v, localFresh
+	}
+	if c, ok := e.value.(copied[T]); ok { // decoded once, a deep copy for each caller
+		return c.copy(c.v), localFresh
 	}
 	var v T
 	if codec.Decode(g.opts.Codec, e.frame, &v) == nil {
@@ -230,9 +233,9 @@ func bind[T any](g *Guard) error {
 
 // kept returns what the local cache keeps of v, a value that a caller
 // also gets (or, for Set, that the application still holds): v itself for
-// a type whose copies share nothing, a deep copy of it (so that nobody
-// reaches what the cache hands out later), or nil when the type can only
-// be decoded each time.
+// a type whose copies share nothing, a private deep copy of it with the
+// copier that makes each caller's own (copied), or nil when the type can
+// only be decoded each time.
 func kept[T any](g *Guard, v T) any {
 	switch b := g.bound.Load(); {
 	case b == nil:
@@ -240,18 +243,17 @@ func kept[T any](g *Guard, v T) any {
 	case b.shareable:
 		return v
 	case b.copy != nil:
-		return b.copy.(func(T) T)(v)
+		fn := b.copy.(func(T) T)
+		return copied[T]{v: fn(v), copy: fn}
 	}
 	return nil
 }
 
-// handOut returns a caller's own copy of a value the local cache kept
-// decoded (see kept).
-func handOut[T any](g *Guard, v T) T {
-	if b := g.bound.Load(); b.copy != nil {
-		return b.copy.(func(T) T)(v)
-	}
-	return v
+// copied is what the local cache keeps of a value whose type needs a deep
+// copy per caller: nobody outside the cache reaches v.
+type copied[T any] struct {
+	v    T
+	copy func(T) T
 }
 
 // keepsDecoded reports whether the local cache keeps the Guard's values

@@ -99,7 +99,7 @@ type local struct {
 // live.
 type localEntry struct {
 	frame []byte
-	value any // a T, for types with no references; nil otherwise
+	value any // a T (shareable types), a copied[T] (types copied per caller), or nil: decode
 	life  time.Duration
 	// gone: the copy's life ends when its entry expires in Redis, at until
 	// (Unix nanoseconds). otter keeps it goneGrace longer, so that a Get

@@ -170,9 +170,10 @@ func (c *call[T]) fly(ctx context.Context) (flight, error) {
 // answerEarly), or after the write when the flight loaded again. A caller
 // that arrives before the end of the flight joins it (see join) instead of
 // finding the expired copy (see goneGrace) and starting a flight of its
-// own, a lock attempt and a release. A type that can be copied is kept
-// decoded (see kept). An entry the re-check found carries no TTL here and is not
-// kept (as before: its callers' next Get reads it with its PTTL).
+// own, a lock attempt and a release. A type that can be handed out without
+// a decode is kept decoded (see kept). An entry the re-check found carries
+// no TTL here and is not kept (as before: its callers' next Get reads it
+// with its PTTL).
 func (c *call[T]) keep(fl flight) {
 	g := c.g
 	if fl.ttl <= 0 {

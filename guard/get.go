@@ -209,7 +209,10 @@ type typeBinding struct {
 	copy      any  // else a func(T) T that deep-copies them (package clone), or nil: decode each time
 }
 
-// bind ties g to T on first use and refuses any other T after that.
+// bind binds g to T on first use and refuses any other T afterwards: two
+// types on one Guard would read each other's entries as corrupt and evict
+// them. It also settles, once, how the local cache hands out a T it keeps
+// decoded (see kept).
 func bind[T any](g *Guard) error {
 	t := reflect.TypeFor[T]()
 	b := g.bound.Load()

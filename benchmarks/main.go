@@ -67,7 +67,7 @@ func main() {
 	jsonPath := flag.String("json", filepath.Join("results", "latest.json"), "where to write the JSON report")
 	only := flag.String("only", "", "comma-separated contenders to run (raw always runs first in the list); empty: all")
 	hitOnly := flag.Bool("hit-only", false, "run the hit path only and print its table (for quick comparisons)")
-	hotPause := flag.Duration("hot-pause", 100*time.Microsecond, "with -hot-only: each hot-key client's pause between Gets (0: it yields the processor instead); a full run shows both 100µs and 0")
+	hotPause := flag.Duration("hot-pause", hotPauseDefault, "with -hot-only: each hot-key client's pause between Gets (0: it yields the processor instead); a full run shows both 100µs and 0")
 	hotOnly := flag.Bool("hot-only", false, "run the hot-key workload only and print its table (for quick comparisons)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()

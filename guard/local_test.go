@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -523,4 +524,43 @@ func TestLocalHitsHandOutCopies(t *testing.T) {
 	}
 	spoil(row)
 	next("after Set", "p5")
+}
+
+// TestLocalCopiesAreCallersOwn: goroutines that change the values of
+// their local hits at once never see each other's changes. Under -race (as
+// make test runs it) a copy that shared storage would also be reported as
+// a data race.
+func TestLocalCopiesAreCallersOwn(t *testing.T) {
+	ctx := context.Background()
+	_, g, _ := setup(t, 10, &guard.Options{Local: &guard.LocalOptions{TTL: time.Minute}})
+	load := func(_ context.Context, id string) (tagged, error) { return taggedRow(id), nil }
+	if _, err := guard.Get(ctx, g, "p1", load); err != nil {
+		t.Fatal(err)
+	}
+	flush(t, g)
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 200 {
+				v, err := guard.Get(ctx, g, "p1", load)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if v.Tags[0] != "red" || v.Attrs["stock"] != 3 || len(v.Attrs) != 1 {
+					t.Errorf("goroutine %d got %+v: another caller's change", w, v)
+					return
+				}
+				v.Tags[0] = fmt.Sprint("goroutine ", w)
+				v.Attrs["stock"] = w
+				v.Attrs[fmt.Sprint(w)] = w
+			}
+		}()
+	}
+	wg.Wait()
+	if st := g.Stats(); st.LocalHits < 1600 {
+		t.Fatalf("stats %+v: want 1,600 local hits", st)
+	}
 }

@@ -62,10 +62,10 @@ import (
 // with references is decoded from its frame on every hit.
 //
 // A copy that lived exactly as long as its Redis entry is remembered for a
-// moment after both expired (goneGrace):
-// the Get that finds it then skips the read, which would miss, and goes
-// straight to the lock attempt, whose re-check reads the entry anyway. When
-// a hot key expires, its callers wait one round trip less for the reload.
+// moment after both expired (goneGrace): the Get that finds it then skips
+// the read, which would miss, and goes straight to the lock attempt, whose
+// re-check reads the entry anyway. When a hot key expires, its callers
+// wait one round trip less for the reload.
 type LocalOptions struct {
 	// Size caps the values kept; when full, the eviction policy of
 	// github.com/maypok86/otter/v2 (adaptive W-TinyLFU: it keeps what is

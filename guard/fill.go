@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cacheguard/cacheguard/codec"
+	"github.com/cacheguard/cacheguard/internal/growstack"
 	"github.com/cacheguard/cacheguard/internal/redisfail"
 	"github.com/cacheguard/cacheguard/loader"
 )
@@ -311,6 +312,7 @@ func (c *call[T]) bounded(ctx context.Context) (T, error) {
 	defer cancel()
 	done := make(chan loaded[T], 1)
 	go func() {
+		growstack.Grow() // the load is usually a database driver's deep calls: see package growstack
 		var r loaded[T]
 		defer func() {
 			if p := recover(); p != nil {

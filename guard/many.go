@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cacheguard/cacheguard/bloom"
+	"github.com/cacheguard/cacheguard/internal/growstack"
 	"github.com/cacheguard/cacheguard/internal/redisfail"
 )
 
@@ -224,6 +225,7 @@ func fillMany[T any](ctx context.Context, g *Guard, ids, keys []string, load Bat
 		// Owned by this GetMany; passes the gate itself (it can outlive the
 		// call when ctx ends first) and ends with its Coordinator run.
 		go func() {
+			growstack.Grow() // a Coordinator run makes deep calls: see package growstack
 			m := &member[T]{b: b}
 			a := answer{id: ids[i], found: flight{outcome: outFailed}}
 			defer func() { answers <- a }()
@@ -417,6 +419,7 @@ func (b *batchLoad[T]) fireLocked() {
 	// Owned by the batch; ends when load returns (its members stop waiting
 	// at their LoadTimeout). A panic in load fails the batch.
 	go func() {
+		growstack.Grow() // the batch load is usually a database driver's deep calls: see package growstack
 		ctx, cancel := context.WithTimeout(context.Background(), b.g.opts.LoadTimeout)
 		defer cancel()
 		defer close(b.done)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/cacheguard/cacheguard/codec"
+	"github.com/cacheguard/cacheguard/internal/growstack"
 )
 
 // RefreshOptions turns on refresh-ahead (stale-while-revalidate for expiry):
@@ -65,6 +66,7 @@ func refresh[T any](g *Guard, id, vkey string, raw []byte, load LoadFunc[T]) {
 	g.background.Add(1)
 	end := g.pending.add() // Flush waits for it
 	go func() {
+		growstack.Grow() // a Coordinator run makes deep calls: see package growstack
 		defer g.background.Done()
 		defer end()
 		defer g.refreshing.Delete(vkey)

@@ -26,6 +26,8 @@ import (
 	"runtime/debug"
 	"sync"
 	"time"
+
+	"github.com/cacheguard/cacheguard/internal/growstack"
 )
 
 // ErrPanic is wrapped by the error every caller gets when a flight panicked.
@@ -99,7 +101,10 @@ func (g *Group[R]) DoEarly(ctx context.Context, key string, fn func(ctx context.
 			g.run(ctx, key, f, fn)
 			return f.res, g.shared(f), f.err
 		}
-		go g.run(ctx, key, f, fn)
+		go func() {
+			growstack.Grow() // a flight makes deep calls (go-redis, the load): see package growstack
+			g.run(ctx, key, f, fn)
+		}()
 	}
 	early := f.early
 	if accept == nil {

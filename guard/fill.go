@@ -172,9 +172,9 @@ func (c *call[T]) fly(ctx context.Context) (flight, error) {
 // that arrives before the end of the flight joins it (see join) instead of
 // finding the expired copy (see goneGrace) and starting a flight of its
 // own, a lock attempt and a release. A type that can be handed out without
-// a decode is kept decoded (see kept). An entry the re-check found carries
-// no TTL here and is not kept (as before: its callers' next Get reads it
-// with its PTTL).
+// a decode is kept decoded (see kept). An entry the lock attempt's re-check
+// found is kept too, for the TTL the re-check read with it (see keeping);
+// a marker is not (as on the read path).
 func (c *call[T]) keep(fl flight) {
 	g := c.g
 	if fl.ttl <= 0 {
@@ -198,7 +198,11 @@ func (c *call[T]) keep(fl flight) {
 // coordinate runs the miss through the Coordinator (see loader.Coordinator):
 // one load per ID across processes, written only while its lock is its own.
 func (c *call[T]) coordinate(ctx context.Context) (flight, error) {
-	err := c.g.coord.Run(ctx, c.vkey, c.g.field, c)
+	var f loader.Filler = c
+	if c.g.local != nil {
+		f = keeping[T]{c}
+	}
+	err := c.g.coord.Run(ctx, c.vkey, c.g.field, f)
 	switch {
 	case err == nil:
 		return c.found, c.err // c.err is ErrNotFound after a marker
@@ -228,6 +232,28 @@ func (c *call[T]) Cached(ctx context.Context, raw []byte) bool {
 		c.found, c.err, c.v, c.decoded = e.found, e.err, e.v, e.err == nil
 	}
 	return e.ok
+}
+
+// keeping is a call whose flight keeps what it finds in the local cache
+// (Options.Local): a loader.TTLFiller, so that the lock attempt's re-check
+// reads the entry's TTL too and the flight can keep what it found (see
+// keep). Without it, a copy that expired in memory before its entry did
+// in Redis (the flight that loaded it kept it as the load returned, before
+// its write reached Redis) sent every Get of the key to a flight of its
+// own until the entry expired there too: on the hot key of table 4b, up to
+// thirty lock attempts and releases in a row.
+type keeping[T any] struct{ *call[T] }
+
+// CachedTTL is Cached for an entry that expires in ttl
+// (loader.TTLFiller): the flight then keeps it for that long at most.
+func (k keeping[T]) CachedTTL(ctx context.Context, raw []byte, ttl time.Duration) bool {
+	if !k.Cached(ctx, raw) {
+		return false
+	}
+	if k.err == nil {
+		k.found.ttl = ttl
+	}
+	return true
 }
 
 // Load calls the load function (loader.Filler) under LoadTimeout and returns

@@ -284,7 +284,7 @@ const (
 type flight struct {
 	frame   []byte
 	outcome outcome
-	ttl     time.Duration // the TTL it wrote the frame with (0: unknown)
+	ttl     time.Duration // the TTL it wrote the frame with, or the re-check found it with (0: unknown)
 	epoch   uint64        // the local cache's epoch when the flight began
 	started uint64        // its number from Guard.starts, taken before any of its reads (see since)
 	by      any           // the *call[T] whose flight this was

@@ -309,11 +309,58 @@ func TestLocalExpiredCopySkipsTheRead(t *testing.T) {
 	if n := d.calls.Load() - calls; n != 0 {
 		t.Fatalf("%d loads: the re-check missed what the other process stored", n)
 	}
-	// No read (HGET with PTTL): the lock attempt (SET NX and the lock's
-	// PTTL) and its re-check answered, and the release followed. That is
-	// what skipping the read costs when another process was first.
-	if names := c.Counter.Names(); names["pttl"] != 1 || names["hget"] != 1 || names["set"] != 1 {
+	// No read: the lock attempt (SET NX and the lock's PTTL) and its
+	// re-check (HGET and the entry's PTTL, to keep what it finds) answered,
+	// and the release followed. That is what skipping the read costs when
+	// another process was first.
+	if names := c.Counter.Names(); names["pttl"] != 2 || names["hget"] != 1 || names["set"] != 1 {
 		t.Fatalf("want the lock attempt and its re-check's HGET only, no read: %v", names)
+	}
+}
+
+// TestLocalKeepsWhatTheRecheckFound: a copy that expired in memory while
+// its entry still lives in Redis (the flight that loaded it kept it as
+// the load returned, and its write reached Redis later) sends the next Get
+// to a flight, whose re-check finds the entry. The flight keeps what it
+// found, for the entry's remaining TTL, so the Gets after it are local
+// hits again. It used to keep nothing: every Get until the entry expired
+// in Redis ran a flight of its own, a lock attempt and a release each.
+func TestLocalKeepsWhatTheRecheckFound(t *testing.T) {
+	ctx := context.Background()
+	const ttl = 200 * time.Millisecond
+	c, g, d := setup(t, 10, &guard.Options{TTL: ttl, Jitter: -1, Local: &guard.LocalOptions{TTL: time.Minute}})
+	if _, err := guard.Get(ctx, g, "p1", d.load); err != nil { // loads: the copy lives as long as the entry
+		t.Fatal(err)
+	}
+	flush(t, g)
+	// The entry outlives the copy, as when the write lands after it was kept.
+	vkey := c.Prefix + ":product:{p1}"
+	if err := c.PExpire(ctx, vkey, time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(ttl + 20*time.Millisecond) // the copy has expired; goneGrace keeps it known
+	calls := d.calls.Load()
+	c.Counter.Reset()
+	if p, err := guard.Get(ctx, g, "p1", d.load); err != nil || p.ID != "p1" {
+		t.Fatalf("%+v, %v", p, err)
+	}
+	flush(t, g)
+	if n := c.Counter.Names()["set"]; n != 1 {
+		t.Fatalf("the Get after the copy expired: %v, want one lock attempt", c.Counter.Names())
+	}
+	c.Counter.Reset()
+	hits := g.Stats().LocalHits
+	for range 20 {
+		if p, err := guard.Get(ctx, g, "p1", d.load); err != nil || p.ID != "p1" {
+			t.Fatalf("%+v, %v", p, err)
+		}
+	}
+	if n := c.Counter.RoundTrips(); n != 0 || g.Stats().LocalHits != hits+20 {
+		t.Fatalf("20 Gets after the re-check found the entry: %d round trips (%v), %d local hits; want local hits",
+			n, c.Counter.Names(), g.Stats().LocalHits-hits)
+	}
+	if n := d.calls.Load() - calls; n != 0 {
+		t.Fatalf("%d loads, want none: the entry was in Redis all along", n)
 	}
 }
 

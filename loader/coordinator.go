@@ -77,6 +77,18 @@ type Filler interface {
 	Load(ctx context.Context) (frame []byte, ttl time.Duration, err error)
 }
 
+// TTLFiller is a Filler that keeps what the lock attempt's re-check finds
+// (the guard's in-process cache) and so needs the entry's remaining TTL
+// with it, to keep it no longer than Redis does. For such a Filler the
+// attempt queues a PTTL of the key behind its HGET, in the same round
+// trip, and a re-check that finds the entry calls CachedTTL with it
+// instead of Cached. The other reads (a waiter's) call Cached.
+type TTLFiller interface {
+	Filler
+	// CachedTTL is Cached for an entry that expires in ttl.
+	CachedTTL(ctx context.Context, raw []byte, ttl time.Duration) bool
+}
+
 // Waiter is an optional interface of a Filler: Waiting is called each time
 // Run finds the key's lock held by another and starts waiting for it (so
 // that a caller that batches loads knows this key will not join the batch
@@ -102,7 +114,8 @@ type WaitObserver interface {
 //
 //  1. One round trip: an attempt on K's lock (keyspace.Lock(K): SET NX PX
 //     of a token unique to the attempt, no script; see lock.QueueUnfenced)
-//     and, queued after it, an HGET of K's field F.
+//     and, queued after it, an HGET of K's field F (and K's PTTL for a
+//     TTLFiller).
 //     Lock and value share K's hash tag, and Redis runs one connection's
 //     commands in order, so for the winner that HGET is the re-check with
 //     the lock taken: another process may have filled K between the
@@ -261,7 +274,7 @@ func (c *Coordinator) Stats() CoordinatorStats {
 func (c *Coordinator) Run(ctx context.Context, key, field string, f Filler) error {
 	deadline := time.Now().Add(c.opts.LockWait)
 	for {
-		l, get, held, err := c.attempt(ctx, key, field)
+		l, get, held, err := c.attempt(ctx, key, field, f)
 		switch {
 		case err == nil:
 			err = c.hold(ctx, l, key, field, get, f)
@@ -307,7 +320,7 @@ func (c *Coordinator) Run(ctx context.Context, key, field string, f Filler) erro
 // entry was invalidated or replaced), TryRun returns nil having written
 // nothing.
 func (c *Coordinator) TryRun(ctx context.Context, key, field string, f Filler) error {
-	l, get, held, err := c.attempt(ctx, key, field)
+	l, get, held, err := c.attempt(ctx, key, field, f)
 	switch {
 	case held != nil:
 		return nil
@@ -321,24 +334,29 @@ func (c *Coordinator) TryRun(ctx context.Context, key, field string, f Filler) e
 }
 
 // attempt is step 1: the lock attempt with the HGET queued behind it, in one
-// round trip. held is set when another holder has the lock.
-func (c *Coordinator) attempt(ctx context.Context, key, field string) (l *lock.Lock, get *redis.StringCmd, held *lock.HeldError, err error) {
+// round trip (and the key's PTTL behind that for a TTLFiller). held is set
+// when another holder has the lock.
+func (c *Coordinator) attempt(ctx context.Context, key, field string, f Filler) (l *lock.Lock, get reading, held *lock.HeldError, err error) {
 	opCtx, cancel := c.op(ctx)
 	defer cancel()
+	_, withTTL := f.(TTLFiller)
 	// The closure writes only these locals: after a failed send it may
 	// still run, into variables nobody reads (not the results).
 	var q *lock.Queued
 	var qerr error
-	var hget *redis.StringCmd
+	var r reading
 	if err := c.send(opCtx, func(ctx context.Context, pipe redis.Pipeliner) {
 		q, qerr = c.locks.QueueUnfenced(ctx, pipe, keyspace.Lock(key), c.opts.LockTTL)
-		hget = pipe.HGet(ctx, key, field)
+		r.get = pipe.HGet(ctx, key, field)
+		if withTTL {
+			r.pttl = pipe.PTTL(ctx, key)
+		}
 	}); err != nil {
-		return nil, nil, nil, err
+		return nil, reading{}, nil, err
 	}
-	get = hget
+	get = r
 	if qerr != nil {
-		return nil, nil, nil, qerr
+		return nil, reading{}, nil, qerr
 	}
 	l, err = q.Result(opCtx)
 	switch {
@@ -350,17 +368,30 @@ func (c *Coordinator) attempt(ctx context.Context, key, field string) (l *lock.L
 	case errors.As(err, &held):
 		return nil, get, held, err
 	}
-	return nil, nil, nil, err
+	return nil, reading{}, nil, err
 }
 
-// cached reads an HGET's reply: done when f accepts what the cache holds.
-func (c *Coordinator) cached(ctx context.Context, get *redis.StringCmd, f Filler) (done bool, err error) {
-	raw, err := get.Bytes()
+// reading is a read of a key's field, with the key's PTTL when the attempt
+// asked for it (pttl nil: not asked).
+type reading struct {
+	get  *redis.StringCmd
+	pttl *redis.DurationCmd
+}
+
+// cached reads a reading's reply: done when f accepts what the cache holds.
+// A TTLFiller is given the entry's TTL when the reading carries one.
+func (c *Coordinator) cached(ctx context.Context, r reading, f Filler) (done bool, err error) {
+	raw, err := r.get.Bytes()
 	switch {
 	case errors.Is(err, redis.Nil):
 		return false, nil
 	case err != nil:
 		return true, fmt.Errorf("loader: read: %w", redisfail.Wrap(err))
+	}
+	if tf, ok := f.(TTLFiller); ok && r.pttl != nil {
+		if ttl, err := r.pttl.Result(); err == nil && ttl > 0 {
+			return tf.CachedTTL(ctx, raw, ttl), nil
+		}
 	}
 	return f.Cached(ctx, raw), nil
 }
@@ -369,7 +400,7 @@ func (c *Coordinator) cached(ctx context.Context, get *redis.StringCmd, f Filler
 // and the write with the release and publish, or the release and publish
 // alone when it did not get that far (also when the load panics). It
 // returns errOvertaken when the write was refused.
-func (c *Coordinator) hold(ctx context.Context, l *lock.Lock, key, field string, get *redis.StringCmd, f Filler) error {
+func (c *Coordinator) hold(ctx context.Context, l *lock.Lock, key, field string, get reading, f Filler) error {
 	stop := l.KeepAlive(ctx, c.opts.LockTTL, func(err error) {
 		if c.opts.OnLockLost != nil {
 			c.opts.OnLockLost(key, err)
@@ -467,7 +498,7 @@ func (c *Coordinator) op(ctx context.Context) (context.Context, context.CancelFu
 
 // markAndRead leaves key's waiting mark for a wait of lease and reads the
 // entry behind it, in one round trip bounded by OpTimeout.
-func (c *Coordinator) markAndRead(ctx context.Context, key, field string, lease time.Duration) *redis.StringCmd {
+func (c *Coordinator) markAndRead(ctx context.Context, key, field string, lease time.Duration) reading {
 	opCtx, cancel := c.op(ctx)
 	defer cancel()
 	pipe := c.rdb.Pipeline()
@@ -477,12 +508,12 @@ func (c *Coordinator) markAndRead(ctx context.Context, key, field string, lease 
 	if err := mark.Err(); err != nil && errors.Is(get.Err(), redis.Nil) {
 		get.SetErr(err) // nothing cached, and unmarked a wait could miss the publish: fail as a read would
 	}
-	return get
+	return reading{get: get}
 }
 
 // hget reads the entry in a round trip of its own, bounded by OpTimeout.
-func (c *Coordinator) hget(ctx context.Context, key, field string) *redis.StringCmd {
+func (c *Coordinator) hget(ctx context.Context, key, field string) reading {
 	opCtx, cancel := c.op(ctx)
 	defer cancel()
-	return c.rdb.HGet(opCtx, key, field)
+	return reading{get: c.rdb.HGet(opCtx, key, field)}
 }

@@ -241,7 +241,7 @@ func (c *call[T]) Cached(ctx context.Context, raw []byte) bool {
 // in Redis (the flight that loaded it kept it as the load returned, before
 // its write reached Redis) sent every Get of the key to a flight of its
 // own until the entry expired there too: on the hot key of table 4b, up to
-// thirty lock attempts and releases in a row.
+// 33 lock attempts and releases in a row at one expiry.
 type keeping[T any] struct{ *call[T] }
 
 // CachedTTL is Cached for an entry that expires in ttl

@@ -158,8 +158,26 @@ func otherProcess(t *testing.T, c *redistest.Conn) *guard.Guard {
 	return g
 }
 
+// warmScripts runs the fill's write script on every Redis node. Redis
+// caches a script per node: on a cluster (CG_TEST_CLUSTER=1) a miss whose
+// key lands on a node that never ran it pays a round trip more (NOSCRIPT,
+// then EVAL), so a test that counts a miss's round trips calls this first,
+// and its counts do not depend on which tests ran before it. The misses of
+// 30 IDs, on a Guard of their own, reach every node of the test cluster.
+func warmScripts(t *testing.T) {
+	t.Helper()
+	_, g, d := setup(t, 100, nil)
+	for i := range 30 {
+		if _, err := guard.Get(context.Background(), g, pid(i), d.load); err != nil {
+			t.Fatal(err)
+		}
+	}
+	flush(t, g)
+}
+
 func TestRoundTrips(t *testing.T) {
 	ctx := context.Background()
+	warmScripts(t)
 	c, g, d := setup(t, 100, nil)
 	if err := g.Add(ctx, "ghost"); err != nil { // in the filter, not in the DB
 		t.Fatal(err)
@@ -173,7 +191,7 @@ func TestRoundTrips(t *testing.T) {
 	}
 	flush(t, g)
 	c.Counter.Reset()
-	if _, err := guard.Get(ctx, g, "p8", d.load); err != nil { // scripts now cached
+	if _, err := guard.Get(ctx, g, "p8", d.load); err != nil { // the write script is cached on every node (warmScripts)
 		t.Fatal(err)
 	}
 	flush(t, g) // the Get answered as the load returned; the write follows
@@ -218,6 +236,51 @@ func TestRoundTrips(t *testing.T) {
 	st := g.Stats()
 	if st.Hits != 1 || st.BloomRejects != 1 || st.EmptyHits != 1 || st.Misses != 3 || st.Loads != 3 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestRejectFloodAfterHits: a flood of unknown IDs that starts while reads
+// mostly hit (the HGET going alone, without the bloom probe) costs one
+// round trip per reject on average: the first reject pays a second round
+// trip for the filter, and from then on reads send the probe with the HGET.
+// The false positives among them are misses (three round trips each, one
+// loader call, then a marker), so the average stays within 1.05 at p = 1%,
+// and the loader is called for at most 1.2·p·N of them.
+func TestRejectFloodAfterHits(t *testing.T) {
+	ctx := context.Background()
+	const n, p = 5_000, 0.01
+	c, g, d := setup(t, 1000, &guard.Options{ExpectedItems: 1000, FalsePositiveRate: p})
+	if _, err := guard.Get(ctx, g, "p0", d.load); err != nil {
+		t.Fatal(err)
+	}
+	payCredit(t, g, d) // reads now send the HGET alone
+	flush(t, g)
+	c.Counter.Reset()
+	calls := d.calls.Load()
+	st0 := g.Stats()
+	for i := range n {
+		if _, err := guard.Get(ctx, g, fmt.Sprintf("unknown-%d", i), d.load); !errors.Is(err, guard.ErrNotFound) {
+			t.Fatalf("unknown-%d: %v", i, err)
+		}
+	}
+	flush(t, g) // the markers' writes
+	trips, loads := c.Counter.RoundTrips(), d.calls.Load()-calls
+	st := g.Stats()
+	rejects := int64(st.BloomRejects - st0.BloomRejects)
+	perGet := float64(trips) / n
+	t.Logf("%d unknown IDs after hits: %d round trips (%.4f per Get), %d rejected by the filter, %d loader calls",
+		n, trips, perGet, rejects, loads)
+	if rejects+loads != n {
+		t.Fatalf("%d rejects + %d loader calls, want %d", rejects, loads, n)
+	}
+	if limit := int64(1.2 * p * n); loads > limit {
+		t.Fatalf("%d loader calls, want at most %d (1.2·p·N)", loads, limit)
+	}
+	if perGet > 1.05 {
+		t.Fatalf("%.4f round trips per Get during the flood, want at most 1.05", perGet)
+	}
+	if reject := float64(trips-3*loads) / float64(rejects); reject > 1.01 {
+		t.Fatalf("%.4f round trips per reject (false positives' 3 each taken out), want about 1", reject)
 	}
 }
 

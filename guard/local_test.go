@@ -147,10 +147,8 @@ func TestLocalLateCallerSharesTheLoad(t *testing.T) {
 		{"no local", nil, 2, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			warmScripts(t)
 			c, g, d := setup(t, 10, tc.opts)
-			if _, err := guard.Get(ctx, g, "p2", d.load); err != nil { // loads the scripts
-				t.Fatal(err)
-			}
 			before := g.Stats()
 			gl := gateLoads(d)
 			load, entered, release, loads := gl.load, gl.entered, gl.release, &gl.calls

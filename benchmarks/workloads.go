@@ -103,6 +103,44 @@ func pct(sorted []time.Duration, q float64) time.Duration {
 	return sorted[int(q*float64(len(sorted)-1))]
 }
 
+// reservoir is a uniform sample of a client's latencies (Algorithm R) in a
+// buffer allocated before the run, so that recording a Get allocates
+// nothing: a log that grew with the Gets made the runner's own garbage
+// grow with a contender's speed (see hotKey). One per client goroutine.
+type reservoir struct {
+	rand   *rand.Rand
+	seen   int64
+	sample []time.Duration
+}
+
+func newReservoir(size int, seed uint64) *reservoir {
+	return &reservoir{rand: rand.New(rand.NewPCG(seed, 99)), sample: make([]time.Duration, 0, size)}
+}
+
+// add records d: every latency seen so far is in the sample with the same
+// probability.
+func (rv *reservoir) add(d time.Duration) {
+	switch {
+	case len(rv.sample) < cap(rv.sample):
+		rv.sample = append(rv.sample, d)
+	default:
+		if j := rv.rand.Int64N(rv.seen + 1); j < int64(len(rv.sample)) {
+			rv.sample[j] = d
+		}
+	}
+	rv.seen++
+}
+
+// sorted pools the samples of rvs, sorted for pct.
+func sorted(rvs []*reservoir) []time.Duration {
+	var all []time.Duration
+	for _, rv := range rvs {
+		all = append(all, rv.sample...)
+	}
+	slices.Sort(all)
+	return all
+}
+
 // HitResult: workload 1.
 type HitResult struct {
 	Contender       string
@@ -152,9 +190,9 @@ func hitPath(ctx context.Context, e *env, name string, round int) (HitResult, er
 		return HitResult{}, fmt.Errorf("%s: warm-up: %w", name, err)
 	}
 	const workers = 64
-	samples := make([][]time.Duration, workers)
+	samples := make([]*reservoir, workers)
 	for i := range samples {
-		samples[i] = make([]time.Duration, 0, 1<<17)
+		samples[i] = newReservoir(1<<17, uint64(i))
 	}
 	var ops, errs atomic.Int64
 	var firstErr atomic.Value
@@ -179,7 +217,6 @@ func hitPath(ctx context.Context, e *env, name string, round int) (HitResult, er
 		go func() {
 			defer wg.Done()
 			r := rand.New(rand.NewPCG(uint64(w), 7))
-			s := samples[w]
 			for n := 0; ; n++ {
 				if n%64 == 0 && time.Now().After(stop) {
 					break
@@ -191,14 +228,9 @@ func hitPath(ctx context.Context, e *env, name string, round int) (HitResult, er
 					errs.Add(1)
 					firstErr.CompareAndSwap(nil, err)
 				}
-				if len(s) < cap(s) {
-					s = append(s, d)
-				} else {
-					s[r.IntN(len(s))] = d
-				}
+				samples[w].add(d)
 				ops.Add(1)
 			}
-			samples[w] = s
 		}()
 	}
 	wg.Wait()
@@ -216,11 +248,7 @@ func hitPath(ctx context.Context, e *env, name string, round int) (HitResult, er
 	if errs.Load() > 0 {
 		return HitResult{}, fmt.Errorf("%s: %d errors on the hit path, first: %v", name, errs.Load(), firstErr.Load())
 	}
-	var all []time.Duration
-	for _, s := range samples {
-		all = append(all, s...)
-	}
-	slices.Sort(all)
+	all := sorted(samples)
 	n := float64(ops.Load())
 	return HitResult{
 		Contender: name, Ops: ops.Load(), OpsPerSec: n / elapsed.Seconds(),
@@ -481,22 +509,20 @@ func hotKey(ctx context.Context, e *env, name string, d, pause time.Duration) (H
 	}
 	calls.Store(0)
 	// Each client keeps its slowest Get and its count of slow ones exactly,
-	// and a uniform sample of its latencies (reservoir sampling into a
-	// buffer allocated here) for the p99. Nothing is allocated per Get:
-	// a log growing with the Gets made the runner's own garbage grow with
-	// a contender's speed (7 million Gets a round with an in-process
-	// cache: a collection every 20 to 100 ms, each marking for up to 30 ms
-	// on the two cores the callers share), and the slowest-Get column then
-	// measured the runner's collector as much as the contender.
+	// and a reservoir sample of its latencies for the p99. Nothing is
+	// allocated per Get: a log growing with the Gets made the runner's own
+	// garbage grow with a contender's speed (7 million Gets a round with an
+	// in-process cache: a collection every 20 to 100 ms, each marking for
+	// up to 30 ms on the two cores the callers share), and the slowest-Get
+	// column then measured the runner's collector as much as the contender.
 	type tally struct {
-		sample []time.Duration
-		n      int64 // Gets seen
-		max    time.Duration
-		slow   int64
+		max  time.Duration
+		slow int64
 	}
 	tallies := make([]tally, workers)
-	for i := range tallies {
-		tallies[i].sample = make([]time.Duration, 0, 1<<15)
+	samples := make([]*reservoir, workers)
+	for i := range samples {
+		samples[i] = newReservoir(1<<15, uint64(i))
 	}
 	var gets atomic.Int64
 	var firstErr atomic.Value
@@ -508,7 +534,6 @@ func hotKey(ctx context.Context, e *env, name string, d, pause time.Duration) (H
 		go func() {
 			defer wg.Done()
 			tl := &tallies[w]
-			r := rand.New(rand.NewPCG(uint64(w), 11))
 			for time.Now().Before(stop) {
 				t := time.Now()
 				if _, err := c.Get(ctx, "hot", load); err != nil {
@@ -519,12 +544,7 @@ func hotKey(ctx context.Context, e *env, name string, d, pause time.Duration) (H
 				if took >= loadTime {
 					tl.slow++
 				}
-				if len(tl.sample) < cap(tl.sample) {
-					tl.sample = append(tl.sample, took)
-				} else if j := r.Int64N(tl.n + 1); j < int64(len(tl.sample)) {
-					tl.sample[j] = took
-				}
-				tl.n++
+				samples[w].add(took)
 				gets.Add(1)
 				if pause > 0 {
 					time.Sleep(pause)
@@ -538,15 +558,13 @@ func hotKey(ctx context.Context, e *env, name string, d, pause time.Duration) (H
 	if err, _ := firstErr.Load().(error); err != nil {
 		return HotKeyResult{}, fmt.Errorf("%s: %w", name, err)
 	}
-	var all []time.Duration
 	var slowest time.Duration
 	var slow int64
 	for _, tl := range tallies {
-		all = append(all, tl.sample...)
 		slowest = max(slowest, tl.max)
 		slow += tl.slow
 	}
-	slices.Sort(all)
+	all := sorted(samples)
 	return HotKeyResult{Contender: name, Seconds: d.Seconds(), Gets: gets.Load(), LoaderCalls: calls.Load(),
 		LoadsPerSecond: float64(calls.Load()) / d.Seconds(), Expiries: d.Seconds() / ttl.Seconds(), P99: pct(all, 0.99), Max: slowest,
 		Slow: slow}, nil

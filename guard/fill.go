@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"runtime/debug"
 	"time"
 
@@ -305,21 +304,8 @@ func (c *call[T]) Load(ctx context.Context) ([]byte, time.Duration, error) {
 // was heard since the flight began (local.put), and a write heard later
 // drops it. It expires before the Redis entry that the flight writes next.
 //
-// The flight then yields once before it goes on to the write. The callers
-// it has just woken wait in its processor's run queue; the write's system
-// calls wake redis-server, which on a busy machine can take the core from
-// the thread those callers wait on, and the scheduler does not steal them
-// while its global queue has work (goroutines that yielded). They then
-// stay stranded for a slice of the OS scheduler, milliseconds after their
-// answer was ready: on the hot key of table 4b (32 callers, two cores
-// shared with Redis) a debug build showed the last of them taking their
-// answer 1 to 4.6 ms after the first in some expiries. Yielding lets them
-// run first; the write, which only this process's later callers and other
-// processes' waiters need, goes on after them, a few microseconds later.
-// Table 4b's slowest caller, four five-round runs each: medians of the
-// rounds 14.07, 13.36, 11.13, 13.53 ms without the yield, 12.18, 10.93,
-// 10.82, 10.94 ms with it (go-redis/cache with its local cache in the same
-// runs: 10.89 to 11.61 ms).
+// The callers it wakes run before the flight goes on to the write (the
+// flight yields: see loader.Group.DoEarly).
 func (c *call[T]) answerEarly(started uint64) {
 	if c.early == nil {
 		return
@@ -330,7 +316,6 @@ func (c *call[T]) answerEarly(started uint64) {
 		c.keep(fl)
 	}
 	c.early(fl, c.err)
-	runtime.Gosched()
 }
 
 // Waited records a wait on another process's load (loader.WaitObserver).

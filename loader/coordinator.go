@@ -358,12 +358,13 @@ func (c *Coordinator) attempt(ctx context.Context, key, field string, f Filler) 
 	if qerr != nil {
 		return nil, reading{}, nil, qerr
 	}
+	// An unfenced attempt is a plain SET NX, never a script that Result
+	// might have to load and run outside the pipeline (lock.Queued.InPipeline
+	// is always true here): the HGET behind it ran after it, so for the
+	// winner it is the re-check (lock.TestQueueUnfenced asserts both).
 	l, err = q.Result(opCtx)
 	switch {
 	case err == nil:
-		if !q.InPipeline() { // the HGET ran before the lock was taken
-			get = c.hget(ctx, key, field)
-		}
 		return l, get, nil, nil
 	case errors.As(err, &held):
 		return nil, get, held, err

@@ -28,7 +28,11 @@ type attackOptions struct {
 	// Scenarios, if not empty, names the scenarios to run (penetration,
 	// stampede, zipf); the others are left out.
 	Scenarios []string
-	Progress  io.Writer
+	// Paths, if not empty, names the paths to run (naive, guard, local,
+	// refresh): each scenario runs those of them it has. An A/B of one
+	// path between two builds then spends no time on the others.
+	Paths    []string
+	Progress io.Writer
 	// OnPhase, if set, is told "<scenario> <path>" as each run starts, and
 	// "" when the attack ends (the dashboard labels its charts with it).
 	OnPhase func(string)
@@ -161,6 +165,9 @@ func attack(ctx context.Context, base string, o attackOptions) ([]result, error)
 			ps = []string{"naive", "guard"}
 		}
 		for _, path := range ps {
+			if len(o.Paths) > 0 && !slices.Contains(o.Paths, path) {
+				continue
+			}
 			before, err := scrape(ctx, client, base, path)
 			if err != nil {
 				return nil, err

@@ -79,11 +79,16 @@ func runServe(ctx context.Context, demo bool, args []string, stdout, stderr io.W
 	echoVersion := fs.Int("echo", 5, "Echo major version serving /products (5, or 4 for the v4 adapter)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the process to this file; handler samples carry a path label (go tool pprof -tagfocus path=guard)")
 	only := fs.String("only", "", "demo: run only these scenarios (comma-separated: penetration, stampede, zipf)")
+	paths := fs.String("paths", "", "demo: run only these paths (comma-separated: naive, guard, local, refresh); each scenario runs those of them it has")
 	zipfKeys := fs.Int("zipf-keys", 100_000, "demo: the Zipf scenario draws from products 1..N (1,000: a cache that is warm after the first second)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	scenarios, err := scenarioList(*only)
+	scenarios, err := nameList("only", "scenario", *only, []string{"penetration", "stampede", "zipf"})
+	if err != nil {
+		return err
+	}
+	pathsRun, err := nameList("paths", "path", *paths, []string{"naive", "guard", "local", "refresh"})
 	if err != nil {
 		return err
 	}
@@ -160,7 +165,7 @@ func runServe(ctx context.Context, demo bool, args []string, stdout, stderr io.W
 		fmt.Fprintf(stdout, "watch it live: %s/dashboard\n", url)
 		fmt.Fprintf(stdout, "attacking %s: each scenario for %v on the naive path, then on the guarded path (DB latency %v)\n", url, *duration, *dbLatency)
 		rows, err := attack(ctx, url, attackOptions{Duration: *duration, Workers: 32, Burst: 100, HotProduct: "1", Products: *zipfKeys,
-			Scenarios: scenarios, Progress: stderr, OnPhase: shop.live.setPhase})
+			Scenarios: scenarios, Paths: pathsRun, Progress: stderr, OnPhase: shop.live.setPhase})
 		if err != nil {
 			return err
 		}
@@ -194,11 +199,16 @@ func runAttack(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	url := fs.String("url", "http://127.0.0.1:8080", "the shop's base URL")
 	duration := fs.Duration("duration", 3*time.Second, "length of each scenario on each path")
 	only := fs.String("only", "", "run only these scenarios (comma-separated: penetration, stampede, zipf)")
+	paths := fs.String("paths", "", "run only these paths (comma-separated: naive, guard, local, refresh); each scenario runs those of them it has")
 	zipfKeys := fs.Int("zipf-keys", 100_000, "the Zipf scenario draws from products 1..N")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	scenarios, err := scenarioList(*only)
+	scenarios, err := nameList("only", "scenario", *only, []string{"penetration", "stampede", "zipf"})
+	if err != nil {
+		return err
+	}
+	pathsRun, err := nameList("paths", "path", *paths, []string{"naive", "guard", "local", "refresh"})
 	if err != nil {
 		return err
 	}
@@ -206,7 +216,7 @@ func runAttack(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return fmt.Errorf("-zipf-keys %d: want at least 2", *zipfKeys)
 	}
 	rows, err := attack(ctx, *url, attackOptions{Duration: *duration, Workers: 32, Burst: 100, HotProduct: "1", Products: *zipfKeys,
-		Scenarios: scenarios, Progress: stderr})
+		Scenarios: scenarios, Paths: pathsRun, Progress: stderr})
 	if err != nil {
 		return err
 	}
@@ -249,16 +259,17 @@ func summary(rows []result) string {
 	return out
 }
 
-// scenarioList parses -only: empty means every scenario.
-func scenarioList(only string) ([]string, error) {
-	if only == "" {
+// nameList parses a comma-separated flag whose names must be among
+// known: empty means all of them.
+func nameList(flag, what, value string, known []string) ([]string, error) {
+	if value == "" {
 		return nil, nil
 	}
 	var out []string
-	for name := range strings.SplitSeq(only, ",") {
+	for name := range strings.SplitSeq(value, ",") {
 		name = strings.TrimSpace(name)
-		if !slices.Contains([]string{"penetration", "stampede", "zipf"}, name) {
-			return nil, fmt.Errorf("-only: unknown scenario %q (penetration, stampede, zipf)", name)
+		if !slices.Contains(known, name) {
+			return nil, fmt.Errorf("-%s: unknown %s %q (%s)", flag, what, name, strings.Join(known, ", "))
 		}
 		out = append(out, name)
 	}

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -237,5 +238,34 @@ func TestDemoTable(t *testing.T) {
 	}
 	if sn[1] < 10*sn[2] {
 		t.Fatalf("stampede: the naive path should pay many queries per invalidation: %d for %d", sn[1], sn[2])
+	}
+}
+
+// TestDemoPaths runs one scenario on two of its paths (-only, -paths) and
+// checks that the table has those rows and no others.
+func TestDemoPaths(t *testing.T) {
+	t.Setenv("REDIS_URL", "")
+	t.Setenv("DATABASE_URL", "")
+	t.Setenv("TMPDIR", t.TempDir())
+	var out bytes.Buffer
+	err := runServe(context.Background(), true, []string{"-exit", "-duration", "300ms", "-only", "zipf", "-paths", "guard, refresh"}, &out, io.Discard)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	var got []string
+	for _, m := range regexp.MustCompile(`(?m)^\| (\w+) \| (\w+) \| (\d+) \|`).FindAllStringSubmatch(out.String(), -1) {
+		if n, _ := strconv.Atoi(m[3]); n == 0 {
+			t.Errorf("row %s/%s served no request", m[1], m[2])
+		}
+		got = append(got, m[1]+"/"+m[2])
+	}
+	if want := []string{"zipf/guard", "zipf/refresh"}; !slices.Equal(got, want) {
+		t.Fatalf("rows %v, want %v:\n%s", got, want, out.String())
+	}
+	for _, bad := range [][]string{{"-paths", "guard,fast"}, {"-only", "zipf,flood"}} {
+		err := runServe(context.Background(), true, append([]string{"-exit"}, bad...), io.Discard, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "unknown") {
+			t.Errorf("%v: err %v, want an unknown-name error", bad, err)
+		}
 	}
 }

@@ -447,7 +447,8 @@ type HotKeyResult struct {
 	Expiries       float64 // how many times the TTL ran out during the run
 	P99            time.Duration
 	Max            time.Duration // the slowest Get
-	Slow           int64         // Gets that took as long as a load (10 ms) or longer: callers that waited for one
+	Slow           int64         // Gets that took as long as a load (LoadTime) or longer: callers that waited for one
+	TTL, LoadTime  time.Duration // the key's TTL and the loader's time (-hot-ttl, -hot-load)
 
 	GetsRuns []int64         // Gets of each round (medianHot)
 	MaxRuns  []time.Duration // the slowest Get of each round
@@ -475,11 +476,41 @@ func medianHot(runs []HotKeyResult) HotKeyResult {
 // table 4b runs with none (see hotKey).
 const hotPauseDefault = 100 * time.Microsecond
 
+// Hot-key shape by default: the key's TTL and the loader's time. The TTL
+// is 1 s: go-zero stores TTLs in whole seconds and go-redis/cache replaces
+// any TTL under a second with its 1-hour default. -hot-ttl and -hot-load
+// change them (see hotShape).
+const (
+	hotTTLDefault  = time.Second
+	hotLoadDefault = 10 * time.Millisecond
+)
+
+// hotShape is the hot key's TTL and loader time for a run.
+type hotShape struct{ ttl, load time.Duration }
+
+// check refuses a TTL that contender cannot keep: go-zero stores whole
+// seconds, and go-redis/cache replaces a TTL under a second with its
+// 1-hour default, so either would run a different workload than its row
+// says.
+func (h hotShape) check(contender string) error {
+	if h.ttl <= 0 || h.load <= 0 {
+		return fmt.Errorf("hot key: TTL %v and load %v must be positive", h.ttl, h.load)
+	}
+	if strings.HasPrefix(contender, "go-zero") && h.ttl%time.Second != 0 {
+		return fmt.Errorf("%s keeps TTLs in whole seconds, not %v (leave it out with -only)", contender, h.ttl)
+	}
+	if strings.HasPrefix(contender, "go-redis/cache") && h.ttl < time.Second {
+		return fmt.Errorf("%s replaces a TTL under 1s (%v) with its 1-hour default (leave it out with -only)", contender, h.ttl)
+	}
+	return nil
+}
+
 // hotKey: 32 goroutines on one key whose TTL is short, for several seconds.
-// The TTL is 1 s: go-zero stores TTLs in whole seconds and go-redis/cache
-// replaces any TTL under a second with its 1-hour default.
-func hotKey(ctx context.Context, e *env, name string, d, pause time.Duration) (HotKeyResult, error) {
-	const ttl, loadTime = time.Second, 10 * time.Millisecond
+func hotKey(ctx context.Context, e *env, name string, d, pause time.Duration, shape hotShape) (HotKeyResult, error) {
+	if err := shape.check(name); err != nil {
+		return HotKeyResult{}, err
+	}
+	ttl, loadTime := shape.ttl, shape.load
 	c, _, err := e.build(ctx, name, "hot", ttl, []string{"hot"})
 	if err != nil {
 		return HotKeyResult{}, err
@@ -567,7 +598,7 @@ func hotKey(ctx context.Context, e *env, name string, d, pause time.Duration) (H
 	all := sorted(samples)
 	return HotKeyResult{Contender: name, Seconds: d.Seconds(), Gets: gets.Load(), LoaderCalls: calls.Load(),
 		LoadsPerSecond: float64(calls.Load()) / d.Seconds(), Expiries: d.Seconds() / ttl.Seconds(), P99: pct(all, 0.99), Max: slowest,
-		Slow: slow}, nil
+		Slow: slow, TTL: ttl, LoadTime: loadTime}, nil
 }
 
 // AvalancheResult: workload 5.

@@ -1,0 +1,48 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestHotShapeCheck(t *testing.T) {
+	for _, c := range []struct {
+		contender string
+		ttl, load time.Duration
+		refused   string // a part of the error, or "" for none
+	}{
+		{"cacheguard+refresh", 200 * time.Millisecond, 20 * time.Millisecond, ""},
+		{"rueidisaside", 200 * time.Millisecond, 20 * time.Millisecond, ""},
+		{"raw", 1500 * time.Millisecond, 10 * time.Millisecond, ""},
+		{"go-zero", 2 * time.Second, 20 * time.Millisecond, ""},
+		{"go-redis/cache+local", time.Second, 20 * time.Millisecond, ""},
+		{"go-zero+bloom", 1500 * time.Millisecond, 10 * time.Millisecond, "whole seconds"},
+		{"go-redis/cache", 200 * time.Millisecond, 10 * time.Millisecond, "1-hour default"},
+		{"go-redis/cache+local", 999 * time.Millisecond, 10 * time.Millisecond, "1-hour default"},
+		{"cacheguard", 0, 10 * time.Millisecond, "positive"},
+		{"cacheguard", time.Second, 0, "positive"},
+	} {
+		err := hotShape{ttl: c.ttl, load: c.load}.check(c.contender)
+		switch {
+		case c.refused == "" && err != nil:
+			t.Errorf("%s, TTL %v, load %v: %v", c.contender, c.ttl, c.load, err)
+		case c.refused != "" && (err == nil || !strings.Contains(err.Error(), c.refused)):
+			t.Errorf("%s, TTL %v, load %v: err %v, want one saying %q", c.contender, c.ttl, c.load, err, c.refused)
+		}
+	}
+}
+
+func TestMarkdownHotNamesItsShape(t *testing.T) {
+	rs := []HotKeyResult{{Contender: "cacheguard+refresh", TTL: 200 * time.Millisecond, LoadTime: 20 * time.Millisecond,
+		GetsRuns: []int64{1}, MaxRuns: []time.Duration{time.Millisecond}}}
+	out := markdownHot("4", rs, hotPauseDefault)
+	for _, want := range []string{"TTL 200 ms, loader 20 ms", "| Gets ≥ 20 ms |", "| cacheguard+refresh |"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+	if out := markdownHot("4", []HotKeyResult{{Contender: "raw"}}, 0); !strings.Contains(out, "TTL 1 s, loader 10 ms") {
+		t.Errorf("a row without its shape (an older report) should read as the defaults:\n%s", out)
+	}
+}

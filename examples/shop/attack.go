@@ -18,6 +18,12 @@ import (
 	"time"
 )
 
+// The attack's scenarios and paths, as -only and -paths name them.
+var (
+	scenarioNames = []string{"penetration", "stampede", "zipf"}
+	pathNames     = []string{"naive", "guard", "local", "refresh"}
+)
+
 // attackOptions sizes the load run.
 type attackOptions struct {
 	Duration   time.Duration // per scenario and path

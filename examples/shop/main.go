@@ -84,11 +84,11 @@ func runServe(ctx context.Context, demo bool, args []string, stdout, stderr io.W
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	scenarios, err := nameList("only", "scenario", *only, []string{"penetration", "stampede", "zipf"})
+	scenarios, err := nameList("only", "scenario", *only, scenarioNames)
 	if err != nil {
 		return err
 	}
-	pathsRun, err := nameList("paths", "path", *paths, []string{"naive", "guard", "local", "refresh"})
+	pathsRun, err := nameList("paths", "path", *paths, pathNames)
 	if err != nil {
 		return err
 	}
@@ -204,11 +204,11 @@ func runAttack(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	scenarios, err := nameList("only", "scenario", *only, []string{"penetration", "stampede", "zipf"})
+	scenarios, err := nameList("only", "scenario", *only, scenarioNames)
 	if err != nil {
 		return err
 	}
-	pathsRun, err := nameList("paths", "path", *paths, []string{"naive", "guard", "local", "refresh"})
+	pathsRun, err := nameList("paths", "path", *paths, pathNames)
 	if err != nil {
 		return err
 	}

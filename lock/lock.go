@@ -126,6 +126,7 @@ type Lock struct {
 	key   string
 	token string
 	fence int64
+	lease time.Duration // the TTL it was taken with (KeepAlive's first refresh is due a third of the way in)
 }
 
 // Obtain takes the lock key for ttl, retrying as opts says. It returns
@@ -153,7 +154,7 @@ func (c *Client) Obtain(ctx context.Context, key string, ttl time.Duration, opts
 			return nil, fmt.Errorf("lock: obtain %s: %w", key, err)
 		}
 		if got {
-			return &Lock{c: c, key: key, token: token, fence: fence}, nil
+			return &Lock{c: c, key: key, token: token, fence: fence, lease: ttl}, nil
 		}
 		left := time.Until(deadline)
 		if left <= 0 {
@@ -279,7 +280,7 @@ func (q *Queued) Result(ctx context.Context) (*Lock, error) {
 	if !got {
 		return nil, &HeldError{TTL: holderTTL}
 	}
-	return &Lock{c: q.c, key: q.key, token: q.token, fence: fence}, nil
+	return &Lock{c: q.c, key: q.key, token: q.token, fence: fence, lease: q.ttl}, nil
 }
 
 // unfenced is Result for QueueUnfenced.
@@ -293,7 +294,7 @@ func (q *Queued) unfenced() (*Lock, error) {
 		// again at once.
 		return nil, &HeldError{TTL: max(q.pttl.Val(), 0)}
 	}
-	return &Lock{c: q.c, key: q.key, token: q.token}, nil
+	return &Lock{c: q.c, key: q.key, token: q.token, lease: q.ttl}, nil
 }
 
 // InPipeline reports whether the attempt ran inside the pipeline, in order
@@ -394,6 +395,11 @@ func (l *Lock) TTL(ctx context.Context) (time.Duration, error) {
 // keep failing until the lock must have expired, it calls onLost once (if
 // non-nil) with the reason and stops.
 //
+// A lock taken with a lease shorter than ttl (a short first lease, extended
+// only if the holder is still at work) gets its first refresh a third of
+// the way into that lease, and counts as expired after it, until a refresh
+// has extended it to ttl.
+//
 // Nothing runs until the first refresh is due: a timer (time.AfterFunc)
 // starts the watchdog goroutine then, so a hold shorter than ttl/3 (most
 // cache loads) costs no goroutine and no Redis command. The goroutine
@@ -403,8 +409,12 @@ func (l *Lock) KeepAlive(ctx context.Context, ttl time.Duration, onLost func(err
 	quit := make(chan struct{})
 	done := make(chan struct{})
 	period := max(ttl/3, time.Millisecond)
-	lastOK := time.Now() // the lock was taken (or last refreshed) with ttl about now
-	t := time.AfterFunc(period, func() {
+	lastOK := time.Now() // the lock was taken (or last refreshed) with held about now
+	held, first := ttl, period
+	if l.lease > 0 && l.lease < ttl {
+		held, first = l.lease, max(l.lease/3, time.Millisecond)
+	}
+	t := time.AfterFunc(first, func() {
 		defer close(done)
 		tick := time.NewTicker(period)
 		defer tick.Stop()
@@ -419,8 +429,8 @@ func (l *Lock) KeepAlive(ctx context.Context, ttl time.Duration, onLost func(err
 			err := l.Refresh(ctx, ttl)
 			switch {
 			case err == nil:
-				lastOK = time.Now()
-			case errors.Is(err, ErrNotHeld), time.Since(lastOK) >= ttl:
+				lastOK, held = time.Now(), ttl
+			case errors.Is(err, ErrNotHeld), time.Since(lastOK) >= held:
 				// gone, or failing for so long that it must have expired
 				if onLost != nil {
 					onLost(err)

@@ -192,6 +192,30 @@ func TestWatchdogOutlivesTTL(t *testing.T) {
 	stop()
 }
 
+// TestKeepAliveShortLease: a lock taken with a lease shorter than the TTL
+// the watchdog keeps it at gets its first refresh within that lease, and
+// from then on holds the longer TTL.
+func TestKeepAliveShortLease(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	lc := lock.New(c)
+	key := c.Prefix + ":{k}:lock"
+	const lease, ttl = 150 * time.Millisecond, 5 * time.Second
+	l, err := lc.Obtain(ctx, key, lease, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := l.KeepAlive(ctx, ttl, func(err error) { t.Errorf("onLost(%v)", err) })
+	defer stop()
+	time.Sleep(3 * lease) // a load three times longer than the lease
+	if _, err := lc.Obtain(ctx, key, lease, nil); !errors.Is(err, lock.ErrNotObtained) {
+		t.Fatalf("the lock expired with its first lease: %v", err)
+	}
+	if left, err := l.TTL(ctx); err != nil || left <= lease {
+		t.Fatalf("TTL %v (%v), want the watchdog's %v", left, err, ttl)
+	}
+}
+
 // TestKeepAliveShortHold: a hold that ends before the first refresh is due
 // sends nothing and starts no goroutine (TestMain's leak check would see one
 // left behind); a stop after ctx ended returns at once.

@@ -314,6 +314,38 @@ func (c *Coordinator) Run(ctx context.Context, key, field string, f Filler) erro
 	}
 }
 
+// RunHeld is Run for a caller that took key's lock itself, in a round trip
+// of its own (lock.Client.QueueUnfenced, with the HGET of field queued
+// behind the attempt: Redis ran that HGET with the lock taken, so it is the
+// re-check of step 1) and found nothing under field. It goes straight to
+// step 2, the load, under l, whose lease may be shorter than LockTTL: the
+// watchdog's first refresh comes within it (see lock.Lock.KeepAlive). If
+// the write is refused (a write to the source of truth deleted the lock,
+// or its lease ran out), RunHeld goes on as Run does, with a lock of its
+// own.
+func (c *Coordinator) RunHeld(ctx context.Context, l *lock.Lock, key, field string, f Filler) error {
+	nothing := redis.NewStringResult("", redis.Nil) // what the caller's re-check found
+	if err := c.hold(ctx, l, key, field, reading{get: nothing}, f); !errors.Is(err, errOvertaken) {
+		return err
+	}
+	return c.Run(ctx, key, field, f)
+}
+
+// Release gives back key's lock l, which a caller took and did not use (its
+// re-check found the entry, or a flight of its process was filling key
+// already), and PUBLISHes key if a flight in some process waits for it, in
+// one script (release_publish.lua), bounded by OpTimeout. A lock that is
+// no longer l (its lease ran out) is left alone.
+func (c *Coordinator) Release(ctx context.Context, l *lock.Lock, key string) error {
+	opCtx, cancel := c.op(ctx)
+	defer cancel()
+	err := releasePublish.Run(opCtx, c.rdb, []string{keyspace.Lock(key), keyspace.Waiting(key)}, l.Token(), c.channel, key).Err()
+	if err != nil {
+		return fmt.Errorf("loader: release %s: %w", key, redisfail.Wrap(err))
+	}
+	return nil
+}
+
 // TryRun is Run for a refresh ahead of expiry: one attempt on the lock and
 // no wait. If another holder has the lock (it is filling key already), or a
 // write to the source of truth overtook the load (its lock is gone: the

@@ -352,3 +352,86 @@ func TestCoordinatorFlightsShareRoundTrips(t *testing.T) {
 		t.Fatalf("%d lock attempts and %d write scripts in %d round trips", attempts, scripts, trips)
 	}
 }
+
+// TestRunHeld: a caller that took the lock in its own round trip, with the
+// re-check behind it, loads once under that lock; another Coordinator
+// waiting for the lock meanwhile reads what it wrote. A lock taken and not
+// needed is given back with Release, which wakes a waiter.
+func TestRunHeld(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	co := loader.NewCoordinator(c.UniversalClient, c.Prefix+":ch", nil)
+	defer co.Close()
+	other := loader.NewCoordinator(redistest.Connect(t).UniversalClient, c.Prefix+":ch", nil)
+	defer other.Close()
+	lc := lock.New(c)
+	take := func(key string) *lock.Lock {
+		t.Helper()
+		pipe := c.Pipeline()
+		q, err := lc.QueueUnfenced(ctx, pipe, keyspace.Lock(key), 500*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		get := pipe.HGet(ctx, key, "1")
+		_, _ = pipe.Exec(ctx)
+		l, err := q.Result(ctx)
+		if err != nil || !errors.Is(get.Err(), redis.Nil) {
+			t.Fatalf("lock %v, re-check %v: want the lock and nothing cached", err, get.Err())
+		}
+		return l
+	}
+	var loads atomic.Int32
+	loaded := make(chan struct{})
+	f := filler{load: func(ctx context.Context) ([]byte, time.Duration, error) {
+		if loads.Add(1) == 1 {
+			close(loaded)
+		}
+		time.Sleep(50 * time.Millisecond)
+		return []byte("v"), time.Minute, nil
+	}}
+
+	key := c.Prefix + ":{held}"
+	l := take(key)
+	waited := make(chan error, 1)
+	go func() {
+		<-loaded
+		waited <- other.Run(ctx, key, "1", f) // finds the lock held: waits, then reads
+	}()
+	if err := co.RunHeld(ctx, l, key, "1", f); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-waited; err != nil {
+		t.Fatal(err)
+	}
+	if n := loads.Load(); n != 1 {
+		t.Fatalf("%d loads, want 1", n)
+	}
+	if v := c.HGet(ctx, key, "1").Val(); v != "v" {
+		t.Fatalf("cached %q, want the load's frame", v)
+	}
+	if n := c.Exists(ctx, keyspace.Lock(key)).Val(); n != 0 {
+		t.Fatal("lock left behind")
+	}
+
+	// A lock taken and not needed: Release frees it and wakes the waiter,
+	// which then loads under a lock of its own.
+	key = c.Prefix + ":{unused}"
+	l = take(key)
+	waited = make(chan error, 1)
+	go func() { waited <- other.Run(ctx, key, "1", f) }()
+	for c.Exists(ctx, keyspace.Waiting(key)).Val() == 0 { // subscribed and marked: a publish reaches it
+		time.Sleep(time.Millisecond)
+	}
+	if err := co.Release(ctx, l, key); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-waited; err != nil {
+		t.Fatal(err)
+	}
+	if n, w := loads.Load(), other.Stats().Wakeups; n != 2 || w != 2 {
+		t.Fatalf("%d loads and %d wake-ups, want 2 and 2 (one per wait)", n, w)
+	}
+	if err := co.Release(ctx, l, key); err != nil { // no longer l's: left alone
+		t.Fatal(err)
+	}
+}

@@ -146,7 +146,9 @@ type WaitObserver interface {
 //     (the holder failed or died) it goes back to step 1.
 //
 // A miss thus costs the winner three round trips with the caller's first
-// read: read, lock + re-check, write + release (+ publish). The guard
+// read: read, lock + re-check, write + release (+ publish); two when the
+// caller's read took the lock itself, with the HGET behind it as the
+// re-check (RunHeld starts at step 2). The guard
 // answers its callers after the second, as the load returns (Filler.Load
 // may hand its result out before Run writes it; see Group.DoEarly). A miss nobody
 // waited for publishes nothing: a message on the channel reaches every
@@ -506,9 +508,17 @@ func (c *Coordinator) wait(ctx context.Context, key, field string, holderTTL tim
 	// script runs before the mark (the HGET behind it sees what it wrote),
 	// between the two (the same), or after the HGET (it finds the mark and
 	// publishes). The mark outlives this wait; a wait that the holder's
-	// renewed lease outlasts marks again on its next round.
-	if done, err := c.cached(ctx, c.markAndRead(ctx, key, field, lease), f); done || err != nil {
+	// renewed lease outlasts marks again on its next round. A holder that
+	// released the lock without writing before the mark was left (its load
+	// failed, or it was a read's lock given back: see RunHeld) published to
+	// nobody: the lock's PTTL, read behind the mark, says it is gone, and
+	// the flight attempts again at once instead of waiting out the lease.
+	r, lockGone := c.markAndRead(ctx, key, field, lease)
+	if done, err := c.cached(ctx, r, f); done || err != nil {
 		return true, "woken", err
+	}
+	if lockGone {
+		return false, "woken", nil
 	}
 	t := time.NewTimer(lease)
 	defer t.Stop()
@@ -530,18 +540,20 @@ func (c *Coordinator) op(ctx context.Context) (context.Context, context.CancelFu
 }
 
 // markAndRead leaves key's waiting mark for a wait of lease and reads the
-// entry behind it, in one round trip bounded by OpTimeout.
-func (c *Coordinator) markAndRead(ctx context.Context, key, field string, lease time.Duration) reading {
+// entry behind it, and whether key's lock is gone, in one round trip
+// bounded by OpTimeout.
+func (c *Coordinator) markAndRead(ctx context.Context, key, field string, lease time.Duration) (r reading, lockGone bool) {
 	opCtx, cancel := c.op(ctx)
 	defer cancel()
 	pipe := c.rdb.Pipeline()
 	mark := pipe.Set(opCtx, keyspace.Waiting(key), "1", lease+c.opts.OpTimeout)
 	get := pipe.HGet(opCtx, key, field)
+	pttl := pipe.PTTL(opCtx, keyspace.Lock(key))
 	_, _ = pipe.Exec(opCtx) // errors are read per command
 	if err := mark.Err(); err != nil && errors.Is(get.Err(), redis.Nil) {
 		get.SetErr(err) // nothing cached, and unmarked a wait could miss the publish: fail as a read would
 	}
-	return reading{get: get}
+	return reading{get: get}, pttl.Err() == nil && pttl.Val() == -2 // -2: no such key
 }
 
 // hget reads the entry in a round trip of its own, bounded by OpTimeout.

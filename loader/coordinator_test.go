@@ -435,3 +435,55 @@ func TestRunHeld(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// releasingFiller gives back a lock the moment Run starts waiting for it,
+// before the wait leaves its mark: the release publishes to nobody.
+type releasingFiller struct {
+	filler
+	release func()
+	results chan string
+}
+
+func (f releasingFiller) Waiting() { f.release() }
+func (f releasingFiller) Waited(_ context.Context, _ time.Time, result string) {
+	f.results <- result
+}
+
+// TestWaitSeesALockReleasedUnwritten: a holder that releases the lock
+// without writing (a failed load, a read's lock given back) before a
+// waiter leaves its mark publishes to nobody; the waiter sees the lock gone
+// behind its mark and attempts again at once instead of waiting out the
+// holder's lease.
+func TestWaitSeesALockReleasedUnwritten(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	co := loader.NewCoordinator(c.UniversalClient, c.Prefix+":ch", nil)
+	defer co.Close()
+	key := c.Prefix + ":{gone}"
+	l, err := lock.New(c).Obtain(ctx, keyspace.Lock(key), time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var loads atomic.Int32
+	f := releasingFiller{
+		filler: filler{load: func(context.Context) ([]byte, time.Duration, error) {
+			loads.Add(1)
+			return []byte("v"), time.Minute, nil
+		}},
+		release: func() {
+			if err := l.Release(ctx); err != nil {
+				t.Error(err)
+			}
+		},
+		results: make(chan string, 4),
+	}
+	if err := co.Run(ctx, key, "1", f); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-f.results; got != "woken" {
+		t.Fatalf("the wait ended %q, want woken (the lock was gone behind the mark)", got)
+	}
+	if n, st := loads.Load(), co.Stats(); n != 1 || st.Waits != 1 {
+		t.Fatalf("%d loads, %+v: want one load after one wait", n, st)
+	}
+}

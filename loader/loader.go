@@ -98,6 +98,15 @@ func (g *Group[R]) Do(ctx context.Context, key string, fn func(ctx context.Conte
 // 10.94 ms with it (go-redis/cache with its local cache: 10.89 to 11.61 ms
 // in the same runs).
 func (g *Group[R]) DoEarly(ctx context.Context, key string, fn func(ctx context.Context, early func(R, error)) (R, error), accept func(R) bool) (res R, shared bool, err error) {
+	return g.DoEarlyOnJoin(ctx, key, fn, accept, nil)
+}
+
+// DoEarlyOnJoin is DoEarly that calls onJoin (if not nil) when the caller
+// joins a flight already under way instead of starting one, before it
+// waits for that flight: a caller holding something the flight under way
+// may wait for (the guard's callers, a lock their read took) gives it up
+// there, or the two would wait for each other.
+func (g *Group[R]) DoEarlyOnJoin(ctx context.Context, key string, fn func(ctx context.Context, early func(R, error)) (R, error), accept func(R) bool, onJoin func()) (res R, shared bool, err error) {
 	g.mu.Lock()
 	f, joined := g.flights[key]
 	if !joined {
@@ -109,6 +118,9 @@ func (g *Group[R]) DoEarly(ctx context.Context, key string, fn func(ctx context.
 	}
 	f.callers++
 	g.mu.Unlock()
+	if joined && onJoin != nil {
+		onJoin()
+	}
 	if !joined {
 		if ctx.Done() == nil && accept == nil { // nobody can leave before the end: run it here
 			g.run(ctx, key, f, fn)

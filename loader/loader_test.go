@@ -229,3 +229,49 @@ func TestDoEarlyPanicAfterAnswer(t *testing.T) {
 		t.Fatalf("waiting caller: %v, want ErrPanic", err)
 	}
 }
+
+// TestDoEarlyOnJoin: onJoin runs for each caller that joins the flight
+// under way, before it waits (here the flight waits for every joiner's
+// onJoin, as a flight may wait for a lock a joiner holds), and never for
+// the caller that starts the flight.
+func TestDoEarlyOnJoin(t *testing.T) {
+	var g loader.Group[int]
+	const joiners = 5
+	var joined sync.WaitGroup
+	joined.Add(joiners)
+	started := make(chan struct{})
+	var starterJoined atomic.Bool
+	results := make(chan int, joiners+1)
+	go func() {
+		v, _, err := g.DoEarlyOnJoin(context.Background(), "k", func(context.Context, func(int, error)) (int, error) {
+			close(started)
+			joined.Wait() // would never end if a joiner waited before its onJoin
+			return 7, nil
+		}, nil, func() { starterJoined.Store(true) })
+		if err != nil {
+			t.Error(err)
+		}
+		results <- v
+	}()
+	<-started
+	for range joiners {
+		go func() {
+			v, _, err := g.DoEarlyOnJoin(context.Background(), "k", func(context.Context, func(int, error)) (int, error) {
+				t.Error("a joiner's function ran")
+				return 0, nil
+			}, nil, joined.Done)
+			if err != nil {
+				t.Error(err)
+			}
+			results <- v
+		}()
+	}
+	for range joiners + 1 {
+		if v := <-results; v != 7 {
+			t.Fatalf("got %d, want the flight's 7", v)
+		}
+	}
+	if starterJoined.Load() {
+		t.Fatal("onJoin ran for the caller that started the flight")
+	}
+}

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"sync/atomic"
 	"time"
 
 	"github.com/cacheguard/cacheguard/codec"
 	"github.com/cacheguard/cacheguard/internal/growstack"
 	"github.com/cacheguard/cacheguard/internal/redisfail"
 	"github.com/cacheguard/cacheguard/loader"
+	"github.com/cacheguard/cacheguard/lock"
 )
 
 // since is when a caller started: Guard.starts then, and the local cache's
@@ -63,13 +65,19 @@ func join[T any](ctx context.Context, g *Guard, key string, from since, proto ca
 	if early {
 		accept = serves
 	}
-	c = &call[T]{g: proto.g, id: proto.id, vkey: proto.vkey, load: proto.load}
-	fl, shared, err = g.flights.DoEarly(ctx, key, func(ctx context.Context, answer func(flight, error)) (flight, error) {
+	c = &call[T]{g: proto.g, id: proto.id, vkey: proto.vkey, load: proto.load, held: proto.held}
+	giveBack := func() { // a flight under way may wait for the lock this caller's read took
+		if c.claimHeld(heldByCaller) {
+			g.giveBack(c.held, c.vkey)
+		}
+	}
+	fl, shared, err = g.flights.DoEarlyOnJoin(ctx, key, func(ctx context.Context, answer func(flight, error)) (flight, error) {
 		if early {
 			c.early = answer
 		}
 		return fly(c, ctx)
-	}, accept)
+	}, accept, giveBack)
+	giveBack()             // or it left before its own flight took the lock
 	mine = fl.by == any(c) // this caller's function ran the flight
 	answered := err == nil || errors.Is(err, ErrNotFound)
 	older = fl.by != nil && answered && !serves(fl) // its answer may predate a write
@@ -84,8 +92,11 @@ func (g *Guard) noWriteHeard(then, now uint64) bool {
 }
 
 // fill runs a miss (step 5) through a flight shared with the other callers
-// of the ID in this process (see join).
-func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T], from since) (T, error) {
+// of the ID in this process (see join). held is the key's lock if the
+// caller's read took it (see lockWithRead): the flight the caller starts
+// loads under it; if the caller joins a flight already under way instead,
+// it gives the lock back.
+func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T], from since, held *lock.Lock) (T, error) {
 	var zero T
 	var (
 		c                   *call[T]
@@ -94,7 +105,8 @@ func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T
 		err                 error
 	)
 	for attempt := 0; ; attempt++ {
-		c, fl, shared, mine, older, err = join(ctx, g, vkey, from, call[T]{g: g, id: id, vkey: vkey, load: load}, true, (*call[T]).fly)
+		c, fl, shared, mine, older, err = join(ctx, g, vkey, from, call[T]{g: g, id: id, vkey: vkey, load: load, held: held}, true, (*call[T]).fly)
+		held = nil // join gave it to the flight or back; a later round attempts as usual
 		if !older || attempt == 3 {
 			break
 		}
@@ -130,6 +142,9 @@ type call[T any] struct {
 	g        *Guard
 	id, vkey string
 	load     LoadFunc[T]
+
+	held      *lock.Lock // the key's lock, taken by the caller's read (see lockWithRead), or nil
+	heldClaim int32      // who uses held, the first to claim it (claimHeld; an int32 because join copies a prototype call)
 
 	waiter  loader.Waiter       // told when the Coordinator waits for another holder (GetMany's batch), or nil
 	refresh bool                // a refresh ahead of expiry: an entry past its refresh-at time does not answer
@@ -195,14 +210,34 @@ func (c *call[T]) keep(fl flight) {
 	c.kept = true
 }
 
+// Claims on call.held: the caller's read took the key's lock, and either
+// the flight the caller started loads under it, or the caller gives it back
+// once join returns (it joined another flight, or left before its own
+// began). Whichever claims it first.
+const (
+	heldByFlight = 1 + iota
+	heldByCaller
+)
+
+// claimHeld claims c.held for who, and reports whether who got it.
+func (c *call[T]) claimHeld(who int32) bool {
+	return c.held != nil && atomic.CompareAndSwapInt32(&c.heldClaim, 0, who)
+}
+
 // coordinate runs the miss through the Coordinator (see loader.Coordinator):
 // one load per ID across processes, written only while its lock is its own.
+// Under the lock the caller's read took, it starts at the load (RunHeld).
 func (c *call[T]) coordinate(ctx context.Context) (flight, error) {
 	var f loader.Filler = c
 	if c.g.local != nil {
 		f = keeping[T]{c}
 	}
-	err := c.g.coord.Run(ctx, c.vkey, c.g.field, f)
+	var err error
+	if c.claimHeld(heldByFlight) {
+		err = c.g.coord.RunHeld(ctx, c.held, c.vkey, c.g.field, f)
+	} else {
+		err = c.g.coord.Run(ctx, c.vkey, c.g.field, f)
+	}
 	switch {
 	case err == nil:
 		return c.found, c.err // c.err is ErrNotFound after a marker

@@ -105,7 +105,7 @@ func get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 	if v, ok, err := answerRead(ctx, g, id, vkey, r, load, from); ok {
 		return v, err
 	}
-	return fill(ctx, g, id, vkey, load, from)
+	return fill(ctx, g, id, vkey, load, from, r.held)
 }
 
 // readFor is step 3 for a caller that started at from: the probe and the
@@ -115,7 +115,7 @@ func (g *Guard) readFor(ctx context.Context, id, vkey string, from since) (readR
 	if g.local != nil {
 		return g.readShared(ctx, id, vkey, from)
 	}
-	return g.read(ctx, id, vkey)
+	return g.read(ctx, id, vkey, true)
 }
 
 // answerRead answers a Get from a read: a reject or a marker

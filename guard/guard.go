@@ -26,7 +26,11 @@
 //     is dropped and treated as a miss. A filter that is not ready (never
 //     built, or lost by Redis) answers "maybe": the Guard fails open, never
 //     rejects an ID that exists. [Guard.Peek] is this step alone, for HTTP
-//     middleware; the Get that follows it reuses its answer.
+//     middleware; the Get that follows it reuses its answer. While reads
+//     miss often (a cold cache), a read of an ID this process has not read
+//     lately takes the ID's lock in the same round trip, before its HGET
+//     (readlock.go): a miss then needs no lock attempt of its own in step
+//     5.
 //  4. A miss joins the ID's fill flight in this process (fill in fill.go),
 //     if that flight started after this Get did: an older flight may have
 //     read before a write that returned before this Get started, so its
@@ -35,7 +39,8 @@
 //     if no write was heard since it started: the window a local copy has
 //     anyway).
 //  5. The flight goes to the loader's Coordinator (call.coordinate): one
-//     process at a time takes the ID's lock, checks the cache again, calls
+//     process at a time takes the ID's lock (or already holds it: step 3),
+//     checks the cache again (the HGET behind the lock attempt), calls
 //     the load function and writes its value for [Options.TTL] ±
 //     [Options.Jitter], or an empty marker for [Options.EmptyTTL] when the
 //     load says [ErrNotFound], with a write that checks the lock is still
@@ -49,7 +54,7 @@
 //     as the load returns, before the write of step 5: the load read the
 //     source of truth while their Get ran, so that answer is as fresh as
 //     one given after the write, and a miss costs its caller two round
-//     trips and the load. The flight writes after answering them, and the
+//     trips and the load (one when its read took the lock). The flight writes after answering them, and the
 //     callers that joined during the load wait for that write ([Guard.Flush]
 //     waits for it too).
 //
@@ -90,6 +95,7 @@ import (
 	"github.com/cacheguard/cacheguard/internal/batch"
 	"github.com/cacheguard/cacheguard/internal/keyspace"
 	"github.com/cacheguard/cacheguard/loader"
+	"github.com/cacheguard/cacheguard/lock"
 )
 
 // Guard guards the reads of one kind of entity. It is safe for concurrent use.
@@ -117,6 +123,9 @@ type Guard struct {
 	gate      gate                        // every entry point passes it; Close shuts it
 	bound     atomic.Pointer[typeBinding] // the type values decode into, set by the first Get or For
 	credit    atomic.Int64                // > 0: recent reads missed: send the bloom probe with the HGET (see read)
+	locks     *lock.Client                // the locks reads take (see lockWithRead)
+	lockBias  atomic.Int64                // > 0: the reads that found nothing were mostly misses (see emptyRead)
+	seen      atomic.Pointer[seenTable]   // the IDs read lately, once a miss opened the gate (see lockWithRead)
 	starts    atomic.Uint64               // counts flights and shared reads as they start; a Get reads it as it starts (see since)
 	tel       *telemetry                  // OpenTelemetry instruments, or nil (off)
 
@@ -219,6 +228,7 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 		}
 		return nil, g.fail(ctx, "open", "", err)
 	}
+	g.locks = lock.New(rdb)
 	g.coord = loader.NewCoordinator(rdb, g.keys.Loaded(), &loader.CoordinatorOptions{
 		LockTTL:    o.LockTTL,
 		LockWait:   o.LockWait,

@@ -12,7 +12,9 @@ import (
 	"github.com/cacheguard/cacheguard/bloom"
 	"github.com/cacheguard/cacheguard/codec"
 	"github.com/cacheguard/cacheguard/internal/batch"
+	"github.com/cacheguard/cacheguard/internal/keyspace"
 	"github.com/cacheguard/cacheguard/internal/redisfail"
+	"github.com/cacheguard/cacheguard/lock"
 )
 
 // verdict is what the read round trip found.
@@ -28,6 +30,7 @@ type readResult struct {
 	verdict verdict
 	raw     []byte
 	ttl     time.Duration // the entry's remaining TTL in Redis, read with it when Local is on (0: unknown)
+	held    *lock.Lock    // a miss's lock, taken with the read (see lockWithRead); the Get's flight uses it or gives it back
 }
 
 // Probe order. While reads mostly hit, the HGET goes alone: a hit is one
@@ -47,12 +50,14 @@ const (
 // read is the one round trip of every Get (step 3): the HGET of this
 // version's field of the value key, with the bloom probe pipelined before
 // it when recent reads missed (see missCredit), and with the entry's PTTL
-// when Local is on (a local copy must not outlive its entry). Concurrent
-// reads share round trips (see runReads). Redis failures come back
-// wrapping ErrUnavailable, and so does a deadline that passes while the
-// read waits for a round trip (Redis too slow); a cancelled caller gets
-// context.Canceled alone.
-func (g *Guard) read(ctx context.Context, id, vkey string) (readResult, error) {
+// when Local is on (a local copy must not outlive its entry). With
+// lockable, a read likely to miss takes the key's lock too, before the
+// HGET (see lockWithRead); a miss returns it in readResult.held, for the
+// Get's flight. Concurrent reads share round trips (see runReads). Redis
+// failures come back wrapping ErrUnavailable, and so does a deadline that
+// passes while the read waits for a round trip (Redis too slow); a
+// cancelled caller gets context.Canceled alone.
+func (g *Guard) read(ctx context.Context, id, vkey string, lockable bool) (readResult, error) {
 	f := g.bloom.Load()
 	c := g.readCalls.Get().(*batch.Call[readReq])
 	r := &c.Req
@@ -62,11 +67,18 @@ func (g *Guard) read(ctx context.Context, id, vkey string) (readResult, error) {
 	probing := f != nil && (withTTL || g.credit.Load() != 0)
 	if probing {
 		r.f = f
+		if lockable && !withTTL && g.lockWithRead(id) {
+			r.lockKey = keyspace.Lock(vkey)
+		}
 	}
-	if err := g.readBatch.Do(ctx, c); err != nil { // c may still be answered: not reused
+	if err := g.readBatch.Do(ctx, c); err != nil { // c may still be answered: not reused; a lock it took lapses
 		return readResult{}, g.readFailed(ctx, id, err)
 	}
 	raw, err := r.get.Bytes()
+	var held *lock.Lock
+	if r.lockQ != nil {
+		held, _ = r.lockQ.Result(ctx) // not taken (another flight holds it, or Redis failed): the flight attempts as before
+	}
 	var ttl time.Duration
 	if withTTL {
 		ttl = max(r.pttl.Val(), 0)
@@ -76,6 +88,8 @@ func (g *Guard) read(ctx context.Context, id, vkey string) (readResult, error) {
 	g.readCalls.Put(c)
 	switch {
 	case err == nil:
+		g.giveBack(held, vkey)
+		g.sawRead(id)
 		if probing && !withTTL {
 			if c := g.credit.Add(-1); c < 0 {
 				g.credit.Add(1) // raced below zero: put it back
@@ -83,6 +97,7 @@ func (g *Guard) read(ctx context.Context, id, vkey string) (readResult, error) {
 		}
 		return readResult{verdict: verdictEntry, raw: raw, ttl: ttl}, nil
 	case !errors.Is(err, redis.Nil):
+		g.giveBack(held, vkey)
 		return readResult{}, g.readFailed(ctx, id, err)
 	}
 	if !withTTL && g.credit.Add(missCredit) > maxCredit {
@@ -98,7 +113,18 @@ func (g *Guard) read(ctx context.Context, id, vkey string) (readResult, error) {
 	default: // the value went alone: ask the filter now
 		maybe, err = f.Test(ctx, id)
 	}
-	return g.verdict(ctx, id, maybe, err)
+	res, err := g.verdict(ctx, id, maybe, err)
+	switch {
+	case err != nil:
+		g.giveBack(held, vkey)
+	case res.verdict == verdictMiss:
+		res.held = held
+		g.emptyRead(verdictMiss) // first: the first miss makes the table
+		g.sawRead(id)
+	default: // rejected: no load follows, and the lock lapses (see lockWithRead)
+		g.emptyRead(verdictRejected)
+	}
+	return res, err
 }
 
 // readFailed is what a read that got no answer returns, whether it failed
@@ -122,10 +148,12 @@ type readReq struct {
 	f        *bloom.Filter // probe this filter too; nil: the value alone
 	withTTL  bool          // read the entry's PTTL too (Local)
 	deadline time.Time     // the Get's ctx's, if it has one
+	lockKey  string        // take this lock before the HGET (see lockWithRead); "": no
 
 	get   *redis.StringCmd
 	probe bloom.Probe
 	pttl  *redis.DurationCmd
+	lockQ *lock.Queued
 }
 
 // Read batching. Gets that read while Options.ReadsInFlight round trips of
@@ -146,7 +174,7 @@ const readBatchMax = 256
 // its cancellation, until the latest of their deadlines, and at most
 // RedisTimeout; each Get, the leading one too, leaves at its own.
 func (g *Guard) runReads(ctx context.Context, calls []*batch.Call[readReq]) {
-	if len(calls) == 1 && calls[0].Req.f == nil && !calls[0].Req.withTTL {
+	if len(calls) == 1 && calls[0].Req.f == nil && !calls[0].Req.withTTL && calls[0].Req.lockKey == "" {
 		r := &calls[0].Req
 		// rdb.HGet would box the field into the command's arguments on
 		// every call; fieldArg is boxed once, in New.
@@ -168,6 +196,9 @@ func (g *Guard) runReads(ctx context.Context, calls []*batch.Call[readReq]) {
 		r := &c.Req
 		if r.f != nil {
 			r.probe = r.f.Queue(ctx, pipe, r.id)
+		}
+		if r.lockKey != "" { // before the HGET: Redis runs it with the lock taken, as the re-check
+			r.lockQ, _ = g.locks.QueueUnfenced(ctx, pipe, r.lockKey, readLockLease)
 		}
 		r.get = redis.NewStringCmd(ctx, "hget", r.vkey, g.fieldArg)
 		_ = pipe.Process(ctx, r.get)
@@ -219,7 +250,7 @@ func (g *Guard) readShared(ctx context.Context, id, vkey string, from since) (re
 				sr.epoch = g.local.epoch.Load()
 			}
 			var err error
-			sr.r, err = g.read(ctx, id, vkey)
+			sr.r, err = g.read(ctx, id, vkey, false)
 			return sr, err
 		})
 		if err != nil {
@@ -231,7 +262,7 @@ func (g *Guard) readShared(ctx context.Context, id, vkey string, from since) (re
 		// A read older than this caller, and a write heard since: the next
 		// one starts after this one ended, so after this caller.
 	}
-	return g.read(ctx, id, vkey) // only if reads were forgotten under it again and again: its own
+	return g.read(ctx, id, vkey, false) // only if reads were forgotten under it again and again: its own
 }
 
 // verdict turns the filter's answer for an ID with no cache entry into the
@@ -315,7 +346,7 @@ func (g *Guard) Peek(ctx context.Context, id string) (context.Context, bool, err
 	if err != nil { // the breaker is open: Redis is not asked
 		return ctx, false, fmt.Errorf("cacheguard: %s %q: read: %w", g.name, id, err)
 	}
-	r, err := g.read(ctx, id, vkey)
+	r, err := g.read(ctx, id, vkey, true)
 	g.outage.after(done, err)
 	if err != nil {
 		return ctx, false, err

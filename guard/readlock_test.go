@@ -10,25 +10,13 @@ import (
 	"github.com/cacheguard/cacheguard/internal/keyspace"
 )
 
-// openGate makes g's reads take the lock of IDs they have not read: a few
-// misses (see guard's lockWithRead).
-func openGate(t *testing.T, g *guard.Guard, d *db, ids ...string) {
-	t.Helper()
-	for _, id := range ids {
-		if _, err := guard.Get(context.Background(), g, id, d.load); err != nil {
-			t.Fatal(err)
-		}
-	}
-	flush(t, g)
-}
-
 // TestReadLockGivenBack: a read that took the lock and found the entry
 // (another process filled it) answers from it and gives the lock back; a
 // Get of the same ID after that takes no lock.
 func TestReadLockGivenBack(t *testing.T) {
 	ctx := context.Background()
 	c, g, d := setup(t, 20, nil)
-	openGate(t, g, d, "p1", "p2")
+	cache(t, g, d, "p1", "p2") // misses: g's reads now take the lock of IDs they have not read
 	other := otherProcess(t, c)
 	if _, err := guard.Get(ctx, other, "p9", d.load); err != nil { // filled elsewhere
 		t.Fatal(err)
@@ -67,7 +55,7 @@ func TestReadLockStampede(t *testing.T) {
 		gs = append(gs, otherProcess(t, c))
 	}
 	for i, g := range gs {
-		openGate(t, g, d, pid(10+2*i), pid(11+2*i))
+		cache(t, g, d, pid(10+2*i), pid(11+2*i)) // misses: reads take locks
 	}
 	d.delay = 30 * time.Millisecond
 	calls := d.calls.Load()
@@ -101,7 +89,7 @@ func TestReadLockStampede(t *testing.T) {
 func TestReadLockLapsesAfterPeek(t *testing.T) {
 	ctx := context.Background()
 	c, g, d := setup(t, 20, nil)
-	openGate(t, g, d, "p1", "p2")
+	cache(t, g, d, "p1", "p2") // misses: g's reads now take the lock of IDs they have not read
 	if _, ok, err := g.Peek(ctx, "p7"); err != nil || !ok {
 		t.Fatalf("Peek(p7) = %v, %v", ok, err)
 	}
@@ -126,7 +114,7 @@ func TestReadLockLapsesAfterPeek(t *testing.T) {
 func TestReadLockHolderJoinsAWaitingFlight(t *testing.T) {
 	ctx := context.Background()
 	c, g, d := setup(t, 100, nil)
-	openGate(t, g, d, "p1", "p2")
+	cache(t, g, d, "p1", "p2")          // misses: g's reads now take the lock of IDs they have not read
 	pctx, ok, err := g.Peek(ctx, "p60") // takes p60's lock with its read
 	if err != nil || !ok {
 		t.Fatalf("Peek(p60) = %v, %v", ok, err)

@@ -124,7 +124,7 @@ type Guard struct {
 	bound     atomic.Pointer[typeBinding] // the type values decode into, set by the first Get or For
 	credit    atomic.Int64                // > 0: recent reads missed: send the bloom probe with the HGET (see read)
 	locks     *lock.Client                // the locks reads take (see lockWithRead)
-	lockBias  atomic.Int64                // > 0: the reads that found nothing were mostly misses (see emptyRead)
+	lockBias  atomic.Int64                // > 0: reads that found nothing mostly loaded, and reads' locks were mostly used (see Lock bias)
 	seen      atomic.Pointer[seenTable]   // the IDs read lately, once a miss opened the gate (see lockWithRead)
 	starts    atomic.Uint64               // counts flights and shared reads as they start; a Get reads it as it starts (see since)
 	tel       *telemetry                  // OpenTelemetry instruments, or nil (off)

@@ -88,7 +88,10 @@ func (g *Guard) read(ctx context.Context, id, vkey string, lockable bool) (readR
 	g.readCalls.Put(c)
 	switch {
 	case err == nil:
-		g.giveBack(held, vkey)
+		if held != nil { // another process filled it: a lock for nothing
+			g.giveBack(held, vkey)
+			g.lockUseless()
+		}
 		g.sawRead(id)
 		if probing && !withTTL {
 			if c := g.credit.Add(-1); c < 0 {
@@ -119,10 +122,10 @@ func (g *Guard) read(ctx context.Context, id, vkey string, lockable bool) (readR
 		g.giveBack(held, vkey)
 	case res.verdict == verdictMiss:
 		res.held = held
-		g.emptyRead(verdictMiss) // first: the first miss makes the table
+		g.lockUseful() // first: the first miss makes the table
 		g.sawRead(id)
 	default: // rejected: no load follows, and the lock lapses (see lockWithRead)
-		g.emptyRead(verdictRejected)
+		g.lockUseless()
 	}
 	return res, err
 }

@@ -137,3 +137,30 @@ func TestReadLockHolderJoinsAWaitingFlight(t *testing.T) {
 			n, st.LockWaits-before.LockWaits, st.Wakeups-before.Wakeups)
 	}
 }
+
+// TestReadLockGateClosesInAFleet: in a fleet whose other processes have
+// filled what this one reads for the first time, its reads' locks find
+// the entries there and go unused; the gate closes after the first, and
+// the reads go on without locks.
+func TestReadLockGateClosesInAFleet(t *testing.T) {
+	ctx := context.Background()
+	c, g, d := setup(t, 300, nil)
+	other := otherProcess(t, c)
+	ids := make([]string, 0, 200)
+	for i := 100; i < 300; i++ {
+		ids = append(ids, pid(i))
+	}
+	cache(t, other, d, ids...)                             // filled elsewhere
+	cache(t, g, d, "p1", "p2")                             // this process's own misses open its gate
+	sets := func() int { return c.Counter.Names()["set"] } // this process's lock attempts
+	c.Counter.Reset()
+	for _, id := range ids {
+		if _, err := guard.Get(ctx, g, id, d.load); err != nil {
+			t.Fatal(err)
+		}
+	}
+	flush(t, g)
+	if n := sets(); n == 0 || n > 2 {
+		t.Fatalf("%d reads of entries filled elsewhere took %d locks, want 1 or 2 before the gate closed", len(ids), n)
+	}
+}

@@ -26,6 +26,19 @@ func (f filler) Load(ctx context.Context) ([]byte, time.Duration, error) {
 	return f.load(ctx)
 }
 
+// written checks that key holds the test loads' frame "v" under field "1"
+// and that its lock was released.
+func written(t *testing.T, c *redistest.Conn, key string) {
+	t.Helper()
+	ctx := context.Background()
+	if v := c.HGet(ctx, key, "1").Val(); v != "v" {
+		t.Fatalf("cached %q, want the load's frame", v)
+	}
+	if n := c.Exists(ctx, keyspace.Lock(key)).Val(); n != 0 {
+		t.Fatal("lock left behind")
+	}
+}
+
 // TestCoordinatorOneLoadManyCoordinators: several Coordinators (as in several
 // processes) fill one key; the load runs once, its write lands, and the rest
 // wake on the publish and read it.
@@ -59,12 +72,7 @@ func TestCoordinatorOneLoadManyCoordinators(t *testing.T) {
 	if wakeups.Load() == 0 {
 		t.Fatal("no waiter was woken by the publish")
 	}
-	if v := c.HGet(ctx, key, "1").Val(); v != "v" {
-		t.Fatalf("cached %q, want the load's frame", v)
-	}
-	if n := c.Exists(ctx, keyspace.Lock(key)).Val(); n != 0 {
-		t.Fatal("lock left behind")
-	}
+	written(t, c, key)
 }
 
 func TestCoordinatorReleasesOnPanicAndError(t *testing.T) {
@@ -406,12 +414,7 @@ func TestRunHeld(t *testing.T) {
 	if n := loads.Load(); n != 1 {
 		t.Fatalf("%d loads, want 1", n)
 	}
-	if v := c.HGet(ctx, key, "1").Val(); v != "v" {
-		t.Fatalf("cached %q, want the load's frame", v)
-	}
-	if n := c.Exists(ctx, keyspace.Lock(key)).Val(); n != 0 {
-		t.Fatal("lock left behind")
-	}
+	written(t, c, key)
 
 	// A lock taken and not needed: Release frees it and wakes the waiter,
 	// which then loads under a lock of its own.

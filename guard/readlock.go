@@ -26,8 +26,8 @@ import (
 // nothing, see missCredit), the reads that found nothing were mostly
 // misses rather than rejects and the locks reads took were mostly used
 // (see Lock bias), the Guard has no local cache, and this process has not
-// read the ID lately (seenTable). A read that took
-// the lock and did not need it gives it back:
+// read the ID lately (seenTable). A read that took the lock and did not
+// need it gives it back:
 //   - it found the entry: released at once, in a goroutine of the Guard's
 //     (giveBack), with a PUBLISH if a flight elsewhere waits for it;
 //   - its Get joined a flight of its process already filling the key: the
@@ -42,11 +42,13 @@ import (
 // long; a load that outlasts a third of it has its lock extended to
 // LockTTL by the watchdog (lock.Lock.KeepAlive).
 //
-// Measured before it was built, with a throwaway version on the demo
-// shop's cold Zipf (docs/zipf.md): four alternated runs gave 0.946, 0.944,
-// 0.995 and 0.847 of the naive path's requests against 0.906, 0.907, 0.928
-// and 0.900 without it, and a p99 of 5.36 to 6.06 ms against 6.10 to
-// 6.99 ms (naive: 6.75 to 7.20 ms).
+// Why: throwaway builds that split the miss's protocol showed its separate
+// lock round trip to be what kept the demo shop's cold Zipf behind the
+// naive path (docs/zipf.md). With the lock taken with the read, eight
+// alternated runs served 0.942 to 1.014 of the naive path's requests
+// (median 0.980, against 0.876 before), at a p99 under naive's in all
+// eight; BenchmarkCost's miss fell from 41 to 46 µs of client CPU to 33
+// to 35.
 const readLockLease = 500 * time.Millisecond
 
 // seenTable remembers the IDs this process read lately: 8,192 sets of 4

@@ -212,7 +212,7 @@ type Queued struct {
 	outsidePipeline bool
 
 	set  *redis.BoolCmd     // SET NX PX (QueueUnfenced)
-	pttl *redis.DurationCmd // and the lock's PTTL behind it
+	pttl *redis.DurationCmd // and the lock's PTTL behind it (QueueUnfenced; nil after QueueTry)
 }
 
 // Queue adds one attempt to obtain key to pipe (Options.Wait is ignored), so
@@ -243,6 +243,17 @@ func (c *Client) Queue(ctx context.Context, pipe redis.Pipeliner, key string, tt
 // script: every write command inside a script costs far more than the same
 // command sent alone.
 func (c *Client) QueueUnfenced(ctx context.Context, pipe redis.Pipeliner, key string, ttl time.Duration) (*Queued, error) {
+	return c.queueUnfenced(ctx, pipe, key, ttl, true)
+}
+
+// QueueTry is QueueUnfenced without the PTTL: the SET NX PX alone, for a
+// caller that does not wait on a lock it finds held (the guard's reads,
+// which take a miss's lock in passing). Its HeldError carries a TTL of 0.
+func (c *Client) QueueTry(ctx context.Context, pipe redis.Pipeliner, key string, ttl time.Duration) (*Queued, error) {
+	return c.queueUnfenced(ctx, pipe, key, ttl, false)
+}
+
+func (c *Client) queueUnfenced(ctx context.Context, pipe redis.Pipeliner, key string, ttl time.Duration, withTTL bool) (*Queued, error) {
 	if _, err := resolve(key, ttl, nil); err != nil {
 		return nil, err
 	}
@@ -252,7 +263,9 @@ func (c *Client) QueueUnfenced(ctx context.Context, pipe redis.Pipeliner, key st
 	}
 	q := &Queued{c: c, key: key, token: token, ttl: ttl}
 	q.set = pipe.SetNX(ctx, key, token, ttl)
-	q.pttl = pipe.PTTL(ctx, key)
+	if withTTL {
+		q.pttl = pipe.PTTL(ctx, key)
+	}
 	return q, nil
 }
 
@@ -292,7 +305,11 @@ func (q *Queued) unfenced() (*Lock, error) {
 	if !got {
 		// -2: the holder's lock expired between the two commands; try
 		// again at once.
-		return nil, &HeldError{TTL: max(q.pttl.Val(), 0)}
+		var left time.Duration
+		if q.pttl != nil {
+			left = max(q.pttl.Val(), 0)
+		}
+		return nil, &HeldError{TTL: left}
 	}
 	return &Lock{c: q.c, key: q.key, token: q.token, lease: q.ttl}, nil
 }

@@ -303,6 +303,36 @@ func TestQueueInPipeline(t *testing.T) {
 // commands queued after it see the lock; a second attempt learns the
 // holder's lease; no fence key is written; the lock is released, refreshed
 // and kept alive by its token like a fenced one.
+// TestQueueTry: the attempt alone, one command; a held lock's error
+// carries no TTL.
+func TestQueueTry(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	lc := lock.New(c)
+	key := c.Prefix + ":{k}:lock"
+	try := func() (*lock.Lock, error) {
+		t.Helper()
+		pipe := c.Pipeline()
+		q, err := lc.QueueTry(ctx, pipe, key, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := pipe.Len(); n != 1 {
+			t.Fatalf("QueueTry queued %d commands, want 1", n)
+		}
+		_, _ = pipe.Exec(ctx)
+		return q.Result(ctx)
+	}
+	l, err := try()
+	if err != nil || c.Get(ctx, key).Val() != l.Token() {
+		t.Fatalf("first try: %v", err)
+	}
+	var held *lock.HeldError
+	if _, err := try(); !errors.As(err, &held) || held.TTL != 0 || !errors.Is(err, lock.ErrNotObtained) {
+		t.Fatalf("second try: %v", err)
+	}
+}
+
 func TestQueueUnfenced(t *testing.T) {
 	ctx := context.Background()
 	c := redistest.Connect(t)

@@ -26,6 +26,16 @@ func (f filler) Load(ctx context.Context) ([]byte, time.Duration, error) {
 	return f.load(ctx)
 }
 
+// newCoordinator connects to the test's Redis and opens a Coordinator on
+// the channel <prefix>:ch, closed when the test ends.
+func newCoordinator(t *testing.T) (*redistest.Conn, *loader.Coordinator) {
+	t.Helper()
+	c := redistest.Connect(t)
+	co := loader.NewCoordinator(c.UniversalClient, c.Prefix+":ch", nil)
+	t.Cleanup(func() { _ = co.Close() })
+	return c, co
+}
+
 // written checks that key holds the test loads' frame "v" under field "1"
 // and that its lock was released.
 func written(t *testing.T, c *redistest.Conn, key string) {
@@ -77,9 +87,7 @@ func TestCoordinatorOneLoadManyCoordinators(t *testing.T) {
 
 func TestCoordinatorReleasesOnPanicAndError(t *testing.T) {
 	ctx := context.Background()
-	c := redistest.Connect(t)
-	co := loader.NewCoordinator(c.UniversalClient, c.Prefix+":ch", nil)
-	defer co.Close()
+	c, co := newCoordinator(t)
 	key := c.Prefix + ":{k}"
 	ps := c.Subscribe(ctx, c.Prefix+":ch")
 	defer ps.Close()
@@ -239,9 +247,7 @@ func (p cachedInto) Load(context.Context) ([]byte, time.Duration, error) {
 // lock only while it holds the writer's token).
 func TestCoordinatorTakenOverWriteKeepsTheNewLock(t *testing.T) {
 	ctx := context.Background()
-	c := redistest.Connect(t)
-	co := loader.NewCoordinator(c.UniversalClient, c.Prefix+":ch", nil)
-	defer co.Close()
+	c, co := newCoordinator(t)
 	key := c.Prefix + ":{k}"
 	lc := lock.New(c)
 	var other *lock.Lock
@@ -297,9 +303,7 @@ func (h *holdPipelines) ProcessPipelineHook(next redis.ProcessPipelineHook) redi
 // once, and leaves no lock.
 func TestCoordinatorFlightsShareRoundTrips(t *testing.T) {
 	ctx := context.Background()
-	c := redistest.Connect(t)
-	co := loader.NewCoordinator(c.UniversalClient, c.Prefix+":ch", nil)
-	defer co.Close()
+	c, co := newCoordinator(t)
 	one := filler{load: func(context.Context) ([]byte, time.Duration, error) { return []byte("v"), time.Minute, nil }}
 	key := func(i int) string { return c.Prefix + ":{k" + string(rune('a'+i)) + "}" }
 	for i := range 22 { // loads the scripts on every node of a cluster: no NOSCRIPT below
@@ -367,9 +371,7 @@ func TestCoordinatorFlightsShareRoundTrips(t *testing.T) {
 // needed is given back with Release, which wakes a waiter.
 func TestRunHeld(t *testing.T) {
 	ctx := context.Background()
-	c := redistest.Connect(t)
-	co := loader.NewCoordinator(c.UniversalClient, c.Prefix+":ch", nil)
-	defer co.Close()
+	c, co := newCoordinator(t)
 	other := loader.NewCoordinator(redistest.Connect(t).UniversalClient, c.Prefix+":ch", nil)
 	defer other.Close()
 	lc := lock.New(c)
@@ -459,9 +461,7 @@ func (f releasingFiller) Waited(_ context.Context, _ time.Time, result string) {
 // holder's lease.
 func TestWaitSeesALockReleasedUnwritten(t *testing.T) {
 	ctx := context.Background()
-	c := redistest.Connect(t)
-	co := loader.NewCoordinator(c.UniversalClient, c.Prefix+":ch", nil)
-	defer co.Close()
+	c, co := newCoordinator(t)
 	key := c.Prefix + ":{gone}"
 	l, err := lock.New(c).Obtain(ctx, keyspace.Lock(key), time.Minute, nil)
 	if err != nil {

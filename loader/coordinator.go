@@ -333,11 +333,13 @@ func (c *Coordinator) RunHeld(ctx context.Context, l *lock.Lock, key, field stri
 	return c.Run(ctx, key, field, f)
 }
 
-// Release gives back key's lock l, which a caller took and did not use (its
-// re-check found the entry, or a flight of its process was filling key
-// already), and PUBLISHes key if a flight in some process waits for it, in
-// one script (release_publish.lua), bounded by OpTimeout. A lock that is
-// no longer l (its lease ran out) is left alone.
+// Release gives back key's lock l without a write (step 4), and PUBLISHes
+// key if a flight in some process waits for it, in one script
+// (release_publish.lua), bounded by OpTimeout: for a holder that did not
+// get as far as the write, and for a caller that took the lock and did not
+// use it (its re-check found the entry, or a flight of its process was
+// filling key already). A lock that is no longer l (its lease ran out) is
+// left alone.
 func (c *Coordinator) Release(ctx context.Context, l *lock.Lock, key string) error {
 	opCtx, cancel := c.op(ctx)
 	defer cancel()
@@ -447,9 +449,7 @@ func (c *Coordinator) hold(ctx context.Context, l *lock.Lock, key, field string,
 		if released {
 			return
 		}
-		opCtx, cancel := c.op(context.WithoutCancel(ctx))
-		defer cancel()
-		_ = releasePublish.Run(opCtx, c.rdb, []string{keyspace.Lock(key), keyspace.Waiting(key)}, l.Token(), c.channel, key).Err()
+		_ = c.Release(context.WithoutCancel(ctx), l, key)
 	}()
 	if done, err := c.cached(ctx, get, f); done || err != nil {
 		return err

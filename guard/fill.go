@@ -115,7 +115,7 @@ func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T
 		// round trip where a flight would take two. The callers in this
 		// case share it (they all started before that flight ended, so
 		// before the read), as they would share a flight.
-		if r, rerr := g.readShared(ctx, id, vkey, from); rerr == nil {
+		if r, rerr := g.readShared(ctx, id, vkey, from, false); rerr == nil { // no lock: the next join attempts it
 			if v, ok, err := answerRead(ctx, g, id, vkey, r, load, from); ok {
 				return v, err
 			}

@@ -113,7 +113,7 @@ func get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 // callers (see readShared).
 func (g *Guard) readFor(ctx context.Context, id, vkey string, from since) (readResult, error) {
 	if g.local != nil {
-		return g.readShared(ctx, id, vkey, from)
+		return g.readShared(ctx, id, vkey, from, true)
 	}
 	return g.read(ctx, id, vkey, true)
 }

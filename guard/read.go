@@ -67,7 +67,7 @@ func (g *Guard) read(ctx context.Context, id, vkey string, lockable bool) (readR
 	probing := f != nil && (withTTL || g.credit.Load() != 0)
 	if probing {
 		r.f = f
-		if lockable && !withTTL && g.lockWithRead(id) {
+		if lockable && g.lockWithRead(id) {
 			r.lockKey = keyspace.Lock(vkey)
 		}
 	}
@@ -244,20 +244,27 @@ type sharedRead struct {
 // for the callers that waited for a flight older than them. The first caller reads in
 // its own goroutine, on its own ctx, as a Get without Local does; each of
 // the others leaves when its own ctx is done, and reads again if the first
-// one gave up (see readGroup).
-func (g *Guard) readShared(ctx context.Context, id, vkey string, from since) (readResult, error) {
+// one gave up (see readGroup). With lockable, the read may take the key's
+// lock (see lockWithRead); the result carries it to the caller whose read
+// it was, and to no other.
+func (g *Guard) readShared(ctx context.Context, id, vkey string, from since, lockable bool) (readResult, error) {
 	for range 3 { // a second read already starts after this caller: see below
-		sr, _, err := g.reads.do(ctx, vkey, func(ctx context.Context) (sharedRead, error) {
+		sr, shared, err := g.reads.do(ctx, vkey, func(ctx context.Context) (sharedRead, error) {
 			sr := sharedRead{started: g.starts.Add(1)}
 			if g.local != nil {
 				sr.epoch = g.local.epoch.Load()
 			}
 			var err error
-			sr.r, err = g.read(ctx, id, vkey, false)
+			sr.r, err = g.read(ctx, id, vkey, lockable)
 			return sr, err
 		})
 		if err != nil {
 			return readResult{}, err
+		}
+		if shared {
+			// A lock the read took (see lockWithRead) is its caller's,
+			// for that caller's flight; the others join the flight.
+			sr.r.held = nil
 		}
 		if !from.startedBefore(sr.started) || g.noWriteHeard(sr.epoch, from.epoch) {
 			return sr.r, nil

@@ -8,6 +8,7 @@ import (
 
 	"github.com/cacheguard/cacheguard/guard"
 	"github.com/cacheguard/cacheguard/internal/keyspace"
+	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
 // TestReadLockGivenBack: a read that took the lock and found the entry
@@ -46,40 +47,58 @@ func TestReadLockGivenBack(t *testing.T) {
 
 // TestReadLockStampede: processes whose reads take the lock (their gates
 // open) stampede on one cold ID: one load in all, every caller gets the
-// value, and no lock is left behind.
+// value, and no lock is left behind. With the in-process cache too: a
+// process's callers share one read there, and the lock it took goes to
+// its first caller's flight.
 func TestReadLockStampede(t *testing.T) {
-	ctx := context.Background()
-	c, first, d := setup(t, 100, nil)
-	gs := []*guard.Guard{first}
-	for range 3 {
-		gs = append(gs, otherProcess(t, c))
-	}
-	for i, g := range gs {
-		cache(t, g, d, pid(10+2*i), pid(11+2*i)) // misses: reads take locks
-	}
-	d.delay = 30 * time.Millisecond
-	calls := d.calls.Load()
-	var wg sync.WaitGroup
-	for _, g := range gs {
-		for range 16 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if p, err := guard.Get(ctx, g, "p50", d.load); err != nil || p.Price != 50 {
-					t.Errorf("Get(p50) = %+v, %v", p, err)
+	for _, tc := range []struct {
+		name  string
+		local *guard.LocalOptions
+	}{{"default", nil}, {"local", &guard.LocalOptions{TTL: time.Minute}}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			c, first, d := setup(t, 100, &guard.Options{Local: tc.local})
+			gs := []*guard.Guard{first}
+			for range 3 {
+				g, err := guard.New(ctx, redistest.Connect(t), "product", &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 10_000, Local: tc.local})
+				if err != nil {
+					t.Fatal(err)
 				}
-			}()
-		}
-	}
-	wg.Wait()
-	for _, g := range gs {
-		flush(t, g)
-	}
-	if n := d.calls.Load() - calls; n != 1 {
-		t.Fatalf("%d loads of p50 across 4 processes, want 1", n)
-	}
-	if n := c.Exists(ctx, keyspace.Lock(c.Prefix+":product:{p50}")).Val(); n != 0 {
-		t.Fatal("a lock was left behind")
+				t.Cleanup(func() { _ = g.Close() })
+				gs = append(gs, g)
+			}
+			for i, g := range gs {
+				cache(t, g, d, pid(10+2*i), pid(11+2*i)) // misses: reads take locks
+			}
+			d.delay = 30 * time.Millisecond
+			calls := d.calls.Load()
+			c.Counter.Reset()
+			var wg sync.WaitGroup
+			for _, g := range gs {
+				for range 16 {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						if p, err := guard.Get(ctx, g, "p50", d.load); err != nil || p.Price != 50 {
+							t.Errorf("Get(p50) = %+v, %v", p, err)
+						}
+					}()
+				}
+			}
+			wg.Wait()
+			for _, g := range gs {
+				flush(t, g)
+			}
+			if n := d.calls.Load() - calls; n != 1 {
+				t.Fatalf("%d loads of p50 across 4 processes, want 1", n)
+			}
+			if n := c.Counter.Names()["set"]; n == 0 {
+				t.Fatal("no lock attempt: the reads' gates were closed, the test tests nothing")
+			}
+			if n := c.Exists(ctx, keyspace.Lock(c.Prefix+":product:{p50}")).Val(); n != 0 {
+				t.Fatal("a lock was left behind")
+			}
+		})
 	}
 }
 
@@ -162,5 +181,40 @@ func TestReadLockGateClosesInAFleet(t *testing.T) {
 	flush(t, g)
 	if n := sets(); n == 0 || n > 2 {
 		t.Fatalf("%d reads of entries filled elsewhere took %d locks, want 1 or 2 before the gate closed", len(ids), n)
+	}
+}
+
+// TestReadLockWithLocal: a Guard with the in-process cache takes the lock
+// with the read too. Once reads have missed, a miss of an ID this process
+// has not read costs two round trips (read with the lock, the entry's PTTL
+// and the probe; write + release), no lock is left behind, and the value
+// then serves from memory with no round trip.
+func TestReadLockWithLocal(t *testing.T) {
+	ctx := context.Background()
+	warmScripts(t)
+	c, g, d := setup(t, 20, &guard.Options{Local: &guard.LocalOptions{TTL: time.Minute}})
+	cache(t, g, d, "p1", "p2") // misses: g's reads now take the lock of IDs they have not read
+	c.Counter.Reset()
+	if p, err := guard.Get(ctx, g, "p9", d.load); err != nil || p.Price != 9 {
+		t.Fatalf("Get(p9) = %+v, %v", p, err)
+	}
+	flush(t, g)
+	names := c.Counter.Names()
+	t.Logf("miss with Local: %d round trips, commands %v", c.Counter.RoundTrips(), names)
+	if n := c.Counter.RoundTrips(); n != 2 || names["set"] != 1 || names["pttl"] != 1 {
+		t.Fatalf("miss with Local: %d round trips, commands %v; want 2, the lock attempt and the PTTL with the read", n, names)
+	}
+	if n := c.Exists(ctx, keyspace.Lock(c.Prefix+":product:{p9}")).Val(); n != 0 {
+		t.Fatal("the lock the read took is still held")
+	}
+	calls := d.calls.Load()
+	c.Counter.Reset()
+	for range 10 {
+		if p, err := guard.Get(ctx, g, "p9", d.load); err != nil || p.Price != 9 {
+			t.Fatalf("Get(p9) again = %+v, %v", p, err)
+		}
+	}
+	if n := c.Counter.RoundTrips(); n != 0 || d.calls.Load() != calls {
+		t.Fatalf("10 local hits: %d round trips, %d loads; want none", n, d.calls.Load()-calls)
 	}
 }

@@ -47,10 +47,11 @@ import (
 // Why: throwaway builds that split the miss's protocol showed its separate
 // lock round trip to be what kept the demo shop's cold Zipf behind the
 // naive path (docs/zipf.md). With the lock taken with the read, eight
-// alternated runs served 0.942 to 1.014 of the naive path's requests
-// (median 0.980, against 0.876 before), at a p99 under naive's in all
-// eight; BenchmarkCost's miss fell from 41 to 46 µs of client CPU to 33
-// to 35.
+// alternated runs on an Intel VM served 0.942 to 1.014 of the naive
+// path's requests (median 0.980, against 0.876 before), at a p99 under
+// naive's in all eight; BenchmarkCost's miss fell from 41 to 46 µs of
+// client CPU to 33 to 35. On a VM whose system calls cost more (AMD),
+// the default serves more than naive (median 1.12×).
 const readLockLease = 500 * time.Millisecond
 
 // seenTable remembers the IDs this process read lately: 8,192 sets of 4

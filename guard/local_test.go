@@ -73,6 +73,7 @@ func TestLocalCacheTTLAndSize(t *testing.T) {
 	if _, err := guard.Get(ctx, g, "p1", d.load); err != nil {
 		t.Fatal(err)
 	}
+	flush(t, g) // the Get answered as the load returned; the write follows
 	time.Sleep(80 * time.Millisecond)
 	c.Counter.Reset()
 	if _, err := guard.Get(ctx, g, "p1", d.load); err != nil {
@@ -507,6 +508,7 @@ func TestLocalHitsHandOutCopies(t *testing.T) {
 	// answers the row as it was, and spoils that too.
 	next := func(how, id string) {
 		t.Helper()
+		flush(t, g) // writes and lock releases that follow answers are not these Gets' round trips
 		c.Counter.Reset()
 		for range 2 {
 			v, err := guard.Get(ctx, g, id, load)

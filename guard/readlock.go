@@ -26,10 +26,11 @@ import (
 // nothing, see missCredit; with Local they always do), the reads that
 // found nothing were mostly misses rather than rejects and the locks
 // reads took were mostly used (see Lock bias), and this process has not
-// read the ID lately (seenTable). With a local cache (Options.Local) the callers of an ID in
-// a process share one read (readShared): the lock it took goes to the
-// flight of the caller that sent it, and the others join that flight. A
-// read that took the lock and did not need it gives it back:
+// read the ID lately (seenTable). With a local cache (Options.Local) the
+// callers of an ID in a process share one read (readShared): the lock it
+// took goes to the flight of the caller that sent it, and the others join
+// that flight. A read that took the lock and did not need it gives it
+// back:
 //   - it found the entry: released at once, in a goroutine of the Guard's
 //     (giveBack), with a PUBLISH if a flight elsewhere waits for it;
 //   - its Get joined a flight of its process already filling the key: the

@@ -487,7 +487,7 @@ func taggedRow(id string) tagged {
 // reachable by a caller. Whatever a caller (or the application, after Set)
 // changes in the value it holds, the next local hit answers the row as it
 // was: through a miss's flight, a read that hit, GetMany, and Set. Each
-// next Get is a local hit (no round trip).
+// next Get is a local hit (no round trip; after Set, see there).
 func TestLocalHitsHandOutCopies(t *testing.T) {
 	ctx := context.Background()
 	c, g, _ := setup(t, 10, &guard.Options{Local: &guard.LocalOptions{TTL: time.Minute}})
@@ -506,7 +506,7 @@ func TestLocalHitsHandOutCopies(t *testing.T) {
 	}
 	// next spoils what a Get answered, then checks that a local hit
 	// answers the row as it was, and spoils that too.
-	next := func(how, id string) {
+	next := func(how, id string, maxTrips int64) {
 		t.Helper()
 		flush(t, g) // writes and lock releases that follow answers are not these Gets' round trips
 		c.Counter.Reset()
@@ -520,8 +520,8 @@ func TestLocalHitsHandOutCopies(t *testing.T) {
 			}
 			spoil(v)
 		}
-		if n := c.Counter.RoundTrips(); n != 0 {
-			t.Fatalf("%s: the Gets after it cost %d round trips; want local hits", how, n)
+		if n := c.Counter.RoundTrips(); n > maxTrips {
+			t.Fatalf("%s: the Gets after it cost %d round trips (%v); want local hits", how, n, c.Counter.Names())
 		}
 	}
 
@@ -532,7 +532,7 @@ func TestLocalHitsHandOutCopies(t *testing.T) {
 	}
 	flush(t, g)
 	spoil(v)
-	next("after a miss", "p1")
+	next("after a miss", "p1", 0)
 
 	// A read that hit in Redis: another process filled the entry.
 	other, err := guard.New(ctx, redistest.Connect(t), "product", &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 10_000})
@@ -554,7 +554,7 @@ func TestLocalHitsHandOutCopies(t *testing.T) {
 		t.Fatalf("the Get of p2: %d hits, %d loads; want a Redis hit", st.Hits-before.Hits, st.Loads-before.Loads)
 	}
 	spoil(v)
-	next("after a Redis hit", "p2")
+	next("after a Redis hit", "p2", 0)
 
 	// GetMany.
 	many, err := guard.GetMany(ctx, g, []string{"p3", "p4"}, loadMany)
@@ -564,7 +564,7 @@ func TestLocalHitsHandOutCopies(t *testing.T) {
 	for _, v := range many {
 		spoil(v)
 	}
-	next("after GetMany", "p3")
+	next("after GetMany", "p3", 0)
 
 	// Set: the application goes on changing the value it wrote through.
 	row := taggedRow("p5")
@@ -572,7 +572,10 @@ func TestLocalHitsHandOutCopies(t *testing.T) {
 		t.Fatal(err)
 	}
 	spoil(row)
-	next("after Set", "p5")
+	// Set keeps its copy, but its PUBLISH reaches this process's own
+	// subscriber too, at a time of its own, and that drops the copy (see
+	// LocalOptions): each Get here may read Redis once before it lands.
+	next("after Set", "p5", 2)
 }
 
 // TestLocalCopiesAreCallersOwn: goroutines that change the values of

@@ -75,12 +75,24 @@ func (c *Cluster) Options() *redis.ClusterOptions {
 }
 
 // WaitHealthy waits until every live node reports cluster_state:ok with all
-// 16384 slots served, and every live replica's link to its master is up.
+// 16384 slots served, every live replica's link to its master is up, and
+// every live node's CLUSTER SLOTS names every live node. That last one
+// makes a cluster client's view the same whichever node it asks: right
+// after the cluster forms, a node may not list a replica yet (Redis 7
+// leaves out of CLUSTER SLOTS a replica that has not synced, and gossip
+// takes a moment), and a client that reloads its view in between sees
+// nodes come and go (internal/cputime's sum over them went down once).
 func (c *Cluster) WaitHealthy(ctx context.Context, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	var last string
 	for {
 		ok := true
+		live := 0
+		for _, n := range c.Nodes {
+			if n.PID() != 0 && !n.exited() {
+				live++
+			}
+		}
 		for _, n := range c.Nodes {
 			if n.PID() == 0 || n.exited() {
 				continue
@@ -88,6 +100,7 @@ func (c *Cluster) WaitHealthy(ctx context.Context, timeout time.Duration) error 
 			cl := redis.NewClient(&redis.Options{Addr: n.Addr, MaxRetries: -1})
 			info, err := cl.ClusterInfo(ctx).Result()
 			repl, rerr := cl.Info(ctx, "replication").Result()
+			slots, serr := cl.ClusterSlots(ctx).Result()
 			_ = cl.Close()
 			if err != nil || !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, "cluster_slots_ok:16384") {
 				ok, last = false, fmt.Sprintf("%s: %v %s", n.Addr, err, info)
@@ -95,6 +108,10 @@ func (c *Cluster) WaitHealthy(ctx context.Context, timeout time.Duration) error 
 			}
 			if rerr != nil || (strings.Contains(repl, "role:slave") && !strings.Contains(repl, "master_link_status:up")) {
 				ok, last = false, fmt.Sprintf("%s: replica not in sync: %v", n.Addr, rerr)
+				break
+			}
+			if named := slotsNodes(slots); serr != nil || named < live {
+				ok, last = false, fmt.Sprintf("%s: CLUSTER SLOTS names %d of %d live nodes: %v", n.Addr, named, live, serr)
 				break
 			}
 		}
@@ -137,4 +154,15 @@ func (c *Cluster) Stop() {
 	for _, n := range c.Nodes {
 		_ = n.Stop()
 	}
+}
+
+// slotsNodes counts the distinct nodes a CLUSTER SLOTS answer names.
+func slotsNodes(slots []redis.ClusterSlot) int {
+	seen := map[string]bool{}
+	for _, r := range slots {
+		for _, n := range r.Nodes {
+			seen[n.Addr] = true
+		}
+	}
+	return len(seen)
 }

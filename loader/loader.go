@@ -85,10 +85,10 @@ func (g *Group[R]) Do(ctx context.Context, key string, fn func(ctx context.Conte
 //
 // The flight always runs in a goroutine of its own when accept is set: it
 // must outlive callers that leave early. After an early answer that wakes
-// more than one caller it yields once (runtime.Gosched) before fn goes on. The callers the answer wakes
-// wait in its processor's run queue, and what fn does next (the guard's
-// write to Redis) can wake another process that takes that processor's
-// core; the Go scheduler does not steal them while its global queue has
+// more than one caller it yields once (runtime.Gosched) before fn goes
+// on. The callers the answer wakes wait in its processor's run queue, and
+// what fn does next (the guard's write to Redis) can wake another process
+// that takes that processor's core; the Go scheduler does not steal them while its global queue has
 // work, so they would wait a slice of the OS scheduler, milliseconds after
 // their answer was ready. On the hot key of the guard's benchmark table 4b
 // (32 callers, two cores shared with redis-server) a debug build showed the

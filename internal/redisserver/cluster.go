@@ -87,16 +87,13 @@ func (c *Cluster) WaitHealthy(ctx context.Context, timeout time.Duration) error 
 	var last string
 	for {
 		ok := true
-		live := 0
+		var live []*Server
 		for _, n := range c.Nodes {
 			if n.PID() != 0 && !n.exited() {
-				live++
+				live = append(live, n)
 			}
 		}
-		for _, n := range c.Nodes {
-			if n.PID() == 0 || n.exited() {
-				continue
-			}
+		for _, n := range live {
 			cl := redis.NewClient(&redis.Options{Addr: n.Addr, MaxRetries: -1})
 			info, err := cl.ClusterInfo(ctx).Result()
 			repl, rerr := cl.Info(ctx, "replication").Result()
@@ -110,8 +107,8 @@ func (c *Cluster) WaitHealthy(ctx context.Context, timeout time.Duration) error 
 				ok, last = false, fmt.Sprintf("%s: replica not in sync: %v", n.Addr, rerr)
 				break
 			}
-			if named := slotsNodes(slots); serr != nil || named < live {
-				ok, last = false, fmt.Sprintf("%s: CLUSTER SLOTS names %d of %d live nodes: %v", n.Addr, named, live, serr)
+			if named := slotsNodes(slots); serr != nil || named < len(live) {
+				ok, last = false, fmt.Sprintf("%s: CLUSTER SLOTS names %d of %d live nodes: %v", n.Addr, named, len(live), serr)
 				break
 			}
 		}

@@ -9,7 +9,9 @@ import (
 	"github.com/cacheguard/cacheguard/bloom"
 )
 
-// connect opens what a Guard keeps in Redis: its bloom filter and, with
+// connect opens what a Guard keeps in Redis: its bloom filter, the
+// scripts of a miss's write (so that the first one needs no second round
+// trip) and, with
 // Options.Local, the invalidation subscription that makes the local cache
 // safe to use. Each step is done once; connect can be called again after a
 // failure. Errors wrap ErrUnavailable or come from the filter (ErrMismatch).
@@ -26,6 +28,9 @@ func (g *Guard) connect(ctx context.Context) error {
 				"options_items", g.opts.ExpectedItems, "options_fp_rate", g.opts.FalsePositiveRate)
 		}
 		g.bloom.CompareAndSwap(nil, f)
+	}
+	if err := g.coord.LoadScripts(ctx); err != nil && !reply(err) {
+		return err // a refusal (an ACL without script|load) only costs a NOSCRIPT round trip later
 	}
 	if g.local != nil {
 		return g.local.arm(ctx, g.rdb, g.keys.Invalidated())

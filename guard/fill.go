@@ -46,24 +46,16 @@ func (from since) startedBefore(n uint64) bool { return n <= from.at }
 // serve the caller, and the caller goes round again (fill reads the cache
 // first: the flight has just written it).
 //
-// With early set, a caller that the same rule lets take a load's answer
-// (its Get started before the load did, or no write was heard) takes it as
-// soon as the load returns (see call.Load), and does not wait for the
-// flight's write to Redis: the value was read from the source of truth
-// while its Get ran, so answering it is as fresh as answering after the
-// write. The flight goes on, and the callers the rule leaves out wait for
-// its end: for a value whose write the lock's token let through, or for
-// the next load's (the write was refused: a write to the source of truth
-// overtook the load).
-func join[T any](ctx context.Context, g *Guard, key string, from since, proto call[T], early bool,
+// Every caller is answered when the flight ends: after its write,
+// release and publish have run in Redis. A process may exit (or be frozen)
+// as soon as its Gets return; an answer that went out before the write
+// would leave the key's lock to lapse under a dead holder, and every other
+// process would wait out its lease.
+func join[T any](ctx context.Context, g *Guard, key string, from since, proto call[T],
 	fly func(c *call[T], ctx context.Context) (flight, error),
 ) (c *call[T], fl flight, shared, mine, older bool, err error) {
 	serves := func(fl flight) bool { // the rule above
 		return !from.startedBefore(fl.started) || g.noWriteHeard(fl.epoch, from.epoch)
-	}
-	var accept func(flight) bool
-	if early {
-		accept = serves
 	}
 	c = &call[T]{g: proto.g, id: proto.id, vkey: proto.vkey, load: proto.load, held: proto.held}
 	giveBack := func() { // a flight under way may wait for the lock this caller's read took
@@ -71,12 +63,9 @@ func join[T any](ctx context.Context, g *Guard, key string, from since, proto ca
 			g.giveBack(c.held, c.vkey)
 		}
 	}
-	fl, shared, err = g.flights.DoEarlyOnJoin(ctx, key, func(ctx context.Context, answer func(flight, error)) (flight, error) {
-		if early {
-			c.early = answer
-		}
+	fl, shared, err = g.flights.DoEarlyOnJoin(ctx, key, func(ctx context.Context, _ func(flight, error)) (flight, error) {
 		return fly(c, ctx)
-	}, accept, giveBack)
+	}, nil, giveBack)
 	giveBack()             // or it left before its own flight took the lock
 	mine = fl.by == any(c) // this caller's function ran the flight
 	answered := err == nil || errors.Is(err, ErrNotFound)
@@ -105,7 +94,7 @@ func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T
 		err                 error
 	)
 	for attempt := 0; ; attempt++ {
-		c, fl, shared, mine, older, err = join(ctx, g, vkey, from, call[T]{g: g, id: id, vkey: vkey, load: load, held: held}, true, (*call[T]).fly)
+		c, fl, shared, mine, older, err = join(ctx, g, vkey, from, call[T]{g: g, id: id, vkey: vkey, load: load, held: held}, (*call[T]).fly)
 		held = nil // join gave it to the flight or back; a later round attempts as usual
 		if !older || attempt == 3 {
 			break
@@ -128,7 +117,7 @@ func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T
 	if err != nil {
 		return zero, panicked(g, id, err)
 	}
-	if mine && !fl.early && c.decoded { // after an early answer the flight goes on, and may still write c
+	if mine && c.decoded {
 		return c.v, nil // the flight has put its answer in the local cache (keep)
 	}
 	return decodeFrame[T](g, id, fl.frame)
@@ -146,10 +135,10 @@ type call[T any] struct {
 	held      *lock.Lock // the key's lock, taken by the caller's read (see lockWithRead), or nil
 	heldClaim int32      // who uses held, the first to claim it (claimHeld; an int32 because join copies a prototype call)
 
-	waiter  loader.Waiter       // told when the Coordinator waits for another holder (GetMany's batch), or nil
-	refresh bool                // a refresh ahead of expiry: an entry past its refresh-at time does not answer
-	early   func(flight, error) // hands the first load's answer to the callers that can take it (join), or nil
-	epoch   uint64              // the local cache's epoch when the flight began (0 without Options.Local)
+	waiter   loader.Waiter // told when the Coordinator waits for another holder (GetMany's batch), or nil
+	refresh  bool          // a refresh ahead of expiry: an entry past its refresh-at time does not answer
+	epoch    uint64        // the local cache's epoch when the flight began (0 without Options.Local)
+	loadedAt uint64        // the last load's number from Guard.starts, taken as it began (0: no load)
 
 	found   flight // what the re-check or the load found
 	err     error  // the answer's error: ErrNotFound after a marker, or the load's failure
@@ -174,6 +163,11 @@ func (c *call[T]) fly(ctx context.Context) (flight, error) {
 		c.epoch = g.local.epoch.Load() // before the reads: see local.put
 	}
 	fl, err := c.coordinate(ctx)
+	if c.loadedAt != 0 {
+		// The answer was read from the source of truth after this number
+		// was taken: it serves every caller that started before (see join).
+		started = c.loadedAt
+	}
 	fl.epoch, fl.started, fl.by = c.epoch, started, c
 	if g.local != nil && err == nil && !c.kept {
 		c.keep(fl)
@@ -182,8 +176,7 @@ func (c *call[T]) fly(ctx context.Context) (flight, error) {
 }
 
 // keep puts what the flight loaded in the local cache while the flight is
-// still the ID's: as the load returns, before the early answer (see
-// answerEarly), or after the write when the flight loaded again. A caller
+// still the ID's, after its write. A caller
 // that arrives before the end of the flight joins it (see join) instead of
 // finding the expired copy (see goneGrace) and starting a flight of its
 // own, a lock attempt and a release. A type that can be handed out without
@@ -300,7 +293,7 @@ func (c *call[T]) Load(ctx context.Context) ([]byte, time.Duration, error) {
 		g.stats.loads.Add(1)
 	}
 	c.decoded, c.kept = false, false
-	started := g.starts.Add(1) // before the load reads: see join
+	c.loadedAt = g.starts.Add(1) // before the load reads: see join
 	done := func(error) {}
 	if c.waiter == nil { // a batch records its own call
 		ctx, done = g.tel.load(ctx)
@@ -309,7 +302,6 @@ func (c *call[T]) Load(ctx context.Context) ([]byte, time.Duration, error) {
 	done(err)
 	if errors.Is(err, ErrNotFound) {
 		c.found, c.err = flight{outcome: outLoaded}, ErrNotFound
-		c.answerEarly(started)
 		return codec.Empty(), g.jitter(g.opts.EmptyTTL), nil
 	}
 	if err != nil {
@@ -324,33 +316,7 @@ func (c *call[T]) Load(ctx context.Context) ([]byte, time.Duration, error) {
 		return nil, 0, c.err
 	}
 	c.found, c.err = flight{frame: frame, outcome: outLoaded, ttl: ttl}, nil
-	c.answerEarly(started)
 	return frame, ttl, nil
-}
-
-// answerEarly hands the load's answer (c.found, c.err), from a load that
-// started at number started, to the flight's callers that can take it
-// before it is written (see join). Only a flight's first load answers
-// early; after a refused write the callers left wait for the flight's end.
-//
-// With Options.Local the answer goes into process memory first, so that a
-// caller's next Get finds it there as it did when the flight ended before
-// answering. A local copy carries the guarantee it always has: no write
-// was heard since the flight began (local.put), and a write heard later
-// drops it. It expires before the Redis entry that the flight writes next.
-//
-// The callers it wakes run before the flight goes on to the write (the
-// flight yields: see loader.Group.DoEarly).
-func (c *call[T]) answerEarly(started uint64) {
-	if c.early == nil {
-		return
-	}
-	fl := c.found
-	fl.epoch, fl.started, fl.by, fl.early = c.epoch, started, c, true
-	if c.g.local != nil && c.err == nil {
-		c.keep(fl)
-	}
-	c.early(fl, c.err)
 }
 
 // Waited records a wait on another process's load (loader.WaitObserver).

@@ -9,20 +9,13 @@ import (
 // in this process when it was called have ended, or until ctx is done (it
 // then returns ctx's error).
 //
-// A miss answers its callers as soon as the load returns, and its flight
-// writes the value (or the empty marker) to Redis after that, one round
-// trip later (see the package doc). So right after a Get that missed
-// returns, Redis may not hold the entry yet; after Flush it does, unless a
-// write to the source of truth overtook the load (the flight's write is
-// then refused) or Redis failed. Likewise a Get that served a value past
-// its refresh-at time (Options.RefreshAhead) returns before the reload it
-// started; after Flush the reloaded value is in Redis, or the reload gave
-// up (another process held the key, or it failed and was logged).
-// GetMany writes before it returns: it leaves nothing for Flush.
-//
-// Nothing in the library needs it: it is for tests, tools and demos that
-// look at Redis right after a Get, or count the round trips a Get caused.
-// Close waits for all of these too.
+// A Get that missed returns after its flight wrote the entry, but a Get
+// that served a value past its refresh-at time (Options.RefreshAhead)
+// returns before the reload it started, and a caller that left on its own
+// ctx leaves its flight running. After Flush those have written what they
+// loaded, or given up (another process held the key, a write overtook the
+// load, or Redis failed: logged). It is for tests, tools and demos that
+// look at Redis right after a Get; Close waits for all of these too.
 func (g *Guard) Flush(ctx context.Context) error {
 	for _, done := range g.pending.snapshot() {
 		select {

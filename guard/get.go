@@ -286,9 +286,8 @@ type flight struct {
 	outcome outcome
 	ttl     time.Duration // the TTL it wrote the frame with, or the re-check found it with (0: unknown)
 	epoch   uint64        // the local cache's epoch when the flight began
-	started uint64        // its number from Guard.starts, taken before any of its reads (see since)
+	started uint64        // its number from Guard.starts, taken before the reads it answers from (see since)
 	by      any           // the *call[T] whose flight this was
-	early   bool          // handed out as the load returned, before the flight wrote it (see join)
 }
 
 // entry is a cache entry judged.

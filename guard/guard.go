@@ -49,14 +49,11 @@
 //     flights in other processes wait for it (they leave a mark): they read
 //     the value on that publish (see loader.Coordinator for the order of
 //     events).
-//  6. Every caller decodes its own copy of the frame the flight found.
-//     The callers whose Get started before the load did take it as soon
-//     as the load returns, before the write of step 5: the load read the
-//     source of truth while their Get ran, so that answer is as fresh as
-//     one given after the write, and a miss costs its caller two round
-//     trips and the load (one when its read took the lock). The flight writes after answering them, and the
-//     callers that joined during the load wait for that write ([Guard.Flush]
-//     waits for it too).
+//  6. Every caller decodes its own copy of the frame the flight found,
+//     once the flight's write, release and publish have run in Redis: a
+//     process that exits as its Gets return leaves no lock behind. A miss
+//     costs its caller two round trips and the load (one before the load
+//     when its read took the lock).
 //
 // Writes (admin.go), each after the source of truth committed: [Guard.Add]
 // for created IDs (registers them and drops their "not found" markers),
@@ -210,24 +207,6 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 			return nil, err
 		}
 	}
-	g.checkClient(ctx)
-	switch err := g.connect(ctx); {
-	case err == nil:
-	case errors.Is(err, ErrUnavailable) && !reply(err):
-		// Down, not refusing: work without it, connect when it is back.
-		g.log.WarnContext(ctx, "cacheguard: redis unavailable at New; serving through the outage policy until it is back", "err", err)
-		g.connectLater()
-	default:
-		if g.local != nil {
-			_ = g.local.close() // what connect may have started
-		}
-		_ = g.tel.close()
-		g.endLife()
-		if errors.Is(err, bloom.ErrInvalid) {
-			return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
-		}
-		return nil, g.fail(ctx, "open", "", err)
-	}
 	g.locks = lock.New(rdb)
 	g.coord = loader.NewCoordinator(rdb, g.keys.Loaded(), &loader.CoordinatorOptions{
 		LockTTL:    o.LockTTL,
@@ -245,6 +224,25 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 			_ = g.fail(context.Background(), "write", key, err)
 		},
 	})
+	g.checkClient(ctx)
+	switch err := g.connect(ctx); {
+	case err == nil:
+	case errors.Is(err, ErrUnavailable) && !reply(err):
+		// Down, not refusing: work without it, connect when it is back.
+		g.log.WarnContext(ctx, "cacheguard: redis unavailable at New; serving through the outage policy until it is back", "err", err)
+		g.connectLater()
+	default:
+		if g.local != nil {
+			_ = g.local.close() // what connect may have started
+		}
+		_ = g.tel.close()
+		_ = g.coord.Close()
+		g.endLife()
+		if errors.Is(err, bloom.ErrInvalid) {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
+		}
+		return nil, g.fail(ctx, "open", "", err)
+	}
 	return g, nil
 }
 

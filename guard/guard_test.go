@@ -663,8 +663,7 @@ func (o *overtaken) finish() product {
 // the lock's token was the fence, the write only deleted a fence key and
 // that Get waited for the overtaken load and its reload). The overtaken
 // load's write is refused and its flight's re-check finds the newer row
-// (no second load); its caller, whose Get started before the update, got
-// the row its load read as soon as the load returned.
+// (no second load), which its caller gets.
 func TestWriteFreesTheLockForANewerLoad(t *testing.T) {
 	ctx := context.Background()
 	c, g, d := setup(t, 10, nil)
@@ -682,10 +681,10 @@ func TestWriteFreesTheLockForANewerLoad(t *testing.T) {
 	if err != nil || p.Price != 33 {
 		t.Fatalf("the other process's Get during the overtaken load: %+v, %v", p, err)
 	}
-	// The overtaken caller started before the update, and its load read the
-	// old row while it ran: that is its answer (see TestMissAnswersBeforeItsWrite).
-	if p := slow.finish(); p.Price != 3 {
-		t.Fatalf("the overtaken caller got %+v, want the row its load read", p)
+	// The overtaken caller is answered after its flight's write, which was
+	// refused: it gets the newer row its re-check found.
+	if p := slow.finish(); p.Price != 33 {
+		t.Fatalf("the overtaken caller got %+v, want the updated row", p)
 	}
 	flush(t, g)
 	raw, err := c.HGet(ctx, c.Prefix+":product:{p3}", "1").Bytes()
@@ -706,8 +705,7 @@ func TestWriteFreesTheLockForANewerLoad(t *testing.T) {
 
 // TestInvalidateBeatsSlowLoader: a load that read the old row before an
 // update cannot cache it after the Invalidate: its flight loads again
-// under a new lock and caches the new row. Its caller started before the
-// update and gets the row its load read.
+// under a new lock and caches the new row, which its caller gets.
 func TestInvalidateBeatsSlowLoader(t *testing.T) {
 	ctx := context.Background()
 	c, g, d := setup(t, 10, nil)
@@ -716,8 +714,8 @@ func TestInvalidateBeatsSlowLoader(t *testing.T) {
 	if err := g.Invalidate(ctx, "p3"); err != nil {
 		t.Fatal(err)
 	}
-	if p := slow.finish(); p.Price != 3 { // it started before the update (see TestWriteFreesTheLockForANewerLoad)
-		t.Fatalf("Get returned %+v, want the row its load read", p)
+	if p := slow.finish(); p.Price != 33 {
+		t.Fatalf("Get returned %+v, want the updated row", p)
 	}
 	flush(t, g)
 	raw, err := c.HGet(ctx, c.Prefix+":product:{p3}", "1").Bytes()

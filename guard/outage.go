@@ -153,7 +153,7 @@ func loadThrough[T any](ctx context.Context, g *Guard, id, vkey string, load Loa
 		err                 error
 	)
 	for attempt := 0; attempt == 0 || older && attempt <= 3; attempt++ { // an older flight's answer may predate a write (join)
-		c, fl, shared, mine, older, err = join(ctx, g, "\x00through:"+vkey, from, call[T]{g: g, id: id, vkey: vkey, load: load}, false, (*call[T]).loadThrough)
+		c, fl, shared, mine, older, err = join(ctx, g, "\x00through:"+vkey, from, call[T]{g: g, id: id, vkey: vkey, load: load}, (*call[T]).loadThrough)
 	}
 	g.answered(ctx, fl.outcome, shared && !mine, true)
 	if err != nil {

@@ -147,10 +147,10 @@ func TestAddKeepsValuesAndBeatsAMarkerLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	close(resume)
-	// Its load read "absent" while it ran, before the create: that is its
-	// answer (it does not wait for the marker write, which is refused).
-	if err := <-got; !errors.Is(err, guard.ErrNotFound) {
-		t.Fatalf("the Get that started before the create: %v, want the ErrNotFound its load read", err)
+	// Its marker write is refused (Add deleted the lock): it loads again
+	// and answers the created row.
+	if err := <-got; err != nil {
+		t.Fatalf("the Get that started before the create: %v, want the row its second load read", err)
 	}
 	if p, err := guard.Get(ctx, g, "late", d.load); err != nil || p.Price != 7 {
 		t.Fatalf("after the create: %+v, %v", p, err)
@@ -412,11 +412,12 @@ func pausedAfterRead(d *db) (slow func(context.Context, string) (product, error)
 	return slow, read, resume
 }
 
-// TestMissAnswersBeforeItsWrite: a miss answers its caller as soon as the
-// load returns, without waiting for the round trip that writes the value
-// (held here before it is sent); a Get that starts after the load did waits
-// for that write, and the ID is loaded once.
-func TestMissAnswersBeforeItsWrite(t *testing.T) {
+// TestMissAnswersAfterItsWrite: a miss answers its callers only once the
+// holder's write, release and publish have run in Redis (held here before
+// they are sent), so that a process that exits as its Gets return leaves
+// no lock behind (TestStampedeOfExitingProcesses); right after the Get the
+// entry is in Redis and the lock is gone, with no Flush.
+func TestMissAnswersAfterItsWrite(t *testing.T) {
 	ctx := context.Background()
 	c, _, d := setup(t, 10, nil)
 	c2 := redistest.Connect(t)
@@ -430,30 +431,25 @@ func TestMissAnswersBeforeItsWrite(t *testing.T) {
 	release := func() { releaseOnce.Do(func() { close(h.release) }) }
 	defer g.Close()
 	defer release() // before Close, which waits for the held flight
-	// Before this change the Get waited for the held reply: the deadline
-	// turns that into a failure instead of a hang.
-	short, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if p, err := guard.Get(short, g, "p7", d.load); err != nil || p.Price != 7 {
-		t.Fatalf("miss: %+v, %v", p, err)
-	}
+	got := make(chan product, 1)
+	go func() { p, _ := guard.Get(ctx, g, "p7", d.load); got <- p }()
 	<-h.held // the flight's write is held before it was sent
-	if n := c.Exists(ctx, c.Prefix+":product:{p7}").Val(); n != 0 {
-		t.Fatal("p7 is cached already: the write was not held")
-	}
-	later := make(chan product, 1)
-	go func() { p, _ := guard.Get(ctx, g, "p7", d.load); later <- p }()
-	time.Sleep(50 * time.Millisecond) // the later Get reaches the flight while it is held
+	time.Sleep(50 * time.Millisecond)
 	select {
-	case p := <-later:
-		t.Fatalf("a Get that started after the load answered %+v before the flight's write returned", p)
+	case p := <-got:
+		t.Fatalf("the miss answered %+v before its write was sent", p)
 	default:
 	}
 	release()
-	if p := <-later; p.Price != 7 {
-		t.Fatalf("later Get: %+v", p)
+	if p := <-got; p.Price != 7 {
+		t.Fatalf("miss: %+v", p)
 	}
-	flush(t, g)
+	if n := c.Exists(ctx, c.Prefix+":product:{p7}").Val(); n != 1 {
+		t.Fatal("the miss answered and p7 is not cached")
+	}
+	if n := c.Exists(ctx, c.Prefix+":product:{p7}:lock").Val(); n != 0 {
+		t.Fatal("the miss answered and its lock is still held")
+	}
 	if st := g.Stats(); st.Loads != 1 || st.StaleWrites != 0 {
 		t.Fatalf("stats %+v, want one load and no refused write", st)
 	}

@@ -252,6 +252,19 @@ func (c *Coordinator) send(ctx context.Context, queue queueFunc) error {
 	return nil
 }
 
+// LoadScripts loads the scripts of a holder's write and release into Redis
+// (every master of a cluster), so that the first write after a start, or
+// after Redis lost its script cache, costs no NOSCRIPT round trip. Run
+// sends a script that is missing all the same.
+func (c *Coordinator) LoadScripts(ctx context.Context) error {
+	for _, s := range []*redis.Script{writeRelease, releasePublish} {
+		if err := s.Load(ctx, c.rdb).Err(); err != nil {
+			return fmt.Errorf("loader: load scripts: %w", redisfail.Wrap(err))
+		}
+	}
+	return nil
+}
+
 // Close ends the Coordinator's subscription. Runs after Close fail.
 func (c *Coordinator) Close() error { return c.wake.close() }
 

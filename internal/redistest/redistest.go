@@ -95,13 +95,21 @@ type Child struct {
 // child is killed when the test ends if it is still running.
 func Spawn(t testing.TB, role string, env ...string) *Child {
 	t.Helper()
-	target := ""
 	if cluster != nil {
-		target = "cluster|" + strings.Join(cluster.Addrs(), ",")
-	} else {
-		s := Server(t)
-		target = s.Network + "|" + s.Addr
+		return spawn(t, "cluster|"+strings.Join(cluster.Addrs(), ","), role, env)
 	}
+	return SpawnOn(t, Server(t), role, env...)
+}
+
+// SpawnOn is Spawn connected to srv (a server of the test's own, see
+// Private) instead of the package's.
+func SpawnOn(t testing.TB, srv *redisserver.Server, role string, env ...string) *Child {
+	t.Helper()
+	return spawn(t, srv.Network+"|"+srv.Addr, role, env)
+}
+
+func spawn(t testing.TB, target, role string, env []string) *Child {
+	t.Helper()
 	c := &Child{Cmd: exec.Command(os.Args[0], "-test.run=^$")}
 	c.Cmd.Env = append(os.Environ(), envRole+"="+role, envRedis+"="+target)
 	c.Cmd.Env = append(c.Cmd.Env, env...)

@@ -1,0 +1,104 @@
+// Command hello is the README's example: a product service's reads behind
+// cacheguard, its writes telling the guard, and the HTTP middleware that
+// turns unknown IDs away. REDIS_ADDR names the server (localhost:6379).
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/adapters/nethttp"
+	"github.com/cacheguard/cacheguard/guard"
+)
+
+type Product struct {
+	ID    string
+	Name  string
+	Price int
+}
+
+// db stands for the database: the source of truth.
+var db = map[string]Product{"1": {"1", "Desk lamp", 1999}, "2": {"2", "Chair", 4900}}
+
+func findProduct(ctx context.Context, id string) (Product, error) {
+	p, ok := db[id] // SELECT ... WHERE id = $1
+	if !ok {
+		return Product{}, guard.ErrNotFound // sql.ErrNoRows becomes "not found"
+	}
+	return p, nil
+}
+
+func main() {
+	addr := os.Getenv("REDIS_ADDR")
+	if addr == "" {
+		addr = "localhost:6379"
+	}
+	if err := run(context.Background(), addr); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func run(ctx context.Context, addr string) error {
+	rdb := redis.NewClient(&redis.Options{
+		Addr:                  addr,
+		ContextTimeoutEnabled: true, // a frozen Redis cannot hold a Get past its ctx deadline
+		DialerRetries:         1,    // nor can dial retries while Redis is down
+		MaxRetries:            -1,   // the guard loads through instead of retrying
+	})
+	defer rdb.Close()
+	g, err := guard.New(ctx, rdb, "product", nil) // nil: the defaults
+	if err != nil {
+		return err
+	}
+	defer g.Close()
+	// Tell the bloom filter every ID that exists (a SELECT id scan).
+	if _, err := g.Rebuild(ctx, guard.IDs([]string{"1", "2"}), nil); err != nil {
+		return err
+	}
+	products, err := guard.For(g, findProduct) // findProduct, now cached
+	if err != nil {
+		return err
+	}
+
+	p, err := products.Get(ctx, "1") // a miss: loaded once across processes, then cached
+	fmt.Println(p.Name, err)
+	_, err = products.Get(ctx, "999") // the filter answers: the database is not asked
+	fmt.Println(errors.Is(err, guard.ErrNotFound))
+
+	// After each write to the database commits:
+	db["3"] = Product{"3", "Shelf", 2900}
+	_ = products.Add(ctx, "3") // INSERT: servable at once in every process
+	p.Price = 1799
+	db["1"] = p
+	_ = products.Set(ctx, "1", p) // UPDATE: the new value, written through
+	delete(db, "2")
+	_ = products.Delete(ctx, "2") // DELETE: "not found" everywhere at once
+
+	// HTTP: unknown IDs get 404 before the handler runs.
+	mux := http.NewServeMux()
+	mux.Handle("GET /products/{id}", nethttp.Middleware(g, nil)(http.HandlerFunc(
+		func(w http.ResponseWriter, r *http.Request) {
+			ctx, cancel := context.WithTimeout(r.Context(), 200*time.Millisecond)
+			defer cancel()
+			p, err := products.Get(ctx, r.PathValue("id"))
+			if err != nil {
+				nethttp.Error(w, r, err) // 404, 400, 503 or 500
+				return
+			}
+			fmt.Fprintf(w, "%s %d\n", p.Name, p.Price)
+		})))
+	for _, id := range []string{"1", "2", "3", "999"} {
+		rec := httptest.NewRecorder()
+		mux.ServeHTTP(rec, httptest.NewRequest("GET", "/products/"+id, nil))
+		fmt.Println(id, rec.Code)
+	}
+	return nil
+}

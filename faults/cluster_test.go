@@ -54,8 +54,11 @@ func child(role string) int {
 	defer func() { _ = json.NewEncoder(os.Stdout).Encode(rep) }()
 	rdb := clusterClient(strings.Split(os.Getenv("ADDRS"), ","))
 	defer rdb.Close()
-	g, err := guard.New(context.Background(), rdb, "product", &guard.Options{ExpectedItems: 200_000, LockTTL: time.Second,
-		Outage: &guard.OutageOptions{MaxLoads: maxLoads}})
+	g, err := guard.New(context.Background(), rdb, "product", &guard.Options{
+		Outage: &guard.OutageOptions{MaxLoads: maxLoads},
+		Filter: guard.FilterOptions{ExpectedItems: 200_000},
+		Tuning: guard.Tuning{LockTTL: time.Second},
+	})
 	if err != nil {
 		rep.Err = err.Error()
 		return 0
@@ -135,7 +138,7 @@ func TestClusterMasterKilled(t *testing.T) {
 	defer cl.Stop()
 	rdb := clusterClient(cl.Addrs())
 	defer rdb.Close()
-	g, err := guard.New(ctx, rdb, "product", &guard.Options{ExpectedItems: 200_000, LockTTL: time.Second})
+	g, err := guard.New(ctx, rdb, "product", &guard.Options{Filter: guard.FilterOptions{ExpectedItems: 200_000}, Tuning: guard.Tuning{LockTTL: time.Second}})
 	if err != nil {
 		t.Fatal(err)
 	}

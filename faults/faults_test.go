@@ -228,7 +228,7 @@ func clientOptions(network, addr string) *redis.Options {
 }
 
 func guardOptions(src *source) *guard.Options {
-	return &guard.Options{ExpectedItems: 10_000, RebuildFrom: src.ids, Outage: &guard.OutageOptions{MaxLoads: maxLoads}}
+	return &guard.Options{Outage: &guard.OutageOptions{MaxLoads: maxLoads}, Filter: guard.FilterOptions{ExpectedItems: 10_000, IDs: src.ids}}
 }
 
 func newEnv(t *testing.T) *env {

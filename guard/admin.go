@@ -255,7 +255,7 @@ func (g *Guard) Info(ctx context.Context) (bloom.Info, error) {
 // shuts the gate before it waits for rebuilds) cannot miss one.
 func (g *Guard) autoRebuild() {
 	f := g.bloom.Load()
-	if g.opts.RebuildFrom == nil || f == nil {
+	if g.opts.Filter.IDs == nil || f == nil {
 		return
 	}
 	now, last := time.Now().UnixNano(), g.lastRebuild.Load()
@@ -281,7 +281,7 @@ func (g *Guard) autoRebuild() {
 			case <-done:
 			}
 		}()
-		n, err := f.Rebuild(ctx, g.opts.RebuildFrom(ctx), nil)
+		n, err := f.Rebuild(ctx, g.opts.Filter.IDs(ctx), nil)
 		switch {
 		case errors.Is(err, bloom.ErrRebuilding):
 			g.log.Info("cacheguard: bloom filter is being rebuilt by another process")
@@ -301,4 +301,15 @@ func (g *Guard) autoRebuild() {
 // voided too while a rolling upgrade runs both).
 func voids(vkey string) []string {
 	return []string{vkey, keyspace.Lock(vkey), keyspace.Fence(vkey)}
+}
+
+// IDs makes a slice a source for Rebuild (and Options' ID source).
+func IDs(ids []string) iter.Seq2[string, error] {
+	return func(yield func(string, error) bool) {
+		for _, id := range ids {
+			if !yield(id, nil) {
+				return
+			}
+		}
+	}
 }

@@ -32,7 +32,7 @@ func benchGuard(b *testing.B, known int, opts *guard.Options) (*redistest.Conn, 
 	if opts != nil {
 		o = *opts
 	}
-	o.KeyPrefix, o.ExpectedItems = c.Prefix, 100_000
+	o.KeyPrefix, o.Filter.ExpectedItems = c.Prefix, 100_000
 	g, err := guard.New(context.Background(), rdb, "product", &o)
 	if err != nil {
 		b.Fatal(err)
@@ -101,7 +101,7 @@ func BenchmarkGet(b *testing.B) {
 		tp := sdktrace.NewTracerProvider()
 		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
 		b.Cleanup(func() { _ = tp.Shutdown(ctx); _ = mp.Shutdown(ctx) })
-		_, g, d := benchGuard(b, 1000, &guard.Options{TracerProvider: tp, MeterProvider: mp})
+		_, g, d := benchGuard(b, 1000, &guard.Options{Telemetry: guard.TelemetryOptions{TracerProvider: tp, MeterProvider: mp}})
 		hits(b, g, d, warm(b, g, d), false)
 	})
 	b.Run("reject", func(b *testing.B) {

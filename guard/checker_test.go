@@ -103,7 +103,7 @@ func childChecker(rdb redis.UniversalClient) int {
 	ops, _ := strconv.Atoi(os.Getenv("OPS"))
 	ids, _ := strconv.Atoi(os.Getenv("IDS"))
 	mode := os.Getenv("MODE")
-	opts := &guard.Options{KeyPrefix: prefix, ExpectedItems: 10_000}
+	opts := &guard.Options{KeyPrefix: prefix, Filter: guard.FilterOptions{ExpectedItems: 10_000}}
 	if os.Getenv("LOCAL") == "1" {
 		opts.Local = &guard.LocalOptions{TTL: time.Minute}
 	}
@@ -283,7 +283,7 @@ func runChecker(t *testing.T, mode string, local bool) checked {
 	ctx := context.Background()
 	c := redistest.Connect(t)
 	const procs, workers, ops, ids = 3, 8, 2500, 200
-	g, err := guard.New(ctx, c, "checked", &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 10_000})
+	g, err := guard.New(ctx, c, "checked", &guard.Options{KeyPrefix: c.Prefix, Filter: guard.FilterOptions{ExpectedItems: 10_000}})
 	if err != nil {
 		t.Fatal(err)
 	}

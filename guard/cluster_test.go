@@ -53,7 +53,7 @@ func TestClusterFailover(t *testing.T) {
 	rdb := redis.NewClusterClient(opts)
 	defer rdb.Close()
 	// Several shards, so the filter spreads over the masters too.
-	g, err := guard.New(ctx, rdb, "product", &guard.Options{ExpectedItems: 200_000, LockTTL: time.Second})
+	g, err := guard.New(ctx, rdb, "product", &guard.Options{Filter: guard.FilterOptions{ExpectedItems: 200_000}, Tuning: guard.Tuning{LockTTL: time.Second}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,9 +23,9 @@ func (g *Guard) connect(ctx context.Context) error {
 		}
 		if f.Adopted() {
 			cfg := f.Config()
-			g.log.WarnContext(ctx, "cacheguard: the bloom filter in Redis is sized otherwise than Options say; using its layout (set StrictSizing to refuse)",
+			g.log.WarnContext(ctx, "cacheguard: the bloom filter in Redis is sized otherwise than Options say; using its layout",
 				"stored_items", cfg.ExpectedItems, "stored_fp_rate", cfg.FalsePositiveRate,
-				"options_items", g.opts.ExpectedItems, "options_fp_rate", g.opts.FalsePositiveRate)
+				"options_items", g.opts.Filter.ExpectedItems, "options_fp_rate", g.opts.Filter.FalsePositiveRate)
 		}
 		g.bloom.CompareAndSwap(nil, f)
 	}
@@ -67,7 +67,7 @@ func (g *Guard) connectLater() {
 				return
 			case <-t.C:
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), g.opts.RedisTimeout)
+			ctx, cancel := context.WithTimeout(context.Background(), g.opts.Tuning.RedisTimeout)
 			err := g.connect(ctx)
 			cancel()
 			if err == nil {

@@ -69,7 +69,7 @@ func TestErrUnavailableFromEveryOperation(t *testing.T) {
 func TestErrUnavailableWhenRedisRefusesWrites(t *testing.T) {
 	ctx := context.Background()
 	_, rdb := redistest.Private(t)
-	g, err := guard.New(ctx, rdb, "product", &guard.Options{ExpectedItems: 10_000})
+	g, err := guard.New(ctx, rdb, "product", &guard.Options{Filter: guard.FilterOptions{ExpectedItems: 10_000}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +128,7 @@ func TestLeastPrivilegeACL(t *testing.T) {
 	c := redistest.Connect(t)
 	prefix := c.Prefix
 	rdb := aclUser(t, c, "cg-"+prefix, prefix)
-	opts := &guard.Options{KeyPrefix: prefix, ExpectedItems: 10_000, Local: &guard.LocalOptions{}}
+	opts := &guard.Options{KeyPrefix: prefix, Local: &guard.LocalOptions{}, Filter: guard.FilterOptions{ExpectedItems: 10_000}}
 	g, err := guard.New(ctx, rdb, "product", opts)
 	if err != nil {
 		t.Fatalf("New as a user limited to %s:*: %v", prefix, err)

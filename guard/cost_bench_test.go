@@ -37,7 +37,7 @@ func BenchmarkCost(b *testing.B) {
 	c := redistest.Connect(b)
 	rdb := redistest.NewClient() // without the counting hook
 	b.Cleanup(func() { _ = rdb.Close() })
-	g, err := guard.New(ctx, rdb, "product", &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: known})
+	g, err := guard.New(ctx, rdb, "product", &guard.Options{KeyPrefix: c.Prefix, Filter: guard.FilterOptions{ExpectedItems: known}})
 	if err != nil {
 		b.Fatal(err)
 	}

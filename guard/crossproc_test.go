@@ -36,7 +36,9 @@ var childRoles = map[string]func(redis.UniversalClient) int{
 func childGuard(rdb redis.UniversalClient) *guard.Guard {
 	lockTTL, _ := time.ParseDuration(os.Getenv("LOCK_TTL"))
 	g, err := guard.New(context.Background(), rdb, "product", &guard.Options{
-		KeyPrefix: os.Getenv("PREFIX"), ExpectedItems: 10_000, LockTTL: lockTTL,
+		KeyPrefix: os.Getenv("PREFIX"),
+		Filter:    guard.FilterOptions{ExpectedItems: 10_000},
+		Tuning:    guard.Tuning{LockTTL: lockTTL},
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

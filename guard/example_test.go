@@ -197,7 +197,7 @@ func ExampleOptions_openTelemetry() {
 	defer tp.Shutdown(ctx)
 	defer mp.Shutdown(ctx)
 
-	g, err := guard.New(ctx, rdb, "example-otel", &guard.Options{TracerProvider: tp, MeterProvider: mp})
+	g, err := guard.New(ctx, rdb, "example-otel", &guard.Options{Telemetry: guard.TelemetryOptions{TracerProvider: tp, MeterProvider: mp}})
 	if err != nil {
 		panic(err)
 	}

@@ -142,13 +142,13 @@ type Guard struct {
 
 // New opens the Guard called name (letters, digits, '_', '-', '.') on rdb,
 // creating its bloom filter in Redis if needed (a process sized otherwise
-// adopts the stored layout; see StrictSizing).
+// adopts the stored layout and logs it).
 //
 // New does not need Redis up: if it cannot reach Redis, it returns a working
 // Guard that connects by itself when Redis is back (Gets meanwhile follow
 // the outage policy, OutageOptions), and logs it. It fails when Redis
-// answers with an error that waiting will not mend (an ACL's NOPERM,
-// ErrMismatch under StrictSizing), wrapping ErrUnavailable for the former.
+// answers with an error that waiting will not mend (an ACL's NOPERM),
+// wrapping ErrUnavailable.
 // Close the Guard when done with it: it may hold a pub/sub subscription and
 // a goroutine.
 func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Options) (*Guard, error) {
@@ -166,15 +166,15 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 		rdb:   rdb,
 		name:  name,
 		opts:  o,
-		keys:  keyspace.ForGuard(o.KeyPrefix, name, o.MaxKeyLen),
+		keys:  keyspace.ForGuard(o.KeyPrefix, name, o.Tuning.MaxKeyLen),
 		field: o.Version, fieldArg: o.Version,
 		log: o.Logger.With("guard", name),
 
 		closing: make(chan struct{}),
 	}
 	g.life, g.endLife = context.WithCancel(context.Background())
-	g.readBatch = batch.New(o.ReadsInFlight, readBatchMax, g.runReads)
-	if o.ReadsInFlight < 0 { // off: every read alone, at once
+	g.readBatch = batch.New(o.Tuning.ReadsInFlight, readBatchMax, g.runReads)
+	if o.Tuning.ReadsInFlight < 0 { // off: every read alone, at once
 		g.readBatch = batch.New(math.MaxInt, 1, g.runReads)
 	}
 	g.readCalls.New = func() any { return new(batch.Call[readReq]) }
@@ -187,18 +187,15 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 		return nil, err
 	}
 	// A flight's life is bounded: see Options.RedisTimeout.
-	g.flights.Timeout = o.LockWait + o.LoadTimeout + 4*o.RedisTimeout
+	g.flights.Timeout = o.Tuning.LockWait + o.LoadTimeout + 4*o.Tuning.RedisTimeout
 	g.bloomOpts = &bloom.Options{
-		ExpectedItems: o.ExpectedItems, FalsePositiveRate: o.FalsePositiveRate, Strict: o.StrictSizing,
+		ExpectedItems: o.Filter.ExpectedItems, FalsePositiveRate: o.Filter.FalsePositiveRate,
 		OnSaturated: func(s bloom.Saturation) {
 			g.log.Warn("cacheguard: bloom filter saturated; rebuild it with a larger ExpectedItems",
 				"added", s.Added, "estimated_fp_rate", s.EstimatedFPRate, "target", s.TargetFPRate)
-			if o.OnBloomSaturated != nil {
-				o.OnBloomSaturated(s)
-			}
 		},
 	}
-	if g.tel, err = newTelemetry(g, o.TracerProvider, o.MeterProvider); err != nil {
+	if g.tel, err = newTelemetry(g, o.Telemetry.TracerProvider, o.Telemetry.MeterProvider); err != nil {
 		return nil, fmt.Errorf("%w: opentelemetry: %w", ErrInvalidOptions, err)
 	}
 	if o.Local != nil {
@@ -209,10 +206,10 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 	}
 	g.locks = lock.New(rdb)
 	g.coord = loader.NewCoordinator(rdb, g.keys.Loaded(), &loader.CoordinatorOptions{
-		LockTTL:    o.LockTTL,
-		LockWait:   o.LockWait,
-		LoadOnBusy: o.LoadOnBusy,
-		OpTimeout:  o.RedisTimeout,
+		LockTTL:    o.Tuning.LockTTL,
+		LockWait:   o.Tuning.LockWait,
+		LoadOnBusy: o.Tuning.LoadOnBusy,
+		OpTimeout:  o.Tuning.RedisTimeout,
 		OnLockLost: func(key string, err error) {
 			// A write to the source of truth deletes the lock (it voids the
 			// load), and so does its lease running out while Redis was

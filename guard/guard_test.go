@@ -108,8 +108,8 @@ func privateGuard(t *testing.T, opts *guard.Options) (*redisserver.Server, *redi
 // p0..p(n-1).
 func openRebuilt(t *testing.T, rdb redis.UniversalClient, o guard.Options, items uint64, n int) *guard.Guard {
 	t.Helper()
-	if o.ExpectedItems == 0 {
-		o.ExpectedItems = items
+	if o.Filter.ExpectedItems == 0 {
+		o.Filter.ExpectedItems = items
 	}
 	g, err := guard.New(context.Background(), rdb, "product", &o)
 	if err != nil {
@@ -150,7 +150,7 @@ func flush(t *testing.T, g *guard.Guard) {
 // ends.
 func otherProcess(t *testing.T, c *redistest.Conn) *guard.Guard {
 	t.Helper()
-	g, err := guard.New(context.Background(), redistest.Connect(t), "product", &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 10_000})
+	g, err := guard.New(context.Background(), redistest.Connect(t), "product", &guard.Options{KeyPrefix: c.Prefix, Filter: guard.FilterOptions{ExpectedItems: 10_000}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -257,7 +257,7 @@ func TestRoundTrips(t *testing.T) {
 func TestRejectFloodAfterHits(t *testing.T) {
 	ctx := context.Background()
 	const n, p = 5_000, 0.01
-	c, g, d := setup(t, 1000, &guard.Options{ExpectedItems: 1000, FalsePositiveRate: p})
+	c, g, d := setup(t, 1000, &guard.Options{Filter: guard.FilterOptions{ExpectedItems: 1000, FalsePositiveRate: p}})
 	if _, err := guard.Get(ctx, g, "p0", d.load); err != nil {
 		t.Fatal(err)
 	}
@@ -297,7 +297,7 @@ func TestRejectFloodAfterHits(t *testing.T) {
 // of them a second time (empty markers).
 func TestPenetration(t *testing.T) {
 	ctx := context.Background()
-	_, g, d := setup(t, 10_000, &guard.Options{ExpectedItems: 10_000, FalsePositiveRate: 0.01})
+	_, g, d := setup(t, 10_000, &guard.Options{Filter: guard.FilterOptions{ExpectedItems: 10_000, FalsePositiveRate: 0.01}})
 	round := func() int64 {
 		before := d.calls.Load()
 		for i := range 10_000 {
@@ -589,7 +589,7 @@ func TestLoaderPanic(t *testing.T) {
 // or with LoadOnBusy in an uncached load of the caller's own.
 func TestBusy(t *testing.T) {
 	ctx := context.Background()
-	c, g, d := setup(t, 10, &guard.Options{LockWait: 100 * time.Millisecond})
+	c, g, d := setup(t, 10, &guard.Options{Tuning: guard.Tuning{LockWait: 100 * time.Millisecond}})
 	held, err := lock.New(c).Obtain(ctx, c.Prefix+":product:{p1}:lock", time.Minute, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -602,8 +602,11 @@ func TestBusy(t *testing.T) {
 		t.Fatal("loader called although another process holds the lock")
 	}
 	c2 := redistest.Connect(t)
-	g2, err := guard.New(ctx, c2, "product", &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 10_000,
-		LockWait: 100 * time.Millisecond, LoadOnBusy: true})
+	g2, err := guard.New(ctx, c2, "product", &guard.Options{
+		KeyPrefix: c.Prefix,
+		Filter:    guard.FilterOptions{ExpectedItems: 10_000},
+		Tuning:    guard.Tuning{LockWait: 100 * time.Millisecond, LoadOnBusy: true},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -760,7 +763,7 @@ func TestContextDeadlineHonoured(t *testing.T) {
 func TestFailOpenUntilRebuilt(t *testing.T) {
 	ctx := context.Background()
 	c := redistest.Connect(t)
-	g, err := guard.New(ctx, c, "product", &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 1000})
+	g, err := guard.New(ctx, c, "product", &guard.Options{KeyPrefix: c.Prefix, Filter: guard.FilterOptions{ExpectedItems: 1000}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -799,8 +802,8 @@ func TestOptionsValidation(t *testing.T) {
 		{"ok", &guard.Options{KeyPrefix: "a{b"}},
 		{"ok", &guard.Options{Jitter: 1.5}},
 		{"ok", &guard.Options{TTL: -time.Second}},
-		{"ok", &guard.Options{FalsePositiveRate: 2}},
-		{"ok", &guard.Options{MaxKeyLen: -1}},
+		{"ok", &guard.Options{Filter: guard.FilterOptions{FalsePositiveRate: 2}}},
+		{"ok", &guard.Options{Tuning: guard.Tuning{MaxKeyLen: -1}}},
 	}
 	for _, b := range bad {
 		if _, err := guard.New(ctx, c, b.name, b.o); !errors.Is(err, guard.ErrInvalidOptions) {

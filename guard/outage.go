@@ -27,8 +27,8 @@ import (
 // the loader (within the cap).
 //
 // A circuit breaker (sony/gobreaker) watches the Redis reads: after
-// BreakAfter consecutive failures it opens, and Gets skip Redis for
-// BreakFor (straight to the load-through, or ErrUnavailable with
+// breakAfter consecutive failures it opens, and Gets skip Redis for
+// breakFor (straight to the load-through, or ErrUnavailable with
 // FailFast), so an outage does not cost every request a dial or a timeout;
 // then one read probes Redis and a success closes it.
 type OutageOptions struct {
@@ -38,13 +38,14 @@ type OutageOptions struct {
 	// MaxLoads caps the load-through calls in flight at once, across all
 	// IDs of the Guard, per process. Default 16.
 	MaxLoads int
-	// BreakAfter is the number of consecutive failed Redis reads that opens
-	// the breaker. Default 5.
-	BreakAfter int
-	// BreakFor is how long the breaker stays open before one read probes
-	// Redis again. Default 1 second.
-	BreakFor time.Duration
 }
+
+// The breaker opens after breakAfter consecutive failed reads and lets one
+// read probe Redis again after breakFor.
+const (
+	breakAfter = 5
+	breakFor   = time.Second
+)
 
 // outage is a Guard's outage policy, resolved.
 type outage struct {
@@ -61,23 +62,17 @@ func newOutage(o OutageOptions, g *Guard) (*outage, error) {
 	if o.MaxLoads == 0 {
 		o.MaxLoads = 16
 	}
-	if o.BreakAfter == 0 {
-		o.BreakAfter = 5
-	}
-	if o.BreakFor == 0 {
-		o.BreakFor = time.Second
-	}
-	if o.MaxLoads < 0 || o.BreakAfter < 0 || o.BreakFor < 0 {
+	if o.MaxLoads < 0 {
 		return nil, fmt.Errorf("%w: Outage %+v", ErrInvalidOptions, o)
 	}
-	after := uint32(o.BreakAfter)
+	after := uint32(breakAfter)
 	return &outage{
 		failFast: o.FailFast,
 		slots:    make(chan struct{}, o.MaxLoads),
 		breaker: gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
 			Name:        g.name,
 			MaxRequests: 1,
-			Timeout:     o.BreakFor,
+			Timeout:     breakFor,
 			ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= after },
 			// Only Redis failing counts; ErrNotFound and the like are answers.
 			IsSuccessful: func(err error) bool { return !errors.Is(err, ErrUnavailable) },

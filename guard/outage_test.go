@@ -81,7 +81,7 @@ func TestLoadThroughWhenRedisIsDown(t *testing.T) {
 func TestLoadThroughIsCapped(t *testing.T) {
 	ctx := context.Background()
 	srv, rdb := redistest.Private(t)
-	g, err := guard.New(ctx, rdb, "product", &guard.Options{ExpectedItems: 1000, Outage: &guard.OutageOptions{MaxLoads: 2}})
+	g, err := guard.New(ctx, rdb, "product", &guard.Options{Outage: &guard.OutageOptions{MaxLoads: 2}, Filter: guard.FilterOptions{ExpectedItems: 1000}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,8 +156,11 @@ func TestNewWithoutRedis(t *testing.T) {
 		t.Fatal(err)
 	}
 	var logs syncBuffer
-	g, err := guard.New(ctx, rdb, "product", &guard.Options{ExpectedItems: 1000, Local: &guard.LocalOptions{},
-		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	g, err := guard.New(ctx, rdb, "product", &guard.Options{
+		Local:  &guard.LocalOptions{},
+		Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		Filter: guard.FilterOptions{ExpectedItems: 1000},
+	})
 	if err != nil {
 		t.Fatalf("New with Redis down: %v", err)
 	}
@@ -229,7 +232,7 @@ func TestClientSettingsAreChecked(t *testing.T) {
 	} {
 		rdb := redis.NewClient(c.opts)
 		var logs syncBuffer
-		g, err := guard.New(ctx, rdb, "product", &guard.Options{ExpectedItems: 1000, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		g, err := guard.New(ctx, rdb, "product", &guard.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil)), Filter: guard.FilterOptions{ExpectedItems: 1000}})
 		if err != nil {
 			t.Fatal(err)
 		}

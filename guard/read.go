@@ -186,7 +186,7 @@ func (g *Guard) runReads(ctx context.Context, calls []*batch.Call[readReq]) {
 		return
 	}
 	if len(calls) > 1 {
-		end := time.Now().Add(g.opts.RedisTimeout)
+		end := time.Now().Add(g.opts.Tuning.RedisTimeout)
 		if latest := latestDeadline(calls); !latest.IsZero() && latest.Before(end) {
 			end = latest
 		}

@@ -86,7 +86,7 @@ func payCredit(t *testing.T, g *guard.Guard, d *db) {
 // A Get whose ctx ends meanwhile leaves at once, and its read is not sent.
 func TestReadsShareRoundTrips(t *testing.T) {
 	ctx := context.Background()
-	c, g, d := setup(t, 60, &guard.Options{ReadsInFlight: 2})
+	c, g, d := setup(t, 60, &guard.Options{Tuning: guard.Tuning{ReadsInFlight: 2}})
 	h := warmThenHold(t, g, d, 60)
 	c.AddHook(h)
 	h.setArmed(true)
@@ -148,7 +148,7 @@ func TestReadsShareRoundTrips(t *testing.T) {
 // send their own read.
 func TestReadBatchingOff(t *testing.T) {
 	ctx := context.Background()
-	c, g, d := setup(t, 10, &guard.Options{ReadsInFlight: -1})
+	c, g, d := setup(t, 10, &guard.Options{Tuning: guard.Tuning{ReadsInFlight: -1}})
 	if _, err := guard.Get(ctx, g, "p1", d.load); err != nil {
 		t.Fatal(err)
 	}
@@ -173,7 +173,7 @@ func TestReadBatchingOff(t *testing.T) {
 // ErrNotFound.
 func TestSharedRoundTripFails(t *testing.T) {
 	ctx := context.Background()
-	srv, rdb, g := privateGuard(t, &guard.Options{ReadsInFlight: 1, Outage: &guard.OutageOptions{FailFast: true}})
+	srv, rdb, g := privateGuard(t, &guard.Options{Outage: &guard.OutageOptions{FailFast: true}, Tuning: guard.Tuning{ReadsInFlight: 1}})
 	d := newDB(10)
 	h := warmThenHold(t, g, d, 10)
 	rdb.AddHook(h)

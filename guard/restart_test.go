@@ -2,6 +2,7 @@ package guard_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"iter"
@@ -39,12 +40,12 @@ func TestRedisRestartWithoutPersistence(t *testing.T) {
 
 	d := newDB(1000)
 	source := func(context.Context) iter.Seq2[string, error] { return ids("p", 1000) }
-	manual, err := guard.New(ctx, rdb, "manual", &guard.Options{ExpectedItems: 10_000})
+	manual, err := guard.New(ctx, rdb, "manual", &guard.Options{Filter: guard.FilterOptions{ExpectedItems: 10_000}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer manual.Close()
-	auto, err := guard.New(ctx, rdb, "auto", &guard.Options{ExpectedItems: 10_000, RebuildFrom: source})
+	auto, err := guard.New(ctx, rdb, "auto", &guard.Options{Filter: guard.FilterOptions{ExpectedItems: 10_000, IDs: source}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,12 +120,12 @@ func TestRedisRestartWithoutPersistence(t *testing.T) {
 	readAll(auto)
 }
 
-// TestSaturationHook: adding far more IDs than the filter was sized for
-// fires OnBloomSaturated once.
-func TestSaturationHook(t *testing.T) {
+// TestSaturationWarning: adding far more IDs than the filter was sized for
+// logs one warning with the estimated rate.
+func TestSaturationWarning(t *testing.T) {
 	ctx := context.Background()
-	fired := make(chan float64, 10)
-	_, g, _ := setup(t, 0, &guard.Options{ExpectedItems: 1000, OnBloomSaturated: func(s bloom.Saturation) { fired <- s.EstimatedFPRate }})
+	var logs syncBuffer
+	_, g, _ := setup(t, 0, &guard.Options{Logger: slog.New(slog.NewJSONHandler(&logs, nil)), Filter: guard.FilterOptions{ExpectedItems: 1000}})
 	for i := range 30 {
 		batch := make([]string, 100)
 		for j := range batch {
@@ -134,11 +135,19 @@ func TestSaturationHook(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if len(fired) != 1 {
-		t.Fatalf("hook fired %d times, want once", len(fired))
+	var est float64
+	n := 0
+	for _, line := range strings.Split(logs.String(), "\n") {
+		var rec struct {
+			Msg string  `json:"msg"`
+			Est float64 `json:"estimated_fp_rate"`
+		}
+		if json.Unmarshal([]byte(line), &rec) == nil && strings.Contains(rec.Msg, "saturated") {
+			n, est = n+1, rec.Est
+		}
 	}
-	if est := <-fired; est <= 0.015 {
-		t.Fatalf("estimated FP %.4f not above the 1.5%% threshold", est)
+	if n != 1 || est <= 0.015 {
+		t.Fatalf("%d saturation warnings (estimate %v), want one above 0.015:\n%s", n, est, logs.String())
 	}
 }
 
@@ -151,9 +160,12 @@ func TestFilterStuckSequenceHeals(t *testing.T) {
 	ctx := context.Background()
 	c := redistest.Connect(t)
 	d := newDB(1000)
-	opts := &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 10_000, RebuildFrom: func(context.Context) iter.Seq2[string, error] {
-		return ids("p", 1000)
-	}}
+	opts := &guard.Options{
+		KeyPrefix: c.Prefix,
+		Filter: guard.FilterOptions{ExpectedItems: 10_000, IDs: func(context.Context) iter.Seq2[string, error] {
+			return ids("p", 1000)
+		}},
+	}
 	g, err := guard.New(ctx, c, "product", opts)
 	if err != nil {
 		t.Fatal(err)
@@ -193,7 +205,7 @@ func TestFilterStuckSequenceHeals(t *testing.T) {
 
 // TestResizeDoesNotBreakStarts: after a Rebuild resized the filter, a
 // process started with the old sizing adopts the stored layout (and says so
-// once in its log), unless it asks for StrictSizing.
+// once in its log).
 func TestResizeDoesNotBreakStarts(t *testing.T) {
 	ctx := context.Background()
 	c, g, d := setup(t, 100, nil) // ExpectedItems 10,000
@@ -201,7 +213,7 @@ func TestResizeDoesNotBreakStarts(t *testing.T) {
 		t.Fatal(err)
 	}
 	var logs syncBuffer
-	old := &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 10_000, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	old := &guard.Options{KeyPrefix: c.Prefix, Logger: slog.New(slog.NewTextHandler(&logs, nil)), Filter: guard.FilterOptions{ExpectedItems: 10_000}}
 	g2, err := guard.New(ctx, redistest.Connect(t), "product", old)
 	if err != nil {
 		t.Fatalf("a process with the old sizing cannot start: %v", err)
@@ -218,9 +230,5 @@ func TestResizeDoesNotBreakStarts(t *testing.T) {
 	}
 	if _, err := guard.Get(ctx, g2, "unknown", d.load); !errors.Is(err, guard.ErrNotFound) {
 		t.Fatal(err)
-	}
-	old.StrictSizing = true
-	if _, err := guard.New(ctx, redistest.Connect(t), "product", old); !errors.Is(err, bloom.ErrMismatch) {
-		t.Fatalf("StrictSizing with other sizing: %v, want bloom.ErrMismatch", err)
 	}
 }

@@ -124,7 +124,7 @@ func newTelemetry(g *Guard, tp trace.TracerProvider, mp metric.MeterProvider) (*
 	}
 	only := metric.WithAttributeSet(attribute.NewSet(t.guardKV))
 	t.gauges, err = m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
-		ctx, cancel := context.WithTimeout(ctx, g.opts.RedisTimeout)
+		ctx, cancel := context.WithTimeout(ctx, g.opts.Tuning.RedisTimeout)
 		defer cancel()
 		in, err := g.Info(ctx)
 		if err != nil {

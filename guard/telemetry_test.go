@@ -69,7 +69,7 @@ func TestOpenTelemetryReadsBack(t *testing.T) {
 	c := redistest.Connect(t)
 	ctx := context.Background()
 	rig := newOtelRig(t)
-	opts := &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 1000, TracerProvider: rig.tp, MeterProvider: rig.mp}
+	opts := &guard.Options{KeyPrefix: c.Prefix, Filter: guard.FilterOptions{ExpectedItems: 1000}, Telemetry: guard.TelemetryOptions{TracerProvider: rig.tp, MeterProvider: rig.mp}}
 	g, err := guard.New(ctx, c, "product", opts)
 	if err != nil {
 		t.Fatal(err)
@@ -236,7 +236,7 @@ func TestOpenTelemetryOffRecordsNothing(t *testing.T) {
 	c := redistest.Connect(t)
 	ctx := context.Background()
 	rig := newOtelRig(t)
-	g, err := guard.New(ctx, c, "product", &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 1000})
+	g, err := guard.New(ctx, c, "product", &guard.Options{KeyPrefix: c.Prefix, Filter: guard.FilterOptions{ExpectedItems: 1000}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -264,8 +264,10 @@ func TestOpenTelemetryOffRecordsNothing(t *testing.T) {
 func TestOpenTelemetryOtherOutcomes(t *testing.T) {
 	ctx := context.Background()
 	rig := newOtelRig(t)
-	srv, _, g := privateGuard(t, &guard.Options{Local: &guard.LocalOptions{TTL: time.Minute},
-		TracerProvider: rig.tp, MeterProvider: rig.mp})
+	srv, _, g := privateGuard(t, &guard.Options{
+		Local:     &guard.LocalOptions{TTL: time.Minute},
+		Telemetry: guard.TelemetryOptions{TracerProvider: rig.tp, MeterProvider: rig.mp},
+	})
 	d := newDB(10)
 	if _, err := guard.Get(ctx, g, "p1", d.load); err != nil { // miss
 		t.Fatal(err)

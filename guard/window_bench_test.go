@@ -24,8 +24,11 @@ func BenchmarkInvalidationWindow(b *testing.B) {
 	ctx := context.Background()
 	c := redistest.Connect(b)
 	open := func() *Guard {
-		g, err := New(ctx, redistest.Connect(b), "window", &Options{KeyPrefix: c.Prefix, ExpectedItems: 1000,
-			Local: &LocalOptions{TTL: time.Minute}})
+		g, err := New(ctx, redistest.Connect(b), "window", &Options{
+			KeyPrefix: c.Prefix,
+			Local:     &LocalOptions{TTL: time.Minute},
+			Filter:    FilterOptions{ExpectedItems: 1000},
+		})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -26,7 +26,7 @@ func twoGuards(t *testing.T, n int, opts *guard.Options) (c1 *redistest.Conn, g1
 	if opts != nil {
 		o = *opts
 	}
-	o.KeyPrefix, o.ExpectedItems = c1.Prefix, 10_000
+	o.KeyPrefix, o.Filter.ExpectedItems = c1.Prefix, 10_000
 	g2, err := guard.New(context.Background(), c2, "product", &o)
 	if err != nil {
 		t.Fatal(err)
@@ -271,7 +271,7 @@ func TestVersionsKeepSeparateEntriesAndWritesDropAll(t *testing.T) {
 		ID    string
 		Cents int64 // renamed field: v1 entries do not decode into it
 	}
-	gNew, err := guard.New(ctx, redistest.Connect(t), "product", &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 10_000, Version: "2"})
+	gNew, err := guard.New(ctx, redistest.Connect(t), "product", &guard.Options{KeyPrefix: c.Prefix, Version: "2", Filter: guard.FilterOptions{ExpectedItems: 10_000}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -372,7 +372,7 @@ func TestNoAnswerFromAFlightOlderThanTheGet(t *testing.T) {
 	c2 := redistest.Connect(t)
 	h := &holdRelease{channel: c.Prefix + ":product:loaded", held: make(chan struct{}), release: make(chan struct{})}
 	c2.AddHook(h)
-	g2, err := guard.New(ctx, c2, "product", &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 10_000})
+	g2, err := guard.New(ctx, c2, "product", &guard.Options{KeyPrefix: c.Prefix, Filter: guard.FilterOptions{ExpectedItems: 10_000}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -423,7 +423,7 @@ func TestMissAnswersAfterItsWrite(t *testing.T) {
 	c2 := redistest.Connect(t)
 	h := &holdRelease{channel: c.Prefix + ":product:loaded", before: true, held: make(chan struct{}), release: make(chan struct{})}
 	c2.AddHook(h)
-	g, err := guard.New(ctx, c2, "product", &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 10_000})
+	g, err := guard.New(ctx, c2, "product", &guard.Options{KeyPrefix: c.Prefix, Filter: guard.FilterOptions{ExpectedItems: 10_000}})
 	if err != nil {
 		t.Fatal(err)
 	}

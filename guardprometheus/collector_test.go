@@ -34,12 +34,12 @@ func rebuild(t *testing.T, g *guard.Guard, ids ...string) {
 func TestKnownSequenceReadsBack(t *testing.T) {
 	c := redistest.Connect(t)
 	ctx := context.Background()
-	products, err := guard.New(ctx, c, "product", &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 1000})
+	products, err := guard.New(ctx, c, "product", &guard.Options{KeyPrefix: c.Prefix, Filter: guard.FilterOptions{ExpectedItems: 1000}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer products.Close()
-	users, err := guard.New(ctx, c, "user", &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 1000})
+	users, err := guard.New(ctx, c, "user", &guard.Options{KeyPrefix: c.Prefix, Filter: guard.FilterOptions{ExpectedItems: 1000}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +132,7 @@ cacheguard_gets_total{guard="user",outcome="reject"} 1
 func TestRedisDownStillScrapes(t *testing.T) {
 	srv, rdb := redistest.Private(t)
 	ctx := context.Background()
-	g, err := guard.New(ctx, rdb, "product", &guard.Options{ExpectedItems: 1000})
+	g, err := guard.New(ctx, rdb, "product", &guard.Options{Filter: guard.FilterOptions{ExpectedItems: 1000}})
 	if err != nil {
 		t.Fatal(err)
 	}

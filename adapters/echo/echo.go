@@ -41,10 +41,10 @@ type Config struct {
 	Skipper middleware.Skipper
 	// Param is the path parameter holding the ID. Default "id".
 	Param string
-	// IDExtractor reads the ID; default c.Param(Param). An empty ID passes;
+	// ID reads the ID; default c.Param(Param). An empty ID passes;
 	// on a route with path parameters that is logged (once per route) and
 	// counted (OnUnfiltered), since the filter is then not filtering it.
-	IDExtractor func(c labecho.Context) string
+	ID func(c labecho.Context) string
 	// Valid says whether an ID is well-formed; others get 400 before any
 	// Redis command. Default: URL-unreserved characters (letters, digits,
 	// '-', '.', '_', '~') plus ExtraIDChars. The Guard's MaxKeyLen bounds
@@ -149,9 +149,9 @@ func MiddlewareWithConfig(g *guard.Guard, cfg Config) labecho.MiddlewareFunc {
 	if cfg.Param == "" {
 		cfg.Param = DefaultConfig.Param
 	}
-	if cfg.IDExtractor == nil {
+	if cfg.ID == nil {
 		param := cfg.Param
-		cfg.IDExtractor = func(c labecho.Context) string { return c.Param(param) }
+		cfg.ID = func(c labecho.Context) string { return c.Param(param) }
 	}
 	if cfg.RetryAfter <= 0 {
 		cfg.RetryAfter = DefaultConfig.RetryAfter
@@ -164,7 +164,7 @@ func MiddlewareWithConfig(g *guard.Guard, cfg Config) labecho.MiddlewareFunc {
 				return next(c)
 			}
 			r := c.Request()
-			v := cr.Decide(r.Context(), cfg.IDExtractor(c), c.Path(), len(c.ParamNames()) > 0)
+			v := cr.Decide(r.Context(), cfg.ID(c), c.Path(), len(c.ParamNames()) > 0)
 			if v.Warn != "" {
 				if cfg.Logger != nil {
 					cfg.Logger.WarnContext(r.Context(), v.Warn, "route", c.Path(), "err", v.Err)

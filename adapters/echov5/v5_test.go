@@ -21,7 +21,7 @@ import (
 func TestEchoOwnProblemHandler(t *testing.T) {
 	c := redistest.Connect(t)
 	ctx := context.Background()
-	g, err := guard.New(ctx, c, "product", &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 1000})
+	g, err := guard.New(ctx, c, "product", &guard.Options{KeyPrefix: c.Prefix, Filter: guard.FilterOptions{ExpectedItems: 1000}})
 	if err != nil {
 		t.Fatal(err)
 	}

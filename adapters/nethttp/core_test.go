@@ -23,7 +23,7 @@ func TestRetryAfterIsTheConfiguredValue(t *testing.T) {
 	srv, rdb := redistest.Private(t)
 	// The Guard fails fast, so that the handler's guard.Get reports the
 	// outage (by default it would load through and answer 200).
-	a := newAppWith(t, rdb, &guard.Options{KeyPrefix: "down", ExpectedItems: 1000, Outage: &guard.OutageOptions{FailFast: true}})
+	a := newAppWith(t, rdb, &guard.Options{KeyPrefix: "down", Outage: &guard.OutageOptions{FailFast: true}, Filter: guard.FilterOptions{ExpectedItems: 1000}})
 	if err := srv.Kill(); err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +92,7 @@ func TestUnfilteredRouteIsReported(t *testing.T) {
 func TestIDRuleFollowsTheGuard(t *testing.T) {
 	ctx := context.Background()
 	c := redistest.Connect(t)
-	g, err := guard.New(ctx, c, "user", &guard.Options{KeyPrefix: c.Prefix, ExpectedItems: 1000, MaxKeyLen: 256})
+	g, err := guard.New(ctx, c, "user", &guard.Options{KeyPrefix: c.Prefix, Filter: guard.FilterOptions{ExpectedItems: 1000}, Tuning: guard.Tuning{MaxKeyLen: 256}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -55,7 +55,7 @@ type Options struct {
 	// route with path wildcards without an ID the middleware could read.
 	OnUnfiltered func(route string)
 	// Logger receives Redis failures, unfiltered routes, and the errors
-	// behind Error's 5xx answers. Default: no logging.
+	// behind Error's 5xx answers. Default slog.Default().
 	Logger *slog.Logger
 }
 
@@ -74,7 +74,7 @@ func Middleware(g *guard.Guard, opts *Options) func(http.Handler) http.Handler {
 		o.ID = func(r *http.Request) string { return r.PathValue(param) }
 	}
 	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
+		o.Logger = slog.Default()
 	}
 	c := core.New(g, core.Options{Valid: o.Valid, ExtraIDChars: o.ExtraIDChars, FailClosed: o.FailClosed,
 		RetryAfter: o.RetryAfter, OnUnfiltered: o.OnUnfiltered, Logger: o.Logger})

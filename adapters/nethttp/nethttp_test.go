@@ -53,7 +53,7 @@ func (a *app) handler() http.Handler {
 }
 
 func newApp(t *testing.T, rdb redis.UniversalClient, prefix string) *app {
-	return newAppWith(t, rdb, &guard.Options{KeyPrefix: prefix, ExpectedItems: 1000})
+	return newAppWith(t, rdb, &guard.Options{KeyPrefix: prefix, Filter: guard.FilterOptions{ExpectedItems: 1000}})
 }
 
 // newAppWith is newApp with the Guard's options.

@@ -259,7 +259,7 @@ func (c *config) open(ctx context.Context, rdb redis.UniversalClient, mustExist 
 			return nil, &notFound{fmt.Sprintf("no Guard %q under prefix %q (no filter at %s; check -name and -prefix)", c.name, c.prefix, ks.Filter().Meta())}
 		}
 	}
-	g, err := guard.New(ctx, rdb, c.name, &guard.Options{KeyPrefix: c.prefix, Version: c.version, RedisTimeout: c.timeout})
+	g, err := guard.New(ctx, rdb, c.name, &guard.Options{KeyPrefix: c.prefix, Version: c.version, Tuning: guard.Tuning{RedisTimeout: c.timeout}})
 	if err != nil {
 		if errors.Is(err, guard.ErrInvalidOptions) {
 			return nil, &usageError{err.Error()}

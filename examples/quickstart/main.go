@@ -67,7 +67,7 @@ func run(ctx context.Context, w io.Writer) error {
 	}
 
 	name := fmt.Sprintf("quickstart-%d", time.Now().UnixNano())
-	g, err := guard.New(ctx, rdb, name, &guard.Options{TTL: time.Minute, ExpectedItems: 10_000})
+	g, err := guard.New(ctx, rdb, name, &guard.Options{TTL: time.Minute, Filter: guard.FilterOptions{ExpectedItems: 10_000}})
 	if err != nil {
 		return err
 	}

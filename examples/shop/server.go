@@ -102,7 +102,9 @@ func newShop(ctx context.Context, db *sql.DB, redisOpts *redis.Options, dbLatenc
 		return func(ctx context.Context) iter.Seq2[string, error] { return raw.IDs(ctx, table) }
 	}
 	s.products, err = guard.New(ctx, s.guardRDB, "product", &guard.Options{
-		ExpectedItems: 200_000, Logger: log, RebuildFrom: ids("products"), MeterProvider: s.tel.meter,
+		Logger:    log,
+		Filter:    guard.FilterOptions{ExpectedItems: 200_000, IDs: ids("products")},
+		Telemetry: guard.TelemetryOptions{MeterProvider: s.tel.meter},
 	})
 	if err != nil {
 		return nil, err
@@ -111,7 +113,9 @@ func newShop(ctx context.Context, db *sql.DB, redisOpts *redis.Options, dbLatenc
 		return nil, err
 	}
 	s.users, err = guard.New(ctx, s.guardRDB, "user", &guard.Options{
-		ExpectedItems: 20_000, Logger: log, RebuildFrom: ids("users"), MeterProvider: s.tel.meter,
+		Logger:    log,
+		Filter:    guard.FilterOptions{ExpectedItems: 20_000, IDs: ids("users")},
+		Telemetry: guard.TelemetryOptions{MeterProvider: s.tel.meter},
 	})
 	if err != nil {
 		return nil, err
@@ -130,8 +134,8 @@ func newShop(ctx context.Context, db *sql.DB, redisOpts *redis.Options, dbLatenc
 		label, prefix string
 		opts          *guard.Options
 	}{
-		{"local", "/local/products/", &guard.Options{ExpectedItems: 200_000, Logger: log, MeterProvider: s.tel.meter, Local: &guard.LocalOptions{}}},
-		{"refresh", "/refresh/products/", &guard.Options{ExpectedItems: 200_000, Logger: log, MeterProvider: s.tel.meter, TTL: time.Second, RefreshAhead: &guard.RefreshOptions{}}},
+		{"local", "/local/products/", &guard.Options{Logger: log, Local: &guard.LocalOptions{}, Filter: guard.FilterOptions{ExpectedItems: 200_000}, Telemetry: guard.TelemetryOptions{MeterProvider: s.tel.meter}}},
+		{"refresh", "/refresh/products/", &guard.Options{Logger: log, TTL: time.Second, RefreshAhead: &guard.RefreshOptions{}, Filter: guard.FilterOptions{ExpectedItems: 200_000}, Telemetry: guard.TelemetryOptions{MeterProvider: s.tel.meter}}},
 	} {
 		vr, err := newVariant(ctx, db, redisOpts, dbLatency, v.label, v.prefix, v.opts)
 		if err != nil {

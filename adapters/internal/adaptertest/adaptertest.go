@@ -100,7 +100,7 @@ func newApp(t *testing.T, f Framework, rdb redis.UniversalClient, opts *guard.Op
 }
 
 func defaults(prefix string) *guard.Options {
-	return &guard.Options{KeyPrefix: prefix, ExpectedItems: 1000}
+	return &guard.Options{KeyPrefix: prefix, Filter: guard.FilterOptions{ExpectedItems: 1000}}
 }
 
 func get(h http.Handler, path string) *httptest.ResponseRecorder {

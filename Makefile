@@ -13,7 +13,7 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: test demo quickstart bench deps deps-demo fmt-check vet fuzz
+.PHONY: test demo quickstart bench deps deps-demo fmt-check source-check vet fuzz
 
 # What each target needs, and nothing more: the demo, quickstart and bench
 # need redis-server; make test also PostgreSQL and chromium.
@@ -27,6 +27,11 @@ fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
+# Line length, doc comments of at most 15 lines, no lab notes in library
+# comments (scripts/check-source.sh says why).
+source-check:
+	@./scripts/check-source.sh
+
 vet:
 	$(GO) vet $(PKGS)
 
@@ -37,7 +42,7 @@ CLUSTER_PKGS := ./bloom ./lock ./loader ./guard ./internal/cputime
 # vetted and tested like the root.
 SIDE_MODULES := adapters/echo adapters/echov5 guardprometheus
 
-test: deps fmt-check vet
+test: deps fmt-check source-check vet
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
 	@for m in $(SIDE_MODULES); do echo "== $$m"; (cd $$m && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 5m ./...) || exit 1; done
 	cd examples/shop && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 10m ./...

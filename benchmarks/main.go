@@ -2,8 +2,8 @@
 // pick through the same workloads, on the same Redis, data and machine, in
 // one run, and prints markdown tables (and writes JSON).
 //
-//	go run . [-hit 3s] [-hit-rounds 3] [-hot 5s] [-hot-rounds 3] [-json results/latest.json]   (make bench)
-//	go run . -hot-only [-hot-pause 100µs] [-only cacheguard+local,rueidisaside]   (table 4 alone; -hot-pause 0: table 4b)
+//	go run . [-hit 3s] [-hit-rounds 3] [-hot 5s] [-hot-rounds 3] [-json FILE]  (make bench)
+//	go run . -hot-only [-hot-pause 100µs] [-only cacheguard+local,...]  (table 4 alone)
 //
 // Contenders: raw (go-redis GET, on a miss load + SET), go-zero
 // core/stores/cache (TakeCtx) with and without go-zero core/bloom in front,
@@ -67,8 +67,16 @@ func main() {
 	jsonPath := flag.String("json", filepath.Join("results", "latest.json"), "where to write the JSON report")
 	only := flag.String("only", "", "comma-separated contenders to run (raw always runs first in the list); empty: all")
 	hitOnly := flag.Bool("hit-only", false, "run the hit path only and print its table (for quick comparisons)")
-	hotPause := flag.Duration("hot-pause", hotPauseDefault, "with -hot-only: each hot-key client's pause between Gets (0: it yields the processor instead); a full run shows both 100µs and 0")
-	hotTTL := flag.Duration("hot-ttl", hotTTLDefault, "the hot key's TTL (under 1s, or not whole seconds: leave go-redis/cache and go-zero out with -only)")
+	hotPause := flag.Duration(
+		"hot-pause",
+		hotPauseDefault,
+		"with -hot-only: each hot-key client's pause between Gets (0: it yields the processor instead); a full run shows both 100µs and 0",
+	)
+	hotTTL := flag.Duration(
+		"hot-ttl",
+		hotTTLDefault,
+		"the hot key's TTL (under 1s, or not whole seconds: leave go-redis/cache and go-zero out with -only)",
+	)
 	hotLoad := flag.Duration("hot-load", hotLoadDefault, "the hot key's loader time")
 	hotOnly := flag.Bool("hot-only", false, "run the hot-key workload only and print its table (for quick comparisons)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
@@ -293,7 +301,11 @@ func ms(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d)/float6
 // markdownHit is table 1, the hit path.
 func markdownHit(r *Report) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "**1. Hit path** (10,000 warm keys, 64 goroutines; median of %d runs, order rotated; \"vs raw\" is the median of same-run ratios, each run's in brackets)\n", len(r.Hit[0].VsRawRuns))
+	fmt.Fprintf(
+		&b,
+		"**1. Hit path** (10,000 warm keys, 64 goroutines; median of %d runs, order rotated; \"vs raw\" is the median of same-run ratios, each run's in brackets)\n",
+		len(r.Hit[0].VsRawRuns),
+	)
 	fmt.Fprintln(&b)
 	fmt.Fprintln(&b, "| contender | ops/s | vs raw | p50 | p99 | round trips/Get | server commands/Get | allocs/op | CPU/Get: client + Redis |")
 	fmt.Fprintln(&b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -309,7 +321,11 @@ func markdownHit(r *Report) string {
 		fmt.Fprintf(&b, "| %s | %.0f | %.2f× (%s) | %s | %s | %s | %.2f | %.0f | %s |\n", h.Contender, h.OpsPerSec, h.VsRaw, strings.Join(each, ", "),
 			ms(h.P50), ms(h.P99), trips, h.ServerCmdsPerOp, h.AllocsPerOp, cpuPair(h.ClientCPU, h.ServerCPU))
 	}
-	fmt.Fprintln(&b, "\n¹ go-zero keeps one client per address, so the second go-zero contender's hook is never installed. Server commands count the commands Lua scripts run, too.")
+	fmt.Fprintln(
+		&b,
+		"\n¹ go-zero keeps one client per address, so the second go-zero contender's hook is never "+
+			"installed. Server commands count the commands Lua scripts run, too.",
+	)
 	return b.String()
 }
 
@@ -329,9 +345,26 @@ func markdownHot(number string, rs []HotKeyResult, pause time.Duration) string {
 		shape = hotShape{ttl: rs[0].TTL, load: rs[0].LoadTime}
 	}
 	ttl, load := shortDuration(shape.ttl), shortDuration(shape.load)
-	fmt.Fprintf(&b, "\n**%s. Hot key expiring under load** (32 clients, %s; one warm key, TTL %s, loader %s; \"Gets ≥ %s\" counts the callers that took as long as a load: waiting for one, or a Redis round trip that slow)\n", number, pacing, ttl, load, load)
+	fmt.Fprintf(
+		&b,
+		"\n**%s. Hot key expiring under load** (32 clients, %s; one warm key, TTL %s, loader %s; "+
+			"\"Gets ≥ %s\" counts the callers that took as long as a load: waiting for one, or a Redis "+
+			"round trip that slow)\n",
+		number,
+		pacing,
+		ttl,
+		load,
+		load,
+	)
 	fmt.Fprintln(&b)
-	fmt.Fprintf(&b, "Each contender ran once per round, the order rotated between rounds. Gets and max are the medians of its rounds (each round in brackets); the other columns are from its median-Gets round. Max and \"Gets ≥ %s\" count every Get; p99 comes from a uniform sample of up to 32,768 Gets per client.\n", load)
+	fmt.Fprintf(
+		&b,
+		"Each contender ran once per round, the order rotated between rounds. Gets and max are the "+
+			"medians of its rounds (each round in brackets); the other columns are from its median-Gets "+
+			"round. Max and \"Gets ≥ %s\" count every Get; p99 comes from a uniform sample of up to "+
+			"32,768 Gets per client.\n",
+		load,
+	)
 	fmt.Fprintln(&b)
 	fmt.Fprintf(&b, "| contender | Gets (rounds) | loader calls | loads/s | expiries | p99 | max (rounds) | Gets ≥ %s |\n", load)
 	fmt.Fprintln(&b, "|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -379,7 +412,15 @@ func markdown(r *Report) string {
 	fmt.Fprintln(&b, "| contender | min TTL | max TTL | std dev | spread (max−min)/TTL |")
 	fmt.Fprintln(&b, "|---|---:|---:|---:|---:|")
 	for _, a := range r.Avalanche {
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %.1f%% |\n", a.Contender, a.Min.Round(time.Second), a.Max.Round(time.Second), a.StdDev.Round(time.Second), 100*a.Spread)
+		fmt.Fprintf(
+			&b,
+			"| %s | %s | %s | %s | %.1f%% |\n",
+			a.Contender,
+			a.Min.Round(time.Second),
+			a.Max.Round(time.Second),
+			a.StdDev.Round(time.Second),
+			100*a.Spread,
+		)
 	}
 	fmt.Fprintln(&b, "\n**6. Bloom filter memory** (1,000,000 IDs, 1% target; bound n·log2(1/p)/8 bytes; FP measured over 100,000 absent IDs)")
 	fmt.Fprintln(&b)

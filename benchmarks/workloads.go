@@ -674,7 +674,12 @@ func memory(ctx context.Context, e *env) ([]MemoryResult, error) {
 	// cacheguard: sized from n and p.
 	rdb := redis.NewClient(&redis.Options{Addr: e.addr})
 	defer rdb.Close()
-	g, err := guard.New(ctx, rdb, "mem", &guard.Options{KeyPrefix: e.prefix("cacheguard", "mem"), Filter: guard.FilterOptions{ExpectedItems: n, FalsePositiveRate: p}})
+	g, err := guard.New(
+		ctx,
+		rdb,
+		"mem",
+		&guard.Options{KeyPrefix: e.prefix("cacheguard", "mem"), Filter: guard.FilterOptions{ExpectedItems: n, FalsePositiveRate: p}},
+	)
 	if err != nil {
 		return nil, err
 	}

@@ -1,45 +1,14 @@
 // Package bloom is a bloom filter kept in Redis bitmaps, shared by every
-// process that opens it.
+// process that opens it by name.
 //
-// A filter is sized from the number of items it should hold and the false-
-// positive rate wanted (m = ⌈−n·ln p / ln²2⌉ bits, k = round(m/n·ln 2) probes;
-// 1% costs 9.59 bits and 7 probes per item). It is a blocked bloom filter:
-// the bits are cut into 512-bit blocks (64 bytes, a cache line), one pair of
-// 64-bit xxhash values picks an item's block, and enhanced double hashing its
-// k bits inside that block. Testing an item is therefore one GETRANGE of 64
-// bytes, as cheap for Redis as a GET (a BITFIELD_RO with k sub-commands costs
-// it about twice as much: see the benchmarks), and the bits are checked here.
-// Keeping an item's bits in one block raises the false-positive rate by about
-// a fifth at equal size; the sizing adds 5% more bits to win it back. Blocks live in shards: keys of
-// at most MaxShardBytes (Redis strings stop at 512 MiB, and a first far write
-// allocates while Redis blocks), each with its own hash tag so they spread
-// over a cluster, and allocated in full when they are created.
-//
-// The layout (m, k, shards, hash, generation) lives in a meta hash. Open
-// creates it if absent and otherwise compares: a client sized differently
-// gets ErrMismatch instead of silently probing other bits.
-//
-// Bit 0 of every block is a readiness bit, read by every probe with the rest
-// of the block. Only Rebuild sets it, once every existing ID is in. Until then,
-// and whenever Redis has lost the shard (restart without persistence,
-// eviction, FLUSHDB: GETRANGE then answers nothing), a probe reports
-// ErrNotReady rather than a wrong "absent": callers must fail open. A missing
-// block also tells a client that its cached generation was replaced: it
-// re-reads the meta and probes again.
-//
-// Rebuild builds the next generation from the source of truth in local
-// memory (github.com/bits-and-blooms/bitset), uploads it with SETRANGE into a
-// staging key beside each new shard and ORs it in (BITOP, same hash tag), so
-// the bits that Add wrote into the new generation meanwhile are kept. Add
-// writes into both generations from the moment the rebuild is announced in
-// the meta. The switch deletes the old generation's shards first (their
-// readers fail open for a moment and re-read the meta), then makes the new
-// generation current in one script: at no moment is an existing ID reported
-// absent. A rebuild may also resize the filter.
-//
-// Every key a filter uses starts with the key given to Open (see
-// internal/keyspace for the layout). Redis failures wrap ErrUnavailable, the
-// same value as guard.ErrUnavailable.
+// [Open] creates the filter (or adopts the layout stored in Redis), [Filter.Add]
+// sets an ID's bits, [Filter.Test] probes them in one command, and
+// [Filter.Rebuild] fills a new generation from the source of truth and switches
+// to it atomically, so no existing ID is ever reported absent. A filter that
+// is not ready (never built, or lost by Redis) answers ErrNotReady, and its
+// users fail open. Sizing follows m = -n·ln p/(ln 2)², k = round(m/n·ln 2),
+// with the bits of one ID in one shard of at most 64 MB (one command per
+// probe, cluster-friendly). docs/design-notes.md has the layout in full.
 package bloom
 
 import (

@@ -199,7 +199,12 @@ func printTable() {
 	sort.SliceStable(rows, func(i, j int) bool { return rows[i].Scenario < rows[j].Scenario })
 	fmt.Fprintf(&out, "\nfault suite: Get deadline %v, loader %v per call, load-through cap %d loads at once (%d loads/s at most)\n\n",
 		deadline, loadTime, maxLoads, int(float64(maxLoads)/loadTime.Seconds()))
-	fmt.Fprintln(&out, "| scenario | Gets | wrong values | false not-found | failed (unavailable, deadline) | max latency (deadline 250ms) | time to recover | loads/s during the outage (cap) | most loads at once | cacheguard goroutines above baseline |")
+	fmt.Fprintln(
+		&out,
+		"| scenario | Gets | wrong values | false not-found | failed (unavailable, deadline) | max "+
+			"latency (deadline 250ms) | time to recover | loads/s during the outage (cap) | most loads "+
+			"at once | cacheguard goroutines above baseline |",
+	)
 	fmt.Fprintln(&out, "|---|---|---|---|---|---|---|---|---|---|")
 	for _, r := range rows {
 		rate := "n/a"

@@ -53,7 +53,12 @@ func TestClusterFailover(t *testing.T) {
 	rdb := redis.NewClusterClient(opts)
 	defer rdb.Close()
 	// Several shards, so the filter spreads over the masters too.
-	g, err := guard.New(ctx, rdb, "product", &guard.Options{Filter: guard.FilterOptions{ExpectedItems: 200_000}, Tuning: guard.Tuning{LockTTL: time.Second}})
+	g, err := guard.New(
+		ctx,
+		rdb,
+		"product",
+		&guard.Options{Filter: guard.FilterOptions{ExpectedItems: 200_000}, Tuning: guard.Tuning{LockTTL: time.Second}},
+	)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,8 +115,20 @@ func TestClusterFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("master %s killed; %d Redis errors (no false not-found) during the failover; serving again %v after the kill; Info: generation %d, ready %v, %d shards, %d bits set, estimated FP %.4f%%, stats %+v",
-		masters[0].Addr, during, time.Since(killed).Round(time.Millisecond), in.Generation, in.Ready, in.Config.Shards, in.BitsSet, in.EstimatedFPRate*100, g.Stats())
+	t.Logf(
+		"master %s killed; %d Redis errors (no false not-found) during the failover; serving again "+
+			"%v after the kill; Info: generation %d, ready %v, %d shards, %d bits set, estimated FP "+
+			"%.4f%%, stats %+v",
+		masters[0].Addr,
+		during,
+		time.Since(killed).Round(time.Millisecond),
+		in.Generation,
+		in.Ready,
+		in.Config.Shards,
+		in.BitsSet,
+		in.EstimatedFPRate*100,
+		g.Stats(),
+	)
 	if !in.Ready || in.BitsSet == 0 {
 		t.Fatalf("Info %+v", in)
 	}

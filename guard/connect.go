@@ -94,10 +94,20 @@ func (g *Guard) checkClient(ctx context.Context) {
 		return
 	}
 	if !ctxTimeouts {
-		g.log.WarnContext(ctx, "cacheguard: the redis client has ContextTimeoutEnabled off: a Get waits for the client's ReadTimeout, not its ctx deadline, when Redis stalls (set ContextTimeoutEnabled: true)")
+		g.log.WarnContext(
+			ctx,
+			"cacheguard: the redis client has ContextTimeoutEnabled off: a Get waits for the client's "+
+				"ReadTimeout, not its ctx deadline, when Redis stalls (set ContextTimeoutEnabled: true)",
+		)
 	}
 	if dialRetries != 1 {
-		g.log.WarnContext(ctx, "cacheguard: the redis client retries failed dials (DialerRetries, default 5, with a pause between tries): with Redis down each Get waits for them before it can load through (set DialerRetries: 1)",
-			"dialer_retries", dialRetries)
+		g.log.WarnContext(
+			ctx,
+			"cacheguard: the redis client retries failed dials (DialerRetries, default 5, with a pause "+
+				"between tries): with Redis down each Get waits for them before it can load through (set "+
+				"DialerRetries: 1)",
+			"dialer_retries",
+			dialRetries,
+		)
 	}
 }

@@ -91,7 +91,11 @@ func TestErrUnavailableWhenRedisRefusesWrites(t *testing.T) {
 
 // aclCommands is every command a Guard sends, directly or from its scripts:
 // the least-privilege user of README's "Redis ACL" section.
-var aclCommands = strings.Fields("bitfield bitop del eval evalsha exists get getrange hdel hexists hget hgetall hincrby hset pexpire pttl publish script|load set setrange subscribe time unlink bitcount getbit memory|usage")
+var aclCommands = strings.Fields(
+	"bitfield bitop del eval evalsha exists get getrange hdel hexists hget hgetall hincrby hset " +
+		"pexpire pttl publish script|load set setrange subscribe time unlink bitcount getbit " +
+		"memory|usage",
+)
 
 // aclUser creates (on every node) a user limited to keys and channels under
 // prefix and to aclCommands, and returns a client logged in as that user.

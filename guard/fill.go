@@ -30,27 +30,15 @@ type since struct {
 // before the caller at from (see since).
 func (from since) startedBefore(n uint64) bool { return n <= from.at }
 
-// join runs the flight key in this process, or joins the one under way,
-// for a caller that started at from, and returns the call that ran it (if
-// it was this caller's: mine). A flight's answer serves a caller only if
-// the flight started after the caller did: otherwise a write that returned
-// between the two could be missing from it. A caller that joined an older
-// flight waits for it and then runs (or joins) a newer one, which started
-// after it. With Options.Local, an older flight serves the caller too when
-// the local epoch did not move between the two starts: this process made
-// no write (its writes also Forget the flight) and heard of none from
-// other processes, which is the guarantee a local copy gives (see
-// LocalOptions). A hot key's late callers then take the answer of the load
-// under way instead of running another flight after it. fill and
-// loadThrough both go through here; older reports a flight that does not
-// serve the caller, and the caller goes round again (fill reads the cache
-// first: the flight has just written it).
-//
-// Every caller is answered when the flight ends: after its write,
-// release and publish have run in Redis. A process may exit (or be frozen)
-// as soon as its Gets return; an answer that went out before the write
-// would leave the key's lock to lapse under a dead holder, and every other
-// process would wait out its lease.
+// join runs the flight key in this process, or joins the one under way, for
+// a caller that started at from; mine says the flight was this caller's. A
+// flight's answer serves a caller only if the flight (or its load) started
+// after the caller did: otherwise a write that returned between the two
+// could be missing from it, and the caller goes round again (older). With
+// Options.Local an older flight serves too when the local epoch did not move
+// (no write made or heard since). Every caller is answered when the flight
+// ends, after its write, release and publish ran in Redis: a process may
+// exit as soon as its Gets return, and must not leave the lock behind.
 func join[T any](ctx context.Context, g *Guard, key string, from since, proto call[T],
 	fly func(c *call[T], ctx context.Context) (flight, error),
 ) (c *call[T], fl flight, shared, mine, older bool, err error) {
@@ -63,9 +51,9 @@ func join[T any](ctx context.Context, g *Guard, key string, from since, proto ca
 			g.giveBack(c.held, c.vkey)
 		}
 	}
-	fl, shared, err = g.flights.DoEarlyOnJoin(ctx, key, func(ctx context.Context, _ func(flight, error)) (flight, error) {
+	fl, shared, err = g.flights.DoOnJoin(ctx, key, func(ctx context.Context) (flight, error) {
 		return fly(c, ctx)
-	}, nil, giveBack)
+	}, giveBack)
 	giveBack()             // or it left before its own flight took the lock
 	mine = fl.by == any(c) // this caller's function ran the flight
 	answered := err == nil || errors.Is(err, ErrNotFound)

@@ -3,78 +3,15 @@
 // expires is loaded once across all processes (stampede), and TTLs are spread
 // so keys loaded together do not expire together (avalanche).
 //
-// One [Guard] serves one kind of entity (one value type, bound by the first
-// [Get] or [For]); its name scopes its Redis keys, its bloom filter and its
-// TTLs. [Get] reads through it; [For] wraps a repository call in a typed
-// handle. One Get of an ID goes:
-//
-//  1. The ID is checked and turned into its value key (internal/keyspace);
-//     a malformed ID ends in [ErrInvalidKey] without a Redis command. After
-//     [Guard.Close] every call ends in [ErrClosed] (the gate in guard.go).
-//  2. With [Options.Local], a copy in process memory answers at once
-//     (local.go; looked up by ID, before the value key is built).
-//  3. One round trip, in the caller's goroutine, reads the ID (Guard.read
-//     in read.go): the HGET of the value key's field for [Options.Version],
-//     with the bloom probe pipelined while recent reads missed (when the
-//     HGET alone finds nothing, the probe follows it). Under load,
-//     concurrent Gets' reads share round trips (internal/batch: while
-//     [Options.ReadsInFlight] are under way, the next Gets' reads wait and
-//     go together in one pipeline, sent by one of them). With [Options.Local]
-//     the callers of an ID share this read (readShared). An ID the filter
-//     has never seen ends in [ErrNotFound]; a cached value is decoded and
-//     returned; a cached empty marker ends in [ErrNotFound]; a corrupt entry
-//     is dropped and treated as a miss. A filter that is not ready (never
-//     built, or lost by Redis) answers "maybe": the Guard fails open, never
-//     rejects an ID that exists. [Guard.Peek] is this step alone, for HTTP
-//     middleware; the Get that follows it reuses its answer. While reads
-//     miss often (a cold cache), a read of an ID this process has not read
-//     lately takes the ID's lock in the same round trip, before its HGET
-//     (readlock.go): a miss then needs no lock attempt of its own in step
-//     5.
-//  4. A miss joins the ID's fill flight in this process (fill in fill.go),
-//     if that flight started after this Get did: an older flight may have
-//     read before a write that returned before this Get started, so its
-//     answer could be stale, and the Get reads again once it ended, then
-//     runs a newer one (with [Options.Local], an older flight answers too
-//     if no write was heard since it started: the window a local copy has
-//     anyway).
-//  5. The flight goes to the loader's Coordinator (call.coordinate): one
-//     process at a time takes the ID's lock (or already holds it: step 3),
-//     checks the cache again (the HGET behind the lock attempt), calls
-//     the load function and writes its value for [Options.TTL] ±
-//     [Options.Jitter], or an empty marker for [Options.EmptyTTL] when the
-//     load says [ErrNotFound], with a write that checks the lock is still
-//     its own, which any write made in the meantime refuses (it deletes the
-//     lock); then it releases the lock, and publishes the ID if
-//     flights in other processes wait for it (they leave a mark): they read
-//     the value on that publish (see loader.Coordinator for the order of
-//     events).
-//  6. Every caller decodes its own copy of the frame the flight found,
-//     once the flight's write, release and publish have run in Redis: a
-//     process that exits as its Gets return leaves no lock behind. A miss
-//     costs its caller two round trips and the load (one before the load
-//     when its read took the lock).
-//
-// Writes (admin.go), each after the source of truth committed: [Guard.Add]
-// for created IDs (registers them and drops their "not found" markers),
-// [Set] to write a new value through, [Guard.Invalidate] to drop it instead,
-// [Guard.Delete] for deleted IDs (a marker at once). Each deletes the IDs'
-// load locks, so no load in flight that read older data can store it
-// afterwards: once a write returned, no Get that starts later, in any
-// process, answers older data or a stale "not found" (without
-// Options.Local; see LocalOptions). [Guard.Rebuild] fills the filter from the source of truth.
-// Every error that Redis failing causes, from every function, wraps
-// [ErrUnavailable] (errors.go).
-//
-// [GetMany] reads a page of IDs in one round trip and loads its misses in
-// one batch call (many.go). With [Options.RefreshAhead] a hot value is
-// reloaded in the background before it expires, and served meanwhile
-// (refresh.go).
-//
-// When Redis cannot answer (down, frozen, full, refusing), a Get loads
-// through: it calls the load function directly, merged per ID and capped
-// across IDs, behind a circuit breaker (outage.go, [OutageOptions]); [New]
-// works without Redis and connects when it is back (connect.go).
+// Open one [Guard] per kind of entity with [New], fill its bloom filter with
+// [Guard.Rebuild], read with [Get] (or a typed handle from [For]), and after
+// each committed write to the database call [Guard.Add], [Set],
+// [Guard.Invalidate] or [Guard.Delete]. A Get checks the ID (get.go), reads
+// the filter, the value and any "not found" marker in one round trip
+// (read.go), and on a miss joins the ID's flight (fill.go), which loads under
+// a per-key Redis lock (package loader) and writes before it answers. When
+// Redis cannot answer, a Get loads through (outage.go). docs/design.md walks
+// one Get through the files; every error Redis causes wraps [ErrUnavailable].
 package guard
 
 import (

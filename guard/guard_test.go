@@ -150,7 +150,12 @@ func flush(t *testing.T, g *guard.Guard) {
 // ends.
 func otherProcess(t *testing.T, c *redistest.Conn) *guard.Guard {
 	t.Helper()
-	g, err := guard.New(context.Background(), redistest.Connect(t), "product", &guard.Options{KeyPrefix: c.Prefix, Filter: guard.FilterOptions{ExpectedItems: 10_000}})
+	g, err := guard.New(
+		context.Background(),
+		redistest.Connect(t),
+		"product",
+		&guard.Options{KeyPrefix: c.Prefix, Filter: guard.FilterOptions{ExpectedItems: 10_000}},
+	)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -496,7 +501,23 @@ func TestCorruptValueIsDroppedAndReloaded(t *testing.T) {
 // own entry, and never read or overwrite another's.
 func TestKeysAreInjective(t *testing.T) {
 	ctx := context.Background()
-	seeds := []string{"42", "42:lock", "42}:lock", "x}", "{a}", "{42}", "%7B42%7D", "%", "%25", "{", "}", "bf:meta", "a b", "ünï", strings.Repeat("z", 128)}
+	seeds := []string{
+		"42",
+		"42:lock",
+		"42}:lock",
+		"x}",
+		"{a}",
+		"{42}",
+		"%7B42%7D",
+		"%",
+		"%25",
+		"{",
+		"}",
+		"bf:meta",
+		"a b",
+		"ünï",
+		strings.Repeat("z", 128),
+	}
 	c, g, _ := setup(t, 0, nil)
 	if err := g.Add(ctx, seeds...); err != nil {
 		t.Fatal(err)

@@ -16,58 +16,18 @@ import (
 
 // LocalOptions turns on an in-process cache in front of Redis: values this
 // process read or loaded are served from memory, with no round trip, for up
-// to TTL.
+// to TTL, and never past their entry's TTL in Redis.
 //
-// A process sees its own writes at once: Invalidate, Set and Delete drop (or
-// replace) its copy before they return, and an epoch check keeps a read made
-// before the write from storing its copy after it. (The write's own message
-// reaches this process too, a little later, and drops the copy Set kept:
-// the next Get of that ID reads Redis once. Not stale, one round trip.) Other processes learn of a
-// write from a message on the Guard's pub/sub channel, sent in the write's
-// round trip: until it arrives they may serve their copy. Measured by
-// TestConsistencyCheckerLocal (3 processes, 60,000 operations on 200 IDs,
-// 30% writes, on one 2-core machine): 3 to 7 stale reads per 10,000 reads,
-// the longest 0.3 to 22 ms after the write returned (scheduling delays of
-// the receiving goroutine; 5.2 to 6.7 and 1.2 to 8.2 ms in three runs on
-// the otter-based cache; 3.3 to 6.0 and 0.56 to 1.85 ms in four runs with
-// the shared reads and flights described below), and 0 in the writing
-// process. Measured directly (BenchmarkInvalidationWindow: a Set in one
-// process, the copy in another): the copy goes 12 to 14 µs after the write
-// returns at the median, 0.9 to 3.1 ms at p99, 5 to 12 ms at most, and
-// before the write returns in 16 to 27% of the writes. TTL bounds what a
-// lost message (a dropped connection) can leave stale. Closing the window
-// entirely would cost a local hit a check with Redis (a round trip, which is
-// what Local saves), or a client that reads pending invalidation pushes on
-// its own connection before each local hit (a syscall per hit); without
-// Local the guarantee is exact. Redis's server-assisted invalidation
-// (CLIENT TRACKING in broadcast mode on the key prefix, which go-redis and
-// rueidis build on) was considered in place of the channel: it would also
-// drop copies whose key was written by a client that is not a Guard, but it
-// has the same window (the push is read by another goroutine), needs RESP3
-// on a dedicated connection per node, and is not used yet; copies here
-// never outlive their entry's TTL in Redis (read with the value) anyway,
-// and with RefreshAhead they live only until the frame's refresh-at time,
-// so that the refresh runs while the key is served from memory. The same
-// window lets a Get that finds its key being loaded in this process take
-// that load's answer when no write was heard since the load began (without
-// Local it waits for the load and then reads again, so that it sees any
-// write that returned before it started).
+// This process sees its own writes at once: Invalidate, Set and Delete drop
+// or replace its copy before they return. Other processes learn of a write
+// from a message on the Guard's pub/sub channel, sent in the write's round
+// trip: until it arrives (milliseconds) they may serve their copy, and TTL
+// bounds what a lost message can leave stale. Without Local the guarantee is
+// exact. docs/design-notes.md gives the measured window and alternatives.
 //
-// A local hit costs no Redis command, and no decode for most types: the
-// copies are keyed by ID, and each keeps the value decoded once. A type
-// with no slices, maps or pointers inside is handed out as it is (no
-// allocation); one with them gets a deep copy per caller (package
-// internal/clone: about a third of a decode's time for a struct with a
-// slice of strings), so that no caller can change what another one gets;
-// strings and time.Time values are shared, being immutable. Only a type
-// that holds an interface, a channel, a function or an unexported field
-// with references is decoded from its frame on every hit.
-//
-// A copy that lived exactly as long as its Redis entry is remembered for a
-// moment after both expired (goneGrace): the Get that finds it then skips
-// the read, which would miss, and goes straight to the lock attempt, whose
-// re-check reads the entry anyway. When a hot key expires, its callers
-// wait one round trip less for the reload.
+// A local hit costs no decode for most types: a copy is kept decoded, and
+// handed out as is (no slices, maps or pointers) or deep-copied per caller
+// (internal/clone); other types are decoded on every hit.
 type LocalOptions struct {
 	// Size caps the values kept; when full, the eviction policy of
 	// github.com/maypok86/otter/v2 (adaptive W-TinyLFU: it keeps what is

@@ -22,7 +22,12 @@ func TestLocalCache(t *testing.T) {
 	ctx := context.Background()
 	c, g, d := setup(t, 10, &guard.Options{Local: &guard.LocalOptions{TTL: time.Minute}})
 	c2 := redistest.Connect(t)
-	other, err := guard.New(ctx, c2, "product", &guard.Options{KeyPrefix: c.Prefix, Local: &guard.LocalOptions{}, Filter: guard.FilterOptions{ExpectedItems: 10_000}})
+	other, err := guard.New(
+		ctx,
+		c2,
+		"product",
+		&guard.Options{KeyPrefix: c.Prefix, Local: &guard.LocalOptions{}, Filter: guard.FilterOptions{ExpectedItems: 10_000}},
+	)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -535,7 +540,12 @@ func TestLocalHitsHandOutCopies(t *testing.T) {
 	next("after a miss", "p1", 0)
 
 	// A read that hit in Redis: another process filled the entry.
-	other, err := guard.New(ctx, redistest.Connect(t), "product", &guard.Options{KeyPrefix: c.Prefix, Filter: guard.FilterOptions{ExpectedItems: 10_000}})
+	other, err := guard.New(
+		ctx,
+		redistest.Connect(t),
+		"product",
+		&guard.Options{KeyPrefix: c.Prefix, Filter: guard.FilterOptions{ExpectedItems: 10_000}},
+	)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,28 +20,15 @@ import (
 type BatchLoadFunc[T any] func(ctx context.Context, ids []string) (map[string]T, error)
 
 // GetMany returns the values of the ids that exist, in a map (an ID that
-// does not exist is not in it), for list pages and joins:
-//
-//  1. One round trip reads every ID's entry, with its bloom probe pipelined
-//     in it while recent reads missed (else the probes of the IDs with no
-//     entry follow in a second round trip: a warm page is one command per
-//     ID, like a pipeline of plain GETs). On a Redis Cluster go-redis sends
-//     each node its share, in parallel. Hits, markers and IDs the filter
-//     rejects are answered from it; a page of warm IDs costs that one
-//     round trip.
-//  2. The misses go to the Coordinator each (one load per ID across
-//     processes, as for Get), and those whose lock this call takes are
-//     loaded together in one call of load; an ID whose lock another holder
-//     has is waited for and read when it is done, and does not hold up the
-//     batch. IDs that load does not return get empty markers.
-//
-// With Options.Local, the IDs held in process memory are answered from it
-// first, and what the call reads or loads is kept there, as by Get.
-//
-// Malformed IDs fail the call with ErrInvalidKey before any Redis command.
-// If some IDs fail (a load error, ErrBusy, Redis failing), the map holds the
-// others and the error joins the failures. When Redis cannot answer, the
-// misses load through in one call (the outage policy, OutageOptions).
+// does not exist is not in it), for list pages and joins. One round trip
+// reads every ID's entry (with the bloom probes while reads miss; on a
+// cluster, each node its share in parallel): a warm page costs that alone.
+// The misses go to the Coordinator each (one load per ID across processes),
+// and those whose lock this call takes load together in one call of load;
+// IDs it does not return get "not found" markers. With Options.Local, memory
+// answers first. Malformed IDs fail the call with ErrInvalidKey; if some IDs
+// fail, the map holds the others and the error joins the failures. When
+// Redis cannot answer, the misses load through in one call.
 func GetMany[T any](ctx context.Context, g *Guard, ids []string, load BatchLoadFunc[T]) (map[string]T, error) {
 	if g == nil || load == nil {
 		return nil, errors.New("cacheguard: GetMany needs a non-nil Guard and load function")

@@ -15,22 +15,13 @@ import (
 // times out, refuses writes under maxmemory, or an ACL refuses a command.
 //
 // By default Get loads through: it calls the load function directly and
-// returns its value (or ErrNotFound) uncached. Loads are still merged per ID
-// in the process (one load for all concurrent callers of an ID), and capped
-// across IDs by MaxLoads, so the source of truth sees at most MaxLoads loads
-// at once from each process however large the traffic; a Get beyond the cap
-// gets ErrUnavailable at once. The default is load-through, not fail-fast,
-// because the cache exists to spare the database, not to guard it from its
-// own readers: during an outage the HTTP adapters pass requests through
-// (fail open), and those requests should be served while the database can.
-// The bloom filter is in Redis too, so during an outage unknown IDs reach
-// the loader (within the cap).
-//
-// A circuit breaker (sony/gobreaker) watches the Redis reads: after
-// breakAfter consecutive failures it opens, and Gets skip Redis for
-// breakFor (straight to the load-through, or ErrUnavailable with
-// FailFast), so an outage does not cost every request a dial or a timeout;
-// then one read probes Redis and a success closes it.
+// returns its value (or ErrNotFound) uncached, merged per ID in the process
+// and capped across IDs by MaxLoads; a Get beyond the cap gets ErrUnavailable
+// at once. Load-through is the default because the cache exists to spare the
+// database, not to refuse its readers (the HTTP adapters fail open too). The
+// filter is in Redis as well, so unknown IDs reach the loader, within the
+// cap. A circuit breaker (sony/gobreaker) opens after breakAfter failed
+// reads in a row, keeps Gets off Redis for breakFor, then lets one probe.
 type OutageOptions struct {
 	// FailFast makes Get return ErrUnavailable (wrapped) instead of loading
 	// through.

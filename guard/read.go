@@ -159,15 +159,13 @@ type readReq struct {
 	lockQ *lock.Queued
 }
 
-// Read batching. Gets that read while Options.ReadsInFlight round trips of
-// reads are already under way wait, and the first of them sends all of
-// theirs in one pipeline when one ends (package batch). Each read is still
+// Read batching. Gets that read while Options.Tuning.ReadsInFlight round
+// trips of reads are already under way wait, and the first of them sends all
+// of theirs in one pipeline when one ends (package batch). Each read is still
 // its own commands, so a hit is one HGET and the rule of join holds: a
-// waiting read is sent after its Get started. On this machine's W1 (64
-// goroutines, 2 cores, Redis on the same cores) plain GETs batched this way
-// ran 2.8× as fast as plain GETs one per round trip, at a fifth of the
-// p99: the system calls and event-loop turns per read fall with the batch,
-// on both sides. readBatchMax bounds one pipeline.
+// waiting read is sent after its Get started. The system calls and Redis
+// event-loop turns per read fall with the batch (docs/cost.md has the
+// figures). readBatchMax bounds one pipeline.
 const readBatchMax = 256
 
 // runReads sends calls' reads in one round trip. A read alone that needs

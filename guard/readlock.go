@@ -10,49 +10,18 @@ import (
 	"github.com/cacheguard/cacheguard/lock"
 )
 
-// Lock with the read. A miss takes the key's lock in a round trip of its
-// own (loader.Coordinator's step 1) after the read that found nothing: three
-// round trips in all, two of them before the load. While reads miss often
-// (a cold cache), a read that is likely to miss takes the lock itself: the
-// attempt (SET NX PX of a token, lock.Client.QueueUnfenced) goes in the
-// read's pipeline, before the HGET, so Redis runs that HGET with the lock
-// taken and it is the re-check of step 1. A miss then costs two round
-// trips, one before the load, and the flight starts at the load
-// (loader.Coordinator.RunHeld). The protocol is unchanged: one load per
-// key across processes, and a write only under a lock that is still the
-// loader's own.
-//
-// Likely to miss means: reads carry the bloom probe (recent reads found
-// nothing, see missCredit; with Local they always do), the reads that
-// found nothing were mostly misses rather than rejects and the locks
-// reads took were mostly used (see Lock bias), and this process has not
-// read the ID lately (seenTable). With a local cache (Options.Local) the
-// callers of an ID in a process share one read (readShared): the lock it
-// took goes to the flight of the caller that sent it, and the others join
-// that flight. A read that took the lock and did not need it gives it
-// back:
-//   - it found the entry: released at once, in a goroutine of the Guard's
-//     (giveBack), with a PUBLISH if a flight elsewhere waits for it;
-//   - its Get joined a flight of its process already filling the key: the
-//     same;
-//   - the filter rejected the ID: left to lapse (no load will follow; Add
-//     deletes the lock anyway), so that a flood of unknown IDs costs no
-//     round trip more;
-//   - its Get never came (Peek without Get), or its process died: the lock
-//     lapses after readLockLease.
-//
-// That lease is short so that a lock taken for nothing blocks nobody for
-// long; a load that outlasts a third of it has its lock extended to
-// LockTTL by the watchdog (lock.Lock.KeepAlive).
-//
-// Why: throwaway builds that split the miss's protocol showed its separate
-// lock round trip to be what kept the demo shop's cold Zipf behind the
-// naive path (docs/zipf.md). With the lock taken with the read, eight
-// alternated runs on an Intel VM served 0.942 to 1.014 of the naive
-// path's requests (median 0.980, against 0.876 before), at a p99 under
-// naive's in all eight; BenchmarkCost's miss fell from 41 to 46 µs of
-// client CPU to 33 to 35. On a VM whose system calls cost more (AMD),
-// the default serves more than naive (median 1.12×).
+// Lock with the read. While reads miss often (a cold cache), a read that is
+// likely to miss takes the key's lock itself: SET NX PX of a token goes in
+// the read's pipeline before the HGET, so that HGET is the re-check with the
+// lock taken, and the miss's flight starts at the load (Coordinator.RunHeld):
+// two round trips instead of three. Likely to miss: reads carry the bloom
+// probe, reads that found nothing mostly loaded and their locks were mostly
+// used (Lock bias), and this process has not read the ID lately (seenTable).
+// A lock taken for nothing is given back: released at once if the entry was
+// there or the Get joined a flight of its process (giveBack), left to lapse
+// after a reject. The lease is short, so such a lock blocks nobody for long;
+// a load that outlasts a third of it has it extended by the watchdog.
+// docs/cost.md has the measurements.
 const readLockLease = 500 * time.Millisecond
 
 // seenTable remembers the IDs this process read lately: 8,192 sets of 4

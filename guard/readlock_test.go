@@ -60,7 +60,12 @@ func TestReadLockStampede(t *testing.T) {
 			c, first, d := setup(t, 100, &guard.Options{Local: tc.local})
 			gs := []*guard.Guard{first}
 			for range 3 {
-				g, err := guard.New(ctx, redistest.Connect(t), "product", &guard.Options{KeyPrefix: c.Prefix, Local: tc.local, Filter: guard.FilterOptions{ExpectedItems: 10_000}})
+				g, err := guard.New(
+					ctx,
+					redistest.Connect(t),
+					"product",
+					&guard.Options{KeyPrefix: c.Prefix, Local: tc.local, Filter: guard.FilterOptions{ExpectedItems: 10_000}},
+				)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -53,7 +53,15 @@ func refreshAheadHotKey(t *testing.T, local *guard.LocalOptions) {
 	}
 	wg.Wait()
 	st := g.Stats()
-	t.Logf("%d Gets in %v: %d from memory, %d answered by a load, %d loads, %d refreshes", st.Hits+st.LocalHits+st.Misses, run, st.LocalHits, st.Misses, d.calls.Load(), st.Refreshes)
+	t.Logf(
+		"%d Gets in %v: %d from memory, %d answered by a load, %d loads, %d refreshes",
+		st.Hits+st.LocalHits+st.Misses,
+		run,
+		st.LocalHits,
+		st.Misses,
+		d.calls.Load(),
+		st.Refreshes,
+	)
 	if wrong.Load() != 0 {
 		t.Fatalf("%d wrong answers", wrong.Load())
 	}

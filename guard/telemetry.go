@@ -11,30 +11,17 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// OpenTelemetry, API only: the application brings the SDK (providers,
-// exporters, sampling) and passes its providers in Options.TracerProvider
-// and Options.MeterProvider. Without them a Guard makes no span and no
-// measurement, and a Get pays one nil check (make bench shows both).
+// OpenTelemetry, API only: the application brings the SDK and passes its
+// providers in Options.Telemetry; without them a Guard records nothing and
+// a Get pays one nil check.
 //
-// Spans:
-//   - "cacheguard.Get" (and "cacheguard.GetMany") around every call, with
-//     cacheguard.guard and cacheguard.outcome (hit, local_hit, reject,
-//     marker, miss, coalesced, load_through; a failed Get has error status
-//     and outcome error);
-//   - "cacheguard.load" around each call of the load function, a child of
-//     the Get whose flight ran it;
-//   - "cacheguard.lock.wait" for each wait on another process's load.
-//
-// Metrics (the same attributes):
-//   - cacheguard.gets (counter, by outcome): one per Get, one per ID of a
-//     GetMany;
-//   - cacheguard.load.duration (histogram, s, by cacheguard.result: ok,
-//     not_found, error);
-//   - cacheguard.lock.wait.duration (histogram, s, by cacheguard.result:
-//     woken, expired, timeout, cancelled);
-//   - cacheguard.bloom.fill and cacheguard.bloom.false_positive_rate
-//     (observable gauges, from Guard.Info when the reader collects: BITCOUNT
-//     over the filter, so once per collection, bounded by RedisTimeout).
+// Spans: "cacheguard.Get" and "cacheguard.GetMany" (cacheguard.guard and
+// cacheguard.outcome), "cacheguard.load" around each load, and
+// "cacheguard.lock.wait" for each wait on another process's load.
+// Metrics: cacheguard.gets (counter, by outcome), cacheguard.load.duration
+// and cacheguard.lock.wait.duration (histograms, s, by cacheguard.result),
+// cacheguard.bloom.fill and cacheguard.bloom.false_positive_rate (gauges
+// read from Guard.Info at collection). docs/operations.md lists the values.
 
 const instrumentation = "github.com/cacheguard/cacheguard/guard"
 
@@ -104,7 +91,8 @@ func newTelemetry(g *Guard, tp trace.TracerProvider, mp metric.MeterProvider) (*
 	if t.loadDur, err = m.Float64Histogram("cacheguard.load.duration", metric.WithDescription("calls of the load function"), metric.WithUnit("s")); err != nil {
 		return nil, err
 	}
-	if t.waitDur, err = m.Float64Histogram("cacheguard.lock.wait.duration", metric.WithDescription("waits on another process's load"), metric.WithUnit("s")); err != nil {
+	if t.waitDur, err = m.Float64Histogram("cacheguard.lock.wait.duration",
+		metric.WithDescription("waits on another process's load"), metric.WithUnit("s")); err != nil {
 		return nil, err
 	}
 	for i, name := range outcomeNames {
@@ -114,11 +102,19 @@ func newTelemetry(g *Guard, tp trace.TracerProvider, mp metric.MeterProvider) (*
 	for _, name := range []string{"ok", "not_found", "error", "woken", "expired", "timeout", "cancelled"} {
 		t.byResult[name] = metric.WithAttributeSet(attribute.NewSet(t.guardKV, attribute.String("cacheguard.result", name)))
 	}
-	fill, err := m.Float64ObservableGauge("cacheguard.bloom.fill", metric.WithDescription("share of the bloom filter's bits set"), metric.WithUnit("1"))
+	fill, err := m.Float64ObservableGauge(
+		"cacheguard.bloom.fill",
+		metric.WithDescription("share of the bloom filter's bits set"),
+		metric.WithUnit("1"),
+	)
 	if err != nil {
 		return nil, err
 	}
-	fp, err := m.Float64ObservableGauge("cacheguard.bloom.false_positive_rate", metric.WithDescription("the bloom filter's estimated false-positive rate at its fill"), metric.WithUnit("1"))
+	fp, err := m.Float64ObservableGauge(
+		"cacheguard.bloom.false_positive_rate",
+		metric.WithDescription("the bloom filter's estimated false-positive rate at its fill"),
+		metric.WithUnit("1"),
+	)
 	if err != nil {
 		return nil, err
 	}

@@ -69,7 +69,11 @@ func TestOpenTelemetryReadsBack(t *testing.T) {
 	c := redistest.Connect(t)
 	ctx := context.Background()
 	rig := newOtelRig(t)
-	opts := &guard.Options{KeyPrefix: c.Prefix, Filter: guard.FilterOptions{ExpectedItems: 1000}, Telemetry: guard.TelemetryOptions{TracerProvider: rig.tp, MeterProvider: rig.mp}}
+	opts := &guard.Options{
+		KeyPrefix: c.Prefix,
+		Filter:    guard.FilterOptions{ExpectedItems: 1000},
+		Telemetry: guard.TelemetryOptions{TracerProvider: rig.tp, MeterProvider: rig.mp},
+	}
 	g, err := guard.New(ctx, c, "product", opts)
 	if err != nil {
 		t.Fatal(err)

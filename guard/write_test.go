@@ -92,8 +92,15 @@ func TestCreatedIDsAreServedAtOnce(t *testing.T) {
 					staleRecreated++
 				}
 			}
-			t.Logf("filter %s: %d new IDs asked for before creation (%d cached as markers): %d not served after create + Add; %d deleted and re-created: %d not served",
-				filter, fresh, markers, staleNew, recreated, staleRecreated)
+			t.Logf(
+				"filter %s: %d new IDs asked for before creation (%d cached as markers): %d not served after create + Add; %d deleted and re-created: %d not served",
+				filter,
+				fresh,
+				markers,
+				staleNew,
+				recreated,
+				staleRecreated,
+			)
 			if markers == 0 {
 				t.Fatal("no marker was cached: the test exercised nothing")
 			}
@@ -271,7 +278,12 @@ func TestVersionsKeepSeparateEntriesAndWritesDropAll(t *testing.T) {
 		ID    string
 		Cents int64 // renamed field: v1 entries do not decode into it
 	}
-	gNew, err := guard.New(ctx, redistest.Connect(t), "product", &guard.Options{KeyPrefix: c.Prefix, Version: "2", Filter: guard.FilterOptions{ExpectedItems: 10_000}})
+	gNew, err := guard.New(
+		ctx,
+		redistest.Connect(t),
+		"product",
+		&guard.Options{KeyPrefix: c.Prefix, Version: "2", Filter: guard.FilterOptions{ExpectedItems: 10_000}},
+	)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -106,69 +106,21 @@ type WaitObserver interface {
 	Waited(ctx context.Context, began time.Time, result string)
 }
 
-// Coordinator makes one process at a time load a key, across all processes
-// that share a Redis and a channel, and wakes the others when it is done.
+// Coordinator makes one process at a time load a key, across the processes
+// that share a Redis and a channel, and wakes the others. Run, for field F of K:
 //
-// The order of events of Run, for the field F of a value key K (a hash with
-// one field per schema version):
-//
-//  1. One round trip: an attempt on K's lock (keyspace.Lock(K): SET NX PX
-//     of a token unique to the attempt, no script; see lock.QueueUnfenced)
-//     and, queued after it, an HGET of K's field F (and K's PTTL for a
-//     TTLFiller).
-//     Lock and value share K's hash tag, and Redis runs one connection's
-//     commands in order, so for the winner that HGET is the re-check with
-//     the lock taken: another process may have filled K between the
-//     caller's first read and the lock.
-//  2. The winner whose re-check found K answers from it. Otherwise it loads
-//     under a watchdog that renews the lock every LockTTL/3.
-//  3. The winner writes the load's frame, releases the lock and, if a
-//     flight waits for K (step 5 left K's waiting mark), PUBLISHes K, in one
-//     script (write_release.lua). The write happens only if K's lock still
-//     holds the winner's token: the token is the fence. Every write to the
-//     source of truth (Invalidate, Set, Delete, Add) deletes the lock, and a
-//     lock that expired may have passed to another holder; either way the
-//     write is refused, and the winner loads again with a new lock (until
-//     LockWait; then it serves its last load uncached). A write that
-//     deletes the lock frees it for a load that starts after the write, in
-//     this process or another, while the overtaken load finishes in vain:
-//     the same two loads as when the winner itself loaded again, and the
-//     callers after the write wait for one load instead of two.
-//  4. If the winner did not get that far (the cache answered the re-check,
-//     the load failed or panicked), it releases the lock and PUBLISHes K if
-//     awaited, in one script (release_publish.lua).
-//  5. A loser whose HGET found K answers from it. Otherwise it registers on
-//     the channel (one SUBSCRIBE per Coordinator, fanned out in-process),
-//     and once subscribed leaves K's waiting mark (keyspace.Waiting(K)) and
-//     reads K behind it in one round trip, so that a publish cannot slip in
-//     between its read and its wait, and waits for the publish, the holder's
-//     lease to run out, or LockWait. Woken, it reads K; if K is still empty
-//     (the holder failed or died) it goes back to step 1.
-//
-// A miss thus costs the winner three round trips with the caller's first
-// read: read, lock + re-check, write + release (+ publish); two when the
-// caller's read took the lock itself, with the HGET behind it as the
-// re-check (RunHeld starts at step 2). The guard
-// answers its callers after the second, as the load returns (Filler.Load
-// may hand its result out before Run writes it; see Group.DoEarly). A miss nobody
-// waited for publishes nothing: a message on the channel reaches every
-// process that ever waited, so publishing each miss would make every
-// process of a fleet read every other's misses. The round trips of steps
-// 1 and 3 of concurrent flights share pipelines under load (see
-// runTrips): each flight's commands stay its own and in its order, so
-// sharing changes none of the above.
-//
-// Before, the lock came with a fencing number (lock.Queue): an obtain
-// script that set the lock and a fence key, which writes deleted and the
-// write script compared. Redis ran that script four times slower than a
-// plain SET NX (redis-benchmark on this project's two-core machine: 100,000
-// against 380,000 a second; a write command inside a script costs far more
-// than one sent alone), for a check the token makes as well. With the
-// plain SET the demo shop's cold Zipf traffic served about 5% more
-// requests (four alternated runs each: a median of 0.885 of the naive
-// path's requests against 0.846). Writes still delete the old fence key
-// too, so that a process still on the fenced protocol during a rolling
-// upgrade has its overtaken load refused.
+//  1. One round trip: SET NX PX of K's lock (a token unique to the attempt),
+//     and behind it an HGET of K's field F: for the winner, the re-check.
+//  2. A winner whose re-check found K answers from it; else it loads, under
+//     a watchdog that renews the lock every LockTTL/3.
+//  3. It writes the frame, releases the lock and, if a flight waits (step 4
+//     left K's mark), PUBLISHes K, in one script, only if the lock still holds
+//     its token: every write to the source of truth deletes the lock, so an
+//     overtaken load is refused and loads again. Otherwise (no load, a failed
+//     load) it releases and publishes alone.
+//  4. A loser subscribes, leaves K's waiting mark and reads K behind it, then
+//     waits for the publish, the holder's lease or LockWait; woken, it reads K
+//     and, if it is still empty, goes back to step 1.
 type Coordinator struct {
 	rdb     redis.UniversalClient
 	locks   *lock.Client
@@ -503,7 +455,13 @@ func (c *Coordinator) hold(ctx context.Context, l *lock.Lock, key, field string,
 // wait blocks until the holder publishes key, its lease (holderTTL) runs out,
 // or the deadline passes. done reports that f accepted what the cache holds;
 // result says how the wait ended (see WaitObserver).
-func (c *Coordinator) wait(ctx context.Context, key, field string, holderTTL time.Duration, deadline time.Time, f Filler) (done bool, result string, err error) {
+func (c *Coordinator) wait(
+	ctx context.Context,
+	key, field string,
+	holderTTL time.Duration,
+	deadline time.Time,
+	f Filler,
+) (done bool, result string, err error) {
 	opCtx, cancelOp := c.op(ctx)
 	woken, cancel, err := c.wake.register(opCtx, key)
 	cancelOp()

@@ -135,106 +135,11 @@ func TestTimeoutBoundsFlight(t *testing.T) {
 	}
 }
 
-// TestDoEarly: callers whose accept takes the early result return it while
-// the flight goes on; the others (and a caller that joins after it) get
-// the flight's own result; fn runs once.
-func TestDoEarly(t *testing.T) {
-	var g loader.Group[int]
-	var calls atomic.Int32
-	answered, finish := make(chan struct{}), make(chan struct{})
-	fn := func(_ context.Context, early func(int, error)) (int, error) {
-		calls.Add(1)
-		early(1, nil)
-		early(9, nil) // ignored: only the first counts
-		close(answered)
-		<-finish
-		return 2, nil
-	}
-	takes := func(r int) bool { return r == 1 }
-	refuses := func(int) bool { return false }
-	type res struct {
-		v   int
-		err error
-	}
-	run := func(accept func(int) bool) chan res {
-		out := make(chan res, 1)
-		go func() {
-			v, _, err := g.DoEarly(context.Background(), "k", fn, accept)
-			out <- res{v, err}
-		}()
-		return out
-	}
-	first := run(takes)
-	<-answered
-	if r := <-first; r.v != 1 || r.err != nil {
-		t.Fatalf("the caller that takes the early result got %+v", r)
-	}
-	late := run(takes) // joins after the early result: takes it too
-	if r := <-late; r.v != 1 || r.err != nil {
-		t.Fatalf("a later caller that takes it got %+v", r)
-	}
-	other := run(refuses)
-	none := run(nil)
-	select {
-	case r := <-other:
-		t.Fatalf("a caller that refuses the early result returned %+v before the flight ended", r)
-	case r := <-none:
-		t.Fatalf("a caller without accept returned %+v before the flight ended", r)
-	case <-time.After(20 * time.Millisecond):
-	}
-	close(finish)
-	if r := <-other; r.v != 2 || r.err != nil {
-		t.Fatalf("the caller that refused got %+v, want the flight's result", r)
-	}
-	if r := <-none; r.v != 2 || r.err != nil {
-		t.Fatalf("the caller without accept got %+v, want the flight's result", r)
-	}
-	if calls.Load() != 1 {
-		t.Fatalf("fn ran %d times, want 1", calls.Load())
-	}
-	// The flight ended: the next call runs a new one.
-	if v, _, err := g.DoEarly(context.Background(), "k", func(context.Context, func(int, error)) (int, error) { return 3, nil }, takes); v != 3 || err != nil {
-		t.Fatalf("after the flight: %d, %v", v, err)
-	}
-}
-
-// TestDoEarlyPanicAfterAnswer: a flight that panics after answering early
-// fails only the callers still waiting for it, with ErrPanic.
-func TestDoEarlyPanicAfterAnswer(t *testing.T) {
-	var g loader.Group[int]
-	answered, boom := make(chan struct{}), make(chan struct{})
-	fn := func(_ context.Context, early func(int, error)) (int, error) {
-		early(1, errors.New("early error"))
-		close(answered)
-		<-boom
-		panic("after the answer")
-	}
-	first := make(chan error, 1)
-	go func() {
-		_, _, err := g.DoEarly(context.Background(), "k", fn, func(int) bool { return true })
-		first <- err
-	}()
-	<-answered
-	if err := <-first; err == nil || err.Error() != "early error" {
-		t.Fatalf("early caller: %v, want the early error", err)
-	}
-	waiting := make(chan error, 1)
-	go func() {
-		_, _, err := g.DoEarly(context.Background(), "k", fn, func(int) bool { return false })
-		waiting <- err
-	}()
-	time.Sleep(10 * time.Millisecond) // let it join
-	close(boom)
-	if err := <-waiting; !errors.Is(err, loader.ErrPanic) {
-		t.Fatalf("waiting caller: %v, want ErrPanic", err)
-	}
-}
-
-// TestDoEarlyOnJoin: onJoin runs for each caller that joins the flight
+// TestDoOnJoin: onJoin runs for each caller that joins the flight
 // under way, before it waits (here the flight waits for every joiner's
 // onJoin, as a flight may wait for a lock a joiner holds), and never for
 // the caller that starts the flight.
-func TestDoEarlyOnJoin(t *testing.T) {
+func TestDoOnJoin(t *testing.T) {
 	var g loader.Group[int]
 	const joiners = 5
 	var joined sync.WaitGroup
@@ -243,11 +148,11 @@ func TestDoEarlyOnJoin(t *testing.T) {
 	var starterJoined atomic.Bool
 	results := make(chan int, joiners+1)
 	go func() {
-		v, _, err := g.DoEarlyOnJoin(context.Background(), "k", func(context.Context, func(int, error)) (int, error) {
+		v, _, err := g.DoOnJoin(context.Background(), "k", func(context.Context) (int, error) {
 			close(started)
 			joined.Wait() // would never end if a joiner waited before its onJoin
 			return 7, nil
-		}, nil, func() { starterJoined.Store(true) })
+		}, func() { starterJoined.Store(true) })
 		if err != nil {
 			t.Error(err)
 		}
@@ -256,10 +161,10 @@ func TestDoEarlyOnJoin(t *testing.T) {
 	<-started
 	for range joiners {
 		go func() {
-			v, _, err := g.DoEarlyOnJoin(context.Background(), "k", func(context.Context, func(int, error)) (int, error) {
+			v, _, err := g.DoOnJoin(context.Background(), "k", func(context.Context) (int, error) {
 				t.Error("a joiner's function ran")
 				return 0, nil
-			}, nil, joined.Done)
+			}, joined.Done)
 			if err != nil {
 				t.Error(err)
 			}

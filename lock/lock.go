@@ -1,27 +1,14 @@
-// Package lock is a Redis lock with fencing numbers and a watchdog.
+// Package lock is a Redis lock with a token and a watchdog.
 //
-// Obtain sets the lock key to a unique 128-bit token with SET NX PX, in a
-// Lua script that also hands out a fencing number for the key: a number that
-// rises with every successful Obtain (it is based on the server's clock, so it
-// keeps rising even after its key expired). Release, Refresh and TTL act only
-// if the key still holds the caller's token (compare-and-act scripts), so a
-// holder whose lock expired can never delete or extend the next holder's
-// lock; it gets ErrNotHeld. A lock protects nothing once it has expired: pass
-// the fencing number to whatever the holder writes, and have the write refuse
-// numbers older than the newest (see guard's write script).
-//
-// The lock key and its fence key must hash to the same Redis Cluster slot:
-// give the key a hash tag ("{order:42}:lock") or set Options.FenceKey.
-//
-// QueueUnfenced takes a lock without a fence: a plain SET NX PX, no script.
-// Its holder proves its hold with the token alone, in a write that checks
-// the lock key still holds it (GET lock == token, in the same script as the
-// write). That check fails once the lock expired, passed to another holder
-// or was deleted, which is what a fence tells such a write, and the attempt
-// costs Redis about a quarter of the obtain script (see QueueUnfenced).
-//
-// Redis failures wrap ErrUnavailable, the same value as
-// guard.ErrUnavailable.
+// [Client.Obtain] sets the lock key to a token unique to the attempt (SET NX
+// PX), retrying as [Options] say; [Lock.Release] and [Lock.Refresh] act only
+// while the key still holds that token (compare-and-act scripts), so a
+// holder whose lock expired can never free or extend the next holder's lock.
+// [Lock.KeepAlive] renews the lock while the holder works. A lock protects
+// nothing once it has expired: make the holder's write check the token too,
+// in the same script (as the guard's write does). [Client.QueueUnfenced]
+// queues an attempt in a pipeline, so that commands behind it run with the
+// lock already taken. Redis failures wrap ErrUnavailable.
 package lock
 
 import (
@@ -407,21 +394,13 @@ func (l *Lock) TTL(ctx context.Context) (time.Duration, error) {
 }
 
 // KeepAlive starts a watchdog that refreshes the lock to ttl every ttl/3
-// while the holder works. It stops when stop is called (stop waits for it) or
-// ctx is done. If a refresh finds the lock gone (ErrNotHeld), or refreshes
-// keep failing until the lock must have expired, it calls onLost once (if
-// non-nil) with the reason and stops.
-//
-// A lock taken with a lease shorter than ttl (a short first lease, extended
-// only if the holder is still at work) gets its first refresh a third of
-// the way into that lease, and counts as expired after it, until a refresh
-// has extended it to ttl.
-//
-// Nothing runs until the first refresh is due: a timer (time.AfterFunc)
-// starts the watchdog goroutine then, so a hold shorter than ttl/3 (most
-// cache loads) costs no goroutine and no Redis command. The goroutine
-// belongs to the caller of KeepAlive: it always ends by the time stop
-// returns.
+// while the holder works, until stop is called (stop waits for it) or ctx is
+// done. If a refresh finds the lock gone, or refreshes fail until it must
+// have expired, it calls onLost once (if non-nil) and stops. A lock taken
+// with a shorter lease gets its first refresh a third of the way into it.
+// Nothing runs until the first refresh is due (time.AfterFunc), so a short
+// hold costs no goroutine and no command; the goroutine ends by the time
+// stop returns.
 func (l *Lock) KeepAlive(ctx context.Context, ttl time.Duration, onLost func(error)) (stop func()) {
 	quit := make(chan struct{})
 	done := make(chan struct{})

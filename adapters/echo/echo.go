@@ -1,25 +1,15 @@
-// Package echo puts a Guard's bloom filter in front of Echo (v4) handlers,
-// so requests for IDs that cannot exist are answered before a handler (and
-// its database) sees them.
+// Package echo puts cacheguard's bloom filter in front of Echo v4 handlers:
+// unknown IDs get 404 and malformed ones 400 before the handler runs, and a
+// hit through the middleware stays one Redis round trip (the handler's Get
+// reuses the middleware's read).
 //
-// The middleware reads the ID from a path parameter (":id" by default) and
-// does the read round trip of guard.Get (Guard.Peek: bloom probe and cache
-// GET): an ID the filter has never seen (or whose empty marker is cached)
-// ends in NotFound(), a malformed one in a 400 (no Redis command), and
-// anything else goes on to the handler, whose guard.Get reuses what the
-// middleware read (a hit is still one round trip) and returns HTTPError(err)
-// on failure. Rejections are *echo.HTTPError values whose Message is an RFC
-// 9457 Problem, so the application's own error handler renders them
-// (ErrorHandler renders them as application/problem+json, with the
-// middleware's Retry-After on 503), and a filter rejection is byte for byte
-// the handler's own "not found": the filter is no oracle of which IDs exist.
-// When Redis cannot answer, the request passes through (fail open) unless
-// Config.FailClosed is set. The decisions are the net/http adapter's too:
-// both are skins over one core.
+//	e.HTTPErrorHandler = cgecho.ErrorHandler(e.DefaultHTTPErrorHandler)
+//	e.GET("/products/:id", getProduct, cgecho.Middleware(g))
+//	// in the handler: if err != nil { return cgecho.HTTPError(err) }
 //
-// It follows Echo's middleware conventions: Config with a Skipper,
-// DefaultConfig, Middleware and MiddlewareWithConfig. Import it under another
-// name than Echo's own package, e.g. cgecho.
+// Import it under another name than Echo's own package (cgecho). It shares
+// its decisions with the net/http and Echo v5 adapters
+// (adapters/internal/core); docs/usage.md has the details.
 package echo
 
 import (

@@ -1,25 +1,15 @@
-// Package echov5 puts a Guard's bloom filter in front of Echo v5 handlers,
-// so requests for IDs that cannot exist are answered before a handler (and
-// its database) sees them. It is the v5 twin of adapters/echo (Echo v4),
-// with v5's conventions: handlers take *echo.Context, errors carry their
-// status through echo.HTTPStatusCoder, and problems render through v5's own
-// RFC 9457 support.
+// Package echov5 puts cacheguard's bloom filter in front of Echo v5 handlers:
+// unknown IDs get 404 and malformed ones 400 before the handler runs, and a
+// hit through the middleware stays one Redis round trip (the handler's Get
+// reuses the middleware's read).
 //
-// The middleware reads the ID from a path parameter (":id" by default) and
-// does the read round trip of guard.Get (Guard.Peek: bloom probe and cache
-// GET): an ID the filter has never seen (or whose empty marker is cached)
-// ends in NotFound(), a malformed one in a 400 (no Redis command), and
-// anything else goes on to the handler, whose guard.Get reuses what the
-// middleware read (a hit is still one round trip) and returns HTTPError(err)
-// on failure. Rejections are *Error values: an RFC 9457 Problem with the
-// status, which the application's own error handler renders (ErrorHandler
-// renders them as application/problem+json with the middleware's
-// Retry-After on 503; Echo's ProblemDetailsHTTPErrorHandler renders them
-// too, through ProblemError). A filter rejection is byte for byte the
-// handler's own "not found": the filter is no oracle of which IDs exist.
-// When Redis cannot answer, the request passes through (fail open) unless
-// Config.FailClosed is set. The decisions are the net/http and Echo v4
-// adapters' too: all are skins over one core.
+//	e.HTTPErrorHandler = cgecho.ErrorHandler(echo.DefaultHTTPErrorHandler(false))
+//	e.GET("/products/:id", getProduct, cgecho.Middleware(g))
+//	// in the handler: if err != nil { return cgecho.HTTPError(err) }
+//
+// Import it under another name than Echo's own package (cgecho). It shares
+// its decisions with the net/http and Echo v4 adapters
+// (adapters/internal/core); docs/usage.md has the details.
 package echov5
 
 import (

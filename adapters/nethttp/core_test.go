@@ -23,7 +23,11 @@ func TestRetryAfterIsTheConfiguredValue(t *testing.T) {
 	srv, rdb := redistest.Private(t)
 	// The Guard fails fast, so that the handler's guard.Get reports the
 	// outage (by default it would load through and answer 200).
-	a := newAppWith(t, rdb, &guard.Options{KeyPrefix: "down", Outage: &guard.OutageOptions{FailFast: true}, Filter: guard.FilterOptions{ExpectedItems: 1000}})
+	a := newAppWith(
+		t,
+		rdb,
+		&guard.Options{KeyPrefix: "down", Outage: &guard.OutageOptions{FailFast: true}, Filter: guard.FilterOptions{ExpectedItems: 1000}},
+	)
 	if err := srv.Kill(); err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +96,12 @@ func TestUnfilteredRouteIsReported(t *testing.T) {
 func TestIDRuleFollowsTheGuard(t *testing.T) {
 	ctx := context.Background()
 	c := redistest.Connect(t)
-	g, err := guard.New(ctx, c, "user", &guard.Options{KeyPrefix: c.Prefix, Filter: guard.FilterOptions{ExpectedItems: 1000}, Tuning: guard.Tuning{MaxKeyLen: 256}})
+	g, err := guard.New(
+		ctx,
+		c,
+		"user",
+		&guard.Options{KeyPrefix: c.Prefix, Filter: guard.FilterOptions{ExpectedItems: 1000}, Tuning: guard.Tuning{MaxKeyLen: 256}},
+	)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +118,10 @@ func TestIDRuleFollowsTheGuard(t *testing.T) {
 		t.Fatal(err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("GET /users/{id}", nethttp.Middleware(g, &nethttp.Options{ExtraIDChars: "@+:"})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})))
+	mux.Handle(
+		"GET /users/{id}",
+		nethttp.Middleware(g, &nethttp.Options{ExtraIDChars: "@+:"})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})),
+	)
 	for _, id := range known {
 		if rec := get(t, mux, "/users/"+id); rec.Code != 200 {
 			t.Errorf("%q: %d, want 200", id, rec.Code)

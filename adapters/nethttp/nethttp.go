@@ -1,20 +1,15 @@
-// Package nethttp puts a Guard's bloom filter in front of net/http handlers,
-// so requests for IDs that cannot exist are answered before a handler (and
-// its database) sees them.
+// Package nethttp puts a Guard's bloom filter in front of net/http handlers:
+// an ID the filter has never seen, or whose "not found" marker is cached,
+// gets 404, a malformed one 400 (no Redis command), and anything else goes
+// on to the handler, whose guard.Get reuses the middleware's read (a hit
+// stays one round trip).
 //
-// Middleware reads the ID from the request (by default r.PathValue("id")),
-// and does the read round trip of guard.Get (Guard.Peek: bloom probe and
-// cache GET): an ID the filter has never seen, or whose empty marker is
-// cached, gets 404, a malformed one 400 (no Redis command at all), and
-// anything else goes on to the handler, whose guard.Get reuses what the
-// middleware read: a cache hit through the middleware is still one round
-// trip. Answers are RFC 9457 problem details (application/problem+json)
-// without internal error text. The 404 body is the one NotFound writes, byte
-// for byte, so a client cannot tell a filter rejection from the handler's own
-// "not found": the filter is no oracle of which IDs exist. When Redis cannot
-// answer, the request passes through to the handler (fail open) unless
-// Options.FailClosed is set. The decisions are the Echo adapter's too: both
-// are skins over one core.
+//	mux.Handle("GET /users/{id}", nethttp.Middleware(g, nil)(getUser))
+//	// in the handler: if err != nil { nethttp.Error(w, r, err) }
+//
+// Answers are RFC 9457 problem details; the filter's 404 is the handler's
+// own, byte for byte, so it is no oracle of which IDs exist. When Redis
+// cannot answer, requests pass through unless Options.FailClosed is set.
 package nethttp
 
 import (

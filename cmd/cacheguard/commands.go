@@ -275,8 +275,16 @@ func rebuild(ctx context.Context, c *config, rdb redis.UniversalClient, args []s
 	// IDs from stdin keep the current sizing unless -expected says otherwise:
 	// say so when that was too small.
 	if in, err := g.Info(ctx); err == nil && float64(n) > 1.2*float64(in.Config.ExpectedItems) {
-		fmt.Fprintf(stderr, "cacheguard: warning: the filter is sized for %d IDs and holds %d (estimated false-positive rate %.3g, target %.3g): run the rebuild again with -expected %d\n",
-			in.Config.ExpectedItems, n, in.EstimatedFPRate, in.Config.FalsePositiveRate, n)
+		fmt.Fprintf(
+			stderr,
+			"cacheguard: warning: the filter is sized for %d IDs and holds %d (estimated false-positive "+
+				"rate %.3g, target %.3g): run the rebuild again with -expected %d\n",
+			in.Config.ExpectedItems,
+			n,
+			in.EstimatedFPRate,
+			in.Config.FalsePositiveRate,
+			n,
+		)
 	}
 	return nil
 }

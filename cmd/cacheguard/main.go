@@ -1,22 +1,15 @@
-// Command cacheguard inspects and operates the Guards of a Redis: their
-// bloom filters, their cached entries, their invalidation.
+// Command cacheguard inspects and operates the Guards of a Redis.
 //
-//	cacheguard [flags] info                       the filter: generation, fill, estimated FP rate, memory
-//	cacheguard [flags] rebuild [file]             rebuild the filter from IDs, one per line (stdin without file)
-//	cacheguard [flags] check <id>                 what the filter and the cache say of one ID
-//	cacheguard [flags] get <id>                   the cached entry, decoded to JSON, with its TTL
-//	cacheguard [flags] invalidate <id>...         drop cached entries (and cancel loads in flight)
+//	cacheguard [flags] info                the filter: generation, fill, FP rate, memory
+//	cacheguard [flags] rebuild [file]      rebuild the filter from IDs, one per line
+//	cacheguard [flags] check <id>          what the filter and the cache say of an ID
+//	cacheguard [flags] get <id>            the cached entry as JSON, with its TTL
+//	cacheguard [flags] invalidate <id>...  drop cached entries, void loads in flight
 //
-// The connection comes from REDIS_URL (redis://user:password@host:6379/0,
-// rediss:// for TLS; with -cluster, a cluster URL with addr= parameters), or
-// from -addr, -user and REDIS_PASSWORD. -tls-ca adds a CA for rediss://.
-// The Guard is -name under -prefix, as the application names it
-// (guard.New(ctx, rdb, name, &guard.Options{KeyPrefix: prefix})).
-//
-// Exit codes: 0 done; 1 a failure (Redis, input); 2 a usage error; 3 not
-// found (check: the filter says absent; get: no entry; info: no filter).
-//
-// Install: go install github.com/cacheguard/cacheguard/cmd/cacheguard@latest
+// The connection comes from REDIS_URL (rediss:// for TLS; -cluster for a
+// cluster URL), or from -addr, -user and REDIS_PASSWORD; the Guard is -name
+// under -prefix. Exit codes: 0 done, 1 a failure, 2 a usage error, 3 not
+// found. docs/operations.md has the details.
 package main
 
 import (

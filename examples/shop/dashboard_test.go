@@ -110,7 +110,9 @@ func TestDashboardInABrowser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := chromedp.Run(bctx, chromedp.Poll[bool](ready, chromedp.WithPollingTimeout(90*time.Second), chromedp.WithPollingInterval(250*time.Millisecond))); err != nil {
+	poll := chromedp.Poll[bool](ready, chromedp.WithPollingTimeout(90*time.Second),
+		chromedp.WithPollingInterval(250*time.Millisecond))
+	if _, err := chromedp.Run(bctx, poll); err != nil {
 		t.Fatalf("the dashboard never drew its charts: %v", err)
 	}
 	drawn, err := chromedp.Run(bctx, chromedp.Evaluate[map[string]map[string]series](`window.dashboard.drawn`))

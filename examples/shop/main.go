@@ -1,26 +1,15 @@
 // Command shop is a small but real shop service that reads through
 // cacheguard, and a load generator that shows what the guard saves.
 //
-//	shop demo   [-exit] [-duration 3s] [-chart demo.png] [-only zipf] [-zipf-keys 1000]   seed, serve, attack both paths, print the table, keep serving
-//	shop serve  [-addr 127.0.0.1:8080]   just the service
-//	shop attack -url http://127.0.0.1:8080 [-duration 3s] [-only ...] [-zipf-keys N]
+//	shop demo   [-exit] [-duration 3s] [-chart demo.png] [-only zipf]
+//	shop serve  [-addr 127.0.0.1:8080]
+//	shop attack -url http://127.0.0.1:8080 [-duration 3s] [-only ...]
 //
-// Data lives in SQLite (a temporary file removed on exit, or -db) unless DATABASE_URL names a PostgreSQL
-// database. Redis is REDIS_URL, or else a redis-server the command starts on
-// a free local port and stops on exit. Routes:
-//
-//	GET    /products/:id        Echo + the Echo adapter + a typed guard.Cache
-//	POST   /products            insert, then Add (servable at once, markers dropped)
-//	PUT    /products/:id        update, then Set (write-through)
-//	DELETE /products/:id        delete, then Delete (404 everywhere at once, no load)
-//	DELETE /cache/products/:id  drop the cached copies, as an expiry would
-//	GET    /users/{id}          net/http + the net/http adapter + guard.Get
-//	GET    /local/products/:id  the same read with the in-process cache (Options.Local)
-//	GET    /refresh/products/:id  the same read with refresh-ahead (TTL 1 s)
-//	GET    /naive/products/:id  the baseline: plain cache-aside (GET; on a miss query and SET)
-//	GET    /metrics             Prometheus: the guards' collector, OTel histograms, DB queries, Redis commands
-//	GET    /dashboard           live charts of both paths (assets embedded in the binary)
-//	GET    /healthz
+// Data lives in SQLite (a temporary file, or -db) unless DATABASE_URL names a
+// PostgreSQL database; Redis is REDIS_URL, or a redis-server the command
+// starts itself. The routes (guarded, in-process, refresh-ahead and naive
+// reads, the writes, /metrics and /dashboard) are listed in routes.go and
+// docs/demo.md.
 package main
 
 import (
@@ -77,9 +66,17 @@ func runServe(ctx context.Context, demo bool, args []string, stdout, stderr io.W
 	chart := fs.String("chart", "", "demo: also draw the table as a chart into this file (.png, .svg or .pdf)")
 	duration := fs.Duration("duration", 3*time.Second, "demo: length of each scenario on each path")
 	echoVersion := fs.Int("echo", 5, "Echo major version serving /products (5, or 4 for the v4 adapter)")
-	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the process to this file; handler samples carry a path label (go tool pprof -tagfocus path=guard)")
+	cpuProfile := fs.String(
+		"cpuprofile",
+		"",
+		"write a CPU profile of the process to this file; handler samples carry a path label (go tool pprof -tagfocus path=guard)",
+	)
 	only := fs.String("only", "", "demo: run only these scenarios (comma-separated: penetration, stampede, zipf)")
-	paths := fs.String("paths", "", "demo: run only these paths (comma-separated: naive, guard, local, refresh); each scenario runs those of them it has")
+	paths := fs.String(
+		"paths",
+		"",
+		"demo: run only these paths (comma-separated: naive, guard, local, refresh); each scenario runs those of them it has",
+	)
 	zipfKeys := fs.Int("zipf-keys", 100_000, "demo: the Zipf scenario draws from products 1..N (1,000: a cache that is warm after the first second)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -163,7 +160,13 @@ func runServe(ctx context.Context, demo bool, args []string, stdout, stderr io.W
 
 	if demo {
 		fmt.Fprintf(stdout, "watch it live: %s/dashboard\n", url)
-		fmt.Fprintf(stdout, "attacking %s: each scenario for %v on the naive path, then on the guarded path (DB latency %v)\n", url, *duration, *dbLatency)
+		fmt.Fprintf(
+			stdout,
+			"attacking %s: each scenario for %v on the naive path, then on the guarded path (DB latency %v)\n",
+			url,
+			*duration,
+			*dbLatency,
+		)
 		rows, err := attack(ctx, url, attackOptions{Duration: *duration, Workers: 32, Burst: 100, HotProduct: "1", Products: *zipfKeys,
 			Scenarios: scenarios, Paths: pathsRun, Progress: stderr, OnPhase: shop.live.setPhase})
 		if err != nil {

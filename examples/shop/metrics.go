@@ -18,21 +18,13 @@ import (
 )
 
 // telemetry is the shop's own Prometheus registry (no global state, no
-// per-ID labels) and the OpenTelemetry meter provider its Guards report to.
-//
-//   - guardprometheus.Collector: every Guard's counters and filter gauges
-//     (cacheguard_gets_total{guard,outcome}, cacheguard_events_total,
-//     cacheguard_bloom_*);
-//   - the Guards' OpenTelemetry histograms through the OpenTelemetry
-//     Prometheus exporter on the same registry (otel_cacheguard_load_duration_seconds,
-//     otel_cacheguard_lock_wait_duration_seconds); the OTel counter and
-//     gauges that the Collector already serves are dropped by views;
-//   - the shop's own counters: shop_db_queries_total{path} and
-//     shop_redis_commands_total{path}, which the demo reads;
-//   - process_cpu_seconds_total (the standard process collector) and
-//     shop_redis_cpu_seconds_total (redis-server's used_cpu_user +
-//     used_cpu_sys, read from INFO at scrape time), from which the demo
-//     computes each path's CPU per request.
+// per-ID labels) and the OpenTelemetry meter provider its Guards report to:
+// guardprometheus.Collector (every Guard's counters and filter gauges), the
+// Guards' OTel histograms through the OTel Prometheus exporter (the counters
+// the Collector serves already are dropped by views), the shop's
+// shop_db_queries_total{path} and shop_redis_commands_total{path}, and the
+// process's and redis-server's CPU seconds, from which the demo computes
+// each path's CPU per request.
 type telemetry struct {
 	reg   *prometheus.Registry
 	meter *sdkmetric.MeterProvider

@@ -50,7 +50,14 @@ type variant struct {
 
 // newVariant opens the variant's Guard (name product-<label>) with opts and
 // rebuilds its filter from the database.
-func newVariant(ctx context.Context, db *sql.DB, redisOpts *redis.Options, dbLatency time.Duration, label, prefix string, opts *guard.Options) (*variant, error) {
+func newVariant(
+	ctx context.Context,
+	db *sql.DB,
+	redisOpts *redis.Options,
+	dbLatency time.Duration,
+	label, prefix string,
+	opts *guard.Options,
+) (*variant, error) {
 	v := &variant{label: label, prefix: prefix, store: &Store{db: db, latency: dbLatency},
 		rdb: redis.NewClient(redisOpts), cmds: &cmdcount.Counter{}}
 	v.rdb.AddHook(v.cmds)
@@ -134,8 +141,10 @@ func newShop(ctx context.Context, db *sql.DB, redisOpts *redis.Options, dbLatenc
 		label, prefix string
 		opts          *guard.Options
 	}{
-		{"local", "/local/products/", &guard.Options{Logger: log, Local: &guard.LocalOptions{}, Filter: guard.FilterOptions{ExpectedItems: 200_000}, Telemetry: guard.TelemetryOptions{MeterProvider: s.tel.meter}}},
-		{"refresh", "/refresh/products/", &guard.Options{Logger: log, TTL: time.Second, RefreshAhead: &guard.RefreshOptions{}, Filter: guard.FilterOptions{ExpectedItems: 200_000}, Telemetry: guard.TelemetryOptions{MeterProvider: s.tel.meter}}},
+		{"local", "/local/products/", &guard.Options{Logger: log, Local: &guard.LocalOptions{},
+			Filter: guard.FilterOptions{ExpectedItems: 200_000}, Telemetry: guard.TelemetryOptions{MeterProvider: s.tel.meter}}},
+		{"refresh", "/refresh/products/", &guard.Options{Logger: log, TTL: time.Second, RefreshAhead: &guard.RefreshOptions{},
+			Filter: guard.FilterOptions{ExpectedItems: 200_000}, Telemetry: guard.TelemetryOptions{MeterProvider: s.tel.meter}}},
 	} {
 		vr, err := newVariant(ctx, db, redisOpts, dbLatency, v.label, v.prefix, v.opts)
 		if err != nil {

@@ -1,19 +1,12 @@
 // Package batch merges concurrent requests into shared round trips, as a
-// database's group commit does. A request that finds fewer than the limit
-// of batches in flight runs at once, together with whatever requests were
-// waiting. One that finds them all busy waits; when a batch in flight
-// ends, the first waiting request is woken to lead all the waiting ones as
-// the next batch. With no contention every request runs alone and at
-// once, in its caller's goroutine: no goroutine hop, no timer, no added
-// latency. Under load a batch holds what arrived during one round trip, so
-// the round trips, system calls and Redis event-loop turns per request
-// fall as the load rises. guard sends its reads through one (Guard.read),
-// and loader the lock attempts and writes of its flights (Coordinator).
-//
-// A batch of several requests runs in a goroutine of its own, started by
-// its leader and ending when the batch has run, so that every caller,
-// the leader too, can leave when its ctx ends while the others still get
-// their answers. There is no other goroutine, and nothing to stop.
+// database's group commit does. A request that finds fewer than the limit of
+// batches in flight runs at once, in its caller's goroutine, with whatever
+// requests were waiting; one that finds them all busy waits, and when a batch
+// ends the first waiting request leads all the waiting ones as the next. With
+// no contention nothing is added; under load the round trips per request
+// fall. A batch of several runs in a goroutine of its own, started by its
+// leader and ending when it has run, so that every caller can leave on its
+// own ctx while the others still get their answers.
 package batch
 
 import (

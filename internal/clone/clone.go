@@ -1,22 +1,11 @@
 // Package clone makes deep copies of a type's values, with a copier built
-// once per type from reflect. The in-process cache (guard's Options.Local)
-// keeps one decoded value per entry and hands each caller a copy of it:
-// copying a struct's slices, maps and pointers costs a fraction of decoding
-// its frame again, and no caller can change what another one gets.
-//
-// What is copied and what is shared: strings are immutable, and so are
-// time.Time values (their *Location is never changed once made), so both
-// are shared; numbers, booleans and arrays or structs of such are copied by
-// value; slices, maps and pointers get fresh backing storage, element by
-// element. A type that holds an interface, a channel, a function, an unsafe
-// pointer, a map whose keys are not plain values, or an unexported field
-// that is not a plain value cannot be copied safely (the dynamic type, or
-// state the copier cannot reach, could be shared): For reports it, and the
-// caller decodes instead.
-//
-// The values copied are trees (the guard copies what it decoded): a
-// pointer cycle would make a copier recurse without end. Recursive types
-// (a node with a slice of nodes) are fine.
+// once per type from reflect, so that guard's in-process cache can hand each
+// caller its own copy of one decoded value (cheaper than decoding again).
+// Strings and time.Time values are shared (immutable); slices, maps and
+// pointers get fresh storage. A type that holds an interface, a channel, a
+// function, an unsafe pointer or an unexported reference cannot be copied
+// safely: For reports it, and the caller decodes instead. Values must be
+// trees (a pointer cycle would recurse without end).
 package clone
 
 import (

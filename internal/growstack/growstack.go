@@ -1,24 +1,9 @@
 // Package growstack grows a new goroutine's stack to 16 KB in one step,
-// before it runs code with deep calls.
-//
-// A goroutine starts with a 2 KB stack, and the runtime doubles it each
-// time a call overflows it: 2 to 4 to 8 to 16 KB, and each step copies the
-// stack and walks every frame on it to adjust its pointers. The goroutines
-// the guard starts for a miss (the flight, the load, a shared round trip)
-// run deep call chains at once: go-redis pipelines and scripts, and the
-// application's loader, typically a database driver (modernc.org/sqlite
-// parses SQL in a stack of C translated to Go). Growing the stack at the
-// goroutine's first line costs one copy of one frame; letting the calls
-// grow it costs two or three copies of a deep stack. In the demo shop's
-// Zipf scenario this took the stack growth of the guarded path from 2.4 to
-// 1.2 µs of CPU per request, and BenchmarkCost's miss from 40 to 36 µs of
-// client CPU; `go test -bench . ./internal/growstack` shows the difference
-// on a 10 KB call chain: 2.7 µs for a goroutine that grows call by call,
-// 0.8 µs for one that calls Grow first.
-//
-// The idea is CockroachDB's (pkg/util/growstack), which does it with an
-// assembly function whose frame needs no zeroing; this one is plain Go and
-// zeroes 12 KB, about 0.3 µs, to stay portable.
+// before it runs code with deep calls (go-redis pipelines, a database
+// driver): one copy of one small frame, instead of the runtime's two or
+// three doublings, each copying a deep stack. The idea is CockroachDB's
+// (pkg/util/growstack); this one is plain Go. docs/design-notes.md has the
+// figures.
 package growstack
 
 // frame is the size of Grow's frame. With the caller's frames and the

@@ -1,34 +1,16 @@
-// Package keyspace names every Redis key and channel that cacheguard uses, so
-// that one file says what a Guard touches and every name starts with the
-// Guard's KeyPrefix: a Redis ACL of "~<prefix>:*" and "&<prefix>:*" covers
-// all of it.
+// Package keyspace names every Redis key and channel of a Guard; all start
+// with its KeyPrefix, so "~<prefix>:* &<prefix>:*" covers them in an ACL.
+// For KeyPrefix p and name n:
 //
-// For a Guard with KeyPrefix p and name n, base = "p:n:":
+//	p:n:{enc(id)}            hash: value frame or empty marker per version
+//	p:n:{enc(id)}:lock       the load lock; :waiting, a flight waits for it
+//	p:n:bf:meta              the filter's layout and generation
+//	p:n:bf:{p:n:bf:G:S}      bitmap shard S of generation G (:up: staging)
+//	p:n:loaded, :invalidated channels: loads finished, invalidations
 //
-//	value of an ID       p:n:{enc(id)}             hash: a value frame or an empty marker per schema version
-//	its load lock        p:n:{enc(id)}:lock        string: the holder's token
-//	its old fence        p:n:{enc(id)}:fence       string: a fencing number, written by versions whose
-//	                                               load lock had one; writes only delete it now
-//	its waiting mark     p:n:{enc(id)}:waiting     string: a flight elsewhere waits for its load
-//	filter meta          p:n:bf:meta               hash: layout, generation, rebuild state
-//	filter shard         p:n:bf:{p:n:bf:G:S}       string: bitmap S of generation G
-//	shard staging        p:n:bf:{p:n:bf:G:S}:up    string: a rebuild's upload
-//	filter rebuild lock  p:n:bf:{p:n:bf}:rebuild   string, and its fence ...:rebuild:fence
-//	loads finished       p:n:loaded                channel: value keys whose load ended, if awaited
-//	invalidations        p:n:invalidated           channel: value keys invalidated
-//
-// Hash tags come after the prefix. The keys of one ID share the ID's tag, so
-// the scripts and pipelines that touch value, lock and fence together run in one Redis
-// Cluster slot; each filter shard has a tag of its own, so shards spread over
-// the cluster.
-//
-// enc is injective and brace-free: '%', '{' and '}' become "%25", "%7B" and
-// "%7D", every other byte stays as it is. So the hash tag of a value key is
-// exactly the encoded ID (no caller can pick another ID's slot or smuggle in a
-// tag), the first '}' closes it (so "42}:lock" cannot become ID 42's lock
-// key), and distinct IDs always get distinct keys. IDs that are empty, longer
-// than the Guard's MaxKeyLen or hold control bytes (< 0x20, 0x7f) are refused
-// before any Redis command.
+// The keys of one ID share its hash tag (one cluster slot). enc is injective
+// and brace-free ('%', '{', '}' are escaped), so no ID can name another's
+// key or slot; empty, control-byte and over-long IDs are refused.
 package keyspace
 
 import (

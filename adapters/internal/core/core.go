@@ -130,7 +130,8 @@ func (c *Core) Decide(ctx context.Context, id, route string, hasWildcards bool) 
 		}
 		v := Verdict{Decision: Pass, Ctx: ctx}
 		if _, seen := c.warnedUnfilter.LoadOrStore(route, struct{}{}); !seen {
-			v.Warn = "cacheguard: route has path wildcards but the middleware found no ID in it; its requests pass unfiltered (name the wildcard as the middleware's Param, or set its ID extractor)"
+			v.Warn = "cacheguard: route has path wildcards but the middleware found no ID in it; its requests " +
+				"pass unfiltered (name the wildcard as the middleware's Param, or set its ID extractor)"
 		}
 		return v
 	}

@@ -282,7 +282,7 @@ func (c *Coordinator) Run(ctx context.Context, key, field string, f Filler) erro
 }
 
 // RunHeld is Run for a caller that took key's lock itself, in a round trip
-// of its own (lock.Client.QueueUnfenced, with the HGET of field queued
+// of its own (lock.Client.Queue, with the HGET of field queued
 // behind the attempt: Redis ran that HGET with the lock taken, so it is the
 // re-check of step 1) and found nothing under field. It goes straight to
 // step 2, the load, under l, whose lease may be shorter than LockTTL: the
@@ -347,7 +347,7 @@ func (c *Coordinator) attempt(ctx context.Context, key, field string, f Filler) 
 	var qerr error
 	var r reading
 	if err := c.send(opCtx, func(ctx context.Context, pipe redis.Pipeliner) {
-		q, qerr = c.locks.QueueUnfenced(ctx, pipe, keyspace.Lock(key), c.opts.LockTTL)
+		q, qerr = c.locks.Queue(ctx, pipe, keyspace.Lock(key), c.opts.LockTTL)
 		r.get = pipe.HGet(ctx, key, field)
 		if withTTL {
 			r.pttl = pipe.PTTL(ctx, key)
@@ -359,10 +359,8 @@ func (c *Coordinator) attempt(ctx context.Context, key, field string, f Filler) 
 	if qerr != nil {
 		return nil, reading{}, nil, qerr
 	}
-	// An unfenced attempt is a plain SET NX, never a script that Result
-	// might have to load and run outside the pipeline (lock.Queued.InPipeline
-	// is always true here): the HGET behind it ran after it, so for the
-	// winner it is the re-check (lock.TestQueueUnfenced asserts both).
+	// The attempt is a plain SET NX in the pipeline: the HGET behind it ran
+	// after it, so for the winner it is the re-check (lock.TestQueue).
 	l, err = q.Result(opCtx)
 	switch {
 	case err == nil:

@@ -378,7 +378,7 @@ func TestRunHeld(t *testing.T) {
 	take := func(key string) *lock.Lock {
 		t.Helper()
 		pipe := c.Pipeline()
-		q, err := lc.QueueUnfenced(ctx, pipe, keyspace.Lock(key), 500*time.Millisecond)
+		q, err := lc.Queue(ctx, pipe, keyspace.Lock(key), 500*time.Millisecond)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -16,7 +16,7 @@ func Example() {
 	defer rdb.Close()
 	locks := lock.New(rdb)
 
-	// The hash tag keeps the lock and its fence key in one cluster slot.
+	// The hash tag keeps the lock in the slot of what it guards.
 	l, err := locks.Obtain(ctx, "example:{report-42}:lock", 5*time.Second, nil)
 	if err != nil {
 		panic(err)
@@ -26,7 +26,8 @@ func Example() {
 	_, err = locks.Obtain(ctx, "example:{report-42}:lock", time.Second, nil)
 	fmt.Println(errors.Is(err, lock.ErrNotObtained))
 
-	// ... work, writing l.Fence() along with the result ...
+	// ... work; a write that must not land after the lock expired checks
+	// l.Token() against the lock key in the same script ...
 	stop()
 	fmt.Println(l.Release(ctx))
 	fmt.Println(errors.Is(l.Release(ctx), lock.ErrNotHeld))
@@ -36,17 +37,16 @@ func Example() {
 	// true
 }
 
-// A lock taken in a pipeline without a fence: the commands queued behind
-// the attempt run with the lock taken (or not), and the holder's write
-// proves its hold with the token (see the package doc).
-func ExampleClient_QueueUnfenced() {
+// A lock taken in a pipeline: the commands queued behind the attempt run
+// with the lock taken (or not).
+func ExampleClient_Queue() {
 	ctx := context.Background()
 	rdb := redistest.NewClient() // in your app: redis.NewClient(&redis.Options{Addr: "localhost:6379"})
 	defer rdb.Close()
 	locks := lock.New(rdb)
 
 	pipe := rdb.Pipeline()
-	q, err := locks.QueueUnfenced(ctx, pipe, "example:{report-7}:lock", 5*time.Second)
+	q, err := locks.Queue(ctx, pipe, "example:{report-7}:lock", 5*time.Second)
 	if err != nil {
 		panic(err)
 	}
@@ -56,9 +56,9 @@ func ExampleClient_QueueUnfenced() {
 	if err != nil {
 		panic(err)
 	}
-	fmt.Println(l.Fence(), cached.Err())
+	fmt.Println(len(l.Token()), cached.Err())
 	fmt.Println(l.Release(ctx))
 	// Output:
-	// 0 redis: nil
+	// 32 redis: nil
 	// <nil>
 }

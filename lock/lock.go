@@ -6,7 +6,7 @@
 // holder whose lock expired can never free or extend the next holder's lock.
 // [Lock.KeepAlive] renews the lock while the holder works. A lock protects
 // nothing once it has expired: make the holder's write check the token too,
-// in the same script (as the guard's write does). [Client.QueueUnfenced]
+// in the same script (as the guard's write does). [Client.Queue]
 // queues an attempt in a pipeline, so that commands behind it run with the
 // lock already taken. Redis failures wrap ErrUnavailable.
 package lock
@@ -20,14 +20,12 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/cacheguard/cacheguard/internal/keyspace"
 	"github.com/cacheguard/cacheguard/internal/redisfail"
 )
 
@@ -44,29 +42,22 @@ var (
 	ErrUnavailable = redisfail.ErrUnavailable
 )
 
-// DefaultFenceTTL is the lifetime of a fence key when Options.FenceTTL is 0.
-const DefaultFenceTTL = 24 * time.Hour
-
 var (
-	//go:embed lua/obtain.lua
-	obtainLua string
 	//go:embed lua/release.lua
 	releaseLua string
 	//go:embed lua/refresh.lua
 	refreshLua string
-	//go:embed lua/pttl.lua
-	pttlLua string
 
-	obtainScript  = redis.NewScript(obtainLua)
 	releaseScript = redis.NewScript(releaseLua)
 	refreshScript = redis.NewScript(refreshLua)
-	pttlScript    = redis.NewScript(pttlLua)
 )
 
-// RedisClient is what the lock needs of a go-redis client: running scripts.
-// *redis.Client, *redis.ClusterClient and redis.UniversalClient all have it.
+// RedisClient is what the lock needs of a go-redis client: running scripts
+// and pipelines. *redis.Client, *redis.ClusterClient and
+// redis.UniversalClient all have it.
 type RedisClient interface {
 	redis.Scripter
+	Pipeline() redis.Pipeliner
 }
 
 // Client obtains locks. It is safe for concurrent use.
@@ -86,11 +77,6 @@ type Options struct {
 	// at MinBackoff (default 4ms) and doubles up to MaxBackoff (default
 	// 256ms), with full jitter, and never outlasts the holder's remaining TTL.
 	MinBackoff, MaxBackoff time.Duration
-	// FenceKey holds the key's fencing number. Default "<key>:fence".
-	FenceKey string
-	// FenceTTL is the fence key's lifetime, renewed by every Obtain.
-	// Default DefaultFenceTTL (24 hours).
-	FenceTTL time.Duration
 }
 
 // HeldError is the error Obtain returns when another holder keeps the lock;
@@ -112,7 +98,6 @@ type Lock struct {
 	c     *Client
 	key   string
 	token string
-	fence int64
 	lease time.Duration // the TTL it was taken with (KeepAlive's first refresh is due a third of the way in)
 }
 
@@ -131,25 +116,21 @@ func (c *Client) Obtain(ctx context.Context, key string, ttl time.Duration, opts
 	deadline := time.Now().Add(o.Wait)
 	backoff := o.MinBackoff
 	for {
-		res, err := obtainScript.Run(ctx, c.rdb, []string{key, o.FenceKey},
-			token, ttl.Milliseconds(), o.FenceTTL.Milliseconds()).Slice()
-		if err != nil {
-			return nil, fmt.Errorf("lock: obtain %s: %w", key, redisfail.Wrap(err))
-		}
-		got, holderTTL, fence, err := parseObtain(res)
-		if err != nil {
-			return nil, fmt.Errorf("lock: obtain %s: %w", key, err)
-		}
-		if got {
-			return &Lock{c: c, key: key, token: token, fence: fence, lease: ttl}, nil
+		pipe := c.rdb.Pipeline()
+		q := c.queue(ctx, pipe, key, ttl, token, true)
+		_, _ = pipe.Exec(ctx) // errors are read per command
+		l, err := q.Result(ctx)
+		var held *HeldError
+		if !errors.As(err, &held) {
+			return l, err
 		}
 		left := time.Until(deadline)
 		if left <= 0 {
-			return nil, &HeldError{TTL: holderTTL}
+			return nil, held
 		}
 		pause := time.Duration(rand.Int64N(int64(backoff)) + 1)
-		if holderTTL > 0 {
-			pause = min(pause, holderTTL)
+		if held.TTL > 0 {
+			pause = min(pause, held.TTL)
 		}
 		pause = min(pause, left)
 		backoff = min(2*backoff, o.MaxBackoff)
@@ -174,12 +155,6 @@ func resolve(key string, ttl time.Duration, opts *Options) (Options, error) {
 	if ttl < time.Millisecond {
 		return o, fmt.Errorf("%w: TTL %v below 1ms", ErrInvalid, ttl)
 	}
-	if o.FenceKey == "" {
-		o.FenceKey = keyspace.Fence(key)
-	}
-	if o.FenceTTL <= 0 {
-		o.FenceTTL = DefaultFenceTTL
-	}
 	if o.MinBackoff <= 0 {
 		o.MinBackoff = 4 * time.Millisecond
 	}
@@ -191,56 +166,29 @@ func resolve(key string, ttl time.Duration, opts *Options) (Options, error) {
 
 // Queued is one attempt to obtain a lock, queued in a pipeline.
 type Queued struct {
-	c               *Client
-	key, token      string
-	ttl             time.Duration
-	o               Options
-	cmd             *redis.Cmd // the obtain script (Queue)
-	outsidePipeline bool
-
-	set  *redis.BoolCmd     // SET NX PX (QueueUnfenced)
-	pttl *redis.DurationCmd // and the lock's PTTL behind it (QueueUnfenced; nil after QueueTry)
+	c          *Client
+	key, token string
+	ttl        time.Duration
+	set        *redis.BoolCmd     // SET NX PX
+	pttl       *redis.DurationCmd // and the lock's PTTL behind it (nil after QueueTry)
 }
 
-// Queue adds one attempt to obtain key to pipe (Options.Wait is ignored), so
-// that a caller can send it together with its own commands: Redis runs one
-// connection's commands in order, so commands queued after it on keys of the
-// same hash slot run with the lock already taken (or not). Read the outcome
-// with Result after the pipeline ran.
-func (c *Client) Queue(ctx context.Context, pipe redis.Pipeliner, key string, ttl time.Duration, opts *Options) (*Queued, error) {
-	o, err := resolve(key, ttl, opts)
-	if err != nil {
-		return nil, err
-	}
-	token, err := newToken()
-	if err != nil {
-		return nil, err
-	}
-	q := &Queued{c: c, key: key, token: token, ttl: ttl, o: o}
-	q.cmd = obtainScript.EvalSha(ctx, pipe, []string{key, o.FenceKey}, token, ttl.Milliseconds(), o.FenceTTL.Milliseconds())
-	return q, nil
+// Queue adds one attempt to obtain key to pipe: SET key token NX PX
+// ttl, and the key's PTTL behind it (the holder's remaining lease when the
+// attempt fails). Redis runs a connection's commands in order, so commands
+// queued after it on keys of the same slot run with the lock taken (or
+// not). Read the outcome with Result after the pipeline ran.
+func (c *Client) Queue(ctx context.Context, pipe redis.Pipeliner, key string, ttl time.Duration) (*Queued, error) {
+	return c.queueNew(ctx, pipe, key, ttl, true)
 }
 
-// QueueUnfenced adds one attempt to obtain key to pipe without a fence:
-// SET key token NX PX ttl, and the key's PTTL behind it (the holder's
-// remaining lease when the attempt fails). The Lock that Result returns has
-// Fence 0; see the package doc for what proves its hold instead. On this
-// project's two-core machine (redis-benchmark, 16 clients, pipelines of 8)
-// Redis ran 380,000 such SETs a second against 100,000 runs of the obtain
-// script: every write command inside a script costs far more than the same
-// command sent alone.
-func (c *Client) QueueUnfenced(ctx context.Context, pipe redis.Pipeliner, key string, ttl time.Duration) (*Queued, error) {
-	return c.queueUnfenced(ctx, pipe, key, ttl, true)
-}
-
-// QueueTry is QueueUnfenced without the PTTL: the SET NX PX alone, for a
-// caller that does not wait on a lock it finds held (the guard's reads,
-// which take a miss's lock in passing). Its HeldError carries a TTL of 0.
+// QueueTry is Queue without the PTTL, for a caller that does not
+// wait on a lock it finds held; its HeldError carries a TTL of 0.
 func (c *Client) QueueTry(ctx context.Context, pipe redis.Pipeliner, key string, ttl time.Duration) (*Queued, error) {
-	return c.queueUnfenced(ctx, pipe, key, ttl, false)
+	return c.queueNew(ctx, pipe, key, ttl, false)
 }
 
-func (c *Client) queueUnfenced(ctx context.Context, pipe redis.Pipeliner, key string, ttl time.Duration, withTTL bool) (*Queued, error) {
+func (c *Client) queueNew(ctx context.Context, pipe redis.Pipeliner, key string, ttl time.Duration, withTTL bool) (*Queued, error) {
 	if _, err := resolve(key, ttl, nil); err != nil {
 		return nil, err
 	}
@@ -248,77 +196,33 @@ func (c *Client) queueUnfenced(ctx context.Context, pipe redis.Pipeliner, key st
 	if err != nil {
 		return nil, err
 	}
+	return c.queue(ctx, pipe, key, ttl, token, withTTL), nil
+}
+
+func (c *Client) queue(ctx context.Context, pipe redis.Pipeliner, key string, ttl time.Duration, token string, withTTL bool) *Queued {
 	q := &Queued{c: c, key: key, token: token, ttl: ttl}
 	q.set = pipe.SetNX(ctx, key, token, ttl)
 	if withTTL {
 		q.pttl = pipe.PTTL(ctx, key)
 	}
-	return q, nil
+	return q
 }
 
 // Result returns the lock, an error wrapping ErrNotObtained (a *HeldError),
-// or a Redis error. A pipeline cannot load a script: if Redis did not know
-// the obtain script yet, Result makes the attempt itself, outside the
-// pipeline (InPipeline then reports false).
-func (q *Queued) Result(ctx context.Context) (*Lock, error) {
-	if q.set != nil {
-		return q.unfenced()
-	}
-	res, err := q.cmd.Slice()
-	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		q.outsidePipeline = true
-		res, err = obtainScript.Run(ctx, q.c.rdb, []string{q.key, q.o.FenceKey},
-			q.token, q.ttl.Milliseconds(), q.o.FenceTTL.Milliseconds()).Slice()
-	}
-	if err != nil {
-		return nil, fmt.Errorf("lock: obtain %s: %w", q.key, redisfail.Wrap(err))
-	}
-	got, holderTTL, fence, err := parseObtain(res)
-	if err != nil {
-		return nil, fmt.Errorf("lock: obtain %s: %w", q.key, err)
-	}
-	if !got {
-		return nil, &HeldError{TTL: holderTTL}
-	}
-	return &Lock{c: q.c, key: q.key, token: q.token, fence: fence, lease: q.ttl}, nil
-}
-
-// unfenced is Result for QueueUnfenced.
-func (q *Queued) unfenced() (*Lock, error) {
+// or a Redis error wrapping ErrUnavailable.
+func (q *Queued) Result(context.Context) (*Lock, error) {
 	got, err := q.set.Result()
 	if err != nil {
 		return nil, fmt.Errorf("lock: obtain %s: %w", q.key, redisfail.Wrap(err))
 	}
 	if !got {
-		// -2: the holder's lock expired between the two commands; try
-		// again at once.
-		var left time.Duration
+		var left time.Duration // -2: the holder's lock expired between the two commands
 		if q.pttl != nil {
 			left = max(q.pttl.Val(), 0)
 		}
 		return nil, &HeldError{TTL: left}
 	}
 	return &Lock{c: q.c, key: q.key, token: q.token, lease: q.ttl}, nil
-}
-
-// InPipeline reports whether the attempt ran inside the pipeline, in order
-// with the commands queued after it.
-func (q *Queued) InPipeline() bool { return !q.outsidePipeline }
-
-func parseObtain(res []any) (got bool, holderTTL time.Duration, fence int64, err error) {
-	if len(res) != 2 {
-		return false, 0, 0, fmt.Errorf("unexpected reply %v", res)
-	}
-	if flag, _ := res[0].(int64); flag == 1 {
-		s, _ := res[1].(string)
-		fence, err = strconv.ParseInt(s, 10, 64)
-		if err != nil {
-			return false, 0, 0, fmt.Errorf("bad fence %v: %w", res[1], err)
-		}
-		return true, 0, fence, nil
-	}
-	ms, _ := res[1].(int64)
-	return false, time.Duration(ms) * time.Millisecond, 0, nil
 }
 
 // Tokens are a random 64-bit prefix drawn once per process (crypto/rand)
@@ -348,11 +252,6 @@ func newToken() (string, error) {
 // Token returns the lock's token: unique to this lock (see newToken).
 func (l *Lock) Token() string { return l.token }
 
-// Fence returns the fencing number handed out with this lock: greater than
-// every number handed out before for the same key. 0 for a lock taken
-// without a fence (QueueUnfenced).
-func (l *Lock) Fence() int64 { return l.fence }
-
 // Release frees the lock. ErrNotHeld if it had expired or was taken over.
 func (l *Lock) Release(ctx context.Context) error {
 	n, err := releaseScript.Run(ctx, l.c.rdb, []string{l.key}, l.token).Int64()
@@ -379,18 +278,6 @@ func (l *Lock) Refresh(ctx context.Context, ttl time.Duration) error {
 		return ErrNotHeld
 	}
 	return nil
-}
-
-// TTL returns the lock's remaining lifetime, or ErrNotHeld.
-func (l *Lock) TTL(ctx context.Context) (time.Duration, error) {
-	ms, err := pttlScript.Run(ctx, l.c.rdb, []string{l.key}, l.token).Int64()
-	if err != nil {
-		return 0, fmt.Errorf("lock: ttl %s: %w", l.key, redisfail.Wrap(err))
-	}
-	if ms < 0 {
-		return 0, ErrNotHeld
-	}
-	return time.Duration(ms) * time.Millisecond, nil
 }
 
 // KeepAlive starts a watchdog that refreshes the lock to ttl every ttl/3

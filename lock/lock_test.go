@@ -56,8 +56,8 @@ func TestReleaseAndRefreshNeedTheToken(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ttl, err := l.TTL(ctx); err != nil || ttl <= 0 || ttl > 50*time.Millisecond {
-		t.Fatalf("TTL = %v, %v", ttl, err)
+	if ttl := c.PTTL(ctx, key).Val(); ttl <= 0 || ttl > 50*time.Millisecond {
+		t.Fatalf("PTTL = %v", ttl)
 	}
 	time.Sleep(80 * time.Millisecond) // expired
 	if err := l.Refresh(ctx, time.Second); !errors.Is(err, lock.ErrNotHeld) {
@@ -65,9 +65,6 @@ func TestReleaseAndRefreshNeedTheToken(t *testing.T) {
 	}
 	if err := l.Release(ctx); !errors.Is(err, lock.ErrNotHeld) {
 		t.Fatalf("release after expiry: %v", err)
-	}
-	if _, err := l.TTL(ctx); !errors.Is(err, lock.ErrNotHeld) {
-		t.Fatalf("TTL after expiry: %v", err)
 	}
 
 	other, err := lc.Obtain(ctx, key, time.Minute, nil) // taken by another
@@ -94,30 +91,6 @@ func TestReleaseAndRefreshNeedTheToken(t *testing.T) {
 	}
 }
 
-func TestFencesStrictlyIncrease(t *testing.T) {
-	ctx := context.Background()
-	c := redistest.Connect(t)
-	lc := lock.New(c)
-	key := c.Prefix + ":{k}:lock"
-	var last int64
-	for i := range 300 {
-		l, err := lc.Obtain(ctx, key, time.Second, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if l.Fence() <= last {
-			t.Fatalf("obtain %d: fence %d not above %d", i, l.Fence(), last)
-		}
-		last = l.Fence()
-		if err := l.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if i%100 == 50 { // the fence key lost: numbers still rise
-			c.Del(ctx, key+":fence")
-		}
-	}
-}
-
 func TestWaitAndContext(t *testing.T) {
 	ctx := context.Background()
 	c := redistest.Connect(t)
@@ -132,8 +105,8 @@ func TestWaitAndContext(t *testing.T) {
 	if err != nil {
 		t.Fatalf("waiting obtain: %v", err)
 	}
-	if l.Fence() <= holder.Fence() {
-		t.Fatal("fence did not rise")
+	if l.Token() == holder.Token() {
+		t.Fatal("the waiting obtain reused the holder's token")
 	}
 	// A cancelled context stops the retries.
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
@@ -211,8 +184,8 @@ func TestKeepAliveShortLease(t *testing.T) {
 	if _, err := lc.Obtain(ctx, key, lease, nil); !errors.Is(err, lock.ErrNotObtained) {
 		t.Fatalf("the lock expired with its first lease: %v", err)
 	}
-	if left, err := l.TTL(ctx); err != nil || left <= lease {
-		t.Fatalf("TTL %v (%v), want the watchdog's %v", left, err, ttl)
+	if left := c.PTTL(ctx, key).Val(); left <= lease {
+		t.Fatalf("PTTL %v, want the watchdog's %v", left, ttl)
 	}
 }
 
@@ -251,58 +224,9 @@ func TestKeepAliveShortHold(t *testing.T) {
 	}
 }
 
-// TestQueueInPipeline: an attempt queued in a pipeline runs before the
-// commands queued after it; without the script loaded it is made outside.
-func TestQueueInPipeline(t *testing.T) {
-	ctx := context.Background()
-	c := redistest.Connect(t)
-	lc := lock.New(c)
-	key := c.Prefix + ":{k}:lock"
-	if err := c.ScriptFlush(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
-	pipe := c.Pipeline()
-	q, err := lc.Queue(ctx, pipe, key, time.Minute, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, _ = pipe.Exec(ctx)
-	l, err := q.Result(ctx)
-	if err != nil || q.InPipeline() {
-		t.Fatalf("without the script: %v, in pipeline %v", err, q.InPipeline())
-	}
-	if err := l.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-
-	pipe = c.Pipeline()
-	q, _ = lc.Queue(ctx, pipe, key, time.Minute, nil)
-	after := pipe.Get(ctx, key) // queued after the attempt: sees the lock
-	_, _ = pipe.Exec(ctx)
-	l, err = q.Result(ctx)
-	if err != nil || !q.InPipeline() {
-		t.Fatalf("with the script: %v, in pipeline %v", err, q.InPipeline())
-	}
-	if after.Val() != l.Token() {
-		t.Fatalf("the command queued after the attempt saw %q, want the token", after.Val())
-	}
-
-	pipe = c.Pipeline()
-	q2, _ := lc.Queue(ctx, pipe, key, time.Minute, nil)
-	_, _ = pipe.Exec(ctx)
-	var held *lock.HeldError
-	if _, err := q2.Result(ctx); !errors.As(err, &held) || held.TTL <= 0 || !errors.Is(err, lock.ErrNotObtained) {
-		t.Fatalf("second attempt: %v", err)
-	}
-	if _, err := lc.Queue(ctx, c.Pipeline(), "", time.Second, nil); !errors.Is(err, lock.ErrInvalid) {
-		t.Fatalf("empty key: %v", err)
-	}
-}
-
-// TestQueueUnfenced: a plain SET NX PX in the caller's pipeline; the
-// commands queued after it see the lock; a second attempt learns the
-// holder's lease; no fence key is written; the lock is released, refreshed
-// and kept alive by its token like a fenced one.
+// TestQueue: a plain SET NX PX in the caller's pipeline; the commands
+// queued after it see the lock; a second attempt learns the holder's lease;
+// the lock is released and refreshed by its token.
 // TestQueueTry: the attempt alone, one command; a held lock's error
 // carries no TTL.
 func TestQueueTry(t *testing.T) {
@@ -333,30 +257,27 @@ func TestQueueTry(t *testing.T) {
 	}
 }
 
-func TestQueueUnfenced(t *testing.T) {
+func TestQueue(t *testing.T) {
 	ctx := context.Background()
 	c := redistest.Connect(t)
 	lc := lock.New(c)
 	key := c.Prefix + ":{k}:lock"
 	pipe := c.Pipeline()
-	q, err := lc.QueueUnfenced(ctx, pipe, key, time.Minute)
+	q, err := lc.Queue(ctx, pipe, key, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
 	after := pipe.Get(ctx, key)
 	_, _ = pipe.Exec(ctx)
 	l, err := q.Result(ctx)
-	if err != nil || !q.InPipeline() {
-		t.Fatalf("%v, in pipeline %v", err, q.InPipeline())
+	if err != nil {
+		t.Fatal(err)
 	}
-	if after.Val() != l.Token() || l.Fence() != 0 {
-		t.Fatalf("queued after the attempt saw %q (token %q), fence %d", after.Val(), l.Token(), l.Fence())
-	}
-	if n := c.Exists(ctx, key+":fence").Val(); n != 0 {
-		t.Fatal("an unfenced lock wrote a fence key")
+	if after.Val() != l.Token() {
+		t.Fatalf("queued after the attempt saw %q, want the token %q", after.Val(), l.Token())
 	}
 	pipe = c.Pipeline()
-	q2, _ := lc.QueueUnfenced(ctx, pipe, key, time.Minute)
+	q2, _ := lc.Queue(ctx, pipe, key, time.Minute)
 	_, _ = pipe.Exec(ctx)
 	var held *lock.HeldError
 	if _, err := q2.Result(ctx); !errors.As(err, &held) || held.TTL <= 0 || held.TTL > time.Minute || !errors.Is(err, lock.ErrNotObtained) {
@@ -365,8 +286,8 @@ func TestQueueUnfenced(t *testing.T) {
 	if err := l.Refresh(ctx, 2*time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if ttl, err := l.TTL(ctx); err != nil || ttl <= time.Minute {
-		t.Fatalf("after Refresh: %v, %v", ttl, err)
+	if ttl := c.PTTL(ctx, key).Val(); ttl <= time.Minute {
+		t.Fatalf("after Refresh: PTTL %v", ttl)
 	}
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
@@ -378,8 +299,8 @@ func TestQueueUnfenced(t *testing.T) {
 		key string
 		ttl time.Duration
 	}{{"", time.Second}, {key, 0}} {
-		if _, err := lc.QueueUnfenced(ctx, c.Pipeline(), bad.key, bad.ttl); !errors.Is(err, lock.ErrInvalid) {
-			t.Fatalf("QueueUnfenced(%q, %v): %v", bad.key, bad.ttl, err)
+		if _, err := lc.Queue(ctx, c.Pipeline(), bad.key, bad.ttl); !errors.Is(err, lock.ErrInvalid) {
+			t.Fatalf("Queue(%q, %v): %v", bad.key, bad.ttl, err)
 		}
 	}
 }
@@ -401,20 +322,9 @@ func TestRedisDownIsErrUnavailable(t *testing.T) {
 		"Obtain":  func() error { _, err := lc.Obtain(ctx, "{j}:lock", time.Second, nil); return err },
 		"Release": func() error { return l.Release(ctx) },
 		"Refresh": func() error { return l.Refresh(ctx, time.Second) },
-		"TTL":     func() error { _, err := l.TTL(ctx); return err },
 		"Queue": func() error {
 			pipe := rdb.Pipeline()
-			q, err := lc.Queue(ctx, pipe, "{j}:lock", time.Second, nil)
-			if err != nil {
-				return err
-			}
-			_, _ = pipe.Exec(ctx)
-			_, err = q.Result(ctx)
-			return err
-		},
-		"QueueUnfenced": func() error {
-			pipe := rdb.Pipeline()
-			q, err := lc.QueueUnfenced(ctx, pipe, "{j}:lock", time.Second)
+			q, err := lc.Queue(ctx, pipe, "{j}:lock", time.Second)
 			if err != nil {
 				return err
 			}

@@ -199,7 +199,7 @@ func firstErr(err error, cmds []*redis.Cmd) error {
 // (Options.Local) is dropped. One round trip.
 func (g *Guard) Invalidate(ctx context.Context, ids ...string) error {
 	return g.write(ids, func(keys []string) error {
-		// One DEL per ID (value, lock and fence share a slot; IDs do not),
+		// One DEL per ID (value and lock share a slot; IDs do not),
 		// and a message per ID for the processes that keep values in memory
 		// (Local), in one round trip.
 		pipe := g.rdb.Pipeline()
@@ -293,14 +293,11 @@ func (g *Guard) autoRebuild() {
 	}()
 }
 
-// voids is what a write to the source of truth deletes besides the entry to
-// void the loads of vkey in flight: the value key itself (first, as the
-// scripts take it), its load lock (a holder's write checks its token there:
-// see loader.Coordinator) and its fence, which versions that took the lock
-// with a fencing number checked instead (deleted so that their loads are
-// voided too while a rolling upgrade runs both).
+// voids is what a write to the source of truth deletes: the value key
+// (first, as the scripts take it) and its load lock, which voids the loads
+// of vkey in flight (a holder's write checks its token there).
 func voids(vkey string) []string {
-	return []string{vkey, keyspace.Lock(vkey), keyspace.Fence(vkey)}
+	return []string{vkey, keyspace.Lock(vkey)}
 }
 
 // IDs makes a slice a source for Rebuild (and Options' ID source).

@@ -5,8 +5,6 @@
 -- A cached value is never dropped.
 -- KEYS[1]  value key (a hash, one field per schema version)
 -- KEYS[2]  load lock key (same hash tag)
--- KEYS[3]  fence key (same hash tag): the fence of versions that took the
---          lock with a fencing number (see replace.lua)
 -- ARGV[1]  the empty marker's bytes
 -- Returns  the number of markers dropped.
 local dropped = 0
@@ -17,5 +15,5 @@ for i = 1, #h, 2 do
     dropped = dropped + 1
   end
 end
-redis.call('DEL', KEYS[2], KEYS[3])
+redis.call('DEL', KEYS[2])
 return dropped

@@ -5,14 +5,11 @@
 -- can overwrite it.
 -- KEYS[1]  value key (a hash, one field per schema version)
 -- KEYS[2]  load lock key (same hash tag)
--- KEYS[3]  fence key (same hash tag): the fence of versions that took the
---          lock with a fencing number, deleted so that their loads in flight
---          are voided too during a rolling upgrade
 -- ARGV[1]  the writer's field (its schema version)
 -- ARGV[2]  the frame (a value, or the empty marker)
 -- ARGV[3]  TTL in milliseconds
 -- Returns  1.
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+redis.call('DEL', KEYS[1], KEYS[2])
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return 1

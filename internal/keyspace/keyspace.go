@@ -154,9 +154,6 @@ func Lock(vkey string) string { return vkey + ":lock" }
 // mark is there, and deletes it.
 func Waiting(vkey string) string { return vkey + ":waiting" }
 
-// Fence is the fence of a key: the fencing numbers handed out with its lock
-// (same hash tag). For a value key, its load lock's fence.
-func Fence(key string) string { return key + ":fence" }
 
 // Filter names the keys of one bloom filter.
 type Filter struct {
@@ -184,8 +181,7 @@ func (f Filter) Shard(gen int64, i int) string {
 // shard's hash tag).
 func Staging(shard string) string { return shard + ":up" }
 
-// RebuildLock is the lock that lets one rebuild run at a time; its fence is
-// Fence(RebuildLock()).
+// RebuildLock is the lock that lets one rebuild run at a time.
 func (f Filter) RebuildLock() string { return f.base + ":{" + f.base + "}:rebuild" }
 
 // ValidName reports whether s is usable as a Guard name: 1 to 64 bytes of

@@ -61,7 +61,7 @@ func TestIDRefusesWhatIsNotAValueKey(t *testing.T) {
 	ks := ForGuard("cg", "product", 128)
 	v, _ := ks.Value("a{b}%c")
 	for _, k := range []string{
-		"cg:user:{42}", "cg:product:42", "cg:product:{42}:lock", Lock(v), Fence(v), "cg:product:{}",
+		"cg:user:{42}", "cg:product:42", "cg:product:{42}:lock", Lock(v), "cg:product:{}",
 		"cg:product:{4{2}", "cg:product:{%7}", "cg:product:{%41}", "cg:product:{4%}", ks.Loaded(), ks.Filter().Meta(),
 	} {
 		if id, ok := ks.ID(k); ok {
@@ -83,15 +83,15 @@ func TestEveryNameStartsWithThePrefix(t *testing.T) {
 	}
 	f := ks.Filter()
 	shard := f.Shard(3, 1)
-	names := []string{v, Lock(v), Fence(v), ks.Loaded(), ks.Invalidated(), f.Meta(), shard, Staging(shard), f.RebuildLock(), Fence(f.RebuildLock())}
+	names := []string{v, Lock(v), Waiting(v), ks.Loaded(), ks.Invalidated(), f.Meta(), shard, Staging(shard), f.RebuildLock()}
 	for _, n := range names {
 		if !strings.HasPrefix(n, "app:cache:") {
 			t.Errorf("%q does not start with the prefix", n)
 		}
 	}
 	tag := func(k string) string { _, r, _ := strings.Cut(k, "{"); t, _, _ := strings.Cut(r, "}"); return t }
-	if tag(Lock(v)) != tag(v) || tag(Fence(v)) != tag(v) || tag(v) != "42" {
-		t.Errorf("value, lock and fence tags: %q %q %q", tag(v), tag(Lock(v)), tag(Fence(v)))
+	if tag(Lock(v)) != tag(v) || tag(Waiting(v)) != tag(v) || tag(v) != "42" {
+		t.Errorf("value, lock and waiting tags: %q %q %q", tag(v), tag(Lock(v)), tag(Waiting(v)))
 	}
 	if tag(Staging(shard)) != tag(shard) || tag(shard) == tag(f.Shard(3, 2)) || tag(shard) == tag(f.Shard(4, 1)) {
 		t.Errorf("shard tags: %q %q %q", tag(shard), tag(f.Shard(3, 2)), tag(f.Shard(4, 1)))

@@ -35,7 +35,7 @@ source-check:
 vet:
 	$(GO) vet $(PKGS)
 
-CLUSTER_PKGS := ./bloom ./lock ./loader ./guard ./internal/cputime
+CLUSTER_PKGS := ./bloom ./lock ./loader ./internal/redislock ./internal/coord ./guard ./internal/cputime
 
 # Modules of their own beside the root (so the root module needs neither Echo
 # nor Prometheus):

@@ -9,10 +9,10 @@ import (
 	"time"
 
 	"github.com/cacheguard/cacheguard/codec"
+	"github.com/cacheguard/cacheguard/internal/coord"
 	"github.com/cacheguard/cacheguard/internal/growstack"
 	"github.com/cacheguard/cacheguard/internal/redisfail"
-	"github.com/cacheguard/cacheguard/loader"
-	"github.com/cacheguard/cacheguard/lock"
+	"github.com/cacheguard/cacheguard/internal/redislock"
 )
 
 // since is when a caller started: Guard.starts then, and the local cache's
@@ -73,7 +73,7 @@ func (g *Guard) noWriteHeard(then, now uint64) bool {
 // caller's read took it (see lockWithRead): the flight the caller starts
 // loads under it; if the caller joins a flight already under way instead,
 // it gives the lock back.
-func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T], from since, held *lock.Lock) (T, error) {
+func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T], from since, held *redislock.Lock) (T, error) {
 	var zero T
 	var (
 		c                   *call[T]
@@ -120,13 +120,13 @@ type call[T any] struct {
 	id, vkey string
 	load     LoadFunc[T]
 
-	held      *lock.Lock // the key's lock, taken by the caller's read (see lockWithRead), or nil
-	heldClaim int32      // who uses held, the first to claim it (claimHeld; an int32 because join copies a prototype call)
+	held      *redislock.Lock // the key's lock, taken by the caller's read (see lockWithRead), or nil
+	heldClaim int32           // who uses held, the first to claim it (claimHeld; an int32 because join copies a prototype call)
 
-	waiter   loader.Waiter // told when the Coordinator waits for another holder (GetMany's batch), or nil
-	refresh  bool          // a refresh ahead of expiry: an entry past its refresh-at time does not answer
-	epoch    uint64        // the local cache's epoch when the flight began (0 without Options.Local)
-	loadedAt uint64        // the last load's number from Guard.starts, taken as it began (0: no load)
+	waiter   coord.Waiter // told when the Coordinator waits for another holder (GetMany's batch), or nil
+	refresh  bool         // a refresh ahead of expiry: an entry past its refresh-at time does not answer
+	epoch    uint64       // the local cache's epoch when the flight began (0 without Options.Local)
+	loadedAt uint64       // the last load's number from Guard.starts, taken as it began (0: no load)
 
 	found   flight // what the re-check or the load found
 	err     error  // the answer's error: ErrNotFound after a marker, or the load's failure
@@ -205,11 +205,11 @@ func (c *call[T]) claimHeld(who int32) bool {
 	return c.held != nil && atomic.CompareAndSwapInt32(&c.heldClaim, 0, who)
 }
 
-// coordinate runs the miss through the Coordinator (see loader.Coordinator):
+// coordinate runs the miss through the Coordinator (see coord.Coordinator):
 // one load per ID across processes, written only while its lock is its own.
 // Under the lock the caller's read took, it starts at the load (RunHeld).
 func (c *call[T]) coordinate(ctx context.Context) (flight, error) {
-	var f loader.Filler = c
+	var f coord.Filler = c
 	if c.g.local != nil {
 		f = keeping[T]{c}
 	}
@@ -222,7 +222,7 @@ func (c *call[T]) coordinate(ctx context.Context) (flight, error) {
 	switch {
 	case err == nil:
 		return c.found, c.err // c.err is ErrNotFound after a marker
-	case errors.Is(err, loader.ErrBusy):
+	case errors.Is(err, coord.ErrBusy):
 		return flight{outcome: outFailed}, fmt.Errorf("cacheguard: %s %q: %w", c.g.name, c.id, ErrBusy)
 	case errors.Is(err, ErrUnavailable):
 		return flight{outcome: outFailed}, c.g.fail(ctx, "fill", c.id, err)
@@ -231,14 +231,14 @@ func (c *call[T]) coordinate(ctx context.Context) (flight, error) {
 }
 
 // Waiting passes the Coordinator's news on to the call's waiter
-// (loader.Waiter).
+// (coord.Waiter).
 func (c *call[T]) Waiting() {
 	if c.waiter != nil {
 		c.waiter.Waiting()
 	}
 }
 
-// Cached judges a cache entry (loader.Filler): see decodeEntry.
+// Cached judges a cache entry (coord.Filler): see decodeEntry.
 func (c *call[T]) Cached(ctx context.Context, raw []byte) bool {
 	if c.refresh && stale(raw) {
 		return false // still the value to refresh: load it
@@ -251,7 +251,7 @@ func (c *call[T]) Cached(ctx context.Context, raw []byte) bool {
 }
 
 // keeping is a call whose flight keeps what it finds in the local cache
-// (Options.Local): a loader.TTLFiller, so that the lock attempt's re-check
+// (Options.Local): a coord.TTLFiller, so that the lock attempt's re-check
 // reads the entry's TTL too and the flight can keep what it found (see
 // keep). Without it, a copy that expired in memory before its entry did
 // in Redis (the flight that loaded it kept it as the load returned, before
@@ -261,7 +261,7 @@ func (c *call[T]) Cached(ctx context.Context, raw []byte) bool {
 type keeping[T any] struct{ *call[T] }
 
 // CachedTTL is Cached for an entry that expires in ttl
-// (loader.TTLFiller): the flight then keeps it for that long at most.
+// (coord.TTLFiller): the flight then keeps it for that long at most.
 func (k keeping[T]) CachedTTL(ctx context.Context, raw []byte, ttl time.Duration) bool {
 	if !k.Cached(ctx, raw) {
 		return false
@@ -272,7 +272,7 @@ func (k keeping[T]) CachedTTL(ctx context.Context, raw []byte, ttl time.Duration
 	return true
 }
 
-// Load calls the load function (loader.Filler) under LoadTimeout and returns
+// Load calls the load function (coord.Filler) under LoadTimeout and returns
 // the frame to cache: the value's, or an empty marker when it said
 // ErrNotFound.
 func (c *call[T]) Load(ctx context.Context) ([]byte, time.Duration, error) {
@@ -307,7 +307,7 @@ func (c *call[T]) Load(ctx context.Context) ([]byte, time.Duration, error) {
 	return frame, ttl, nil
 }
 
-// Waited records a wait on another process's load (loader.WaitObserver).
+// Waited records a wait on another process's load (coord.WaitObserver).
 func (c *call[T]) Waited(ctx context.Context, began time.Time, result string) {
 	c.g.tel.waited(ctx, began, result)
 }

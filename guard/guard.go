@@ -27,9 +27,10 @@ import (
 
 	"github.com/cacheguard/cacheguard/bloom"
 	"github.com/cacheguard/cacheguard/internal/batch"
+	"github.com/cacheguard/cacheguard/internal/coord"
 	"github.com/cacheguard/cacheguard/internal/keyspace"
+	"github.com/cacheguard/cacheguard/internal/redislock"
 	"github.com/cacheguard/cacheguard/loader"
-	"github.com/cacheguard/cacheguard/lock"
 )
 
 // Guard guards the reads of one kind of entity. It is safe for concurrent use.
@@ -51,13 +52,13 @@ type Guard struct {
 	readCalls sync.Pool               // of *batch.Call[readReq], reused by read
 	flights   loader.Group[flight]    // one flight per value key in this process
 	pending   pending                 // the fill flights under way (Flush)
-	coord     *loader.Coordinator     // one load per value key across processes
+	coord     *coord.Coordinator      // one load per value key across processes
 	stats     counters
 	bypassing atomic.Bool                 // the filter answered ErrNotReady last time (logged once per episode)
 	gate      gate                        // every entry point passes it; Close shuts it
 	bound     atomic.Pointer[typeBinding] // the type values decode into, set by the first Get or For
 	credit    atomic.Int64                // > 0: recent reads missed: send the bloom probe with the HGET (see read)
-	locks     *lock.Client                // the locks reads take (see lockWithRead)
+	locks     *redislock.Client           // the locks reads take (see lockWithRead)
 	lockBias  atomic.Int64                // > 0: reads that found nothing mostly loaded, and reads' locks were mostly used (see Lock bias)
 	seen      atomic.Pointer[seenTable]   // the IDs read lately, once a miss opened the gate (see lockWithRead)
 	starts    atomic.Uint64               // counts flights and shared reads as they start; a Get reads it as it starts (see since)
@@ -141,8 +142,8 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 			return nil, err
 		}
 	}
-	g.locks = lock.New(rdb)
-	g.coord = loader.NewCoordinator(rdb, g.keys.Loaded(), &loader.CoordinatorOptions{
+	g.locks = redislock.New(rdb)
+	g.coord = coord.New(rdb, g.keys.Loaded(), &coord.Options{
 		LockTTL:    o.Tuning.LockTTL,
 		LockWait:   o.Tuning.LockWait,
 		LoadOnBusy: o.Tuning.LoadOnBusy,

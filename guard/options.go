@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/cacheguard/cacheguard/codec"
+	"github.com/cacheguard/cacheguard/internal/coord"
 	"github.com/cacheguard/cacheguard/internal/keyspace"
-	"github.com/cacheguard/cacheguard/loader"
 )
 
 // Options configures a Guard. A nil *Options means all defaults; a zero field
@@ -158,7 +158,7 @@ func resolve(opts *Options) (Options, error) {
 		return Options{}, err
 	}
 	if o.Tuning.LockTTL == 0 {
-		o.Tuning.LockTTL = loader.DefaultLockTTL
+		o.Tuning.LockTTL = coord.DefaultLockTTL
 	}
 	if o.Tuning.LockWait == 0 {
 		o.Tuning.LockWait = o.LoadTimeout + o.Tuning.LockTTL

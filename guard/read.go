@@ -14,7 +14,7 @@ import (
 	"github.com/cacheguard/cacheguard/internal/batch"
 	"github.com/cacheguard/cacheguard/internal/keyspace"
 	"github.com/cacheguard/cacheguard/internal/redisfail"
-	"github.com/cacheguard/cacheguard/lock"
+	"github.com/cacheguard/cacheguard/internal/redislock"
 )
 
 // verdict is what the read round trip found.
@@ -29,8 +29,8 @@ const (
 type readResult struct {
 	verdict verdict
 	raw     []byte
-	ttl     time.Duration // the entry's remaining TTL in Redis, read with it when Local is on (0: unknown)
-	held    *lock.Lock    // a miss's lock, taken with the read (see lockWithRead); the Get's flight uses it or gives it back
+	ttl     time.Duration   // the entry's remaining TTL in Redis, read with it when Local is on (0: unknown)
+	held    *redislock.Lock // a miss's lock, taken with the read (see lockWithRead); the Get's flight uses it or gives it back
 }
 
 // Probe order. While reads mostly hit, the HGET goes alone: a hit is one
@@ -75,7 +75,7 @@ func (g *Guard) read(ctx context.Context, id, vkey string, lockable bool) (readR
 		return readResult{}, g.readFailed(ctx, id, err)
 	}
 	raw, err := r.get.Bytes()
-	var held *lock.Lock
+	var held *redislock.Lock
 	if r.lockQ != nil {
 		held, _ = r.lockQ.Result(ctx) // not taken (another flight holds it, or Redis failed): the flight attempts as before
 	}
@@ -156,7 +156,7 @@ type readReq struct {
 	get   *redis.StringCmd
 	probe bloom.Probe
 	pttl  *redis.DurationCmd
-	lockQ *lock.Queued
+	lockQ *redislock.Queued
 }
 
 // Read batching. Gets that read while Options.Tuning.ReadsInFlight round

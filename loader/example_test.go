@@ -2,11 +2,13 @@ package loader_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/cacheguard/cacheguard/internal/redistest"
 	"github.com/cacheguard/cacheguard/loader"
 )
 
@@ -29,4 +31,95 @@ func ExampleGroup() {
 	wg.Wait()
 	fmt.Println("loads:", loads.Load())
 	// Output: loads: 1
+}
+
+// A panicking load reaches every caller as an error wrapping ErrPanic.
+func ExampleGroup_Do() {
+	var g loader.Group[int]
+	_, _, err := g.Do(context.Background(), "k", func(ctx context.Context) (int, error) { panic("boom") })
+	fmt.Println(errors.Is(err, loader.ErrPanic))
+	// Output: true
+}
+
+// Forget lets the next caller start a new flight while one is under way
+// (after a write, say, so that nobody takes the older flight's answer).
+func ExampleGroup_Forget() {
+	var g loader.Group[int]
+	started, release := make(chan struct{}), make(chan struct{})
+	go g.Do(context.Background(), "k", func(ctx context.Context) (int, error) {
+		close(started)
+		<-release
+		return 1, nil
+	})
+	<-started
+	g.Forget("k")
+	v, _, _ := g.Do(context.Background(), "k", func(ctx context.Context) (int, error) { return 2, nil })
+	close(release)
+	fmt.Println(v)
+	// Output: 2
+}
+
+// DoOnJoin tells a caller that it joined a flight under way, before it
+// waits: the moment to give up what that flight may need.
+func ExampleGroup_DoOnJoin() {
+	var g loader.Group[string]
+	started, joined := make(chan struct{}), make(chan struct{})
+	done := make(chan string)
+	go func() {
+		v, _, _ := g.Do(context.Background(), "k", func(ctx context.Context) (string, error) {
+			close(started)
+			<-joined // waits for what the joiner gives up
+			return "shared", nil
+		})
+		done <- v
+	}()
+	<-started
+	v, shared, _ := g.DoOnJoin(context.Background(), "k", func(ctx context.Context) (string, error) {
+		return "never runs", nil
+	}, func() { close(joined) })
+	fmt.Println(v, shared, <-done)
+	// Output: shared true shared
+}
+
+// product is a Filler: Cached takes what another process stored, Load
+// reads the source of truth.
+type product struct {
+	id    string
+	loads *atomic.Int32
+	got   string
+}
+
+func (p *product) Cached(_ context.Context, raw []byte) bool { p.got = string(raw); return true }
+
+func (p *product) Load(context.Context) ([]byte, time.Duration, error) {
+	p.loads.Add(1)
+	time.Sleep(20 * time.Millisecond) // SELECT ...
+	p.got = "lamp " + p.id
+	return []byte(p.got), time.Minute, nil
+}
+
+// Two processes' Coordinators (two clients here) fill one key: one loads,
+// the other waits for its publish and reads what it stored.
+func ExampleCoordinator() {
+	ctx := context.Background()
+	var loads atomic.Int32
+	var wg sync.WaitGroup
+	got := make([]string, 2)
+	key := fmt.Sprintf("example:product:{42-%d}", time.Now().UnixNano()) // a cold key each run
+	for i := range 2 {
+		rdb := redistest.NewClient() // in your app: redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+		defer rdb.Close()
+		c := loader.NewCoordinator(rdb, "example:loaded", &loader.CoordinatorOptions{LockTTL: 5 * time.Second})
+		defer c.Close()
+		wg.Go(func() {
+			p := &product{id: "42", loads: &loads}
+			if err := c.Run(ctx, key, "v1", p); err != nil && !errors.Is(err, loader.ErrBusy) {
+				panic(err)
+			}
+			got[i] = p.got
+		})
+	}
+	wg.Wait()
+	fmt.Println(got[0], "|", got[1], "| loads:", loads.Load())
+	// Output: lamp 42 | lamp 42 | loads: 1
 }

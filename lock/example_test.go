@@ -10,6 +10,7 @@ import (
 	"github.com/cacheguard/cacheguard/lock"
 )
 
+// Obtain, keep alive while working, release.
 func Example() {
 	ctx := context.Background()
 	rdb := redistest.NewClient() // in your app: redis.NewClient(&redis.Options{Addr: "localhost:6379"})
@@ -37,28 +38,34 @@ func Example() {
 	// true
 }
 
-// A lock taken in a pipeline: the commands queued behind the attempt run
-// with the lock taken (or not).
-func ExampleClient_Queue() {
+// Waiting for a holder: Obtain retries until Options.Wait runs out.
+func ExampleClient_Obtain() {
 	ctx := context.Background()
-	rdb := redistest.NewClient() // in your app: redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	rdb := redistest.NewClient()
 	defer rdb.Close()
 	locks := lock.New(rdb)
 
-	pipe := rdb.Pipeline()
-	q, err := locks.Queue(ctx, pipe, "example:{report-7}:lock", 5*time.Second)
-	if err != nil {
-		panic(err)
-	}
-	cached := pipe.Get(ctx, "example:{report-7}") // runs after the attempt
-	_, _ = pipe.Exec(ctx)
-	l, err := q.Result(ctx)
-	if err != nil {
-		panic(err)
-	}
-	fmt.Println(len(l.Token()), cached.Err())
-	fmt.Println(l.Release(ctx))
+	holder, _ := locks.Obtain(ctx, "example:{report-8}:lock", 50*time.Millisecond, nil) // lapses in 50ms
+	l, err := locks.Obtain(ctx, "example:{report-8}:lock", time.Second, &lock.Options{Wait: time.Second})
+	fmt.Println(err, l.Token() != holder.Token())
+	_ = l.Release(ctx)
 	// Output:
-	// 32 redis: nil
+	// <nil> true
+}
+
+// A lock whose TTL ran out is no longer the holder's: Refresh says so.
+func ExampleLock_Refresh() {
+	ctx := context.Background()
+	rdb := redistest.NewClient()
+	defer rdb.Close()
+	l, _ := lock.New(rdb).Obtain(ctx, "example:{report-9}:lock", 20*time.Millisecond, nil)
+	fmt.Println(l.Refresh(ctx, time.Second))
+	time.Sleep(50 * time.Millisecond)
+	fmt.Println(errors.Is(l.Refresh(ctx, time.Second), lock.ErrNotHeld))
+	_, err := lock.New(rdb).Obtain(ctx, "", time.Second, nil)
+	fmt.Println(errors.Is(err, lock.ErrInvalid), errors.Is(err, lock.ErrUnavailable))
+	// Output:
 	// <nil>
+	// false
+	// true false
 }

@@ -154,7 +154,6 @@ func Lock(vkey string) string { return vkey + ":lock" }
 // mark is there, and deletes it.
 func Waiting(vkey string) string { return vkey + ":waiting" }
 
-
 // Filter names the keys of one bloom filter.
 type Filter struct {
 	base string // "<prefix>:<name>:bf", or any brace-free key given to bloom.Open

@@ -1,4 +1,4 @@
-package loader_test
+package coord_test
 
 import (
 	"context"
@@ -10,16 +10,18 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/cacheguard/cacheguard/internal/coord"
 	"github.com/cacheguard/cacheguard/internal/keyspace"
+	"github.com/cacheguard/cacheguard/internal/redislock"
 	"github.com/cacheguard/cacheguard/internal/redistest"
-	"github.com/cacheguard/cacheguard/loader"
-	"github.com/cacheguard/cacheguard/lock"
 )
 
 // filler answers from any cached bytes and loads with load.
 type filler struct {
 	load func(ctx context.Context) ([]byte, time.Duration, error)
 }
+
+func TestMain(m *testing.M) { redistest.Main(m) }
 
 func (f filler) Cached(context.Context, []byte) bool { return true }
 func (f filler) Load(ctx context.Context) ([]byte, time.Duration, error) {
@@ -28,10 +30,10 @@ func (f filler) Load(ctx context.Context) ([]byte, time.Duration, error) {
 
 // newCoordinator connects to the test's Redis and opens a Coordinator on
 // the channel <prefix>:ch, closed when the test ends.
-func newCoordinator(t *testing.T) (*redistest.Conn, *loader.Coordinator) {
+func newCoordinator(t *testing.T) (*redistest.Conn, *coord.Coordinator) {
 	t.Helper()
 	c := redistest.Connect(t)
-	co := loader.NewCoordinator(c.UniversalClient, c.Prefix+":ch", nil)
+	co := coord.New(c.UniversalClient, c.Prefix+":ch", nil)
 	t.Cleanup(func() { _ = co.Close() })
 	return c, co
 }
@@ -64,7 +66,7 @@ func TestCoordinatorOneLoadManyCoordinators(t *testing.T) {
 	}}
 	var wg sync.WaitGroup
 	for range 8 {
-		co := loader.NewCoordinator(redistest.Connect(t).UniversalClient, c.Prefix+":ch", nil)
+		co := coord.New(redistest.Connect(t).UniversalClient, c.Prefix+":ch", nil)
 		defer co.Close()
 		wg.Add(1)
 		go func() {
@@ -168,7 +170,7 @@ func TestCoordinatorPublishesOnlyWhenAwaited(t *testing.T) {
 		}
 		return msg.Payload
 	}
-	holder := loader.NewCoordinator(c.UniversalClient, channel, nil)
+	holder := coord.New(c.UniversalClient, channel, nil)
 	defer holder.Close()
 	key := c.Prefix + ":{k}"
 	value := filler{load: func(context.Context) ([]byte, time.Duration, error) { return []byte("v"), time.Minute, nil }}
@@ -199,7 +201,7 @@ func TestCoordinatorPublishesOnlyWhenAwaited(t *testing.T) {
 	for c.Exists(ctx, keyspace.Lock(key)).Val() == 0 && ctx.Err() == nil {
 		time.Sleep(time.Millisecond) // the holder's lock attempt
 	}
-	waiter := loader.NewCoordinator(redistest.Connect(t).UniversalClient, channel, nil)
+	waiter := coord.New(redistest.Connect(t).UniversalClient, channel, nil)
 	defer waiter.Close()
 	waiting := make(chan error, 1)
 	var got []byte
@@ -249,8 +251,8 @@ func TestCoordinatorTakenOverWriteKeepsTheNewLock(t *testing.T) {
 	ctx := context.Background()
 	c, co := newCoordinator(t)
 	key := c.Prefix + ":{k}"
-	lc := lock.New(c)
-	var other *lock.Lock
+	lc := redislock.New(c)
+	var other *redislock.Lock
 	err := co.TryRun(ctx, key, "1", filler{load: func(ctx context.Context) ([]byte, time.Duration, error) {
 		c.Del(ctx, keyspace.Lock(key)) // the lease ran out...
 		var err error                  // ...and another process took the lock
@@ -335,9 +337,9 @@ func TestCoordinatorFlightsShareRoundTrips(t *testing.T) {
 		run(i)
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for loader.TripsWaiting(co) != 20 {
+	for coord.TripsWaiting(co) != 20 {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d lock attempts wait, want 20", loader.TripsWaiting(co))
+			t.Fatalf("%d lock attempts wait, want 20", coord.TripsWaiting(co))
 		}
 		time.Sleep(time.Millisecond)
 	}
@@ -372,10 +374,10 @@ func TestCoordinatorFlightsShareRoundTrips(t *testing.T) {
 func TestRunHeld(t *testing.T) {
 	ctx := context.Background()
 	c, co := newCoordinator(t)
-	other := loader.NewCoordinator(redistest.Connect(t).UniversalClient, c.Prefix+":ch", nil)
+	other := coord.New(redistest.Connect(t).UniversalClient, c.Prefix+":ch", nil)
 	defer other.Close()
-	lc := lock.New(c)
-	take := func(key string) *lock.Lock {
+	lc := redislock.New(c)
+	take := func(key string) *redislock.Lock {
 		t.Helper()
 		pipe := c.Pipeline()
 		q, err := lc.Queue(ctx, pipe, keyspace.Lock(key), 500*time.Millisecond)
@@ -463,7 +465,7 @@ func TestWaitSeesALockReleasedUnwritten(t *testing.T) {
 	ctx := context.Background()
 	c, co := newCoordinator(t)
 	key := c.Prefix + ":{gone}"
-	l, err := lock.New(c).Obtain(ctx, keyspace.Lock(key), time.Minute, nil)
+	l, err := redislock.New(c).Obtain(ctx, keyspace.Lock(key), time.Minute, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

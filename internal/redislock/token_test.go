@@ -1,4 +1,4 @@
-package lock
+package redislock
 
 import (
 	"encoding/hex"

@@ -1,0 +1,539 @@
+// Package coord makes the flights of different processes take turns through
+// a Redis lock per key: one holder loads and writes while the lock still
+// holds its token, the others wait for its PUBLISH and read what it stored.
+// Package loader's Coordinator is its public face; the guard uses this
+// package directly for what only it needs (a lock its read took, refreshes
+// ahead of expiry, the entry's TTL with the re-check, wait observers).
+package coord
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/internal/batch"
+	"github.com/cacheguard/cacheguard/internal/keyspace"
+	"github.com/cacheguard/cacheguard/internal/redisfail"
+	"github.com/cacheguard/cacheguard/internal/redislock"
+)
+
+// ErrBusy: another process held the key's lock for longer than LockWait.
+var ErrBusy = errors.New("loader: lock wait exceeded")
+
+// errOvertaken: the holder's write was refused because its lock was no
+// longer its own (a write to the source of truth deleted it, or it expired
+// and perhaps passed to another holder); Run loads again.
+var errOvertaken = errors.New("loader: lock overtaken before the write")
+
+// Defaults of Options (guard resolves its own options from these).
+const (
+	DefaultLockTTL  = 5 * time.Second
+	DefaultLockWait = 15 * time.Second
+)
+
+var (
+	//go:embed lua/write_release.lua
+	writeReleaseLua string
+	//go:embed lua/release_publish.lua
+	releasePublishLua string
+
+	writeRelease   = redis.NewScript(writeReleaseLua)
+	releasePublish = redis.NewScript(releasePublishLua)
+)
+
+// Options tunes a Coordinator. A nil pointer means defaults.
+type Options struct {
+	// LockTTL is the lease of a key's lock; a watchdog renews it every
+	// LockTTL/3 while the load runs, so it only matters when the holder dies:
+	// the others take over about LockTTL later. Default DefaultLockTTL.
+	LockTTL time.Duration
+	// LockWait bounds how long a flight waits for other processes' loads of
+	// its key before it gives up with ErrBusy. Default DefaultLockWait.
+	LockWait time.Duration
+	// LoadOnBusy makes a flight that waited LockWait load by itself, without
+	// writing the result, instead of returning ErrBusy.
+	LoadOnBusy bool
+	// OpTimeout bounds each Redis round trip of Run (lock attempt and
+	// re-check, write, release and publish, the reads of a waiter), so that
+	// a stalled Redis cannot keep a flight waiting on it. Default 1 second.
+	OpTimeout time.Duration
+	// OnLockLost, if set, is told when a holder's watchdog lost its lock.
+	OnLockLost func(key string, err error)
+	// OnWriteFailed, if set, is told when Redis failed the holder's write
+	// (the error wraps redisfail.ErrUnavailable). The load's result is still
+	// served; only caching it failed.
+	OnWriteFailed func(key string, err error)
+}
+
+// Filler is what a Coordinator fills a key for: it judges what the cache
+// holds and loads what it lacks.
+type Filler interface {
+	// Cached is given what the cache holds under the key; it reports
+	// whether that answers the call (false: load it, e.g. because it was
+	// corrupt).
+	Cached(ctx context.Context, raw []byte) bool
+	// Load loads the key's value. What it returns is written under the key
+	// for ttl if the holder's lock is still its own. An error is
+	// returned by Run as is, and nothing is written.
+	Load(ctx context.Context) (frame []byte, ttl time.Duration, err error)
+}
+
+// TTLFiller is a Filler that keeps what the lock attempt's re-check finds
+// (the guard's in-process cache) and so needs the entry's remaining TTL
+// with it, to keep it no longer than Redis does. For such a Filler the
+// attempt queues a PTTL of the key behind its HGET, in the same round
+// trip, and a re-check that finds the entry calls CachedTTL with it
+// instead of Cached. The other reads (a waiter's) call Cached.
+type TTLFiller interface {
+	Filler
+	// CachedTTL is Cached for an entry that expires in ttl.
+	CachedTTL(ctx context.Context, raw []byte, ttl time.Duration) bool
+}
+
+// Waiter is an optional interface of a Filler: Waiting is called each time
+// Run finds the key's lock held by another and starts waiting for it (so
+// that a caller that batches loads knows this key will not join the batch
+// now).
+type Waiter interface {
+	Waiting()
+}
+
+// WaitObserver is an optional interface of a Filler: Waited is called
+// after each wait for another holder's load, with when the wait began and
+// how it ended: "woken" (the holder published), "expired" (its lease ran
+// out first), "timeout" (LockWait ran out first) or "cancelled" (ctx ended,
+// or Redis failed).
+type WaitObserver interface {
+	Waited(ctx context.Context, began time.Time, result string)
+}
+
+// Coordinator makes one process at a time load a key, across the processes
+// that share a Redis and a channel, and wakes the others. Run, for field F of K:
+//
+//  1. One round trip: SET NX PX of K's lock (a token unique to the attempt),
+//     and behind it an HGET of K's field F: for the winner, the re-check.
+//  2. A winner whose re-check found K answers from it; else it loads, under
+//     a watchdog that renews the lock every LockTTL/3.
+//  3. It writes the frame, releases the lock and, if a flight waits (step 4
+//     left K's mark), PUBLISHes K, in one script, only if the lock still holds
+//     its token: every write to the source of truth deletes the lock, so an
+//     overtaken load is refused and loads again. Otherwise (no load, a failed
+//     load) it releases and publishes alone.
+//  4. A loser subscribes, leaves K's waiting mark and reads K behind it, then
+//     waits for the publish, the holder's lease or LockWait; woken, it reads K
+//     and, if it is still empty, goes back to step 1.
+type Coordinator struct {
+	rdb     redis.UniversalClient
+	locks   *redislock.Client
+	wake    waker
+	opts    Options
+	channel string
+	trips   *batch.Batcher[queueFunc] // the lock attempts and writes of concurrent flights share round trips (see runTrips)
+
+	waits, timeouts, wakeups, staleWrites atomic.Uint64
+}
+
+// NewCoordinator returns a Coordinator that publishes on channel. Close it to
+// end its subscription.
+func New(rdb redis.UniversalClient, channel string, opts *Options) *Coordinator {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.LockTTL <= 0 {
+		o.LockTTL = DefaultLockTTL
+	}
+	if o.LockWait <= 0 {
+		o.LockWait = DefaultLockWait
+	}
+	if o.OpTimeout <= 0 {
+		o.OpTimeout = time.Second
+	}
+	c := &Coordinator{
+		rdb:     rdb,
+		locks:   redislock.New(rdb),
+		wake:    waker{rdb: rdb, channel: channel},
+		opts:    o,
+		channel: channel,
+	}
+	c.trips = batch.New(tripsInFlight, tripBatchMax, c.runTrips)
+	return c
+}
+
+// Trip batching. The lock attempts (with their re-checks) and the
+// writes of concurrent flights go through a group commit (package batch):
+// while tripsInFlight of those round trips are under way, the next ones
+// wait and go together in one pipeline. Each stays its own commands, so
+// the protocol is unchanged; what falls is the system calls and Redis
+// event-loop turns per miss when many keys miss at once (a cold cache).
+const (
+	tripsInFlight = 2
+	tripBatchMax  = 128
+)
+
+// queueFunc is one flight's part of a round trip: it adds its commands to
+// the pipeline and keeps them to read after it ran.
+type queueFunc func(ctx context.Context, pipe redis.Pipeliner)
+
+// runTrips sends calls' commands in one pipeline. One carrying other
+// flights' commands runs on the leading flight's ctx without its
+// cancellation (they wait for it), bounded by OpTimeout.
+func (c *Coordinator) runTrips(ctx context.Context, calls []*batch.Call[queueFunc]) {
+	if len(calls) > 1 {
+		var cancel context.CancelFunc
+		ctx, cancel = c.op(ctx)
+		defer cancel()
+	}
+	pipe := c.rdb.Pipeline()
+	for _, call := range calls {
+		call.Req(ctx, pipe)
+	}
+	_, _ = pipe.Exec(ctx) // errors are read per command
+}
+
+// send runs queue's commands in a round trip, perhaps shared with other
+// flights'. If ctx ends first it returns the error wrapping
+// redisfail.ErrUnavailable, and queue's commands may still be sent later:
+// the caller must not read what queue keeps then (the scripts are safe to
+// run late: a write whose lock is gone is refused, a release checks
+// its token).
+func (c *Coordinator) send(ctx context.Context, queue queueFunc) error {
+	call := &batch.Call[queueFunc]{Req: queue}
+	if err := c.trips.Do(ctx, call); err != nil {
+		return redisfail.Wrap(err)
+	}
+	return nil
+}
+
+// LoadScripts loads the scripts of a holder's write and release into Redis
+// (every master of a cluster), so that the first write after a start, or
+// after Redis lost its script cache, costs no NOSCRIPT round trip. Run
+// sends a script that is missing all the same.
+func (c *Coordinator) LoadScripts(ctx context.Context) error {
+	for _, s := range []*redis.Script{writeRelease, releasePublish} {
+		if err := s.Load(ctx, c.rdb).Err(); err != nil {
+			return fmt.Errorf("loader: load scripts: %w", redisfail.Wrap(err))
+		}
+	}
+	return nil
+}
+
+// Close ends the Coordinator's subscription. Runs after Close fail.
+func (c *Coordinator) Close() error { return c.wake.close() }
+
+// Stats counts a Coordinator's waits and refused writes.
+type Stats struct {
+	Waits       uint64 // times a flight found the lock held elsewhere and waited
+	Timeouts    uint64 // waits that ran past LockWait
+	Wakeups     uint64 // waits ended by the holder's publish
+	StaleWrites uint64 // writes refused because the holder's lock was no longer its own
+}
+
+// Stats returns the Coordinator's counters.
+func (c *Coordinator) Stats() Stats {
+	return Stats{Waits: c.waits.Load(), Timeouts: c.timeouts.Load(), Wakeups: c.wakeups.Load(), StaleWrites: c.staleWrites.Load()}
+}
+
+// Run fills field of key once across processes (see Coordinator for the
+// steps). It
+// returns nil when f answered (from the cache or from a load), the load's
+// error, ErrBusy, ctx's error, or a Redis error wrapping
+// redisfail.ErrUnavailable.
+func (c *Coordinator) Run(ctx context.Context, key, field string, f Filler) error {
+	deadline := time.Now().Add(c.opts.LockWait)
+	for {
+		l, get, held, err := c.attempt(ctx, key, field, f)
+		switch {
+		case err == nil:
+			err = c.hold(ctx, l, key, field, get, f)
+			if !errors.Is(err, errOvertaken) {
+				return err
+			}
+			if !time.Now().Before(deadline) {
+				return nil // invalidated again and again: serve the last load, uncached
+			}
+			continue // overtaken by an invalidation: load again, under a new lock
+		case held == nil:
+			return err
+		}
+		if done, err := c.cached(ctx, get, f); done || err != nil {
+			return err // filled meanwhile by the holder
+		}
+		c.waits.Add(1)
+		if w, ok := f.(Waiter); ok {
+			w.Waiting()
+		}
+		began := time.Now()
+		done, result, err := c.wait(ctx, key, field, held.TTL, deadline, f)
+		if o, ok := f.(WaitObserver); ok {
+			o.Waited(ctx, began, result)
+		}
+		if done || err != nil {
+			return err
+		}
+		if !time.Now().Before(deadline) {
+			c.timeouts.Add(1)
+			if c.opts.LoadOnBusy {
+				_, _, err := f.Load(ctx)
+				return err
+			}
+			return ErrBusy
+		}
+	}
+}
+
+// RunHeld is Run for a caller that took key's lock itself, in a round trip
+// of its own (redislock.Client.Queue, with the HGET of field queued
+// behind the attempt: Redis ran that HGET with the lock taken, so it is the
+// re-check of step 1) and found nothing under field. It goes straight to
+// step 2, the load, under l, whose lease may be shorter than LockTTL: the
+// watchdog's first refresh comes within it (see redislock.Lock.KeepAlive). If
+// the write is refused (a write to the source of truth deleted the lock,
+// or its lease ran out), RunHeld goes on as Run does, with a lock of its
+// own.
+func (c *Coordinator) RunHeld(ctx context.Context, l *redislock.Lock, key, field string, f Filler) error {
+	nothing := redis.NewStringResult("", redis.Nil) // what the caller's re-check found
+	if err := c.hold(ctx, l, key, field, reading{get: nothing}, f); !errors.Is(err, errOvertaken) {
+		return err
+	}
+	return c.Run(ctx, key, field, f)
+}
+
+// Release gives back key's lock l without a write (step 4), and PUBLISHes
+// key if a flight in some process waits for it, in one script
+// (release_publish.lua), bounded by OpTimeout: for a holder that did not
+// get as far as the write, and for a caller that took the lock and did not
+// use it (its re-check found the entry, or a flight of its process was
+// filling key already). A lock that is no longer l (its lease ran out) is
+// left alone.
+func (c *Coordinator) Release(ctx context.Context, l *redislock.Lock, key string) error {
+	opCtx, cancel := c.op(ctx)
+	defer cancel()
+	err := releasePublish.Run(opCtx, c.rdb, []string{keyspace.Lock(key), keyspace.Waiting(key)}, l.Token(), c.channel, key).Err()
+	if err != nil {
+		return fmt.Errorf("loader: release %s: %w", key, redisfail.Wrap(err))
+	}
+	return nil
+}
+
+// TryRun is Run for a refresh ahead of expiry: one attempt on the lock and
+// no wait. If another holder has the lock (it is filling key already), or a
+// write to the source of truth overtook the load (its lock is gone: the
+// entry was invalidated or replaced), TryRun returns nil having written
+// nothing.
+func (c *Coordinator) TryRun(ctx context.Context, key, field string, f Filler) error {
+	l, get, held, err := c.attempt(ctx, key, field, f)
+	switch {
+	case held != nil:
+		return nil
+	case err != nil:
+		return err
+	}
+	if err := c.hold(ctx, l, key, field, get, f); !errors.Is(err, errOvertaken) {
+		return err
+	}
+	return nil
+}
+
+// attempt is step 1: the lock attempt with the HGET queued behind it, in one
+// round trip (and the key's PTTL behind that for a TTLFiller). held is set
+// when another holder has the lock.
+func (c *Coordinator) attempt(ctx context.Context, key, field string, f Filler) (l *redislock.Lock, get reading, held *redislock.HeldError, err error) {
+	opCtx, cancel := c.op(ctx)
+	defer cancel()
+	_, withTTL := f.(TTLFiller)
+	// The closure writes only these locals: after a failed send it may
+	// still run, into variables nobody reads (not the results).
+	var q *redislock.Queued
+	var qerr error
+	var r reading
+	if err := c.send(opCtx, func(ctx context.Context, pipe redis.Pipeliner) {
+		q, qerr = c.locks.Queue(ctx, pipe, keyspace.Lock(key), c.opts.LockTTL)
+		r.get = pipe.HGet(ctx, key, field)
+		if withTTL {
+			r.pttl = pipe.PTTL(ctx, key)
+		}
+	}); err != nil {
+		return nil, reading{}, nil, err
+	}
+	get = r
+	if qerr != nil {
+		return nil, reading{}, nil, qerr
+	}
+	// The attempt is a plain SET NX in the pipeline: the HGET behind it ran
+	// after it, so for the winner it is the re-check (lock.TestQueue).
+	l, err = q.Result(opCtx)
+	switch {
+	case err == nil:
+		return l, get, nil, nil
+	case errors.As(err, &held):
+		return nil, get, held, err
+	}
+	return nil, reading{}, nil, err
+}
+
+// reading is a read of a key's field, with the key's PTTL when the attempt
+// asked for it (pttl nil: not asked).
+type reading struct {
+	get  *redis.StringCmd
+	pttl *redis.DurationCmd
+}
+
+// cached reads a reading's reply: done when f accepts what the cache holds.
+// A TTLFiller is given the entry's TTL when the reading carries one.
+func (c *Coordinator) cached(ctx context.Context, r reading, f Filler) (done bool, err error) {
+	raw, err := r.get.Bytes()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return false, nil
+	case err != nil:
+		return true, fmt.Errorf("loader: read: %w", redisfail.Wrap(err))
+	}
+	if tf, ok := f.(TTLFiller); ok && r.pttl != nil {
+		if ttl, err := r.pttl.Result(); err == nil && ttl > 0 {
+			return tf.CachedTTL(ctx, raw, ttl), nil
+		}
+	}
+	return f.Cached(ctx, raw), nil
+}
+
+// hold runs steps 2 to 4 with the lock held: the re-check's answer, the load,
+// and the write with the release and publish, or the release and publish
+// alone when it did not get that far (also when the load panics). It
+// returns errOvertaken when the write was refused.
+func (c *Coordinator) hold(ctx context.Context, l *redislock.Lock, key, field string, get reading, f Filler) error {
+	stop := l.KeepAlive(ctx, c.opts.LockTTL, func(err error) {
+		if c.opts.OnLockLost != nil {
+			c.opts.OnLockLost(key, err)
+		}
+	})
+	released := false
+	defer func() {
+		stop()
+		if released {
+			return
+		}
+		_ = c.Release(context.WithoutCancel(ctx), l, key)
+	}()
+	if done, err := c.cached(ctx, get, f); done || err != nil {
+		return err
+	}
+	frame, ttl, err := f.Load(ctx)
+	if err != nil {
+		return err
+	}
+	stop() // before the release: the watchdog must not renew a lock it no longer holds
+	opCtx, cancel := c.op(ctx)
+	defer cancel()
+	keys := []string{key, keyspace.Lock(key), keyspace.Waiting(key)}
+	args := []any{field, frame, max(ttl.Milliseconds(), 1), l.Token(), c.channel}
+	var cmd *redis.Cmd
+	err = c.send(opCtx, func(ctx context.Context, pipe redis.Pipeliner) {
+		cmd = writeRelease.EvalSha(ctx, pipe, keys, args...)
+	})
+	var written int
+	if err == nil {
+		written, err = cmd.Int()
+		if redis.HasErrorPrefix(err, "NOSCRIPT") { // not run: send the script itself
+			written, err = writeRelease.Eval(opCtx, c.rdb, keys, args...).Int()
+		}
+	}
+	released = err == nil
+	switch {
+	case err != nil:
+		if c.opts.OnWriteFailed != nil {
+			c.opts.OnWriteFailed(key, redisfail.Wrap(err))
+		}
+	case written == 0:
+		c.staleWrites.Add(1)
+		return errOvertaken
+	}
+	return nil
+}
+
+// wait blocks until the holder publishes key, its lease (holderTTL) runs out,
+// or the deadline passes. done reports that f accepted what the cache holds;
+// result says how the wait ended (see WaitObserver).
+func (c *Coordinator) wait(
+	ctx context.Context,
+	key, field string,
+	holderTTL time.Duration,
+	deadline time.Time,
+	f Filler,
+) (done bool, result string, err error) {
+	opCtx, cancelOp := c.op(ctx)
+	woken, cancel, err := c.wake.register(opCtx, key)
+	cancelOp()
+	if err != nil {
+		return true, "cancelled", err
+	}
+	defer cancel()
+	lease := holderTTL + 5*time.Millisecond
+	result = "expired"
+	if until := time.Until(deadline); until < lease {
+		lease, result = max(until, 0), "timeout"
+	}
+	// Subscribed: a publish from now on reaches us. Leave the waiting mark,
+	// so that the holder publishes, then check before waiting: the holder's
+	// script runs before the mark (the HGET behind it sees what it wrote),
+	// between the two (the same), or after the HGET (it finds the mark and
+	// publishes). The mark outlives this wait; a wait that the holder's
+	// renewed lease outlasts marks again on its next round. A holder that
+	// released the lock without writing before the mark was left (its load
+	// failed, or it was a read's lock given back: see RunHeld) published to
+	// nobody: the lock's PTTL, read behind the mark, says it is gone, and
+	// the flight attempts again at once instead of waiting out the lease.
+	r, lockGone := c.markAndRead(ctx, key, field, lease)
+	if done, err := c.cached(ctx, r, f); done || err != nil {
+		return true, "woken", err
+	}
+	if lockGone {
+		return false, "woken", nil
+	}
+	t := time.NewTimer(lease)
+	defer t.Stop()
+	select {
+	case <-woken:
+		c.wakeups.Add(1)
+		result = "woken"
+	case <-t.C:
+	case <-ctx.Done():
+		return true, "cancelled", ctx.Err()
+	}
+	done, err = c.cached(ctx, c.hget(ctx, key, field), f)
+	return done, result, err
+}
+
+// op bounds one Redis round trip by OpTimeout.
+func (c *Coordinator) op(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, c.opts.OpTimeout)
+}
+
+// markAndRead leaves key's waiting mark for a wait of lease and reads the
+// entry behind it, and whether key's lock is gone, in one round trip
+// bounded by OpTimeout.
+func (c *Coordinator) markAndRead(ctx context.Context, key, field string, lease time.Duration) (r reading, lockGone bool) {
+	opCtx, cancel := c.op(ctx)
+	defer cancel()
+	pipe := c.rdb.Pipeline()
+	mark := pipe.Set(opCtx, keyspace.Waiting(key), "1", lease+c.opts.OpTimeout)
+	get := pipe.HGet(opCtx, key, field)
+	pttl := pipe.PTTL(opCtx, keyspace.Lock(key))
+	_, _ = pipe.Exec(opCtx) // errors are read per command
+	if err := mark.Err(); err != nil && errors.Is(get.Err(), redis.Nil) {
+		get.SetErr(err) // nothing cached, and unmarked a wait could miss the publish: fail as a read would
+	}
+	return reading{get: get}, pttl.Err() == nil && pttl.Val() == -2 // -2: no such key
+}
+
+// hget reads the entry in a round trip of its own, bounded by OpTimeout.
+func (c *Coordinator) hget(ctx context.Context, key, field string) reading {
+	opCtx, cancel := c.op(ctx)
+	defer cancel()
+	return reading{get: c.rdb.HGet(opCtx, key, field)}
+}

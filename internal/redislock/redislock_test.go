@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"runtime"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,37 +13,6 @@ import (
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }
-
-func TestOneWinnerOutOfHundred(t *testing.T) {
-	ctx := context.Background()
-	c := redistest.Connect(t)
-	lc := lock.New(c)
-	key := c.Prefix + ":{k}:lock"
-	start := make(chan struct{})
-	var wg sync.WaitGroup
-	var winners, losers atomic.Int32
-	for range 100 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			_, err := lc.Obtain(ctx, key, 10*time.Second, nil)
-			switch {
-			case err == nil:
-				winners.Add(1)
-			case errors.Is(err, lock.ErrNotObtained):
-				losers.Add(1)
-			default:
-				t.Error(err)
-			}
-		}()
-	}
-	close(start)
-	wg.Wait()
-	if winners.Load() != 1 || losers.Load() != 99 {
-		t.Fatalf("%d winners, %d losers; want 1 and 99", winners.Load(), losers.Load())
-	}
-}
 
 func TestReleaseAndRefreshNeedTheToken(t *testing.T) {
 	ctx := context.Background()

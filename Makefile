@@ -13,7 +13,7 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: test demo quickstart bench deps deps-demo fmt-check source-check vet fuzz
+.PHONY: test demo quickstart bench deps deps-demo fmt-check source-check release-check vet fuzz
 
 # What each target needs, and nothing more: the demo, quickstart and bench
 # need redis-server; make test also PostgreSQL and chromium.
@@ -32,6 +32,10 @@ fmt-check:
 source-check:
 	@./scripts/check-source.sh
 
+# A module that requires one side module alone builds (scripts/check-release.sh).
+release-check:
+	@./scripts/check-release.sh
+
 vet:
 	$(GO) vet $(PKGS)
 
@@ -47,6 +51,7 @@ test: deps fmt-check source-check vet
 	@for m in $(SIDE_MODULES); do echo "== $$m"; (cd $$m && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 5m ./...) || exit 1; done
 	cd examples/shop && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 10m ./...
 	cd benchmarks && $(GO) vet ./... && $(GO) build -o /dev/null .
+	@./scripts/check-release.sh
 	CG_TEST_CLUSTER=1 $(GO) test -race -count=1 -timeout 15m $(CLUSTER_PKGS)
 	cd faults && $(GO) vet ./... && FAULTS_TABLE=$(CURDIR)/faults/latest.md $(GO) test -race -count=1 -timeout 10m ./...
 	@cat faults/latest.md

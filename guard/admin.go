@@ -131,7 +131,7 @@ func (g *Guard) forget(keys []string, copy *localEntry) {
 	for _, k := range keys {
 		g.flights.Forget(k)
 		if g.local != nil {
-			g.reads.forget(k, nil)
+			g.rd.shared.forget(k, nil)
 			g.local.epoch.Add(1)
 			if id, ok := g.keys.ID(k); ok {
 				g.local.drop(id)
@@ -254,17 +254,17 @@ func (g *Guard) Info(ctx context.Context) (bloom.Info, error) {
 // minute per process. It is called from inside the gate, so Close (which
 // shuts the gate before it waits for rebuilds) cannot miss one.
 func (g *Guard) autoRebuild() {
-	f := g.bloom.Load()
+	f := g.bf.f.Load()
 	if g.opts.Filter.IDs == nil || f == nil {
 		return
 	}
-	now, last := time.Now().UnixNano(), g.lastRebuild.Load()
-	if (last != 0 && now-last < int64(time.Minute)) || !g.lastRebuild.CompareAndSwap(last, now) {
+	now, last := time.Now().UnixNano(), g.bf.lastRebuild.Load()
+	if (last != 0 && now-last < int64(time.Minute)) || !g.bf.lastRebuild.CompareAndSwap(last, now) {
 		return
 	}
-	g.background.Add(1)
+	g.bg.wg.Add(1)
 	go func() {
-		defer g.background.Done()
+		defer g.bg.wg.Done()
 		defer func() { // RebuildFrom is the application's code: a panic in it fails this attempt only
 			if p := recover(); p != nil {
 				g.log.Error("cacheguard: automatic bloom rebuild: RebuildFrom panicked", "panic", p)
@@ -276,7 +276,7 @@ func (g *Guard) autoRebuild() {
 		defer close(done)
 		go func() { // ends with the rebuild, or cancels it on Close
 			select {
-			case <-g.closing:
+			case <-g.bg.closing:
 				cancel()
 			case <-done:
 			}

@@ -55,7 +55,7 @@ func warm(b *testing.B, g *guard.Guard, d *db) []string {
 			b.Fatal(err)
 		}
 	}
-	if err := g.Flush(context.Background()); err != nil { // the last misses' writes
+	if err := guard.Flush(context.Background(), g); err != nil { // the last misses' writes
 		b.Fatal(err)
 	}
 	return keys

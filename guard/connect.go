@@ -2,12 +2,22 @@ package guard
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cacheguard/cacheguard/bloom"
 )
+
+// filterState is the Guard's bloom filter and what it knows of its health
+// (Guard.bf).
+type filterState struct {
+	f           atomic.Pointer[bloom.Filter] // nil until opened (New while Redis was down); see filter
+	opts        *bloom.Options
+	bypassing   atomic.Bool  // the filter answered ErrNotReady last time (logged once per episode)
+	lastRebuild atomic.Int64 // unix nanos of the last automatic attempt
+}
 
 // connect opens what a Guard keeps in Redis: its bloom filter, the
 // scripts of a miss's write (so that the first one needs no second round
@@ -16,8 +26,8 @@ import (
 // safe to use. Each step is done once; connect can be called again after a
 // failure. Errors wrap ErrUnavailable or come from the filter (ErrMismatch).
 func (g *Guard) connect(ctx context.Context) error {
-	if g.bloom.Load() == nil {
-		f, err := bloom.Open(ctx, g.rdb, g.keys.Filter().Base(), g.bloomOpts)
+	if g.bf.f.Load() == nil {
+		f, err := bloom.Open(ctx, g.rdb, g.keys.Filter().Base(), g.bf.opts)
 		if err != nil {
 			return err
 		}
@@ -27,7 +37,7 @@ func (g *Guard) connect(ctx context.Context) error {
 				"stored_items", cfg.ExpectedItems, "stored_fp_rate", cfg.FalsePositiveRate,
 				"options_items", g.opts.Filter.ExpectedItems, "options_fp_rate", g.opts.Filter.FalsePositiveRate)
 		}
-		g.bloom.CompareAndSwap(nil, f)
+		g.bf.f.CompareAndSwap(nil, f)
 	}
 	if err := g.coord.LoadScripts(ctx); err != nil && !reply(err) {
 		return err // a refusal (an ACL without script|load) only costs a NOSCRIPT round trip later
@@ -41,13 +51,13 @@ func (g *Guard) connect(ctx context.Context) error {
 // filter returns the Guard's bloom filter, opening it now if New could not
 // (Redis was down then).
 func (g *Guard) filter(ctx context.Context) (*bloom.Filter, error) {
-	if f := g.bloom.Load(); f != nil {
+	if f := g.bf.f.Load(); f != nil {
 		return f, nil
 	}
 	if err := g.connect(ctx); err != nil {
 		return nil, g.fail(ctx, "open", "", err)
 	}
-	return g.bloom.Load(), nil
+	return g.bf.f.Load(), nil
 }
 
 // connectLater keeps trying connect, once a second, until it succeeds or
@@ -56,14 +66,14 @@ func (g *Guard) filter(ctx context.Context) (*bloom.Filter, error) {
 // filter fails open), without the local cache, or load through while Redis
 // stays down.
 func (g *Guard) connectLater() {
-	g.background.Add(1)
+	g.bg.wg.Add(1)
 	go func() {
-		defer g.background.Done()
+		defer g.bg.wg.Done()
 		t := time.NewTicker(time.Second)
 		defer t.Stop()
 		for {
 			select {
-			case <-g.closing:
+			case <-g.bg.closing:
 				return
 			case <-t.C:
 			}

@@ -69,8 +69,8 @@ func (g *Guard) fail(ctx context.Context, op, id string, err error) error {
 func (g *Guard) reloadSlots(ctx context.Context, err error) {
 	var ne net.Error
 	if cc, ok := g.rdb.(*redis.ClusterClient); ok && errors.As(err, &ne) {
-		now, last := time.Now().UnixNano(), g.lastSlotReload.Load()
-		if now-last > int64(time.Second) && g.lastSlotReload.CompareAndSwap(last, now) {
+		now, last := time.Now().UnixNano(), g.outage.lastSlotReload.Load()
+		if now-last > int64(time.Second) && g.outage.lastSlotReload.CompareAndSwap(last, now) {
 			cc.ReloadState(ctx)
 		}
 	}

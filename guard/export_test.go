@@ -1,5 +1,10 @@
 package guard
 
+import "context"
+
 // ReadsWaiting is how many of g's reads wait for a round trip (see
 // runReads), for tests that hold one and queue others behind it.
-func ReadsWaiting(g *Guard) int { return g.readBatch.Waiting() }
+func ReadsWaiting(g *Guard) int { return g.rd.batch.Waiting() }
+
+// Flush waits for the flights and refreshes under way on g (see flush).
+func Flush(ctx context.Context, g *Guard) error { return g.flush(ctx) }

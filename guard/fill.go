@@ -11,62 +11,8 @@ import (
 	"github.com/cacheguard/cacheguard/codec"
 	"github.com/cacheguard/cacheguard/internal/coord"
 	"github.com/cacheguard/cacheguard/internal/growstack"
-	"github.com/cacheguard/cacheguard/internal/redisfail"
 	"github.com/cacheguard/cacheguard/internal/redislock"
 )
-
-// since is when a caller started: Guard.starts then, and the local cache's
-// epoch then (0 without Options.Local). A flight or shared read takes its
-// number with starts.Add(1) as it starts, so it started after the caller
-// exactly when its number is greater than the caller's at: the atomic
-// orders the two, with no clock to read on every Get and no two starts on
-// the same tick.
-type since struct {
-	at    uint64
-	epoch uint64
-}
-
-// startedBefore reports whether a flight or shared read numbered n started
-// before the caller at from (see since).
-func (from since) startedBefore(n uint64) bool { return n <= from.at }
-
-// join runs the flight key in this process, or joins the one under way, for
-// a caller that started at from; mine says the flight was this caller's. A
-// flight's answer serves a caller only if the flight (or its load) started
-// after the caller did: otherwise a write that returned between the two
-// could be missing from it, and the caller goes round again (older). With
-// Options.Local an older flight serves too when the local epoch did not move
-// (no write made or heard since). Every caller is answered when the flight
-// ends, after its write, release and publish ran in Redis: a process may
-// exit as soon as its Gets return, and must not leave the lock behind.
-func join[T any](ctx context.Context, g *Guard, key string, from since, proto call[T],
-	fly func(c *call[T], ctx context.Context) (flight, error),
-) (c *call[T], fl flight, shared, mine, older bool, err error) {
-	serves := func(fl flight) bool { // the rule above
-		return !from.startedBefore(fl.started) || g.noWriteHeard(fl.epoch, from.epoch)
-	}
-	c = &call[T]{g: proto.g, id: proto.id, vkey: proto.vkey, load: proto.load, held: proto.held}
-	giveBack := func() { // a flight under way may wait for the lock this caller's read took
-		if c.claimHeld(heldByCaller) {
-			g.giveBack(c.held, c.vkey)
-		}
-	}
-	fl, shared, err = g.flights.DoOnJoin(ctx, key, func(ctx context.Context) (flight, error) {
-		return fly(c, ctx)
-	}, giveBack)
-	giveBack()             // or it left before its own flight took the lock
-	mine = fl.by == any(c) // this caller's function ran the flight
-	answered := err == nil || errors.Is(err, ErrNotFound)
-	older = fl.by != nil && answered && !serves(fl) // its answer may predate a write
-	return c, fl, shared, mine, older, err
-}
-
-// noWriteHeard reports whether the local cache heard of no write between
-// two epochs read while it was armed (arming raises the epoch, so an epoch
-// read before the subscription never equals one read after it).
-func (g *Guard) noWriteHeard(then, now uint64) bool {
-	return g.local != nil && then != 0 && then == now && g.local.sub.Load() != nil
-}
 
 // fill runs a miss (step 5) through a flight shared with the other callers
 // of the ID in this process (see join). held is the key's lock if the
@@ -74,41 +20,30 @@ func (g *Guard) noWriteHeard(then, now uint64) bool {
 // loads under it; if the caller joins a flight already under way instead,
 // it gives the lock back.
 func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T], from since, held *redislock.Lock) (T, error) {
-	var zero T
-	var (
-		c                   *call[T]
-		fl                  flight
-		shared, mine, older bool
-		err                 error
-	)
-	for attempt := 0; ; attempt++ {
-		c, fl, shared, mine, older, err = join(ctx, g, vkey, from, call[T]{g: g, id: id, vkey: vkey, load: load, held: held}, (*call[T]).fly)
-		held = nil // join gave it to the flight or back; a later round attempts as usual
-		if !older || attempt == 3 {
-			break
-		}
-		// The flight that ended has written its answer (or another's
-		// write deleted it): a read that starts now usually finds it, one
-		// round trip where a flight would take two. The callers in this
-		// case share it (they all started before that flight ended, so
-		// before the read), as they would share a flight.
-		if r, rerr := g.readShared(ctx, id, vkey, from, false); rerr == nil { // no lock: the next join attempts it
-			if v, ok, err := answerRead(ctx, g, id, vkey, r, load, from); ok {
-				return v, err
-			}
-		}
+	// Between rounds: the flight that ended has written its answer (or
+	// another's write deleted it), and a read that starts now usually finds
+	// it, one round trip where a flight would take two. The callers in this
+	// case share it (they all started before that flight ended), with no
+	// lock: the next join attempts it.
+	var early struct {
+		v   T
+		ok  bool
+		err error
 	}
-	if downOrRefusing(err) { // the lock or the re-check failed: Redis cannot fill
+	reread := func() bool {
+		if r, err := g.readShared(ctx, id, vkey, from, false); err == nil {
+			early.v, early.ok, early.err = answerRead(ctx, g, id, vkey, r, load, from)
+		}
+		return early.ok
+	}
+	j, err := joinServed(ctx, g, vkey, from, call[T]{g: g, id: id, vkey: vkey, load: load, held: held}, (*call[T]).fly, reread)
+	switch {
+	case early.ok:
+		return early.v, early.err
+	case downOrRefusing(err): // the lock or the re-check failed: Redis cannot fill
 		return loadThrough(ctx, g, id, vkey, load, from, err)
 	}
-	g.answered(ctx, fl.outcome, shared && !mine, false)
-	if err != nil {
-		return zero, panicked(g, id, err)
-	}
-	if mine && c.decoded {
-		return c.v, nil // the flight has put its answer in the local cache (keep)
-	}
-	return decodeFrame[T](g, id, fl.frame)
+	return answerJoined(ctx, g, id, j, err, false)
 }
 
 // call is the state of one fill flight. Only the flight writes it (fly and
@@ -350,16 +285,5 @@ func (c *call[T]) bounded(ctx context.Context) (T, error) {
 		c.g.stats.abandonedLoads.Add(1)
 		var zero T
 		return zero, fmt.Errorf("load did not return within LoadTimeout (%v): %w", c.g.opts.LoadTimeout, ctx.Err())
-	}
-}
-
-// dropCorrupt counts and logs (at warn level) an entry that does not decode,
-// and deletes it if it still holds those bytes.
-func (g *Guard) dropCorrupt(ctx context.Context, vkey string, raw []byte, why error) {
-	g.stats.corrupt.Add(1)
-	g.log.WarnContext(ctx, "cacheguard: dropping a cache entry that does not decode (corrupt, or written by another type or version)",
-		"key", vkey, "version", g.field, "err", why)
-	if err := delIfEqual.Run(ctx, g.rdb, []string{vkey}, g.field, raw).Err(); err != nil {
-		_ = g.fail(ctx, "delete corrupt entry", "", redisfail.Wrap(err))
 	}
 }

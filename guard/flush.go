@@ -5,18 +5,18 @@ import (
 	"sync"
 )
 
-// Flush waits until the fill flights and refresh-ahead reloads under way
+// flush waits until the fill flights and refresh-ahead reloads under way
 // in this process when it was called have ended, or until ctx is done (it
 // then returns ctx's error).
 //
 // A Get that missed returns after its flight wrote the entry, but a Get
 // that served a value past its refresh-at time (Options.RefreshAhead)
 // returns before the reload it started, and a caller that left on its own
-// ctx leaves its flight running. After Flush those have written what they
+// ctx leaves its flight running. After flush those have written what they
 // loaded, or given up (another process held the key, a write overtook the
-// load, or Redis failed: logged). It is for tests, tools and demos that
-// look at Redis right after a Get; Close waits for all of these too.
-func (g *Guard) Flush(ctx context.Context) error {
+// load, or Redis failed: logged). Close waits for these too; tests call
+// flush through export_test.go.
+func (g *Guard) flush(ctx context.Context) error {
 	for _, done := range g.pending.snapshot() {
 		select {
 		case <-done:
@@ -28,7 +28,7 @@ func (g *Guard) Flush(ctx context.Context) error {
 }
 
 // pending is the set of fill flights and refresh-ahead reloads under way
-// (for Flush). They add and remove themselves; only misses and refreshes
+// (for flush). They add and remove themselves; only misses and refreshes
 // pay for it.
 type pending struct {
 	mu      sync.Mutex // guards flights

@@ -140,7 +140,7 @@ func flush(t *testing.T, g *guard.Guard) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := g.Flush(ctx); err != nil {
+	if err := guard.Flush(ctx, g); err != nil {
 		t.Fatalf("flights did not end: %v", err)
 	}
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime/debug"
-	"sync"
 
 	"github.com/redis/go-redis/v9"
 
@@ -128,13 +126,14 @@ func (g *Guard) readMany(ctx context.Context, ids, keys []string) ([]readResult,
 }
 
 func (g *Guard) readManyOnce(ctx context.Context, ids, keys []string) ([]readResult, error) {
-	f := g.bloom.Load()
-	probeNow := f != nil && g.credit.Load() > 0
+	f := g.bf.f.Load()
+	local := g.local != nil
+	probeNow := f != nil && g.rd.probing(local)
 	pipe := g.rdb.Pipeline()
 	probes := make([]bloom.Probe, len(ids))
 	gets := make([]*redis.StringCmd, len(ids))
 	var pttls []*redis.DurationCmd // with Local: a copy must not outlive its entry
-	if g.local != nil {
+	if local {
 		pttls = make([]*redis.DurationCmd, len(ids))
 	}
 	for i, id := range ids {
@@ -163,16 +162,9 @@ func (g *Guard) readManyOnce(ctx context.Context, ids, keys []string) ([]readRes
 			return nil, g.fail(ctx, "read", "", redisfail.Wrap(err))
 		}
 	}
-	if hits := int64(len(ids) - len(missed)); hits > 0 && g.credit.Load() > 0 {
-		if c := g.credit.Add(-hits); c < 0 {
-			g.credit.CompareAndSwap(c, 0) // paid back below zero: floor it
-		}
-	}
+	g.rd.settle(local, probeNow, int64(len(ids)-len(missed)), int64(len(missed)))
 	if len(missed) == 0 {
 		return out, nil
-	}
-	if g.credit.Add(int64(missCredit*len(missed))) > maxCredit {
-		g.credit.Store(maxCredit)
 	}
 	if f != nil && !probeNow { // the probes of the IDs with no entry, now
 		pipe := g.rdb.Pipeline()
@@ -278,13 +270,10 @@ func loadManyThrough[T any](ctx context.Context, g *Guard, ids []string, load Ba
 	if g.outage.failFast {
 		return cause
 	}
-	select {
-	case g.outage.slots <- struct{}{}:
-		defer func() { <-g.outage.slots }()
-	default:
-		g.stats.shed.Add(1)
-		return fmt.Errorf("cacheguard: %s: %w: load-through cap (%d loads at once) reached", g.name, ErrUnavailable, cap(g.outage.slots))
+	if err := g.outage.admit(g, ""); err != nil {
+		return err
 	}
+	defer g.outage.slots.Release(1)
 	g.stats.loadThroughs.Add(1)
 	g.stats.loads.Add(1)
 	lctx, cancel := context.WithTimeout(ctx, g.opts.LoadTimeout)
@@ -309,127 +298,4 @@ func loadManyThrough[T any](ctx context.Context, g *Guard, ids []string, load Ba
 		}
 	}
 	return nil
-}
-
-// batchLoad gathers the loads of one GetMany into one call of its load
-// function. Each miss is undecided until it takes its lock and asks to load,
-// starts waiting for another holder, or ends; once no miss is undecided, the
-// batch loads the IDs that asked, in one call. A miss that asks after that
-// (it waited, then took over from a holder that died) loads on its own.
-type batchLoad[T any] struct {
-	g    *Guard
-	load BatchLoadFunc[T]
-
-	mu        sync.Mutex    // guards the fields below, and every member's decided
-	undecided int           // misses that have neither asked nor waited nor ended
-	asked     []string      // IDs waiting for the batch
-	fired     bool          // the batch load has started
-	done      chan struct{} // closed when the batch load returned; values and err are set before
-	values    map[string]T
-	err       error
-}
-
-// member is one miss of a batch.
-type member[T any] struct {
-	b       *batchLoad[T]
-	decided bool // guarded by b.mu
-}
-
-func newBatch[T any](g *Guard, load BatchLoadFunc[T], n int) *batchLoad[T] {
-	return &batchLoad[T]{g: g, load: load, undecided: n, done: make(chan struct{})}
-}
-
-// decide records that the miss is no longer undecided (once), and fires
-// the batch if it was the last. Callers hold b.mu.
-func (m *member[T]) decideLocked() {
-	if !m.decided {
-		m.decided = true
-		m.b.undecided--
-	}
-	m.b.fireLocked()
-}
-
-// Waiting is called by the Coordinator when the miss starts waiting for
-// another holder, and by fillMany when its run ended.
-func (m *member[T]) Waiting() {
-	m.b.mu.Lock()
-	defer m.b.mu.Unlock()
-	m.decideLocked()
-}
-
-// load is the miss's load function: it asks the batch and waits for the
-// batch load, or loads on its own if the batch already fired.
-func (m *member[T]) load(ctx context.Context, id string) (T, error) {
-	var zero T
-	b := m.b
-	b.mu.Lock()
-	if b.fired {
-		b.mu.Unlock()
-		b.g.stats.loads.Add(1)
-		ctx, done := b.g.tel.load(ctx)
-		values, err := b.load(ctx, []string{id})
-		done(err)
-		return pick(values, err, id)
-	}
-	b.asked = append(b.asked, id)
-	m.decideLocked()
-	b.mu.Unlock()
-	select {
-	case <-b.done:
-		return pick(b.values, b.err, id)
-	case <-ctx.Done():
-		return zero, ctx.Err()
-	}
-}
-
-// pick is id's answer from a batch load.
-func pick[T any](values map[string]T, err error, id string) (T, error) {
-	var zero T
-	if err != nil {
-		return zero, err
-	}
-	if v, ok := values[id]; ok {
-		return v, nil
-	}
-	return zero, ErrNotFound
-}
-
-// fireLocked starts the batch load once no miss is undecided and some asked.
-// Callers hold b.mu.
-func (b *batchLoad[T]) fireLocked() {
-	if b.fired || b.undecided > 0 || len(b.asked) == 0 {
-		return
-	}
-	b.fired = true
-	ids := b.asked
-	b.g.stats.loads.Add(1) // the batch is one load; its members' Load counted theirs
-	// Owned by the batch; ends when load returns (its members stop waiting
-	// at their LoadTimeout). A panic in load fails the batch.
-	go func() {
-		growstack.Grow() // the batch load is usually a database driver's deep calls: see package growstack
-		ctx, cancel := context.WithTimeout(context.Background(), b.g.opts.LoadTimeout)
-		defer cancel()
-		defer close(b.done)
-		ctx, record := b.g.tel.load(ctx) // a span of its own: the batch serves several GetMany flights
-		defer func() {
-			if p := recover(); p != nil {
-				b.values, b.err = nil, fmt.Errorf("%w: %v\n%s", ErrLoaderPanic, p, debug.Stack())
-			}
-			record(b.err)
-		}()
-		b.values, b.err = b.load(ctx, ids)
-	}()
-}
-
-// dedupe returns ids without repeats, in their first order.
-func dedupe(ids []string) []string {
-	seen := make(map[string]struct{}, len(ids))
-	out := ids[:0:0]
-	for _, id := range ids {
-		if _, ok := seen[id]; !ok {
-			seen[id] = struct{}{}
-			out = append(out, id)
-		}
-	}
-	return out
 }

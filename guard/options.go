@@ -1,14 +1,14 @@
 package guard
 
 import (
-	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/trace"
-
 	"context"
 	"fmt"
 	"iter"
 	"log/slog"
 	"time"
+
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/cacheguard/cacheguard/codec"
 	"github.com/cacheguard/cacheguard/internal/coord"

@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/sony/gobreaker/v2"
+	"golang.org/x/sync/semaphore"
 )
 
 // OutageOptions says what Get does when Redis cannot answer: it is down,
@@ -41,12 +42,16 @@ const (
 // outage is a Guard's outage policy, resolved.
 type outage struct {
 	failFast bool
-	slots    chan struct{} // one token per load-through in flight: the cap
+	maxLoads int
+	slots    *semaphore.Weighted // one unit per load-through in flight: MaxLoads
 	breaker  *gobreaker.TwoStepCircuitBreaker[struct{}]
 	// troubled is set by a failed read and cleared once the breaker is
 	// closed again after a success: while it is clear, reads do not
 	// consult the breaker at all (it takes a mutex per call).
 	troubled atomic.Bool
+	// lastSlotReload is when a cluster slot-map reload was last asked for
+	// (unix nanos; see reloadSlots).
+	lastSlotReload atomic.Int64
 }
 
 func newOutage(o OutageOptions, g *Guard) (*outage, error) {
@@ -59,7 +64,8 @@ func newOutage(o OutageOptions, g *Guard) (*outage, error) {
 	after := uint32(breakAfter)
 	return &outage{
 		failFast: o.FailFast,
-		slots:    make(chan struct{}, o.MaxLoads),
+		slots:    semaphore.NewWeighted(int64(o.MaxLoads)),
+		maxLoads: o.MaxLoads,
 		breaker: gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
 			Name:        g.name,
 			MaxRequests: 1,
@@ -112,6 +118,16 @@ func (o *outage) after(done func(error), err error) {
 	}
 }
 
+// admit takes one of the MaxLoads load-through slots (release it with
+// slots.Release(1)), or counts the Get shed and says the cap is reached.
+func (o *outage) admit(g *Guard, what string) error {
+	if o.slots.TryAcquire(1) {
+		return nil
+	}
+	g.stats.shed.Add(1)
+	return fmt.Errorf("cacheguard: %s%s: %w: load-through cap (%d loads at once) reached", g.name, what, ErrUnavailable, o.maxLoads)
+}
+
 // downOrRefusing reports whether err is Redis failing (ErrUnavailable) in a
 // way that loading through can answer.
 func downOrRefusing(err error) bool { return errors.Is(err, ErrUnavailable) }
@@ -132,23 +148,8 @@ func loadThrough[T any](ctx context.Context, g *Guard, id, vkey string, load Loa
 	if g.outage.failFast || ctx.Err() != nil { // a caller whose ctx ended (its read timed out) gets nothing from a load
 		return zero, cause
 	}
-	var (
-		c                   *call[T]
-		fl                  flight
-		shared, mine, older bool
-		err                 error
-	)
-	for attempt := 0; attempt == 0 || older && attempt <= 3; attempt++ { // an older flight's answer may predate a write (join)
-		c, fl, shared, mine, older, err = join(ctx, g, "\x00through:"+vkey, from, call[T]{g: g, id: id, vkey: vkey, load: load}, (*call[T]).loadThrough)
-	}
-	g.answered(ctx, fl.outcome, shared && !mine, true)
-	if err != nil {
-		return zero, panicked(g, id, err)
-	}
-	if mine && c.decoded {
-		return c.v, nil
-	}
-	return decodeFrame[T](g, id, fl.frame)
+	j, err := joinServed(ctx, g, "\x00through:"+vkey, from, call[T]{g: g, id: id, vkey: vkey, load: load}, (*call[T]).loadThrough, nil)
+	return answerJoined(ctx, g, id, j, err, true)
 }
 
 // loadThrough is the flight of a load-through: one load, no Redis.
@@ -160,14 +161,10 @@ func (c *call[T]) loadThrough(ctx context.Context) (flight, error) {
 	}
 	defer g.gate.leave(pass)
 	started := g.starts.Add(1)
-	select {
-	case g.outage.slots <- struct{}{}:
-		defer func() { <-g.outage.slots }()
-	default:
-		g.stats.shed.Add(1)
-		return flight{outcome: outFailed, started: started, by: c}, fmt.Errorf("cacheguard: %s %q: %w: load-through cap (%d loads at once) reached",
-			g.name, c.id, ErrUnavailable, cap(g.outage.slots))
+	if err := g.outage.admit(g, fmt.Sprintf(" %q", c.id)); err != nil {
+		return flight{outcome: outFailed, started: started, by: c}, err
 	}
+	defer g.outage.slots.Release(1)
 	g.stats.loadThroughs.Add(1)
 	_, _, err = c.Load(ctx)
 	fl := c.found

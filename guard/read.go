@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -16,6 +17,17 @@ import (
 	"github.com/cacheguard/cacheguard/internal/redisfail"
 	"github.com/cacheguard/cacheguard/internal/redislock"
 )
+
+// reader is the read path's state (Guard.rd).
+type reader struct {
+	batch    *batch.Batcher[readReq]   // every Get's read goes through it: concurrent reads share round trips (see runReads)
+	calls    sync.Pool                 // of *batch.Call[readReq], reused by read
+	shared   readGroup                 // with Local: one Redis read per value key at a time (see readShared)
+	credit   atomic.Int64              // > 0: recent reads missed: send the bloom probe with the HGET (see read)
+	locks    *redislock.Client         // the locks reads take (see lockWithRead)
+	lockBias atomic.Int64              // > 0: reads that found nothing mostly loaded, and their locks were used (see Lock bias)
+	seen     atomic.Pointer[seenTable] // the IDs read lately, once a miss opened the gate (see lockWithRead)
+}
 
 // verdict is what the read round trip found.
 type verdict uint8
@@ -33,20 +45,6 @@ type readResult struct {
 	held    *redislock.Lock // a miss's lock, taken with the read (see lockWithRead); the Get's flight uses it or gives it back
 }
 
-// Probe order. While reads mostly hit, the HGET goes alone: a hit is one
-// command, like a plain GET. A read that finds nothing must then ask the
-// filter in a second round trip, so every such read adds missCredit to
-// credit, and while credit is above zero reads send the bloom probe and the
-// HGET together (pipelined): a flood of unknown IDs costs one round trip
-// each after the first. Every hit takes one back. At a steady hit ratio h
-// the pipelined share settles where h·1 = (1−h)·missCredit; with
-// missCredit 16 reads go alone once more than about 94% of them hit. A new
-// Guard starts with missCredit (New): its first reads are likely misses.
-const (
-	missCredit = 16
-	maxCredit  = 1024
-)
-
 // read is the one round trip of every Get (step 3): the HGET of this
 // version's field of the value key, with the bloom probe pipelined before
 // it when recent reads missed (see missCredit), and with the entry's PTTL
@@ -58,20 +56,20 @@ const (
 // passes while the read waits for a round trip (Redis too slow); a
 // cancelled caller gets context.Canceled alone.
 func (g *Guard) read(ctx context.Context, id, vkey string, lockable bool) (readResult, error) {
-	f := g.bloom.Load()
-	c := g.readCalls.Get().(*batch.Call[readReq])
+	f := g.bf.f.Load()
+	c := g.rd.calls.Get().(*batch.Call[readReq])
 	r := &c.Req
 	withTTL := g.local != nil
 	*r = readReq{id: id, vkey: vkey, withTTL: withTTL}
 	r.deadline, _ = ctx.Deadline()
-	probing := f != nil && (withTTL || g.credit.Load() != 0)
+	probing := f != nil && g.rd.probing(withTTL)
 	if probing {
 		r.f = f
 		if lockable && g.lockWithRead(id) {
 			r.lockKey = keyspace.Lock(vkey)
 		}
 	}
-	if err := g.readBatch.Do(ctx, c); err != nil { // c may still be answered: not reused; a lock it took lapses
+	if err := g.rd.batch.Do(ctx, c); err != nil { // c may still be answered: not reused; a lock it took lapses
 		return readResult{}, g.readFailed(ctx, id, err)
 	}
 	raw, err := r.get.Bytes()
@@ -85,7 +83,7 @@ func (g *Guard) read(ctx context.Context, id, vkey string, lockable bool) (readR
 	}
 	probe := r.probe
 	*r = readReq{}
-	g.readCalls.Put(c)
+	g.rd.calls.Put(c)
 	switch {
 	case err == nil:
 		if held != nil { // another process filled it: a lock for nothing
@@ -93,19 +91,13 @@ func (g *Guard) read(ctx context.Context, id, vkey string, lockable bool) (readR
 			g.lockUseless()
 		}
 		g.sawRead(id)
-		if probing && !withTTL {
-			if c := g.credit.Add(-1); c < 0 {
-				g.credit.Add(1) // raced below zero: put it back
-			}
-		}
+		g.rd.settle(withTTL, probing, 1, 0)
 		return readResult{verdict: verdictEntry, raw: raw, ttl: ttl}, nil
 	case !errors.Is(err, redis.Nil):
 		g.giveBack(held, vkey)
 		return readResult{}, g.readFailed(ctx, id, err)
 	}
-	if !withTTL && g.credit.Add(missCredit) > maxCredit {
-		g.credit.Store(maxCredit)
-	}
+	g.rd.settle(withTTL, probing, 0, 1)
 	var maybe bool
 	switch {
 	case f == nil: // not opened yet (New without Redis): fail open
@@ -144,135 +136,6 @@ func (g *Guard) readFailed(ctx context.Context, id string, err error) error {
 	return g.fail(ctx, "read", id, redisfail.Wrap(err))
 }
 
-// readReq is one read in a batch (read, runReads): what to send, then the
-// commands that carry the answers.
-type readReq struct {
-	id, vkey string
-	f        *bloom.Filter // probe this filter too; nil: the value alone
-	withTTL  bool          // read the entry's PTTL too (Local)
-	deadline time.Time     // the Get's ctx's, if it has one
-	lockKey  string        // take this lock before the HGET (see lockWithRead); "": no
-
-	get   *redis.StringCmd
-	probe bloom.Probe
-	pttl  *redis.DurationCmd
-	lockQ *redislock.Queued
-}
-
-// Read batching. Gets that read while Options.Tuning.ReadsInFlight round
-// trips of reads are already under way wait, and the first of them sends all
-// of theirs in one pipeline when one ends (package batch). Each read is still
-// its own commands, so a hit is one HGET and the rule of join holds: a
-// waiting read is sent after its Get started. The system calls and Redis
-// event-loop turns per read fall with the batch (docs/cost.md has the
-// figures). readBatchMax bounds one pipeline.
-const readBatchMax = 256
-
-// runReads sends calls' reads in one round trip. A read alone that needs
-// only the value is one command, as a plain GET is; anything else is a
-// pipeline. A round trip that carries several Gets' reads runs in a
-// goroutine of its own (package batch) on the leading caller's ctx without
-// its cancellation, until the latest of their deadlines, and at most
-// RedisTimeout; each Get, the leading one too, leaves at its own.
-func (g *Guard) runReads(ctx context.Context, calls []*batch.Call[readReq]) {
-	if len(calls) == 1 && calls[0].Req.f == nil && !calls[0].Req.withTTL && calls[0].Req.lockKey == "" {
-		r := &calls[0].Req
-		// rdb.HGet would box the field into the command's arguments on
-		// every call; fieldArg is boxed once, in New.
-		r.get = redis.NewStringCmd(ctx, "hget", r.vkey, g.fieldArg)
-		_ = g.rdb.Process(ctx, r.get)
-		return
-	}
-	if len(calls) > 1 {
-		end := time.Now().Add(g.opts.Tuning.RedisTimeout)
-		if latest := latestDeadline(calls); !latest.IsZero() && latest.Before(end) {
-			end = latest
-		}
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, end)
-		defer cancel()
-	}
-	pipe := g.rdb.Pipeline()
-	for _, c := range calls {
-		r := &c.Req
-		if r.f != nil {
-			r.probe = r.f.Queue(ctx, pipe, r.id)
-		}
-		if r.lockKey != "" { // before the HGET: Redis runs it with the lock taken, as the re-check
-			r.lockQ, _ = g.locks.QueueTry(ctx, pipe, r.lockKey, readLockLease)
-		}
-		r.get = redis.NewStringCmd(ctx, "hget", r.vkey, g.fieldArg)
-		_ = pipe.Process(ctx, r.get)
-		if r.withTTL {
-			r.pttl = pipe.PTTL(ctx, r.vkey)
-		}
-	}
-	_, _ = pipe.Exec(ctx) // errors are read per command
-}
-
-// latestDeadline is the latest of calls' deadlines, or zero if one of
-// them has none.
-func latestDeadline(calls []*batch.Call[readReq]) time.Time {
-	var latest time.Time
-	for _, c := range calls {
-		d := c.Req.deadline
-		if d.IsZero() {
-			return time.Time{}
-		}
-		if d.After(latest) {
-			latest = d
-		}
-	}
-	return latest
-}
-
-// sharedRead is one read shared by the callers of a value key (readShared).
-type sharedRead struct {
-	r       readResult
-	started uint64 // its number from Guard.starts, before the read (see since)
-	epoch   uint64 // the local cache's epoch then
-}
-
-// readShared is read for a Guard with a local cache: when a hot key's copy
-// expires, its callers in this process share one Redis read instead of
-// sending one each, under the rule of join: a read that started before the
-// caller serves it only if no write was heard in between (the window of a
-// local copy); otherwise the caller reads again. Without a local cache
-// only a read that started after the caller serves it: fill uses it so
-// for the callers that waited for a flight older than them. The first caller reads in
-// its own goroutine, on its own ctx, as a Get without Local does; each of
-// the others leaves when its own ctx is done, and reads again if the first
-// one gave up (see readGroup). With lockable, the read may take the key's
-// lock (see lockWithRead); the result carries it to the caller whose read
-// it was, and to no other.
-func (g *Guard) readShared(ctx context.Context, id, vkey string, from since, lockable bool) (readResult, error) {
-	for range 3 { // a second read already starts after this caller: see below
-		sr, shared, err := g.reads.do(ctx, vkey, func(ctx context.Context) (sharedRead, error) {
-			sr := sharedRead{started: g.starts.Add(1)}
-			if g.local != nil {
-				sr.epoch = g.local.epoch.Load()
-			}
-			var err error
-			sr.r, err = g.read(ctx, id, vkey, lockable)
-			return sr, err
-		})
-		if err != nil {
-			return readResult{}, err
-		}
-		if shared {
-			// A lock the read took (see lockWithRead) is its caller's,
-			// for that caller's flight; the others join the flight.
-			sr.r.held = nil
-		}
-		if !from.startedBefore(sr.started) || g.noWriteHeard(sr.epoch, from.epoch) {
-			return sr.r, nil
-		}
-		// A read older than this caller, and a write heard since: the next
-		// one starts after this one ended, so after this caller.
-	}
-	return g.read(ctx, id, vkey, false) // only if reads were forgotten under it again and again: its own
-}
-
 // verdict turns the filter's answer for an ID with no cache entry into the
 // read's result.
 func (g *Guard) verdict(ctx context.Context, id string, maybe bool, err error) (readResult, error) {
@@ -291,13 +154,13 @@ func (g *Guard) verdict(ctx context.Context, id string, maybe bool, err error) (
 func (g *Guard) filterSays(ctx context.Context, id string, maybe bool, err error) (bool, error) {
 	switch {
 	case err == nil:
-		if g.bypassing.Load() && g.bypassing.CompareAndSwap(true, false) {
+		if g.bf.bypassing.Load() && g.bf.bypassing.CompareAndSwap(true, false) {
 			g.log.InfoContext(ctx, "cacheguard: bloom filter answering again")
 		}
 		return maybe, nil
 	case errors.Is(err, bloom.ErrNotReady):
 		g.stats.bypasses.Add(1)
-		if g.bypassing.CompareAndSwap(false, true) {
+		if g.bf.bypassing.CompareAndSwap(false, true) {
 			g.log.WarnContext(ctx, "cacheguard: bloom filter not ready (never rebuilt, or lost by Redis); failing open until Rebuild")
 		}
 		g.autoRebuild()

@@ -26,23 +26,9 @@ import (
 // new Options.Version during a rolling deploy).
 type RefreshOptions struct {
 	// At is the share of a value's TTL after which a Get refreshes it, in
-	// (0, 1): a hot key is loaded about 1/At times per TTL, and the refresh
-	// has (1−At)·TTL to land before the value expires. Default 0.85: a
-	// value with TTL 10 minutes is refreshed by the first Get after 8.5
-	// minutes (1.18 loads per TTL).
+	// (0, 1): about 1/At loads per TTL, and (1−At)·TTL for the refresh to
+	// land. Default 0.85.
 	At float64
-}
-
-// valueFrame encodes v for the cache and picks its TTL (with jitter): a
-// refresh frame when RefreshAhead is on.
-func (g *Guard) valueFrame(v any) ([]byte, time.Duration, error) {
-	ttl := g.jitter(g.opts.TTL)
-	if r := g.opts.RefreshAhead; r != nil {
-		frame, err := codec.EncodeRefresh(g.opts.Codec, v, time.Now().Add(time.Duration(float64(ttl)*r.At)))
-		return frame, ttl, err
-	}
-	frame, err := codec.Encode(g.opts.Codec, v)
-	return frame, ttl, err
 }
 
 // stale reports whether a cached frame is past its refresh-at time.
@@ -54,7 +40,7 @@ func stale(raw []byte) bool {
 // refresh starts the background refresh of a hit that is past its
 // refresh-at time, unless one runs for the key in this process. The
 // goroutine belongs to the Guard (tracked by background, cancelled by
-// Close; Flush waits for it too); it is started from inside the gate, so
+// Close; flush waits for it too); it is started from inside the gate, so
 // Close cannot miss it.
 func refresh[T any](g *Guard, id, vkey string, raw []byte, load LoadFunc[T]) {
 	if !stale(raw) {
@@ -63,11 +49,11 @@ func refresh[T any](g *Guard, id, vkey string, raw []byte, load LoadFunc[T]) {
 	if _, running := g.refreshing.LoadOrStore(vkey, struct{}{}); running {
 		return
 	}
-	g.background.Add(1)
-	end := g.pending.add() // Flush waits for it
+	g.bg.wg.Add(1)
+	end := g.pending.add() // flush waits for it
 	go func() {
 		growstack.Grow() // a Coordinator run makes deep calls: see package growstack
-		defer g.background.Done()
+		defer g.bg.wg.Done()
 		defer end()
 		defer g.refreshing.Delete(vkey)
 		defer func() { // a panic in the load (raised again here by bounded): the value expires at its TTL
@@ -75,7 +61,7 @@ func refresh[T any](g *Guard, id, vkey string, raw []byte, load LoadFunc[T]) {
 				g.log.Error("cacheguard: refresh ahead: load panicked", "id", id, "panic", p)
 			}
 		}()
-		ctx, cancel := context.WithTimeout(g.life, g.flights.Timeout)
+		ctx, cancel := context.WithTimeout(g.bg.ctx, g.flights.Timeout)
 		defer cancel()
 		c := &call[T]{g: g, id: id, vkey: vkey, load: load, refresh: true}
 		g.stats.refreshes.Add(1)

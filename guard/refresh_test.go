@@ -196,7 +196,7 @@ func TestFlushWaitsForRefresh(t *testing.T) {
 		t.Fatalf("the value before its refresh: %+v, %v", p, err)
 	}
 	flushed := make(chan error, 1)
-	go func() { flushed <- g.Flush(ctx) }()
+	go func() { flushed <- guard.Flush(ctx, g) }()
 	select {
 	case err := <-flushed:
 		t.Fatalf("Flush returned (%v) while the reload's load was still held", err)

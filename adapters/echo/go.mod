@@ -5,7 +5,6 @@ go 1.26.0
 require (
 	github.com/cacheguard/cacheguard v0.0.0
 	github.com/labstack/echo/v4 v4.16.0
-	github.com/redis/go-redis/v9 v9.23.0
 )
 
 require (
@@ -15,6 +14,7 @@ require (
 	github.com/mattn/go-colorable v0.1.15 // indirect
 	github.com/mattn/go-isatty v0.0.22 // indirect
 	github.com/maypok86/otter/v2 v2.4.0 // indirect
+	github.com/redis/go-redis/v9 v9.23.0 // indirect
 	github.com/sony/gobreaker/v2 v2.4.0 // indirect
 	github.com/valyala/bytebufferpool v1.0.0 // indirect
 	github.com/valyala/fasttemplate v1.2.2 // indirect

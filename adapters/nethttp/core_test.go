@@ -130,9 +130,6 @@ func TestIDRuleFollowsTheGuard(t *testing.T) {
 	if rec := get(t, mux, "/users/"+strings.Repeat("b", 200)); rec.Code != 404 {
 		t.Errorf("unknown 200-byte ID under MaxKeyLen 256: %d, want 404", rec.Code)
 	}
-	if err := g.Flush(ctx); err != nil { // nothing of the reads above may land in the count below
-		t.Fatal(err)
-	}
 	c.Counter.Reset()
 	for _, bad := range []string{strings.Repeat("a", 257), "a%20b", "a{b}"} {
 		if rec := get(t, mux, "/users/"+bad); rec.Code != 400 {

@@ -115,9 +115,6 @@ func unknownKnownMalformed(t *testing.T, f Framework) {
 	if rec := get(a, "/products/1"); rec.Code != 200 || rec.Body.String() != "lamp" {
 		t.Fatalf("known: %d %q", rec.Code, rec.Body)
 	}
-	if err := a.g.Flush(context.Background()); err != nil { // the miss's write follows its answer
-		t.Fatal(err)
-	}
 	c.Counter.Reset()
 	if rec := get(a, "/products/1"); rec.Code != 200 || c.Counter.RoundTrips() != 1 {
 		t.Fatalf("hit through the middleware: %d, %d round trips", rec.Code, c.Counter.RoundTrips())

@@ -78,10 +78,10 @@ func (s *seenTable) seen(id string) bool {
 // the first miss opens the gate: a Guard whose reads always hit never has
 // one.
 func (g *Guard) lockWithRead(id string) bool {
-	if g.lockBias.Load() <= 0 {
+	if g.rd.lockBias.Load() <= 0 {
 		return false
 	}
-	s := g.seen.Load()
+	s := g.rd.seen.Load()
 	return s != nil && !s.seen(id)
 }
 
@@ -89,7 +89,7 @@ func (g *Guard) lockWithRead(id string) bool {
 // miss whose flight is about to fill it (the ID's other callers here then
 // join that flight instead of taking its lock).
 func (g *Guard) sawRead(id string) {
-	if s := g.seen.Load(); s != nil {
+	if s := g.rd.seen.Load(); s != nil {
 		s.saw(id)
 	}
 }
@@ -109,36 +109,71 @@ const (
 // lockUseful records a miss (see Lock bias); the first one makes the table
 // of IDs read lately.
 func (g *Guard) lockUseful() {
-	if g.seen.Load() == nil {
-		g.seen.CompareAndSwap(nil, &seenTable{seed: maphash.MakeSeed()})
+	if g.rd.seen.Load() == nil {
+		g.rd.seen.CompareAndSwap(nil, &seenTable{seed: maphash.MakeSeed()})
 	}
-	if g.lockBias.Add(1) > lockBiasMax {
-		g.lockBias.Store(lockBiasMax)
+	if g.rd.lockBias.Add(1) > lockBiasMax {
+		g.rd.lockBias.Store(lockBiasMax)
 	}
 }
 
 // lockUseless records a reject, or a lock a read took for an entry that
 // was there (see Lock bias).
 func (g *Guard) lockUseless() {
-	if g.lockBias.Add(-lockPenalty) < 0 {
-		g.lockBias.Store(0)
+	if g.rd.lockBias.Add(-lockPenalty) < 0 {
+		g.rd.lockBias.Store(0)
 	}
 }
 
 // giveBack releases a lock that a read took and its Get did not use, in a
 // goroutine of the Guard's: the Get does not wait for it. Close waits for
-// it (and cancels it: the lock then lapses); Flush too.
+// it (and cancels it: the lock then lapses); flush too.
 func (g *Guard) giveBack(l *redislock.Lock, vkey string) {
 	if l == nil {
 		return
 	}
-	g.background.Add(1)
+	g.bg.wg.Add(1)
 	end := g.pending.add()
 	go func() {
-		defer g.background.Done()
+		defer g.bg.wg.Done()
 		defer end()
-		if err := g.coord.Release(g.life, l, vkey); err != nil && g.life.Err() == nil {
+		if err := g.coord.Release(g.bg.ctx, l, vkey); err != nil && g.bg.ctx.Err() == nil {
 			_ = g.fail(context.Background(), "release", "", err) // counted and logged; the lock lapses
 		}
 	}()
+}
+
+// Probe order. While reads mostly hit, the HGET goes alone: a hit is one
+// command, like a plain GET. A read that finds nothing must then ask the
+// filter in a second round trip, so every such read adds missCredit to
+// credit, and while credit is above zero reads send the bloom probe and the
+// HGET together (pipelined): a flood of unknown IDs costs one round trip
+// each after the first. Every hit takes one back. At a steady hit ratio h
+// the pipelined share settles where h·1 = (1−h)·missCredit; with
+// missCredit 16 reads go alone once more than about 94% of them hit. A new
+// Guard starts with missCredit (New): its first reads are likely misses.
+// With Local every read probes (what reaches Redis mostly misses) and the
+// credit is left alone. Get's read and GetMany's follow this one rule.
+const (
+	missCredit = 16
+	maxCredit  = 1024
+)
+
+// probing reports whether a read sends the bloom probe with its HGET.
+func (r *reader) probing(local bool) bool { return local || r.credit.Load() > 0 }
+
+// settle records what reads that probed (probed) found: hits pay the credit
+// back, never below zero; misses add missCredit each, up to maxCredit.
+func (r *reader) settle(local, probed bool, hits, misses int64) {
+	if local {
+		return
+	}
+	if hits > 0 && probed {
+		if c := r.credit.Add(-hits); c < 0 {
+			r.credit.CompareAndSwap(c, 0) // paid back below zero: floor it
+		}
+	}
+	if misses > 0 && r.credit.Add(missCredit*misses) > maxCredit {
+		r.credit.Store(maxCredit)
+	}
 }

@@ -1,0 +1,203 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// stopAfterHit: -hit-only; hotKeyOnly: -hot-only, with hotOnlyPause
+// (-hot-pause); hotKeyShape: -hot-ttl and -hot-load.
+var (
+	stopAfterHit, hotKeyOnly bool
+	hotOnlyPause             time.Duration
+	hotKeyShape              = hotShape{ttl: hotTTLDefault, load: hotLoadDefault}
+)
+
+func field(info, name string) string {
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+			return v
+		}
+	}
+	return "?"
+}
+
+func machine() string {
+	cpu := "?"
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		cpu = field(string(b), "model name\t")
+		if cpu == "?" {
+			for _, line := range strings.Split(string(b), "\n") {
+				if strings.HasPrefix(line, "model name") {
+					cpu = strings.TrimSpace(strings.SplitN(line, ":", 2)[1])
+					break
+				}
+			}
+		}
+	}
+	return fmt.Sprintf("%d cores, %s, %s/%s, %s", runtime.NumCPU(), cpu, runtime.GOOS, runtime.GOARCH, runtime.Version())
+}
+
+// cpuPair prints a Get's CPU time, client + Redis, in microseconds.
+func cpuPair(client, server time.Duration) string {
+	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+	return fmt.Sprintf("%.2f + %.2f µs", us(client), us(server))
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d)/float64(time.Millisecond)) }
+
+// markdownHit is table 1, the hit path.
+func markdownHit(r *Report) string {
+	var b strings.Builder
+	fmt.Fprintf(
+		&b,
+		"**1. Hit path** (10,000 warm keys, 64 goroutines; median of %d runs, order rotated; \"vs raw\" is the median of same-run ratios, each run's in brackets)\n",
+		len(r.Hit[0].VsRawRuns),
+	)
+	fmt.Fprintln(&b)
+	fmt.Fprintln(&b, "| contender | ops/s | vs raw | p50 | p99 | round trips/Get | server commands/Get | allocs/op | CPU/Get: client + Redis |")
+	fmt.Fprintln(&b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+	for _, h := range r.Hit {
+		trips := fmt.Sprintf("%.2f", h.TripsPerGet)
+		if h.TripsPerGet == 0 && strings.HasPrefix(h.Contender, "go-zero") {
+			trips = "n/a¹"
+		}
+		each := make([]string, len(h.VsRawRuns))
+		for i, v := range h.VsRawRuns {
+			each[i] = fmt.Sprintf("%.2f", v)
+		}
+		fmt.Fprintf(&b, "| %s | %.0f | %.2f× (%s) | %s | %s | %s | %.2f | %.0f | %s |\n", h.Contender, h.OpsPerSec, h.VsRaw, strings.Join(each, ", "),
+			ms(h.P50), ms(h.P99), trips, h.ServerCmdsPerOp, h.AllocsPerOp, cpuPair(h.ClientCPU, h.ServerCPU))
+	}
+	fmt.Fprintln(
+		&b,
+		"\n¹ go-zero keeps one client per address, so the second go-zero contender's hook is never "+
+			"installed. Server commands count the commands Lua scripts run, too.",
+	)
+	return b.String()
+}
+
+// markdownHot is table 4 (pause 100 µs) or 4b (pause 0: the clients
+// yield instead), the hot key.
+func markdownHot(number string, rs []HotKeyResult, pause time.Duration) string {
+	var b strings.Builder
+	pacing := fmt.Sprintf("each asking again %v after its answer", pause)
+	if us := pause / time.Microsecond; pause < time.Millisecond && us*time.Microsecond == pause {
+		pacing = fmt.Sprintf("each asking again %d µs after its answer", us)
+	}
+	if pause <= 0 {
+		pacing = "each yielding the processor between Gets instead of pausing"
+	}
+	shape := hotShape{ttl: hotTTLDefault, load: hotLoadDefault}
+	if len(rs) > 0 && rs[0].TTL > 0 {
+		shape = hotShape{ttl: rs[0].TTL, load: rs[0].LoadTime}
+	}
+	ttl, load := shortDuration(shape.ttl), shortDuration(shape.load)
+	fmt.Fprintf(
+		&b,
+		"\n**%s. Hot key expiring under load** (32 clients, %s; one warm key, TTL %s, loader %s; "+
+			"\"Gets ≥ %s\" counts the callers that took as long as a load: waiting for one, or a Redis "+
+			"round trip that slow)\n",
+		number,
+		pacing,
+		ttl,
+		load,
+		load,
+	)
+	fmt.Fprintln(&b)
+	fmt.Fprintf(
+		&b,
+		"Each contender ran once per round, the order rotated between rounds. Gets and max are the "+
+			"medians of its rounds (each round in brackets); the other columns are from its median-Gets "+
+			"round. Max and \"Gets ≥ %s\" count every Get; p99 comes from a uniform sample of up to "+
+			"32,768 Gets per client.\n",
+		load,
+	)
+	fmt.Fprintln(&b)
+	fmt.Fprintf(&b, "| contender | Gets (rounds) | loader calls | loads/s | expiries | p99 | max (rounds) | Gets ≥ %s |\n", load)
+	fmt.Fprintln(&b, "|---|---:|---:|---:|---:|---:|---:|---:|")
+	for _, h := range rs {
+		fmt.Fprintf(&b, "| %s | %d (%s) | %d | %.1f | %.0f | %s | %s (%s) | %d |\n", h.Contender, h.Gets, joinInts(h.GetsRuns), h.LoaderCalls,
+			h.LoadsPerSecond, h.Expiries, ms(h.P99), ms(h.Max), joinDurations(h.MaxRuns), h.Slow)
+	}
+	return b.String()
+}
+
+// shortDuration writes d the way the tables do: "1 s", "200 ms", "10 ms".
+func shortDuration(d time.Duration) string {
+	switch {
+	case d >= time.Second && d%time.Second == 0:
+		return fmt.Sprintf("%d s", d/time.Second)
+	case d >= time.Millisecond && d%time.Millisecond == 0:
+		return fmt.Sprintf("%d ms", d/time.Millisecond)
+	}
+	return d.String()
+}
+
+func markdown(r *Report) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Run %s on %s, redis-server %s, all contenders on the same server, one after another.\n\n", r.Date, r.Machine, r.Redis)
+
+	b.WriteString(markdownHit(r))
+	fmt.Fprintln(&b, "\n**2. Penetration** (20,000 distinct nonexistent IDs, 10,000 existing)")
+	fmt.Fprintln(&b)
+	fmt.Fprintln(&b, "| contender | loader calls | ops/s |")
+	fmt.Fprintln(&b, "|---|---:|---:|")
+	for _, p := range r.Penetration {
+		fmt.Fprintf(&b, "| %s | %d | %.0f |\n", p.Contender, p.LoaderCalls, p.OpsPerSec)
+	}
+	fmt.Fprintln(&b, "\n**3. Cross-process stampede** (4 processes × 100 goroutines on one cold key, loader 50 ms, 10 keys; ideal: 10 loader calls)")
+	fmt.Fprintln(&b)
+	fmt.Fprintln(&b, "| contender | loader calls | p99 | max |")
+	fmt.Fprintln(&b, "|---|---:|---:|---:|")
+	for _, s := range r.Stampede {
+		fmt.Fprintf(&b, "| %s | %d | %s | %s |\n", s.Contender, s.LoaderCalls, ms(s.P99), ms(s.MaxLatency))
+	}
+	b.WriteString(markdownHot("4", r.HotKey, hotPauseDefault))
+	b.WriteString(markdownHot("4b", r.HotKeyYield, 0))
+	fmt.Fprintln(&b, "\n**5. Avalanche** (5,000 keys loaded at once, TTL 10 min)")
+	fmt.Fprintln(&b)
+	fmt.Fprintln(&b, "| contender | min TTL | max TTL | std dev | spread (max−min)/TTL |")
+	fmt.Fprintln(&b, "|---|---:|---:|---:|---:|")
+	for _, a := range r.Avalanche {
+		fmt.Fprintf(
+			&b,
+			"| %s | %s | %s | %s | %.1f%% |\n",
+			a.Contender,
+			a.Min.Round(time.Second),
+			a.Max.Round(time.Second),
+			a.StdDev.Round(time.Second),
+			100*a.Spread,
+		)
+	}
+	fmt.Fprintln(&b, "\n**6. Bloom filter memory** (1,000,000 IDs, 1% target; bound n·log2(1/p)/8 bytes; FP measured over 100,000 absent IDs)")
+	fmt.Fprintln(&b)
+	fmt.Fprintln(&b, "| filter | bits/item | bytes in Redis | vs bound | measured FP |")
+	fmt.Fprintln(&b, "|---|---:|---:|---:|---:|")
+	for _, m := range r.Memory {
+		fmt.Fprintf(&b, "| %s | %.2f | %d | %.2f× | %.3f%% |\n", m.Filter, m.BitsPerItem, m.Bytes, m.VsBound, 100*m.MeasuredFP)
+	}
+	return b.String()
+}
+
+// joinInts formats the rounds' counts for a table cell: "1, 2, 3".
+func joinInts(v []int64) string {
+	s := make([]string, len(v))
+	for i, n := range v {
+		s[i] = strconv.FormatInt(n, 10)
+	}
+	return strings.Join(s, ", ")
+}
+
+// joinDurations formats rounds' durations in milliseconds: "1.20, 3.40".
+func joinDurations(v []time.Duration) string {
+	s := make([]string, len(v))
+	for i, d := range v {
+		s[i] = fmt.Sprintf("%.2f", float64(d)/float64(time.Millisecond))
+	}
+	return strings.Join(s, ", ")
+}

@@ -1,0 +1,130 @@
+package bloom
+
+import (
+	"context"
+	"fmt"
+	"math"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/internal/redisfail"
+)
+
+// Add puts id into the filter. See AddMany.
+func (f *Filter) Add(ctx context.Context, id string) error { return f.AddMany(ctx, []string{id}) }
+
+// AddMany puts ids into the filter. Call it after the source of truth has
+// committed them. One round trip reads the meta and sets the bits in the
+// generation this client knows (one script per shard touched); if the meta
+// names another generation, or a rebuild in progress, a second round trip
+// sets them there too. AddMany does not make a filter ready (see Rebuild).
+func (f *Filter) AddMany(ctx context.Context, ids []string) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	pipe := f.rdb.Pipeline()
+	p := f.QueueAdd(ctx, pipe, ids)
+	_, _ = pipe.Exec(ctx) // errors are read per command by Result
+	return p.Result(ctx)
+}
+
+// PendingAdd is an AddMany queued in a caller's pipeline.
+type PendingAdd struct {
+	f     *Filter
+	ids   []string
+	l     *layout
+	meta  *redis.MapStringStringCmd
+	added *redis.Cmd // the meta's new count, or -1 if the meta is gone
+	sets  []*redis.Cmd
+}
+
+// QueueAdd queues the first round trip of AddMany(ids) into pipe, so that a
+// caller can send it with its own commands; call Result after the pipeline
+// ran.
+func (f *Filter) QueueAdd(ctx context.Context, pipe redis.Pipeliner, ids []string) *PendingAdd {
+	p := &PendingAdd{f: f, ids: ids, l: f.cur.Load()}
+	if len(ids) == 0 {
+		return p
+	}
+	p.meta = pipe.HGetAll(ctx, f.names.Meta())
+	p.added = countAdded.Eval(ctx, pipe, []string{f.names.Meta()}, len(ids))
+	p.sets = queueSetBits(ctx, pipe, p.l, ids)
+	return p
+}
+
+// Result finishes the add: it checks the queued commands and, if the meta
+// names another generation or a rebuild in progress, sets the bits there too
+// (one more round trip). Redis failures wrap ErrUnavailable.
+func (p *PendingAdd) Result(ctx context.Context) error {
+	if len(p.ids) == 0 {
+		return nil
+	}
+	if err := p.err(); err != nil {
+		return fmt.Errorf("bloom: add: %w", redisfail.Wrap(err))
+	}
+	f, l := p.f, p.l
+	m, err := parseMeta(f.names, p.meta.Val())
+	added, _ := p.added.Int64()
+	if err != nil || added < 0 { // the meta is gone: nothing to keep consistent until a rebuild
+		return nil
+	}
+	f.checkSaturation(m.cur, uint64(added))
+	var more []*layout
+	if m.cur.gen != l.gen {
+		more = append(more, m.cur)
+		f.cur.Store(m.cur)
+	}
+	if m.next != nil && m.next.gen != l.gen {
+		more = append(more, m.next)
+	}
+	if len(more) == 0 {
+		return nil
+	}
+	pipe := f.rdb.Pipeline()
+	for _, nl := range more {
+		queueSetBits(ctx, pipe, nl, p.ids)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("bloom: add: %w", redisfail.Wrap(err))
+	}
+	return nil
+}
+
+// err is the first error of the queued commands, if any.
+func (p *PendingAdd) err() error {
+	if err := p.meta.Err(); err != nil {
+		return err
+	}
+	if err := p.added.Err(); err != nil {
+		return err
+	}
+	for _, c := range p.sets {
+		if err := c.Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (f *Filter) checkSaturation(l *layout, added uint64) {
+	if f.opts.OnSaturated == nil || f.saturated.Load() == l.gen {
+		return
+	}
+	k, m := float64(l.cfg.Hashes), float64(l.cfg.Bits)
+	est := math.Pow(1-math.Exp(-k*float64(added)/m), k)
+	if est > l.cfg.FalsePositiveRate*(1+f.opts.SaturationMargin) && f.saturated.Swap(l.gen) != l.gen {
+		f.opts.OnSaturated(Saturation{Generation: l.gen, Added: added, EstimatedFPRate: est, TargetFPRate: l.cfg.FalsePositiveRate})
+	}
+}
+
+func queueSetBits(ctx context.Context, pipe redis.Pipeliner, l *layout, ids []string) []*redis.Cmd {
+	var cmds []*redis.Cmd
+	for shard, offs := range offsetsByShard(&l.cfg, ids) {
+		args := make([]any, len(offs))
+		for i, o := range offs {
+			args[i] = o
+		}
+		cmds = append(cmds, setBits.Eval(ctx, pipe, []string{l.keys[shard]}, args...))
+	}
+	return cmds
+}

@@ -1,0 +1,74 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"iter"
+	"strings"
+)
+
+// lines yields the non-blank lines of r, trimmed.
+func lines(r io.Reader) iter.Seq2[string, error] {
+	return func(yield func(string, error) bool) {
+		sc := bufio.NewScanner(r)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			id := strings.TrimSpace(sc.Text())
+			if id == "" {
+				continue
+			}
+			if !yield(id, nil) {
+				return
+			}
+		}
+		if err := sc.Err(); err != nil {
+			yield("", fmt.Errorf("reading IDs: %w", err))
+		}
+	}
+}
+
+// countLines counts the non-blank lines of r (for the progress total and
+// the filter's sizing).
+func countLines(r io.Reader) (int64, error) {
+	var n int64
+	br := bufio.NewReaderSize(r, 1<<20)
+	for {
+		line, err := br.ReadSlice('\n')
+		if len(bytes.TrimSpace(line)) > 0 {
+			n++
+		}
+		switch {
+		case err == nil:
+		case errors.Is(err, bufio.ErrBufferFull):
+			// a line longer than the buffer: count it once, skip its rest
+			for errors.Is(err, bufio.ErrBufferFull) {
+				_, err = br.ReadSlice('\n')
+			}
+			if err != nil && !errors.Is(err, io.EOF) {
+				return 0, err
+			}
+			if errors.Is(err, io.EOF) {
+				return n, nil
+			}
+		case errors.Is(err, io.EOF):
+			return n, nil
+		default:
+			return 0, err
+		}
+	}
+}
+
+func bytesText(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}

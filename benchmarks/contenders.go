@@ -118,7 +118,10 @@ func newContender(ctx context.Context, name string, s setup) (Contender, error) 
 		}
 		return &rueidisAside{c: c, prefix: s.prefix, ttl: s.ttl}, nil
 	case "cacheguard", "cacheguard+local", "cacheguard+refresh", "cacheguard+local+refresh":
-		rdb := redis.NewClient(&redis.Options{Addr: s.addr})
+		// The client as the README sets it up: ctx deadlines bound its reads
+		// (with a default client each read under a deadline takes a goroutine
+		// hop so that the deadline holds), dials fail fast.
+		rdb := redis.NewClient(&redis.Options{Addr: s.addr, ContextTimeoutEnabled: true, DialerRetries: 1})
 		rdb.AddHook(s.counter)
 		o := &guard.Options{KeyPrefix: s.prefix, TTL: s.ttl}
 		switch name {

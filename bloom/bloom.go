@@ -38,6 +38,9 @@ var (
 	ErrInvalid = errors.New("bloom: invalid argument")
 	// ErrRebuilding means another process is rebuilding the filter.
 	ErrRebuilding = errors.New("bloom: a rebuild is already running")
+	// ErrTooSmall: a rebuild read more IDs than its sizing holds at twice
+	// the target false-positive rate; the current generation stays.
+	ErrTooSmall = errors.New("bloom: the filter's sizing is too small for the IDs")
 	// ErrUnavailable is wrapped by every error that Redis failing to
 	// answer causes (the value of guard.ErrUnavailable and
 	// lock.ErrUnavailable).
@@ -47,6 +50,10 @@ var (
 const (
 	// DefaultMaxShardBytes is the default size limit of one bitmap key.
 	DefaultMaxShardBytes = 64 << 20
+	// DefaultExpectedItems and DefaultFalsePositiveRate size a filter when
+	// Options leave them zero.
+	DefaultExpectedItems     = 1_000_000
+	DefaultFalsePositiveRate = 0.01
 	// maxShardBits is Redis's limit on a string's size (512 MiB).
 	maxShardBits = 1 << 32
 	// blockBits is the size of a block; bit 0 of each is the readiness bit.
@@ -186,10 +193,10 @@ func resolve(opts *Options) (Options, error) {
 		o = *opts
 	}
 	if o.ExpectedItems == 0 {
-		o.ExpectedItems = 1_000_000
+		o.ExpectedItems = DefaultExpectedItems
 	}
 	if o.FalsePositiveRate == 0 {
-		o.FalsePositiveRate = 0.01
+		o.FalsePositiveRate = DefaultFalsePositiveRate
 	}
 	if o.MaxShardBytes == 0 {
 		o.MaxShardBytes = DefaultMaxShardBytes

@@ -245,6 +245,41 @@ func TestRebuildSourceError(t *testing.T) {
 	}
 }
 
+// TestRebuildRefusesASaturatedFilter: a rebuild that read far more IDs than
+// its sizing holds fails with ErrTooSmall and leaves the current generation
+// answering; sized for them, it goes through.
+func TestRebuildRefusesASaturatedFilter(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	f, err := bloom.Open(ctx, c, c.Prefix+":bf", &bloom.Options{ExpectedItems: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Rebuild(ctx, seq("old-", 1000), nil); err != nil {
+		t.Fatal(err)
+	}
+	before, err := f.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := f.Rebuild(ctx, seq("new-", 20_000), nil); !errors.Is(err, bloom.ErrTooSmall) || n != 20_000 {
+		t.Fatalf("20,000 IDs into a filter for 1,000: %d, %v; want ErrTooSmall", n, err)
+	}
+	after, err := f.Info(ctx)
+	if err != nil || after.Generation != before.Generation || !after.Ready {
+		t.Fatalf("the refused rebuild changed the filter: before %+v, after %+v (%v)", before, after, err)
+	}
+	if ok, err := f.Test(ctx, "old-7"); err != nil || !ok {
+		t.Fatalf("an ID of the current generation after the refused rebuild: %v, %v", ok, err)
+	}
+	if _, err := f.Rebuild(ctx, seq("new-", 20_000), &bloom.RebuildOptions{ExpectedItems: 20_000}); err != nil {
+		t.Fatalf("sized for the IDs: %v", err)
+	}
+	if ok, err := f.Test(ctx, "new-19999"); err != nil || !ok {
+		t.Fatalf("an ID of the resized generation: %v, %v", ok, err)
+	}
+}
+
 // TestRedisDownIsErrUnavailable: every operation that needs Redis reports a
 // dead server with an error wrapping ErrUnavailable, never ErrNotReady (which
 // means "the filter cannot answer", not "Redis cannot").

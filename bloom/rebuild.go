@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"math"
 	"math/bits"
 	"strconv"
 	"time"
@@ -148,6 +149,14 @@ func (f *Filter) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts
 		}
 	}
 
+	// A generation that would answer "maybe" far more often than asked is
+	// no protection: keep the current one and say how to size it.
+	if est := estimatedFPRate(cfg, count); est > 2*cfg.FalsePositiveRate {
+		return count, fmt.Errorf("%w: %d IDs in a filter sized for %d give an estimated false-positive rate of %.3g "+
+			"(target %g); rebuild with ExpectedItems of at least %d", ErrTooSmall, count, cfg.ExpectedItems, est,
+			cfg.FalsePositiveRate, count)
+	}
+
 	// Upload into staging keys and OR them into the new shards, which may
 	// already hold bits that Add wrote during the build.
 	shardBytes := cfg.ShardBits / 8
@@ -220,4 +229,11 @@ func unlink(ctx context.Context, rdb redis.UniversalClient, keys []string) error
 	}
 	_, err := pipe.Exec(ctx)
 	return err
+}
+
+// estimatedFPRate is the false-positive rate of a filter of cfg holding n
+// IDs: (1 − e^(−k·n/m))^k.
+func estimatedFPRate(cfg Config, n int) float64 {
+	k, m := float64(cfg.Hashes), float64(cfg.Bits)
+	return math.Pow(1-math.Exp(-k*float64(n)/m), k)
 }

@@ -214,12 +214,13 @@ func (g *Guard) Invalidate(ctx context.Context, ids ...string) error {
 }
 
 // Rebuild replaces the bloom filter with one built from every existing ID of
-// the source of truth, and lets it answer "absent". Run it when a Guard is
-// first deployed, when Redis has lost the filter (or set RebuildFrom), now and
-// then to clear the bits of deleted IDs, and to resize it. Until the first
-// Rebuild, Get fails open (counted in Stats.BloomBypasses). No existing ID is
-// reported absent at any moment of a rebuild (see package bloom). opts may be
-// nil.
+// the source of truth, and lets it answer "absent". With Options.Filter.IDs
+// the Guard does it by itself whenever the filter is not ready; call it to
+// resize the filter, to clear the bits of deleted IDs, or without an ID
+// source. Until then Get fails open (Stats.BloomBypasses). No existing ID is
+// reported absent during a rebuild. It waits for this Guard's automatic
+// rebuild, if one runs; if it fails and Filter.IDs is set, the Guard goes
+// on trying in the background. opts may be nil.
 func (g *Guard) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts *bloom.RebuildOptions) (int, error) {
 	pass, err := g.gate.enter()
 	if err != nil {
@@ -228,9 +229,15 @@ func (g *Guard) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts 
 	defer g.gate.leave(pass)
 	f, err := g.filter(ctx)
 	if err != nil {
+		g.autoRebuild()
 		return 0, err
 	}
+	g.bf.mu.Lock() // after this Guard's automatic rebuild, if one runs
 	n, err := f.Rebuild(ctx, ids, opts)
+	g.bf.mu.Unlock()
+	if err != nil && !errors.Is(err, bloom.ErrRebuilding) {
+		g.autoRebuild()
+	}
 	return n, g.fail(ctx, "rebuild", "", err)
 }
 
@@ -250,47 +257,80 @@ func (g *Guard) Info(ctx context.Context) (bloom.Info, error) {
 	return in, g.fail(ctx, "info", "", err)
 }
 
-// autoRebuild starts a background Rebuild from RebuildFrom, at most once a
-// minute per process. It is called from inside the gate, so Close (which
-// shuts the gate before it waits for rebuilds) cannot miss one.
+// Rebuild backoff: an automatic rebuild that fails (Redis not back yet, a
+// source that failed) is tried again after rebuildRetryMin, doubling up to
+// rebuildRetryMax, so it lands within seconds of Redis answering again.
+const (
+	rebuildRetryMin = 100 * time.Millisecond
+	rebuildRetryMax = 2 * time.Second
+)
+
+// autoRebuild makes sure a background rebuild from Options.Filter.IDs runs
+// while the filter is not ready: one at a time per Guard, retried with
+// backoff until it lands, the filter is found ready, or the Guard closes.
+// It is called from inside the gate (or by New), so Close, which shuts the
+// gate before it waits for background work, cannot miss one.
 func (g *Guard) autoRebuild() {
-	f := g.bf.f.Load()
-	if g.opts.Filter.IDs == nil || f == nil {
-		return
-	}
-	now, last := time.Now().UnixNano(), g.bf.lastRebuild.Load()
-	if (last != 0 && now-last < int64(time.Minute)) || !g.bf.lastRebuild.CompareAndSwap(last, now) {
+	if g.opts.Filter.IDs == nil || !g.bf.rebuilding.CompareAndSwap(false, true) {
 		return
 	}
 	g.bg.wg.Add(1)
 	go func() {
 		defer g.bg.wg.Done()
-		defer func() { // RebuildFrom is the application's code: a panic in it fails this attempt only
-			if p := recover(); p != nil {
-				g.log.Error("cacheguard: automatic bloom rebuild: RebuildFrom panicked", "panic", p)
+		defer g.bf.rebuilding.Store(false)
+		for wait := rebuildRetryMin; ; wait = min(2*wait, rebuildRetryMax) {
+			if g.rebuildOnce() {
+				return
 			}
-		}()
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		done := make(chan struct{})
-		defer close(done)
-		go func() { // ends with the rebuild, or cancels it on Close
 			select {
 			case <-g.bg.closing:
-				cancel()
-			case <-done:
+				return
+			case <-time.After(wait):
 			}
-		}()
-		n, err := f.Rebuild(ctx, g.opts.Filter.IDs(ctx), nil)
-		switch {
-		case errors.Is(err, bloom.ErrRebuilding):
-			g.log.Info("cacheguard: bloom filter is being rebuilt by another process")
-		case err != nil:
-			g.log.Error("cacheguard: automatic bloom rebuild failed", "err", g.fail(ctx, "rebuild", "", err))
-		default:
-			g.log.Info("cacheguard: bloom filter rebuilt", "ids", n)
 		}
 	}()
+}
+
+// rebuildOnce makes one attempt: it reports whether the filter is ready now
+// (rebuilt here or by another process) or there is nothing to do.
+func (g *Guard) rebuildOnce() (done bool) {
+	ctx, cancel := context.WithCancel(g.bg.ctx) // Close cancels it
+	defer cancel()
+	defer func() { // Filter.IDs is the application's code: a panic fails this attempt only
+		if p := recover(); p != nil {
+			g.log.Error("cacheguard: automatic bloom rebuild: Filter.IDs panicked", "panic", p)
+			done = false
+		}
+	}()
+	f, err := g.filter(ctx)
+	if err != nil {
+		return false // not connected yet: the next attempt opens it
+	}
+	if in, err := f.Info(ctx); err == nil && in.Ready { // reads the meta afresh: another process may have rebuilt it
+		return true
+	}
+	n, err := func() (int, error) {
+		g.bf.mu.Lock()
+		defer g.bf.mu.Unlock() // a panic in Filter.IDs too
+		n, err := f.Rebuild(ctx, g.opts.Filter.IDs(ctx), nil)
+		if errors.Is(err, bloom.ErrTooSmall) { // the source outgrew the sizing: grow it, with room
+			g.log.Warn("cacheguard: the ID source outgrew the bloom filter; rebuilding it larger", "ids", n, "expected_items", 2*n)
+			n, err = f.Rebuild(ctx, g.opts.Filter.IDs(ctx), &bloom.RebuildOptions{ExpectedItems: uint64(2 * n)})
+		}
+		return n, err
+	}()
+	switch {
+	case err == nil:
+		g.log.Info("cacheguard: bloom filter rebuilt", "ids", n)
+		return true
+	case errors.Is(err, bloom.ErrRebuilding):
+		g.log.Info("cacheguard: bloom filter is being rebuilt by another process")
+	case ctx.Err() != nil:
+		return true // closing
+	default:
+		g.log.Warn("cacheguard: automatic bloom rebuild failed; trying again", "err", g.fail(ctx, "rebuild", "", err))
+	}
+	return false
 }
 
 // voids is what a write to the source of truth deletes: the value key

@@ -2,6 +2,7 @@ package guard
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -13,10 +14,11 @@ import (
 // filterState is the Guard's bloom filter and what it knows of its health
 // (Guard.bf).
 type filterState struct {
-	f           atomic.Pointer[bloom.Filter] // nil until opened (New while Redis was down); see filter
-	opts        *bloom.Options
-	bypassing   atomic.Bool  // the filter answered ErrNotReady last time (logged once per episode)
-	lastRebuild atomic.Int64 // unix nanos of the last automatic attempt
+	f          atomic.Pointer[bloom.Filter] // nil until opened (New while Redis was down); see filter
+	opts       *bloom.Options
+	bypassing  atomic.Bool // the filter answered ErrNotReady last time (logged once per episode)
+	rebuilding atomic.Bool // an automatic rebuild is under way (autoRebuild)
+	mu         sync.Mutex  // held by each rebuild of this Guard's, automatic or not: one at a time
 }
 
 // connect opens what a Guard keeps in Redis: its bloom filter, the
@@ -103,11 +105,12 @@ func (g *Guard) checkClient(ctx context.Context) {
 	default:
 		return
 	}
+	g.rd.ctxBound = ctxTimeouts
 	if !ctxTimeouts {
 		g.log.WarnContext(
 			ctx,
-			"cacheguard: the redis client has ContextTimeoutEnabled off: a Get waits for the client's "+
-				"ReadTimeout, not its ctx deadline, when Redis stalls (set ContextTimeoutEnabled: true)",
+			"cacheguard: the redis client has ContextTimeoutEnabled off: each Get's read runs in a goroutine "+
+				"of its own so that its deadline holds (set ContextTimeoutEnabled: true to save that)",
 		)
 	}
 	if dialRetries != 1 {

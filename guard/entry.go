@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -21,10 +22,21 @@ import (
 // other errors come back as they are.
 func panicked(g *Guard, id string, err error) error {
 	if errors.Is(err, loader.ErrPanic) {
-		return fmt.Errorf("%w: %s %q: %w", ErrLoaderPanic, g.name, id, err)
+		what := strings.TrimPrefix(err.Error(), loader.ErrPanic.Error()+": ") // the value and its one stack
+		return panicError{msg: fmt.Sprintf("%v: %s %q: %s", ErrLoaderPanic, g.name, id, what), err: err}
 	}
 	return err
 }
+
+// panicError says "load panicked" once and wraps both ErrLoaderPanic and
+// the flight's loader.ErrPanic.
+type panicError struct {
+	msg string
+	err error
+}
+
+func (e panicError) Error() string   { return e.msg }
+func (e panicError) Unwrap() []error { return []error{ErrLoaderPanic, e.err} }
 
 // decodeFrame decodes a flight's frame into a caller's own copy.
 func decodeFrame[T any](g *Guard, id string, frame []byte) (T, error) {

@@ -247,6 +247,16 @@ func (c *call[T]) Waited(ctx context.Context, began time.Time, result string) {
 	c.g.tel.waited(ctx, began, result)
 }
 
+// loadPanic is a load's panic, raised again in the flight with the stack of
+// the load's goroutine, which loader.Group reports instead of its own.
+type loadPanic struct {
+	value any
+	stack []byte
+}
+
+func (p loadPanic) String() string     { return fmt.Sprint(p.value) }
+func (p loadPanic) PanicStack() []byte { return p.stack }
+
 // loaded is what one call of the load function returned (or its panic).
 type loaded[T any] struct {
 	v     T
@@ -269,7 +279,7 @@ func (c *call[T]) bounded(ctx context.Context) (T, error) {
 		var r loaded[T]
 		defer func() {
 			if p := recover(); p != nil {
-				r.panic = fmt.Sprintf("%v\n%s", p, debug.Stack())
+				r.panic = loadPanic{value: p, stack: debug.Stack()}
 			}
 			done <- r
 		}()

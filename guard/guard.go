@@ -101,7 +101,7 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 		opts:  o,
 		keys:  keyspace.ForGuard(o.KeyPrefix, name, o.Tuning.MaxKeyLen),
 		field: o.Version, fieldArg: o.Version,
-		log: o.Logger.With("guard", name),
+		log: slog.New(newRateLimited(o.Logger.Handler())).With("guard", name),
 	}
 	g.bg.closing = make(chan struct{})
 	g.bg.ctx, g.bg.cancel = context.WithCancel(context.Background())
@@ -172,6 +172,7 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 		}
 		return nil, g.fail(ctx, "open", "", err)
 	}
+	g.autoRebuild() // with an ID source, a filter that is not ready is rebuilt in the background
 	return g, nil
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/cacheguard/cacheguard/internal/redislock"
 	"github.com/cacheguard/cacheguard/internal/redisserver"
 	"github.com/cacheguard/cacheguard/internal/redistest"
+	"github.com/cacheguard/cacheguard/loader"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m, childRoles) }
@@ -578,6 +579,7 @@ func TestLoaderPanic(t *testing.T) {
 	start := make(chan struct{})
 	var wg sync.WaitGroup
 	var got atomic.Int32
+	var msg atomic.Value
 	for range 50 {
 		wg.Add(1)
 		go func() {
@@ -586,8 +588,9 @@ func TestLoaderPanic(t *testing.T) {
 				<-start
 				panic("loader bug")
 			})
-			if errors.Is(err, guard.ErrLoaderPanic) {
+			if errors.Is(err, guard.ErrLoaderPanic) && errors.Is(err, loader.ErrPanic) {
 				got.Add(1)
+				msg.Store(err.Error())
 			}
 		}()
 	}
@@ -596,6 +599,12 @@ func TestLoaderPanic(t *testing.T) {
 	wg.Wait()
 	if got.Load() != 50 {
 		t.Fatalf("%d of 50 callers got ErrLoaderPanic", got.Load())
+	}
+	// One "panicked", one stack trace, and it is the load's (where the panic began).
+	m := msg.Load().(string)
+	if strings.Count(m, "panicked") != 1 || strings.Count(m, "\ngoroutine ") != 1 || !strings.Contains(m, "loader bug") ||
+		!strings.Contains(m, "guard_test.TestLoaderPanic") {
+		t.Fatalf("the panic's error:\n%s", m)
 	}
 	if pttl := c.PTTL(ctx, c.Prefix+":product:{p1}:lock").Val(); pttl != -2*time.Nanosecond {
 		t.Fatalf("lock PTTL after the panic = %v, want -2 (released)", pttl)

@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/cacheguard/cacheguard/bloom"
 	"github.com/cacheguard/cacheguard/codec"
 	"github.com/cacheguard/cacheguard/internal/coord"
 	"github.com/cacheguard/cacheguard/internal/keyspace"
@@ -33,8 +34,9 @@ type Options struct {
 	// Version names the values' schema: each version has its own entries,
 	// so two releases can share a Redis. Default "1".
 	Version string
-	// Logger receives warnings (filter bypassed, corrupt entries, Redis
-	// failures). Default: no logging.
+	// Logger receives warnings (Redis failures, a filter that is off,
+	// corrupt entries), each cause once per 10 s with a count. Default
+	// slog.Default(); pass slog.New(slog.DiscardHandler) for none.
 	Logger *slog.Logger
 	// LoadTimeout bounds a load even if it ignores its ctx; a late result
 	// is dropped. Default 10 seconds.
@@ -129,6 +131,12 @@ func resolve(opts *Options) (Options, error) {
 	if o.Tuning.MaxKeyLen < 1 || o.Tuning.MaxKeyLen > 4096 {
 		return bad("MaxKeyLen %d not in [1, 4096]", o.Tuning.MaxKeyLen)
 	}
+	if o.Filter.ExpectedItems == 0 { // resolved here so that logs show what is in force
+		o.Filter.ExpectedItems = bloom.DefaultExpectedItems
+	}
+	if o.Filter.FalsePositiveRate == 0 {
+		o.Filter.FalsePositiveRate = bloom.DefaultFalsePositiveRate
+	}
 	if o.Codec == nil {
 		o.Codec = codec.Msgpack
 	}
@@ -167,7 +175,7 @@ func resolve(opts *Options) (Options, error) {
 		return bad("LoadTimeout %v, LockTTL %v (>= 10ms), LockWait %v", o.LoadTimeout, o.Tuning.LockTTL, o.Tuning.LockWait)
 	}
 	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
+		o.Logger = slog.Default()
 	}
 	return o, nil
 }

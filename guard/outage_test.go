@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -262,4 +263,97 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// TestOutageLogsAFewLines: Redis killed under 10,000 Gets (a client with
+// ContextTimeoutEnabled and DialerRetries at their defaults):
+// every Get is answered from the database, the first warning is written
+// at once, and the whole outage writes at most 10 lines.
+func TestOutageLogsAFewLines(t *testing.T) {
+	var logs syncBuffer
+	srv, _, g := privateGuard(t, &guard.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	d := newDB(10)
+	ctx := context.Background()
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := guard.Get(ctx, g, "p1", d.load); err != nil || p.Price != 1 {
+		t.Fatalf("first Get after the kill: %+v, %v", p, err)
+	}
+	if !strings.Contains(logs.String(), "level=WARN") {
+		t.Fatalf("no warning after the first failed Get:\n%s", logs.String())
+	}
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for w := range 8 {
+		wg.Go(func() {
+			for i := range 1250 {
+				id := fmt.Sprintf("p%d", (w+i)%10)
+				if p, err := guard.Get(ctx, g, id, d.load); err != nil || p.ID != id {
+					failed.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n := failed.Load(); n > 0 {
+		t.Errorf("%d of 10,000 Gets failed during the outage", n)
+	}
+	if n := strings.Count(logs.String(), "\n"); n > 10 {
+		t.Fatalf("%d log lines for 10,000 Gets during an outage, want at most 10:\n%s", n, logs.String())
+	}
+	t.Logf("10,000 Gets with Redis down: %d log lines:\n%s", strings.Count(logs.String(), "\n"), logs.String())
+}
+
+// TestDeadlinesHoldWithADefaultClient: with a go-redis client whose
+// ContextTimeoutEnabled is left off (ReadTimeout 3 s), Redis frozen
+// (SIGSTOP) for 2 s under Gets with a 200 ms deadline: every Get ends near
+// its deadline, not the client's ReadTimeout, and most are answered from the
+// database within it.
+func TestDeadlinesHoldWithADefaultClient(t *testing.T) {
+	srv, _, g := privateGuard(t, &guard.Options{Logger: slog.New(slog.DiscardHandler)})
+	d := newDB(10)
+	ctx := context.Background()
+	if p, err := guard.Get(ctx, g, "p1", d.load); err != nil || p.Price != 1 {
+		t.Fatal(p, err)
+	}
+	if err := syscall.Kill(srv.PID(), syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	var thawOnce sync.Once
+	thaw := func() { thawOnce.Do(func() { _ = syscall.Kill(srv.PID(), syscall.SIGCONT) }) }
+	defer thaw()
+	time.AfterFunc(2*time.Second, thaw)
+	var mu sync.Mutex
+	var slowest time.Duration
+	var answered, failed int
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			for i := 0; i < 10; i++ {
+				id := fmt.Sprintf("p%d", (w+i)%10)
+				gctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+				start := time.Now()
+				p, err := guard.Get(gctx, g, id, d.load)
+				took := time.Since(start)
+				cancel()
+				mu.Lock()
+				slowest = max(slowest, took)
+				if err == nil && p.ID == id {
+					answered++
+				} else {
+					failed++
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("Redis frozen: 40 Gets with a 200ms deadline, default client: %d answered, %d failed, slowest %v", answered, failed, slowest)
+	if slowest > 450*time.Millisecond { // without the bound: the client's ReadTimeout, 3 s
+		t.Fatalf("a Get with a 200ms deadline took %v while Redis was frozen", slowest)
+	}
+	if answered < 30 {
+		t.Fatalf("%d of 40 Gets answered from the database while Redis was frozen, want most", answered)
+	}
 }

@@ -27,6 +27,7 @@ type reader struct {
 	locks    *redislock.Client         // the locks reads take (see lockWithRead)
 	lockBias atomic.Int64              // > 0: reads that found nothing mostly loaded, and their locks were used (see Lock bias)
 	seen     atomic.Pointer[seenTable] // the IDs read lately, once a miss opened the gate (see lockWithRead)
+	ctxBound bool                      // the client bounds socket reads by ctx deadlines (see sendRead)
 }
 
 // verdict is what the read round trip found.
@@ -69,7 +70,7 @@ func (g *Guard) read(ctx context.Context, id, vkey string, lockable bool) (readR
 			r.lockKey = keyspace.Lock(vkey)
 		}
 	}
-	if err := g.rd.batch.Do(ctx, c); err != nil { // c may still be answered: not reused; a lock it took lapses
+	if err := g.sendRead(ctx, c); err != nil { // c may still be answered: not reused; a lock it took lapses
 		return readResult{}, g.readFailed(ctx, id, err)
 	}
 	raw, err := r.get.Bytes()
@@ -122,6 +123,32 @@ func (g *Guard) read(ctx context.Context, id, vkey string, lockable bool) (readR
 	return res, err
 }
 
+// sendRead sends a read (possibly with others: see runReads). A client
+// that bounds its socket reads by the ctx (ContextTimeoutEnabled) runs it
+// in the caller's goroutine. With any other client a stalled Redis would
+// hold the caller until the client's ReadTimeout and retries, past its
+// deadline: a read under a deadline then runs in a goroutine of its own,
+// and the caller waits for it at most half the time it has left, keeping
+// the rest to load through (the goroutine ends when the client gives up).
+func (g *Guard) sendRead(ctx context.Context, c *batch.Call[readReq]) error {
+	deadline, ok := ctx.Deadline()
+	if g.rd.ctxBound || !ok {
+		return g.rd.batch.Do(ctx, c)
+	}
+	done := make(chan error, 1)
+	go func() { done <- g.rd.batch.Do(ctx, c) }()
+	t := time.NewTimer(time.Until(deadline) / 2)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+		return fmt.Errorf("read: no answer in half the Get's time left: %w", context.DeadlineExceeded)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // readFailed is what a read that got no answer returns, whether it failed
 // in Redis or waited for a round trip past its ctx. A cancelled caller (a
 // client that disconnected) gets ctx.Err() alone: not Redis failing, so
@@ -150,7 +177,7 @@ func (g *Guard) verdict(ctx context.Context, id string, maybe bool, err error) (
 
 // filterSays turns a bloom answer into the Guard's: a filter that is not
 // ready means "maybe" (fail open: counted, logged once per episode, and a
-// rebuild started if RebuildFrom is set); Redis failures wrap ErrUnavailable.
+// rebuild started if Filter.IDs is set); Redis failures wrap ErrUnavailable.
 func (g *Guard) filterSays(ctx context.Context, id string, maybe bool, err error) (bool, error) {
 	switch {
 	case err == nil:
@@ -161,7 +188,12 @@ func (g *Guard) filterSays(ctx context.Context, id string, maybe bool, err error
 	case errors.Is(err, bloom.ErrNotReady):
 		g.stats.bypasses.Add(1)
 		if g.bf.bypassing.CompareAndSwap(false, true) {
-			g.log.WarnContext(ctx, "cacheguard: bloom filter not ready (never rebuilt, or lost by Redis); failing open until Rebuild")
+			if g.opts.Filter.IDs == nil {
+				g.log.ErrorContext(ctx, "cacheguard: bloom filter not ready (never rebuilt, or lost by Redis) and Options.Filter.IDs is not set: "+
+					"unknown IDs reach the database until you call Rebuild")
+			} else {
+				g.log.WarnContext(ctx, "cacheguard: bloom filter not ready (never rebuilt, or lost by Redis); failing open while it is rebuilt")
+			}
 		}
 		g.autoRebuild()
 		return true, nil

@@ -111,13 +111,19 @@ func TestReadsShareRoundTrips(t *testing.T) {
 	for i := 2; i < 52; i++ {
 		get(i)
 	}
-	// One more, whose ctx ends while it waits.
+	// One more, whose ctx ends while it waits. With this test's client
+	// (ContextTimeoutEnabled off) its read gets half its time, and it
+	// loads through with the rest (see sendRead); either way it leaves.
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	_, err := guard.Get(short, g, "p55", d.load)
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("a Get whose ctx ended while its read waited: %v, want context.DeadlineExceeded", err)
+	p, err := guard.Get(short, g, "p55", d.load)
+	throughLoads := int64(0)
+	switch {
+	case err == nil && p.ID == "p55":
+		throughLoads = 1
+	case !errors.Is(err, context.DeadlineExceeded):
+		t.Fatalf("a Get whose ctx ended while its read waited: %+v, %v; want its load-through or context.DeadlineExceeded", p, err)
 	}
 	if waited := time.Since(start); waited > 5*time.Second {
 		t.Fatalf("it returned after %v: a waiting read must leave with its ctx", waited)
@@ -139,8 +145,8 @@ func TestReadsShareRoundTrips(t *testing.T) {
 	if hgets != 52 || trips != 3 {
 		t.Fatalf("%d HGETs in %d round trips, want 52 in 3: the two held, then the fifty that waited together (and not the read that left)", hgets, trips)
 	}
-	if n := d.calls.Load(); n != loads {
-		t.Fatalf("loader called %d times during the hits", n-loads)
+	if n := d.calls.Load(); n != loads+throughLoads {
+		t.Fatalf("loader called %d times during the hits, want %d (the load-through)", n-loads, throughLoads)
 	}
 }
 

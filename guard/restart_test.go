@@ -87,8 +87,8 @@ func TestRedisRestartWithoutPersistence(t *testing.T) {
 	if d.calls.Load() != calls+1 {
 		t.Fatal("with no filter an unknown ID must reach the loader (fail open)")
 	}
-	if manual.Stats().BloomBypasses == 0 {
-		t.Fatal("bypasses not counted")
+	if st := manual.Stats(); st.BloomBypasses == 0 || !st.FilterNotReady {
+		t.Fatalf("bypasses not counted, or the filter not reported down: %+v", st)
 	}
 	if _, err := manual.Rebuild(ctx, ids("p", 1000), nil); err != nil {
 		t.Fatal(err)
@@ -97,15 +97,21 @@ func TestRedisRestartWithoutPersistence(t *testing.T) {
 	if _, err := guard.Get(ctx, manual, "unknown-2", d.load); !errors.Is(err, guard.ErrNotFound) || d.calls.Load() != calls {
 		t.Fatalf("after Rebuild an unknown ID must be rejected by the filter: %v", err)
 	}
+	if manual.Stats().FilterNotReady {
+		t.Fatal("the filter answers again and is still reported down")
+	}
 	readAll(manual)
 
-	// The other Guard rebuilds by itself once it notices.
+	// The other Guard rebuilds by itself once it notices, retrying until
+	// Redis takes the upload (the first attempts may find the client's
+	// connections still failing).
+	noticed := time.Now()
 	readAll(auto)
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		in, err := auto.Info(ctx)
 		if err == nil && in.Ready {
-			t.Logf("auto-rebuilt filter: %+v", in)
+			t.Logf("auto-rebuilt filter %v after the first Get found it gone: %+v", time.Since(noticed), in)
 			break
 		}
 		if time.Now().After(deadline) {
@@ -230,5 +236,59 @@ func TestResizeDoesNotBreakStarts(t *testing.T) {
 	}
 	if _, err := guard.Get(ctx, g2, "unknown", d.load); !errors.Is(err, guard.ErrNotFound) {
 		t.Fatal(err)
+	}
+	// With the sizing left to the defaults, the warning names them.
+	var logs3 syncBuffer
+	g3, err := guard.New(ctx, redistest.Connect(t), "product", &guard.Options{KeyPrefix: c.Prefix, Logger: slog.New(slog.NewTextHandler(&logs3, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g3.Close()
+	if !strings.Contains(logs3.String(), "options_items=1000000 options_fp_rate=0.01") {
+		t.Fatalf("the adopt warning does not show the defaults in force:\n%s", logs3.String())
+	}
+}
+
+// TestFilterHealsAfterRestart: with the ID source named in Options and a
+// go-redis client as new users build it, Redis SIGKILLed and
+// restarted empty, three times: unknown IDs reach the loader while the
+// filter is gone, and are rejected again once the Guard has rebuilt it by
+// itself (the time it took is logged; docs/incidents.md quotes it).
+func TestFilterHealsAfterRestart(t *testing.T) {
+	ctx := context.Background()
+	srv, rdb := redistest.Private(t) // a client at go-redis's defaults but MaxRetries (off)
+	d := newDB(100)
+	g, err := guard.New(ctx, rdb, "product", &guard.Options{
+		Logger: slog.New(slog.DiscardHandler),
+		Filter: guard.FilterOptions{ExpectedItems: 10_000, IDs: func(context.Context) iter.Seq2[string, error] { return ids("p", 100) }},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	rejected := func(id string) bool {
+		calls := d.calls.Load()
+		_, err := guard.Get(ctx, g, id, d.load)
+		return errors.Is(err, guard.ErrNotFound) && d.calls.Load() == calls
+	}
+	waitFor(t, func() bool { return rejected("before") }) // built by itself after New
+	for round := range 3 {
+		if err := srv.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		if err := srv.Restart(ctx); err != nil {
+			t.Fatal(err)
+		}
+		back := time.Now()
+		for i := 0; !rejected(fmt.Sprintf("unknown-%d-%d", round, i)); i++ {
+			if time.Since(back) > 20*time.Second {
+				t.Fatalf("round %d: unknown IDs still reach the loader 20s after Redis came back; stats %+v", round, g.Stats())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		t.Logf("round %d: unknown IDs rejected again %v after Redis came back empty", round, time.Since(back).Round(time.Millisecond))
+		if p, err := guard.Get(ctx, g, "p7", d.load); err != nil || p.Price != 7 {
+			t.Fatalf("round %d: known ID after the heal: %+v, %v", round, p, err)
+		}
 	}
 }

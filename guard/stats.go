@@ -32,6 +32,10 @@ type Stats struct {
 	BreakerOpens   uint64 // times the Redis circuit breaker opened
 	AbandonedLoads uint64 // loads that did not return within LoadTimeout (their late result dropped)
 	Refreshes      uint64 // refreshes ahead of expiry started (RefreshAhead)
+
+	// FilterNotReady: the filter's last probe found it not ready (never
+	// built, or lost by Redis), so Gets fail open until it is rebuilt.
+	FilterNotReady bool
 }
 
 // counters is the live form of Stats; every field is updated atomically.
@@ -91,6 +95,7 @@ func (g *Guard) Stats() Stats {
 		CorruptValues: c.corrupt.Load(), BloomBypasses: c.bypasses.Load(),
 		LoadThroughs: c.loadThroughs.Load(), Shed: c.shed.Load(), BreakerOpens: c.breakerOpens.Load(),
 		AbandonedLoads: c.abandonedLoads.Load(), Refreshes: c.refreshes.Load(),
+		FilterNotReady: g.bf.bypassing.Load(),
 	}
 }
 

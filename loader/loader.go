@@ -118,7 +118,11 @@ func (g *Group[R]) run(ctx context.Context, key string, f *flight[R], fn func(ct
 	defer func() {
 		if p := recover(); p != nil {
 			var zero R
-			f.res, f.err = zero, fmt.Errorf("%w: %v\n%s", ErrPanic, p, debug.Stack())
+			stack := debug.Stack()
+			if s, ok := p.(interface{ PanicStack() []byte }); ok { // it began elsewhere: that stack says where
+				stack = s.PanicStack()
+			}
+			f.res, f.err = zero, fmt.Errorf("%w: %v\n%s", ErrPanic, p, stack)
 		}
 		g.mu.Lock()
 		if g.flights[key] == f {

@@ -200,6 +200,7 @@ func (c *config) client(env func(string) string) (redis.UniversalClient, error) 
 			return nil, &usageError{"-cluster needs REDIS_URL or -addr"}
 		}
 		c.connection(&o.Username, &o.Password, &o.TLSConfig, &o.ReadTimeout, &o.WriteTimeout, password, tlsConf)
+		o.ContextTimeoutEnabled, o.DialerRetries = true, 1 // -timeout holds, as the guard asks
 		return redis.NewClusterClient(o), nil
 	}
 	var o *redis.Options
@@ -215,6 +216,7 @@ func (c *config) client(env func(string) string) (redis.UniversalClient, error) 
 		o = &redis.Options{Addr: "localhost:6379"}
 	}
 	c.connection(&o.Username, &o.Password, &o.TLSConfig, &o.ReadTimeout, &o.WriteTimeout, password, tlsConf)
+	o.ContextTimeoutEnabled, o.DialerRetries = true, 1 // -timeout holds, as the guard asks
 	return redis.NewClient(o), nil
 }
 

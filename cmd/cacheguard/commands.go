@@ -233,22 +233,32 @@ func invalidate(ctx context.Context, c *config, rdb redis.UniversalClient, ids [
 // rebuild rebuilds the filter from the IDs in args[0] (or stdin), one per
 // line; blank lines are skipped and surrounding spaces trimmed.
 func rebuild(ctx context.Context, c *config, rdb redis.UniversalClient, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-	in, total := stdin, int64(-1)
+	// The IDs are counted before the rebuild, to size the filter for them
+	// (unless -expected says otherwise); stdin is spooled to a file first.
 	source := "stdin"
+	var f *os.File
 	if len(args) == 1 && args[0] != "-" {
-		f, err := os.Open(args[0])
-		if err != nil {
+		var err error
+		if f, err = os.Open(args[0]); err != nil {
 			return err
 		}
-		defer f.Close()
-		if total, err = countLines(f); err != nil {
+		source = args[0]
+	} else {
+		var err error
+		if f, err = spool(stdin); err != nil {
 			return err
 		}
-		if _, err := f.Seek(0, io.SeekStart); err != nil {
-			return err
-		}
-		in, source = f, args[0]
+		defer os.Remove(f.Name())
 	}
+	defer f.Close()
+	total, err := countLines(f)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return err
+	}
+	in := io.Reader(f)
 	opts := &bloom.RebuildOptions{ExpectedItems: c.expected, FalsePositiveRate: c.fpRate}
 	if opts.ExpectedItems == 0 && total > 0 {
 		opts.ExpectedItems = uint64(total)
@@ -269,19 +279,5 @@ func rebuild(ctx context.Context, c *config, rdb redis.UniversalClient, args []s
 	took := time.Since(start)
 	fmt.Fprintf(stdout, "rebuilt %s (prefix %s) from %d IDs (%s) in %v (%.0f IDs/s)\n",
 		c.name, c.prefix, n, source, took.Round(time.Millisecond), float64(n)/took.Seconds())
-	// IDs from stdin keep the current sizing unless -expected says otherwise:
-	// say so when that was too small.
-	if in, err := g.Info(ctx); err == nil && float64(n) > 1.2*float64(in.Config.ExpectedItems) {
-		fmt.Fprintf(
-			stderr,
-			"cacheguard: warning: the filter is sized for %d IDs and holds %d (estimated false-positive "+
-				"rate %.3g, target %.3g): run the rebuild again with -expected %d\n",
-			in.Config.ExpectedItems,
-			n,
-			in.EstimatedFPRate,
-			in.Config.FalsePositiveRate,
-			n,
-		)
-	}
 	return nil
 }

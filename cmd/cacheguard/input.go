@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"iter"
+	"os"
 	"strings"
 )
 
@@ -71,4 +72,23 @@ func bytesText(n int64) string {
 		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
 	}
 	return fmt.Sprintf("%d B", n)
+}
+
+// spool copies r into a temporary file (removed by the caller) and returns
+// it, so that stdin can be counted before it is read for the rebuild.
+func spool(r io.Reader) (*os.File, error) {
+	f, err := os.CreateTemp("", "cacheguard-ids-*")
+	if err != nil {
+		return nil, err
+	}
+	_, err = io.Copy(f, r)
+	if err == nil {
+		_, err = f.Seek(0, io.SeekStart)
+	}
+	if err != nil {
+		f.Close()
+		os.Remove(f.Name())
+		return nil, fmt.Errorf("reading IDs: %w", err)
+	}
+	return f, nil
 }

@@ -161,23 +161,31 @@ func TestCommandsAgainstRedis(t *testing.T) {
 		}
 	}
 
-	// IDs from stdin: no total, so lines every 100,000 IDs and no ETA.
+	// IDs from stdin, 250 times what the filter was sized for: the rebuild
+	// counts them first and sizes the filter for them.
 	var many strings.Builder
 	for i := range 250_000 {
 		fmt.Fprintf(&many, "q%d\n", i)
 	}
 	r = cli(t, env, many.String(), "-name", "product", "rebuild")
-	r.want(t, exitOK, "rebuild from stdin, sized for 1,000 IDs")
-	if !strings.Contains(r.stderr, "warning: the filter is sized for 1000 IDs and holds 250000") {
-		t.Fatalf("no warning for an undersized filter:\n%s", r.stderr)
+	r.want(t, exitOK, "rebuild from stdin, sized from its IDs")
+	if !strings.Contains(r.stdout, "from 250000 IDs (stdin)") {
+		t.Fatalf("stdin rebuild:\n%s\n%s", r.stderr, r.stdout)
 	}
-	r = cli(t, env, many.String(), "-name", "product", "-expected", "250000", "rebuild")
-	r.want(t, exitOK, "rebuild from stdin")
-	if n := strings.Count(r.stderr, "rebuild: read "); n != 2 || strings.Contains(r.stderr, "ETA") || !strings.Contains(r.stdout, "from 250000 IDs (stdin)") {
-		t.Fatalf("stdin progress (%d lines):\n%s\n%s", n, r.stderr, r.stdout)
+	r = cli(t, env, "", "-name", "product", "info")
+	r.want(t, exitOK, "info after the stdin rebuild")
+	if !strings.Contains(r.stdout, "250000") {
+		t.Fatalf("info does not show the filter sized for 250,000 IDs:\n%s", r.stdout)
 	}
 	cli(t, env, "", "-name", "product", "check", "q7").want(t, exitOK, "an ID of the stdin rebuild")
 	cli(t, env, "", "-name", "product", "check", "p7").want(t, exitNotFound, "an ID the stdin rebuild did not have")
+	// Told to size it far too small, the rebuild fails and the filter stays.
+	r = cli(t, env, many.String(), "-name", "product", "-expected", "1000", "rebuild")
+	r.want(t, exitFailed, "a rebuild that would saturate the filter")
+	if !strings.Contains(r.stderr, "too small") {
+		t.Fatalf("the refused rebuild does not say why:\n%s", r.stderr)
+	}
+	cli(t, env, "", "-name", "product", "check", "q7").want(t, exitOK, "an ID of the generation the refused rebuild kept")
 
 	// Redis gone: a failure, not "not found".
 	if err := srv.Kill(); err != nil {

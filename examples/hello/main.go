@@ -7,10 +7,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"log"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -25,11 +29,24 @@ type Product struct {
 	Price int
 }
 
-// db stands for the database: the source of truth.
-var db = map[string]Product{"1": {"1", "Desk lamp", 1999}, "2": {"2", "Chair", 4900}}
+// db stands for the database: the source of truth, safe for concurrent use.
+var db = struct {
+	sync.RWMutex
+	rows map[string]Product
+}{rows: map[string]Product{"1": {"1", "Desk lamp", 1999}, "2": {"2", "Chair", 4900}}}
+
+// productIDs lists every product ID (SELECT id FROM products): the guard
+// builds its bloom filter from it, and builds it again whenever Redis loses it.
+func productIDs(ctx context.Context) iter.Seq2[string, error] {
+	db.RLock()
+	defer db.RUnlock()
+	return guard.IDs(slices.Collect(maps.Keys(db.rows)))
+}
 
 func findProduct(ctx context.Context, id string) (Product, error) {
-	p, ok := db[id] // SELECT ... WHERE id = $1
+	db.RLock()
+	p, ok := db.rows[id] // SELECT ... WHERE id = $1
+	db.RUnlock()
 	if !ok {
 		return Product{}, guard.ErrNotFound // sql.ErrNoRows becomes "not found"
 	}
@@ -54,15 +71,11 @@ func run(ctx context.Context, addr string) error {
 		MaxRetries:            -1,   // the guard loads through instead of retrying
 	})
 	defer rdb.Close()
-	g, err := guard.New(ctx, rdb, "product", nil) // nil: the defaults
+	g, err := guard.New(ctx, rdb, "product", &guard.Options{Filter: guard.FilterOptions{IDs: productIDs}})
 	if err != nil {
 		return err
 	}
 	defer g.Close()
-	// Tell the bloom filter every ID that exists (a SELECT id scan).
-	if _, err := g.Rebuild(ctx, guard.IDs([]string{"1", "2"}), nil); err != nil {
-		return err
-	}
 	products, err := guard.For(g, findProduct) // findProduct, now cached
 	if err != nil {
 		return err
@@ -74,12 +87,12 @@ func run(ctx context.Context, addr string) error {
 	fmt.Println(errors.Is(err, guard.ErrNotFound))
 
 	// After each write to the database commits:
-	db["3"] = Product{"3", "Shelf", 2900}
+	commit(func(rows map[string]Product) { rows["3"] = Product{"3", "Shelf", 2900} })
 	_ = products.Add(ctx, "3") // INSERT: servable at once in every process
 	p.Price = 1799
-	db["1"] = p
+	commit(func(rows map[string]Product) { rows["1"] = p })
 	_ = products.Set(ctx, "1", p) // UPDATE: the new value, written through
-	delete(db, "2")
+	commit(func(rows map[string]Product) { delete(rows, "2") })
 	_ = products.Delete(ctx, "2") // DELETE: "not found" everywhere at once
 
 	// HTTP: unknown IDs get 404 before the handler runs.
@@ -101,4 +114,11 @@ func run(ctx context.Context, addr string) error {
 		fmt.Println(id, rec.Code)
 	}
 	return nil
+}
+
+// commit stands for a committed transaction.
+func commit(write func(rows map[string]Product)) {
+	db.Lock()
+	defer db.Unlock()
+	write(db.rows)
 }

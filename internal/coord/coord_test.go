@@ -61,7 +61,15 @@ func TestCoordinatorOneLoadManyCoordinators(t *testing.T) {
 	var loads, wakeups atomic.Int32
 	f := filler{load: func(ctx context.Context) ([]byte, time.Duration, error) {
 		loads.Add(1)
-		time.Sleep(50 * time.Millisecond)
+		// Until a waiter has subscribed and left its mark: then the publish
+		// must wake it, however slow the machine (a fixed sleep could end
+		// before any waiter subscribed).
+		for end := time.Now().Add(10 * time.Second); c.Exists(ctx, keyspace.Waiting(key)).Val() == 0; {
+			if time.Now().After(end) {
+				return nil, 0, errors.New("no waiter left its mark in 10s")
+			}
+			time.Sleep(time.Millisecond)
+		}
 		return []byte("v"), time.Minute, nil
 	}}
 	var wg sync.WaitGroup

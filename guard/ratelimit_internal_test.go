@@ -1,0 +1,39 @@
+package guard
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestRateLimitedHandler: a cause writes its first record at once, holds
+// the next back for logEvery, then writes one with the count; causes are
+// apart, and handlers derived with attributes share the limits.
+func TestRateLimitedHandler(t *testing.T) {
+	var buf bytes.Buffer
+	h := newRateLimited(slog.NewTextHandler(&buf, nil))
+	log := slog.New(h.WithAttrs([]slog.Attr{slog.String("guard", "g")}))
+	t0 := time.Now()
+	emit := func(l *slog.Logger, at time.Duration, msg string) {
+		r := slog.NewRecord(t0.Add(at), slog.LevelWarn, msg, 0)
+		if err := l.Handler().Handle(context.Background(), r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 1000 {
+		emit(log, time.Duration(i)*time.Millisecond, "redis read failed")
+	}
+	emit(slog.New(h), 5*time.Millisecond, "redis write failed") // another cause
+	emit(log, logEvery+time.Second, "redis read failed")
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("%d lines, want 3:\n%s", len(lines), buf.String())
+	}
+	if strings.Contains(lines[0], "suppressed") || !strings.Contains(lines[1], "write failed") ||
+		!strings.Contains(lines[2], "suppressed=999") {
+		t.Fatalf("lines:\n%s", buf.String())
+	}
+}

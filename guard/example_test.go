@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
+	"log/slog"
+	"time"
 
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -233,4 +236,94 @@ func ExampleOptions_openTelemetry() {
 	// cacheguard.Get hit
 	// cacheguard.Get reject
 	// cacheguard.gets 3
+}
+
+// New with options: the sizing and the ID source of the filter, and the
+// logger. With Filter.IDs the filter is built in the background and again
+// whenever Redis loses it; bad options are refused.
+func ExampleNew() {
+	ctx := context.Background()
+	rdb := redistest.NewClient()
+	defer rdb.Close()
+	ids := []string{"a", "b", "c"}
+	g, err := guard.New(ctx, rdb, "example-new", &guard.Options{
+		TTL:    time.Hour,
+		Logger: slog.New(slog.DiscardHandler), // default: slog.Default()
+		Filter: guard.FilterOptions{
+			ExpectedItems: 10_000,
+			IDs:           func(context.Context) iter.Seq2[string, error] { return guard.IDs(ids) },
+		},
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer g.Close()
+	for !filterReady(ctx, g) {
+		time.Sleep(10 * time.Millisecond) // built in the background
+	}
+	ok, _ := g.MayExist(ctx, "zz")
+	fmt.Println("zz may exist:", ok)
+
+	_, err = guard.New(ctx, rdb, "bad name!", nil)
+	fmt.Println(errors.Is(err, guard.ErrInvalidOptions))
+	// Output:
+	// zz may exist: false
+	// true
+}
+
+func filterReady(ctx context.Context, g *guard.Guard) bool {
+	in, err := g.Info(ctx)
+	return err == nil && in.Ready
+}
+
+// Rebuild from a slice (guard.IDs), then Set and Delete after writes to
+// the source of truth.
+func ExampleGuard_Rebuild() {
+	ctx := context.Background()
+	rdb := redistest.NewClient()
+	defer rdb.Close()
+	g, err := guard.New(ctx, rdb, "example-rebuild", nil)
+	if err != nil {
+		panic(err)
+	}
+	defer g.Close()
+	n, err := g.Rebuild(ctx, guard.IDs([]string{"1", "2", "3"}), nil)
+	fmt.Println(n, err)
+
+	load := func(ctx context.Context, id string) (string, error) { return "row " + id, nil }
+	_ = guard.Set(ctx, g, "2", "row 2, updated") // UPDATE committed: write the new value through
+	v, _ := guard.Get(ctx, g, "2", load)
+	fmt.Println(v)
+	_ = g.Delete(ctx, "3") // DELETE committed: "not found" everywhere, without a load
+	_, err = guard.Get(ctx, g, "3", load)
+	fmt.Println(errors.Is(err, guard.ErrNotFound))
+	// Output:
+	// 3 <nil>
+	// row 2, updated
+	// true
+}
+
+// Peek is a Get's read alone, for middleware: it answers "does not exist"
+// for IDs the filter never saw, and the Get that follows on its ctx reuses
+// the read.
+func ExampleGuard_Peek() {
+	ctx := context.Background()
+	rdb := redistest.NewClient()
+	defer rdb.Close()
+	g, err := guard.New(ctx, rdb, "example-peek", nil)
+	if err != nil {
+		panic(err)
+	}
+	defer g.Close()
+	if _, err := g.Rebuild(ctx, guard.IDs([]string{"7"}), nil); err != nil {
+		panic(err)
+	}
+	_, exists, _ := g.Peek(ctx, "8")
+	fmt.Println("8 exists:", exists)
+	pctx, exists, _ := g.Peek(ctx, "7")
+	v, _ := guard.Get(pctx, g, "7", func(ctx context.Context, id string) (string, error) { return "row " + id, nil })
+	fmt.Println("7 exists:", exists, v)
+	// Output:
+	// 8 exists: false
+	// 7 exists: true row 7
 }

@@ -2,6 +2,7 @@ package guard
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -123,4 +124,80 @@ func (g *Guard) checkClient(ctx context.Context) {
 			dialRetries,
 		)
 	}
+}
+
+// Rebuild backoff: an automatic rebuild that fails (Redis not back yet, a
+// source that failed) is tried again after rebuildRetryMin, doubling up to
+// rebuildRetryMax, so it lands within seconds of Redis answering again.
+const (
+	rebuildRetryMin = 100 * time.Millisecond
+	rebuildRetryMax = 2 * time.Second
+)
+
+// autoRebuild makes sure a background rebuild from Options.Filter.IDs runs
+// while the filter is not ready: one at a time per Guard, retried with
+// backoff until it lands, the filter is found ready, or the Guard closes.
+// It is called from inside the gate (or by New), so Close, which shuts the
+// gate before it waits for background work, cannot miss one.
+func (g *Guard) autoRebuild() {
+	if g.opts.Filter.IDs == nil || !g.bf.rebuilding.CompareAndSwap(false, true) {
+		return
+	}
+	g.bg.wg.Add(1)
+	go func() {
+		defer g.bg.wg.Done()
+		defer g.bf.rebuilding.Store(false)
+		for wait := rebuildRetryMin; ; wait = min(2*wait, rebuildRetryMax) {
+			if g.rebuildOnce() {
+				return
+			}
+			select {
+			case <-g.bg.closing:
+				return
+			case <-time.After(wait):
+			}
+		}
+	}()
+}
+
+// rebuildOnce makes one attempt: it reports whether the filter is ready now
+// (rebuilt here or by another process) or there is nothing to do.
+func (g *Guard) rebuildOnce() (done bool) {
+	ctx, cancel := context.WithCancel(g.bg.ctx) // Close cancels it
+	defer cancel()
+	defer func() { // Filter.IDs is the application's code: a panic fails this attempt only
+		if p := recover(); p != nil {
+			g.log.Error("cacheguard: automatic bloom rebuild: Filter.IDs panicked", "panic", p)
+			done = false
+		}
+	}()
+	f, err := g.filter(ctx)
+	if err != nil {
+		return false // not connected yet: the next attempt opens it
+	}
+	if in, err := f.Info(ctx); err == nil && in.Ready { // reads the meta afresh: another process may have rebuilt it
+		return true
+	}
+	n, err := func() (int, error) {
+		g.bf.mu.Lock()
+		defer g.bf.mu.Unlock() // a panic in Filter.IDs too
+		n, err := f.Rebuild(ctx, g.opts.Filter.IDs(ctx), nil)
+		if errors.Is(err, bloom.ErrTooSmall) { // the source outgrew the sizing: grow it, with room
+			g.log.Warn("cacheguard: the ID source outgrew the bloom filter; rebuilding it larger", "ids", n, "expected_items", 2*n)
+			n, err = f.Rebuild(ctx, g.opts.Filter.IDs(ctx), &bloom.RebuildOptions{ExpectedItems: uint64(2 * n)})
+		}
+		return n, err
+	}()
+	switch {
+	case err == nil:
+		g.log.Info("cacheguard: bloom filter rebuilt", "ids", n)
+		return true
+	case errors.Is(err, bloom.ErrRebuilding):
+		g.log.Info("cacheguard: bloom filter is being rebuilt by another process")
+	case ctx.Err() != nil:
+		return true // closing
+	default:
+		g.log.Warn("cacheguard: automatic bloom rebuild failed; trying again", "err", g.fail(ctx, "rebuild", "", err))
+	}
+	return false
 }

@@ -58,14 +58,14 @@ func ExampleLock_Refresh() {
 	ctx := context.Background()
 	rdb := redistest.NewClient()
 	defer rdb.Close()
-	l, _ := lock.New(rdb).Obtain(ctx, "example:{report-9}:lock", 20*time.Millisecond, nil)
-	fmt.Println(l.Refresh(ctx, time.Second))
-	time.Sleep(50 * time.Millisecond)
+	l, _ := lock.New(rdb).Obtain(ctx, "example:{report-9}:lock", time.Second, nil)
+	fmt.Println(l.Refresh(ctx, 300*time.Millisecond)) // held: its TTL is now 300ms
+	time.Sleep(600 * time.Millisecond)
 	fmt.Println(errors.Is(l.Refresh(ctx, time.Second), lock.ErrNotHeld))
 	_, err := lock.New(rdb).Obtain(ctx, "", time.Second, nil)
 	fmt.Println(errors.Is(err, lock.ErrInvalid), errors.Is(err, lock.ErrUnavailable))
 	// Output:
 	// <nil>
-	// false
+	// true
 	// true false
 }

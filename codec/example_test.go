@@ -3,6 +3,7 @@ package codec_test
 import (
 	"errors"
 	"fmt"
+	"reflect"
 
 	"github.com/cacheguard/cacheguard/codec"
 )
@@ -30,5 +31,28 @@ func Example() {
 	// Output:
 	// {42 lamp} <nil>
 	// true
+	// true
+}
+
+// Two releases of a type: the renamed field gives the second another shape,
+// so a Guard keeps their entries apart instead of decoding a zero.
+func ExampleShape() {
+	type V1 struct {
+		ID    string
+		Price int
+	}
+	type V2 struct {
+		ID         string
+		PriceCents int
+	}
+	type Renamed struct { // the Go type's name is not part of the shape
+		ID    string
+		Price int
+	}
+	v1 := codec.Shape(codec.Msgpack, reflect.TypeFor[V1]())
+	fmt.Println(len(v1), v1 == codec.Shape(codec.Msgpack, reflect.TypeFor[V2]()))
+	fmt.Println(v1 == codec.Shape(codec.Msgpack, reflect.TypeFor[Renamed]()))
+	// Output:
+	// 16 false
 	// true
 }

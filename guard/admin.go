@@ -110,8 +110,12 @@ func (g *Guard) replace(ctx context.Context, op string, add, keys []string, fram
 		added = f.QueueAdd(ctx, pipe, add)
 	}
 	cmds := make([]*redis.Cmd, len(keys))
+	marker := "0" // a value: the writer's version alone
+	if len(frame) == 1 && frame[0] == codec.KindEmpty {
+		marker = "1" // every version's entry becomes the marker
+	}
 	for i, k := range keys {
-		cmds[i] = replace.Eval(ctx, pipe, voids(k), g.field, frame, ttl().Milliseconds())
+		cmds[i] = replace.Eval(ctx, pipe, voids(k), g.field(), frame, ttl().Milliseconds(), marker)
 		pipe.Publish(ctx, g.keys.Invalidated(), k)
 	}
 	_, _ = pipe.Exec(ctx) // errors are read per command

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"reflect"
 	"slices"
 	"strconv"
 	"sync"
@@ -376,7 +377,7 @@ func TestStaleSetRace(t *testing.T) {
 	for k := range keys {
 		id := fmt.Sprintf("p%d", k)
 		want, _ := c.Get(ctx, c.Prefix+":db:"+id).Int64()
-		raw, err := c.HGet(ctx, c.Prefix+":product:{"+id+"}", "1").Bytes()
+		raw, err := c.HGet(ctx, c.Prefix+":product:{"+id+"}", "1:"+codec.Shape(codec.Msgpack, reflect.TypeFor[int64]())).Bytes()
 		if errors.Is(err, redis.Nil) {
 			continue
 		}

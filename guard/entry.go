@@ -8,6 +8,8 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -52,8 +54,10 @@ func decodeFrame[T any](g *Guard, id string, frame []byte) (T, error) {
 // cache hands out a value it keeps decoded (see kept).
 type typeBinding struct {
 	t         reflect.Type
-	shareable bool // values of t go to several callers as they are: assignment copies everything
-	copy      any  // else a func(T) T that deep-copies them (package clone), or nil: decode each time
+	field     string // the value hash's field for t (see schemaField)
+	fieldArg  any    // field, boxed once for the hit's HGET (see runReads)
+	shareable bool   // values of t go to several callers as they are: assignment copies everything
+	copy      any    // else a func(T) T that deep-copies them (package clone), or nil: decode each time
 }
 
 // bind binds g to T on first use and refuses any other T afterwards: two
@@ -64,7 +68,8 @@ func bind[T any](g *Guard) error {
 	t := reflect.TypeFor[T]()
 	b := g.bound.Load()
 	if b == nil {
-		nb := &typeBinding{t: t}
+		f := schemaField(g.opts.Version, codec.Shape(g.opts.Codec, t))
+		nb := &typeBinding{t: t, field: f, fieldArg: f}
 		if fn, shareable, ok := clone.For[T](); ok {
 			nb.shareable = shareable
 			if fn != nil {
@@ -79,6 +84,26 @@ func bind[T any](g *Guard) error {
 		return fmt.Errorf("%w: guard %s holds %v values, not %v (one Guard per type; use Options.Version or another name)", ErrWrongType, g.name, b.t, t)
 	}
 	return nil
+}
+
+// schemaField is the hash field of a type's entries: Version, then the
+// type's shape (codec.Shape) unless the codec opted out. A type of another
+// shape (a field renamed, added, removed, retyped or retagged) reads and
+// writes a field of its own, so it never decodes another's bytes into
+// zeros, and two releases of a rolling deploy keep their own entries.
+func schemaField(version, shape string) string {
+	if shape == "" {
+		return version
+	}
+	return version + ":" + shape
+}
+
+// field is the bound type's hash field, or "" before the first Get or Set.
+func (g *Guard) field() string {
+	if b := g.bound.Load(); b != nil {
+		return b.field
+	}
+	return ""
 }
 
 // kept returns what the local cache keeps of v, a value that a caller
@@ -176,10 +201,42 @@ func (g *Guard) jitter(d time.Duration) time.Duration {
 func (g *Guard) dropCorrupt(ctx context.Context, vkey string, raw []byte, why error) {
 	g.stats.corrupt.Add(1)
 	g.log.WarnContext(ctx, "cacheguard: dropping a cache entry that does not decode (corrupt, or written by another type or version)",
-		"key", vkey, "version", g.field, "err", why)
-	if err := delIfEqual.Run(ctx, g.rdb, []string{vkey}, g.field, raw).Err(); err != nil {
+		"key", vkey, "field", g.field(), "err", why)
+	if err := delIfEqual.Run(ctx, g.rdb, []string{vkey}, g.field(), raw).Err(); err != nil {
 		_ = g.fail(ctx, "delete corrupt entry", "", redisfail.Wrap(err))
 	}
+}
+
+// otherSchemas counts a load whose write found entries of other schema
+// versions in the ID's hash, and warns once per pair of fields (for the
+// first maxSchemaPairs pairs): a deploy that changed the value type, or
+// an entry of an earlier cacheguard format, read once as a miss.
+func (g *Guard) otherSchemas(key, field string, others []string) {
+	if len(others) == 0 {
+		return
+	}
+	g.stats.schemaMisses.Add(1)
+	for _, o := range others {
+		pair := field + " " + o
+		w := &g.schemaWarned
+		if _, warned := w.pairs.Load(pair); warned || w.n.Load() >= maxSchemaPairs {
+			continue
+		}
+		if _, warned := w.pairs.LoadOrStore(pair, true); !warned {
+			w.n.Add(1)
+			g.log.Warn("cacheguard: entry written by another schema (another shape of the value type, another Version, "+
+				"or an earlier cacheguard) not read; this type's own was loaded", "key", key, "type", g.bound.Load().t.String(),
+				"field", field, "other_field", o)
+		}
+	}
+}
+
+const maxSchemaPairs = 32
+
+// warnedPairs are the pairs of fields otherSchemas has warned of.
+type warnedPairs struct {
+	pairs sync.Map // "field other" → true
+	n     atomic.Int64
 }
 
 var (

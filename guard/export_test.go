@@ -8,3 +8,7 @@ func ReadsWaiting(g *Guard) int { return g.rd.batch.Waiting() }
 
 // Flush waits for the flights and refreshes under way on g (see flush).
 func Flush(ctx context.Context, g *Guard) error { return g.flush(ctx) }
+
+// Field is the hash field of g's entries, once a Get or Set bound g to a
+// type (see schemaField).
+func Field(g *Guard) string { return g.field() }

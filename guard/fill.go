@@ -150,9 +150,9 @@ func (c *call[T]) coordinate(ctx context.Context) (flight, error) {
 	}
 	var err error
 	if c.claimHeld(heldByFlight) {
-		err = c.g.coord.RunHeld(ctx, c.held, c.vkey, c.g.field, f)
+		err = c.g.coord.RunHeld(ctx, c.held, c.vkey, c.g.field(), f)
 	} else {
-		err = c.g.coord.Run(ctx, c.vkey, c.g.field, f)
+		err = c.g.coord.Run(ctx, c.vkey, c.g.field(), f)
 	}
 	switch {
 	case err == nil:

@@ -36,28 +36,27 @@ import (
 
 // Guard guards the reads of one kind of entity. It is safe for concurrent use.
 type Guard struct {
-	rdb      redis.UniversalClient
-	name     string
-	opts     Options // resolved: no zero fields
-	keys     keyspace.Guard
-	field    string // the value hash's field of this Guard's schema version (Options.Version)
-	fieldArg any    // field, boxed once for the hit's HGET (read)
-	log      *slog.Logger
+	rdb  redis.UniversalClient
+	name string
+	opts Options // resolved: no zero fields
+	keys keyspace.Guard
+	log  *slog.Logger
 
-	gate       gate                        // every entry point passes it; Close shuts it
-	bound      atomic.Pointer[typeBinding] // the type values decode into, set by the first Get or For
-	starts     atomic.Uint64               // counts flights and shared reads as they start (see since)
-	rd         reader                      // the read of step 3 (read.go)
-	local      *local                      // the in-process cache, or nil
-	flights    loader.Group[flight]        // one flight per value key in this process
-	coord      *coord.Coordinator          // one load per value key across processes
-	pending    pending                     // the fill flights under way (flush)
-	bf         filterState                 // the bloom filter, once opened (connect.go)
-	outage     *outage                     // what Get does when Redis cannot answer
-	stats      counters
-	tel        *telemetry // OpenTelemetry instruments, or nil (off)
-	bg         background // the Guard's own goroutines, ended by Close
-	refreshing sync.Map   // value key → struct{}: the refreshes ahead running in this process
+	gate         gate                        // every entry point passes it; Close shuts it
+	bound        atomic.Pointer[typeBinding] // the type values decode into, set by the first Get or For
+	starts       atomic.Uint64               // counts flights and shared reads as they start (see since)
+	rd           reader                      // the read of step 3 (read.go)
+	local        *local                      // the in-process cache, or nil
+	flights      loader.Group[flight]        // one flight per value key in this process
+	coord        *coord.Coordinator          // one load per value key across processes
+	pending      pending                     // the fill flights under way (flush)
+	bf           filterState                 // the bloom filter, once opened (connect.go)
+	outage       *outage                     // what Get does when Redis cannot answer
+	stats        counters
+	schemaWarned warnedPairs // the pairs of schema versions warned of (otherSchemas)
+	tel          *telemetry  // OpenTelemetry instruments, or nil (off)
+	bg           background  // the Guard's own goroutines, ended by Close
+	refreshing   sync.Map    // value key → struct{}: the refreshes ahead running in this process
 }
 
 // background is the Guard's own work (automatic rebuilds, connecting after
@@ -96,12 +95,11 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 		return nil, err
 	}
 	g := &Guard{
-		rdb:   rdb,
-		name:  name,
-		opts:  o,
-		keys:  keyspace.ForGuard(o.KeyPrefix, name, o.Tuning.MaxKeyLen),
-		field: o.Version, fieldArg: o.Version,
-		log: slog.New(newRateLimited(o.Logger.Handler())).With("guard", name),
+		rdb:  rdb,
+		name: name,
+		opts: o,
+		keys: keyspace.ForGuard(o.KeyPrefix, name, o.Tuning.MaxKeyLen),
+		log:  slog.New(newRateLimited(o.Logger.Handler())).With("guard", name),
 	}
 	g.bg.closing = make(chan struct{})
 	g.bg.ctx, g.bg.cancel = context.WithCancel(context.Background())
@@ -148,6 +146,7 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 			// unreachable: either way the load's result will not be cached.
 			g.log.Warn("cacheguard: load lock lost while loading (a write voided the load, or the lock expired); its result will not be cached", "key", key, "err", err)
 		},
+		OnOtherFields: g.otherSchemas,
 		OnWriteFailed: func(key string, err error) {
 			// The load's result is good and served; only caching it failed.
 			_ = g.fail(context.Background(), "write", key, err)

@@ -140,7 +140,7 @@ func (g *Guard) readManyOnce(ctx context.Context, ids, keys []string) ([]readRes
 		if probeNow {
 			probes[i] = f.Queue(ctx, pipe, id)
 		}
-		gets[i] = pipe.HGet(ctx, keys[i], g.field)
+		gets[i] = pipe.HGet(ctx, keys[i], g.field())
 		if pttls != nil {
 			pttls[i] = pipe.PTTL(ctx, keys[i])
 		}
@@ -220,7 +220,7 @@ func fillMany[T any](ctx context.Context, g *Guard, ids, keys []string, load Bat
 				}
 			}()
 			c := &call[T]{g: g, id: ids[i], vkey: keys[i], load: m.load, waiter: m}
-			err := g.coord.Run(fctx, keys[i], g.field, c)
+			err := g.coord.Run(fctx, keys[i], g.field(), c)
 			a = answer{id: ids[i], found: c.found, v: c.v, ok: c.decoded, err: err}
 			if err == nil {
 				a.err = c.err

@@ -29,10 +29,13 @@ type Options struct {
 	EmptyTTL time.Duration
 	// Jitter spreads TTLs over ±Jitter·TTL. Default 0.10; negative: none.
 	Jitter float64
-	// Codec encodes cached values. Default codec.Msgpack.
+	// Codec encodes cached values. Default codec.Msgpack. Each shape of
+	// the value type (its fields, their types and tags) has its own entries
+	// (codec.Shape); a codec may opt out (codec.Shaper).
 	Codec codec.Codec
-	// Version names the values' schema: each version has its own entries,
-	// so two releases can share a Redis. Default "1".
+	// Version names what the values mean: bump it when a field keeps its
+	// name and type but changes meaning (Price now in cents). Each version
+	// has its own entries, so two releases can share a Redis. Default "1".
 	Version string
 	// Logger receives warnings (Redis failures, a filter that is off,
 	// corrupt entries), each cause once per 10 s with a count. Default

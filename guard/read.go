@@ -229,7 +229,7 @@ func peekedFor(ctx context.Context, g *Guard, id string) (readResult, bool) {
 // reads afresh (say, after the handler wrote and invalidated). A malformed id
 // gives ErrInvalidKey without a Redis command; Redis failures wrap
 // ErrUnavailable; after Close, ErrClosed. A filter that is not ready answers
-// true (fail open).
+// true (fail open). Before the Guard's first Get it asks the filter alone.
 func (g *Guard) Peek(ctx context.Context, id string) (context.Context, bool, error) {
 	pass, err := g.gate.enter()
 	if err != nil {
@@ -239,6 +239,10 @@ func (g *Guard) Peek(ctx context.Context, id string) (context.Context, bool, err
 	vkey, err := g.keys.Value(id)
 	if err != nil {
 		return ctx, false, err
+	}
+	if g.bound.Load() == nil { // before the first Get: the entry's field (its type's) is not known
+		exists, err := g.MayExist(ctx, id)
+		return ctx, exists, err
 	}
 	if g.local != nil {
 		if _, st := g.local.get(id); st == localFresh { // Get will answer from memory

@@ -42,11 +42,12 @@ const readBatchMax = 256
 // its cancellation, until the latest of their deadlines, and at most
 // RedisTimeout; each Get, the leading one too, leaves at its own.
 func (g *Guard) runReads(ctx context.Context, calls []*batch.Call[readReq]) {
+	field := g.bound.Load().fieldArg // every read follows a bind
 	if len(calls) == 1 && calls[0].Req.f == nil && !calls[0].Req.withTTL && calls[0].Req.lockKey == "" {
 		r := &calls[0].Req
 		// rdb.HGet would box the field into the command's arguments on
-		// every call; fieldArg is boxed once, in New.
-		r.get = redis.NewStringCmd(ctx, "hget", r.vkey, g.fieldArg)
+		// every call; fieldArg is boxed once, by bind.
+		r.get = redis.NewStringCmd(ctx, "hget", r.vkey, field)
 		_ = g.rdb.Process(ctx, r.get)
 		return
 	}
@@ -68,7 +69,7 @@ func (g *Guard) runReads(ctx context.Context, calls []*batch.Call[readReq]) {
 		if r.lockKey != "" { // before the HGET: Redis runs it with the lock taken, as the re-check
 			r.lockQ, _ = g.rd.locks.QueueTry(ctx, pipe, r.lockKey, readLockLease)
 		}
-		r.get = redis.NewStringCmd(ctx, "hget", r.vkey, g.fieldArg)
+		r.get = redis.NewStringCmd(ctx, "hget", r.vkey, field)
 		_ = pipe.Process(ctx, r.get)
 		if r.withTTL {
 			r.pttl = pipe.PTTL(ctx, r.vkey)

@@ -65,7 +65,7 @@ func refresh[T any](g *Guard, id, vkey string, raw []byte, load LoadFunc[T]) {
 		defer cancel()
 		c := &call[T]{g: g, id: id, vkey: vkey, load: load, refresh: true}
 		g.stats.refreshes.Add(1)
-		if err := g.coord.TryRun(ctx, vkey, g.field, c); err != nil {
+		if err := g.coord.TryRun(ctx, vkey, g.field(), c); err != nil {
 			g.log.Warn("cacheguard: refresh ahead failed; the value expires at its TTL", "id", id, "err", g.fail(ctx, "refresh", id, err))
 		}
 	}()

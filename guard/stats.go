@@ -20,6 +20,7 @@ type Stats struct {
 	LoadErrors    uint64 // load calls that failed (other than ErrNotFound)
 	RedisErrors   uint64 // failed Redis reads and writes
 	CorruptValues uint64 // cached entries that did not decode and were dropped
+	SchemaMisses  uint64 // loads whose ID held entries of other schemas only (another type shape or Version), never decoded
 	BloomBypasses uint64 // probes that found the filter not ready (failed open)
 	StaleWrites   uint64 // cache writes refused because an Invalidate overtook the load
 	LockWaits     uint64 // flights that found another process loading and waited
@@ -46,7 +47,7 @@ type counters struct {
 	misses, coalesced                                 atomic.Uint64
 	loads, loadErrors, redisErrors, corrupt, bypasses atomic.Uint64
 	loadThroughs, shed, breakerOpens, abandonedLoads  atomic.Uint64
-	refreshes                                         atomic.Uint64
+	refreshes, schemaMisses                           atomic.Uint64
 }
 
 func (c *counters) count(o outcome, coalesced bool) {
@@ -92,7 +93,7 @@ func (g *Guard) Stats() Stats {
 		Hits: c.hits.Load(), LocalHits: c.localHits.Load(), EmptyHits: c.empty.Load(), BloomRejects: c.rejects.Load(),
 		Misses: c.misses.Load(), Coalesced: c.coalesced.Load(),
 		Loads: c.loads.Load(), LoadErrors: c.loadErrors.Load(), RedisErrors: c.redisErrors.Load(),
-		CorruptValues: c.corrupt.Load(), BloomBypasses: c.bypasses.Load(),
+		CorruptValues: c.corrupt.Load(), SchemaMisses: c.schemaMisses.Load(), BloomBypasses: c.bypasses.Load(),
 		LoadThroughs: c.loadThroughs.Load(), Shed: c.shed.Load(), BreakerOpens: c.breakerOpens.Load(),
 		AbandonedLoads: c.abandonedLoads.Load(), Refreshes: c.refreshes.Load(),
 		FilterNotReady: g.bf.bypassing.Load(),

@@ -114,6 +114,7 @@ func (c *Collector) collectStats(ch chan<- prometheus.Metric, g *guard.Guard) {
 	}{
 		{"load", st.Loads}, {"load_error", st.LoadErrors}, {"load_through", st.LoadThroughs}, {"shed", st.Shed},
 		{"abandoned_load", st.AbandonedLoads}, {"redis_error", st.RedisErrors}, {"corrupt_value", st.CorruptValues},
+		{"schema_miss", st.SchemaMisses},
 		{"bloom_bypass", st.BloomBypasses}, {"stale_write_refused", st.StaleWrites}, {"lock_wait", st.LockWaits},
 		{"lock_timeout", st.LockTimeouts}, {"wakeup", st.Wakeups}, {"breaker_open", st.BreakerOpens}, {"refresh", st.Refreshes},
 	} {

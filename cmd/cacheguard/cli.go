@@ -75,7 +75,7 @@ func run(ctx context.Context, args []string, env func(string) string, stdin io.R
 	}
 	fs.StringVar(&c.name, "name", "", "the Guard's name, as passed to guard.New (required)")
 	fs.StringVar(&c.prefix, "prefix", "cg", "the Guard's KeyPrefix")
-	fs.StringVar(&c.version, "version", "1", "the Guard's Options.Version (the value field read by get)")
+	fs.StringVar(&c.version, "version", "1", "the Guard's Options.Version (get shows the entry of this version)")
 	fs.StringVar(&c.addr, "addr", "", "Redis address host:port (default: REDIS_URL, else localhost:6379)")
 	fs.StringVar(&c.user, "user", "", "Redis ACL user (password from REDIS_PASSWORD)")
 	fs.BoolVar(&c.cluster, "cluster", false, "Redis Cluster: REDIS_URL is a cluster URL (redis://host:port?addr=host2:port), -addr a comma-separated list")

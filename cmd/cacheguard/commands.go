@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -123,8 +125,9 @@ func (e entry) describe() string {
 	return "nothing"
 }
 
-// entry reads id's field of its value key and its TTL in one round trip,
-// and decodes the frame with the codec that wrote it.
+// entry reads id's value key and its TTL in one round trip, picks the field
+// of the Guard's Version (each shape of the value type has its own:
+// "version:shape"), and decodes the frame with the codec that wrote it.
 func (c *config) entry(ctx context.Context, rdb redis.UniversalClient, id string) (entry, error) {
 	ks, err := c.keys()
 	if err != nil {
@@ -136,17 +139,25 @@ func (c *config) entry(ctx context.Context, rdb redis.UniversalClient, id string
 	}
 	e := entry{ID: id, Key: vkey, Field: c.version, Kind: "none"}
 	pipe := rdb.Pipeline()
-	hget := pipe.HGet(ctx, vkey, c.version)
+	all := pipe.HGetAll(ctx, vkey)
 	pttl := pipe.PTTL(ctx, vkey)
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return entry{}, fmt.Errorf("redis: %w", err)
 	}
-	raw, err := hget.Bytes()
-	if errors.Is(err, redis.Nil) {
+	var fields []string
+	for f := range all.Val() {
+		if f == c.version || strings.HasPrefix(f, c.version+":") {
+			fields = append(fields, f)
+		}
+	}
+	if len(fields) == 0 {
 		return e, nil
 	}
-	if err != nil {
-		return entry{}, fmt.Errorf("redis: %w", err)
+	slices.Sort(fields)
+	e.Field = fields[0]
+	raw := []byte(all.Val()[e.Field])
+	if len(fields) > 1 {
+		e.Note = fmt.Sprintf("%d shapes of the value type are cached (fields %s); showing the first", len(fields), strings.Join(fields, ", "))
 	}
 	if d := pttl.Val(); d > 0 {
 		e.TTLMillis = d.Milliseconds()

@@ -1,15 +1,29 @@
 -- replace: after a write to the source of truth, make an entry the only one of
--- an ID, for every schema version: the new value (Set), or an empty marker
--- (Delete). Deleting the load lock voids every load in flight (the holder's
--- write checks its token in the lock), so no slower load that read older data
--- can overwrite it.
+-- an ID: the new value (Set) under the writer's schema version alone, or an
+-- empty marker (Delete) under the writer's and every version that had an
+-- entry (an ID that does not exist is absent whatever the shape of its type).
+-- Deleting the load lock voids every load in flight (the holder's write checks
+-- its token in the lock), so no slower load that read older data can
+-- overwrite it.
 -- KEYS[1]  value key (a hash, one field per schema version)
 -- KEYS[2]  load lock key (same hash tag)
--- ARGV[1]  the writer's field (its schema version)
+-- ARGV[1]  the writer's field, or "" (a Guard not yet bound to a type)
 -- ARGV[2]  the frame (a value, or the empty marker)
 -- ARGV[3]  TTL in milliseconds
+-- ARGV[4]  "1": the frame is the empty marker
 -- Returns  1.
+local fields = {}
+if ARGV[4] == '1' then
+  fields = redis.call('HKEYS', KEYS[1])
+end
 redis.call('DEL', KEYS[1], KEYS[2])
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
+if ARGV[1] ~= '' then
+  table.insert(fields, ARGV[1])
+end
+for _, f in ipairs(fields) do
+  redis.call('HSET', KEYS[1], f, ARGV[2])
+end
+if #fields > 0 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+end
 return 1

@@ -68,6 +68,10 @@ type Options struct {
 	// (the error wraps redisfail.ErrUnavailable). The load's result is still
 	// served; only caching it failed.
 	OnWriteFailed func(key string, err error)
+	// OnOtherFields, if set, is told the other fields a holder's write
+	// found in the hash: entries of other schema versions, which its
+	// re-check did not read.
+	OnOtherFields func(key, field string, others []string)
 }
 
 // Filler is what a Coordinator fills a key for: it judges what the cache

@@ -71,22 +71,31 @@ func (c *Coordinator) hold(ctx context.Context, l *redislock.Lock, key, field st
 	err = c.send(opCtx, func(ctx context.Context, pipe redis.Pipeliner) {
 		cmd = writeRelease.EvalSha(ctx, pipe, keys, args...)
 	})
-	var written int
+	var reply any
 	if err == nil {
-		written, err = cmd.Int()
+		reply, err = cmd.Result()
 		if redis.HasErrorPrefix(err, "NOSCRIPT") { // not run: send the script itself
-			written, err = writeRelease.Eval(opCtx, c.rdb, keys, args...).Int()
+			reply, err = writeRelease.Eval(opCtx, c.rdb, keys, args...).Result()
 		}
 	}
 	released = err == nil
+	written, _ := reply.([]any)
 	switch {
 	case err != nil:
 		if c.opts.OnWriteFailed != nil {
 			c.opts.OnWriteFailed(key, redisfail.Wrap(err))
 		}
-	case written == 0:
+	case written == nil:
 		c.staleWrites.Add(1)
 		return errOvertaken
+	case len(written) > 1 && c.opts.OnOtherFields != nil:
+		others := make([]string, 0, len(written)-1)
+		for _, f := range written[1:] {
+			if s, ok := f.(string); ok && s != field {
+				others = append(others, s)
+			}
+		}
+		c.opts.OnOtherFields(key, field, others)
 	}
 	return nil
 }

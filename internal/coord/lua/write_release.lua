@@ -15,7 +15,9 @@
 --          another's write is never staler than it was)
 -- ARGV[4]  the holder's lock token
 -- ARGV[5]  channel
--- Returns  1 if written, 0 if the lock was no longer the holder's.
+-- Returns  0 if the lock was no longer the holder's; if written, an array:
+--          1, then the fields the hash held before (other schema versions,
+--          whose entries this holder could not read).
 --
 -- The token is the fence: a lock that is still the holder's was neither
 -- deleted by a write nor taken by another holder since the holder took it
@@ -26,12 +28,14 @@
 -- there exactly when DEL removed two keys. Every command a script runs costs
 -- Redis far more than the same command sent alone.
 if redis.call('GET', KEYS[2]) == ARGV[4] then
+  local written = redis.call('HKEYS', KEYS[1])
+  table.insert(written, 1, 1)
   redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
   if redis.call('DEL', KEYS[2], KEYS[3]) == 2 then
     redis.call('PUBLISH', ARGV[5], KEYS[1])
   end
-  return 1
+  return written
 end
 if redis.call('DEL', KEYS[3]) == 1 then
   redis.call('PUBLISH', ARGV[5], KEYS[1])

@@ -33,9 +33,10 @@ var (
 // marker after it (it deletes the ID's load lock, as Invalidate does). A
 // cached value is never dropped. One round trip for any number of IDs (two
 // while a filter rebuild runs; see bloom.Filter.AddMany). Malformed IDs make
-// Add fail before any Redis command; Redis failures wrap ErrUnavailable.
+// Add fail before any Redis command; Redis failures wrap ErrUnavailable,
+// and the write is replayed (see Stats.Unwritten).
 func (g *Guard) Add(ctx context.Context, ids ...string) error {
-	return g.write(ids, func(keys []string) error {
+	return g.write(ctx, ids, func(keys []string) error {
 		f, err := g.filter(ctx)
 		if err != nil {
 			return err
@@ -63,7 +64,9 @@ func (g *Guard) Add(ctx context.Context, ids ...string) error {
 // Two Sets of one ID racing each other: the last to reach Redis wins. Make
 // sure that is also the order of their commits (for example, Set inside the
 // same critical section or row lock as the database write), or call
-// Invalidate instead, which never caches anything it did not read.
+// Invalidate instead, which never caches anything it did not read. A Set
+// that cannot reach Redis wraps ErrUnavailable and is replayed (as an
+// Invalidate; see Stats.Unwritten).
 func Set[T any](ctx context.Context, g *Guard, id string, v T) error {
 	pass, err := g.gate.enter()
 	if err != nil {
@@ -81,7 +84,8 @@ func Set[T any](ctx context.Context, g *Guard, id string, v T) error {
 	if err != nil {
 		return fmt.Errorf("cacheguard: %s %q: %w", g.name, id, err)
 	}
-	return g.replace(ctx, "set", []string{id}, []string{vkey}, frame, func() time.Duration { return ttl }, &localEntry{frame: frame, value: kept(g, v), life: ttl})
+	err = g.replace(ctx, "set", []string{id}, []string{vkey}, frame, func() time.Duration { return ttl }, &localEntry{frame: frame, value: kept(g, v), life: ttl})
+	return g.unwrittenAfter(ctx, []string{id}, err)
 }
 
 // Delete records that ids no longer exist, after the source of truth deleted
@@ -89,9 +93,10 @@ func Set[T any](ctx context.Context, g *Guard, id string, v T) error {
 // empty marker for EmptyTTL ± Jitter, loads in flight are voided, and
 // in-memory copies (Options.Local) are dropped in every process. The next Get
 // of a deleted ID, in any process, answers ErrNotFound without calling the
-// loader. A re-created ID is servable again after its Add.
+// loader. A re-created ID is servable again after its Add. A Delete that
+// cannot reach Redis wraps ErrUnavailable and is replayed (as an Invalidate).
 func (g *Guard) Delete(ctx context.Context, ids ...string) error {
-	return g.write(ids, func(keys []string) error {
+	return g.write(ctx, ids, func(keys []string) error {
 		return g.replace(ctx, "delete", nil, keys, codec.Empty(), func() time.Duration { return g.jitter(g.opts.EmptyTTL) }, nil)
 	})
 }
@@ -149,7 +154,7 @@ func (g *Guard) forget(keys []string, copy *localEntry) {
 
 // write runs a write of ids inside the gate, with their value keys (none:
 // nothing to do; a malformed ID: ErrInvalidKey before any Redis command).
-func (g *Guard) write(ids []string, fn func(keys []string) error) error {
+func (g *Guard) write(ctx context.Context, ids []string, fn func(keys []string) error) error {
 	pass, err := g.gate.enter()
 	if err != nil {
 		return err
@@ -159,7 +164,7 @@ func (g *Guard) write(ids []string, fn func(keys []string) error) error {
 	if err != nil || len(keys) == 0 {
 		return err
 	}
-	return fn(keys)
+	return g.unwrittenAfter(ctx, ids, fn(keys))
 }
 
 // valueKeys returns the value keys of ids, or ErrInvalidKey before any Redis
@@ -200,21 +205,28 @@ func firstErr(err error, cmds []*redis.Cmd) error {
 // loads again (or waits for a load that started after the change). New
 // callers in this process start a new flight instead of joining one that
 // may have read the old data, and every process's in-memory copy
-// (Options.Local) is dropped. One round trip.
+// (Options.Local) is dropped. One round trip. An Invalidate that cannot
+// reach Redis wraps ErrUnavailable and is replayed (see Stats.Unwritten).
 func (g *Guard) Invalidate(ctx context.Context, ids ...string) error {
-	return g.write(ids, func(keys []string) error {
+	return g.write(ctx, ids, func(keys []string) error {
 		// One DEL per ID (value and lock share a slot; IDs do not),
 		// and a message per ID for the processes that keep values in memory
 		// (Local), in one round trip.
 		pipe := g.rdb.Pipeline()
-		for _, k := range keys {
-			pipe.Del(ctx, voids(k)...)
-			pipe.Publish(ctx, g.keys.Invalidated(), k)
-		}
+		g.queueInvalidate(ctx, pipe, keys)
 		_, err := pipe.Exec(ctx)
 		g.forget(keys, nil)
 		return g.fail(ctx, "invalidate", "", redisfail.Wrap(err))
 	})
+}
+
+// queueInvalidate queues, for each key, the DEL of its entry and load lock
+// and the message that drops in-memory copies in other processes.
+func (g *Guard) queueInvalidate(ctx context.Context, pipe redis.Pipeliner, keys []string) {
+	for _, k := range keys {
+		pipe.Del(ctx, voids(k)...)
+		pipe.Publish(ctx, g.keys.Invalidated(), k)
+	}
 }
 
 // Rebuild replaces the bloom filter with one built from every existing ID of

@@ -19,6 +19,7 @@ type filterState struct {
 	opts       *bloom.Options
 	bypassing  atomic.Bool // the filter answered ErrNotReady last time (logged once per episode)
 	rebuilding atomic.Bool // an automatic rebuild is under way (autoRebuild)
+	stale      atomic.Bool // Redis restarted: the filter may lack recent Adds; rebuild it though it is ready
 	mu         sync.Mutex  // held by each rebuild of this Guard's, automatic or not: one at a time
 }
 
@@ -45,6 +46,7 @@ func (g *Guard) connect(ctx context.Context) error {
 	if err := g.coord.LoadScripts(ctx); err != nil && !reply(err) {
 		return err // a refusal (an ACL without script|load) only costs a NOSCRIPT round trip later
 	}
+	g.checkRestart(ctx) // the run ids to compare with after an outage
 	if g.local != nil {
 		return g.local.arm(ctx, g.rdb, g.keys.Invalidated())
 	}
@@ -126,38 +128,46 @@ func (g *Guard) checkClient(ctx context.Context) {
 	}
 }
 
-// Rebuild backoff: an automatic rebuild that fails (Redis not back yet, a
-// source that failed) is tried again after rebuildRetryMin, doubling up to
-// rebuildRetryMax, so it lands within seconds of Redis answering again.
+// Retry backoff: background work that fails (Redis not back yet, a source
+// that failed) is tried again after retryMin, doubling up to retryMax, so
+// it lands within seconds of Redis answering again.
 const (
-	rebuildRetryMin = 100 * time.Millisecond
-	rebuildRetryMax = 2 * time.Second
+	retryMin = 100 * time.Millisecond
+	retryMax = 2 * time.Second
 )
 
-// autoRebuild makes sure a background rebuild from Options.Filter.IDs runs
-// while the filter is not ready: one at a time per Guard, retried with
-// backoff until it lands, the filter is found ready, or the Guard closes.
-// It is called from inside the gate (or by New), so Close, which shuts the
-// gate before it waits for background work, cannot miss one.
-func (g *Guard) autoRebuild() {
-	if g.opts.Filter.IDs == nil || !g.bf.rebuilding.CompareAndSwap(false, true) {
-		return
-	}
+// retry runs attempt in a goroutine of the Guard's own until it reports
+// done or the Guard closes, then end; a send on wake (if not nil) cuts a
+// wait short. It is the one retry loop of the Guard's background work.
+// Call it from inside the gate (or from New), so that Close, which shuts
+// the gate before it waits, cannot miss one.
+func (g *Guard) retry(attempt func() bool, end func(), wake <-chan struct{}) {
 	g.bg.wg.Add(1)
 	go func() {
 		defer g.bg.wg.Done()
-		defer g.bf.rebuilding.Store(false)
-		for wait := rebuildRetryMin; ; wait = min(2*wait, rebuildRetryMax) {
-			if g.rebuildOnce() {
+		defer end()
+		for wait := retryMin; ; wait = min(2*wait, retryMax) {
+			if attempt() {
 				return
 			}
 			select {
 			case <-g.bg.closing:
 				return
+			case <-wake:
 			case <-time.After(wait):
 			}
 		}
 	}()
+}
+
+// autoRebuild makes sure a background rebuild from Options.Filter.IDs runs
+// while the filter is not ready (or stale: see restarts): one at a time per
+// Guard, until it lands, the filter is found ready, or the Guard closes.
+func (g *Guard) autoRebuild() {
+	if g.opts.Filter.IDs == nil || !g.bf.rebuilding.CompareAndSwap(false, true) {
+		return
+	}
+	g.retry(g.rebuildOnce, func() { g.bf.rebuilding.Store(false) }, nil)
 }
 
 // rebuildOnce makes one attempt: it reports whether the filter is ready now
@@ -175,7 +185,8 @@ func (g *Guard) rebuildOnce() (done bool) {
 	if err != nil {
 		return false // not connected yet: the next attempt opens it
 	}
-	if in, err := f.Info(ctx); err == nil && in.Ready { // reads the meta afresh: another process may have rebuilt it
+	stale := g.bf.stale.Load()                                    // Redis restarted: rebuild even a ready filter
+	if in, err := f.Info(ctx); !stale && err == nil && in.Ready { // reads the meta afresh: another process may have rebuilt it
 		return true
 	}
 	n, err := func() (int, error) {
@@ -190,6 +201,7 @@ func (g *Guard) rebuildOnce() (done bool) {
 	}()
 	switch {
 	case err == nil:
+		g.bf.stale.CompareAndSwap(stale, false)
 		g.log.Info("cacheguard: bloom filter rebuilt", "ids", n)
 		return true
 	case errors.Is(err, bloom.ErrRebuilding):

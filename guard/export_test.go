@@ -12,3 +12,6 @@ func Flush(ctx context.Context, g *Guard) error { return g.flush(ctx) }
 // Field is the hash field of g's entries, once a Get or Set bound g to a
 // type (see schemaField).
 func Field(g *Guard) string { return g.field() }
+
+// MaxUnwritten is how many unwritten IDs a Guard keeps before it overflows.
+const MaxUnwritten = maxUnwritten

@@ -44,6 +44,9 @@ func get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 	if err := bind[T](g); err != nil {
 		return zero, err
 	}
+	if g.unw.has(id) { // its write has not reached Redis yet: the entry may be the one it replaces
+		return getUnwritten(ctx, g, id, load)
+	}
 	gone := false // the local copy expired with its Redis entry
 	if g.local != nil {
 		v, st := localHit[T](ctx, g, id)
@@ -93,6 +96,25 @@ func get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 		return v, err
 	}
 	return fill(ctx, g, id, vkey, load, from, r.held)
+}
+
+// getUnwritten answers a Get of an ID whose last write did not reach Redis
+// from the load function alone, as in an outage, until the write is
+// replayed (replay.go).
+func getUnwritten[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, error) {
+	pass, err := g.gate.enter()
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	defer g.gate.leave(pass)
+	vkey, err := g.keys.Value(id)
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	cause := fmt.Errorf("cacheguard: %s %q: %w", g.name, id, errUnwritten)
+	return loadThrough(ctx, g, id, vkey, load, since{at: g.starts.Load()}, cause)
 }
 
 // since is when a caller started: Guard.starts then, and the local cache's

@@ -53,6 +53,8 @@ type Guard struct {
 	bf           filterState                 // the bloom filter, once opened (connect.go)
 	outage       *outage                     // what Get does when Redis cannot answer
 	stats        counters
+	unw          unwritten   // the IDs whose writes failed, until replayed (replay.go)
+	restarts     restarts    // Redis's run ids, to notice a restart (replay.go)
 	schemaWarned warnedPairs // the pairs of schema versions warned of (otherSchemas)
 	tel          *telemetry  // OpenTelemetry instruments, or nil (off)
 	bg           background  // the Guard's own goroutines, ended by Close
@@ -102,6 +104,7 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 		log:  slog.New(newRateLimited(o.Logger.Handler())).With("guard", name),
 	}
 	g.bg.closing = make(chan struct{})
+	g.unw.wake = make(chan struct{}, 1)
 	g.bg.ctx, g.bg.cancel = context.WithCancel(context.Background())
 	g.rd.batch = batch.New(o.Tuning.ReadsInFlight, readBatchMax, g.runReads)
 	if o.Tuning.ReadsInFlight < 0 { // off: every read alone, at once

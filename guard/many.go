@@ -56,6 +56,14 @@ func getMany[T any](ctx context.Context, g *Guard, ids []string, load BatchLoadF
 		return nil, err
 	}
 	out := make(map[string]T, len(ids))
+	if g.unw.n.Load() != 0 { // IDs whose writes have not reached Redis yet: as in an outage
+		var through []string
+		if ids, keys, through = g.unw.split(ids, keys); len(through) > 0 {
+			if err := loadManyThrough(ctx, g, through, load, out, fmt.Errorf("cacheguard: %s: %w", g.name, errUnwritten)); err != nil {
+				return out, err
+			}
+		}
+	}
 	var epoch uint64
 	if g.local != nil {
 		epoch = g.local.epoch.Load() // before the local lookups and the read: see local.put

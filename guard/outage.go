@@ -48,7 +48,8 @@ type outage struct {
 	// troubled is set by a failed read and cleared once the breaker is
 	// closed again after a success: while it is clear, reads do not
 	// consult the breaker at all (it takes a mutex per call).
-	troubled atomic.Bool
+	troubled  atomic.Bool
+	recovered func() // told when reads succeed again after failing (Guard.recovered)
 	// lastSlotReload is when a cluster slot-map reload was last asked for
 	// (unix nanos; see reloadSlots).
 	lastSlotReload atomic.Int64
@@ -63,9 +64,10 @@ func newOutage(o OutageOptions, g *Guard) (*outage, error) {
 	}
 	after := uint32(breakAfter)
 	return &outage{
-		failFast: o.FailFast,
-		slots:    semaphore.NewWeighted(int64(o.MaxLoads)),
-		maxLoads: o.MaxLoads,
+		recovered: g.recovered,
+		failFast:  o.FailFast,
+		slots:     semaphore.NewWeighted(int64(o.MaxLoads)),
+		maxLoads:  o.MaxLoads,
 		breaker: gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
 			Name:        g.name,
 			MaxRequests: 1,
@@ -105,8 +107,8 @@ func (o *outage) before() (done func(error), err error) {
 func (o *outage) after(done func(error), err error) {
 	if done != nil {
 		done(err)
-		if err == nil && o.breaker.State() == gobreaker.StateClosed {
-			o.troubled.Store(false)
+		if err == nil && o.breaker.State() == gobreaker.StateClosed && o.troubled.CompareAndSwap(true, false) {
+			o.recovered() // did Redis restart meanwhile?
 		}
 		return
 	}

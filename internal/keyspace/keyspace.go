@@ -135,6 +135,10 @@ func (s Guard) scan(id string) (escapes int, err error) {
 // MaxKeyLen is the longest ID accepted, in bytes.
 func (s Guard) MaxKeyLen() int { return s.maxLen }
 
+// Values is a SCAN MATCH pattern of the Guard's value keys (and of no
+// other key of it; another Guard's may match: check each with ID).
+func (s Guard) Values() string { return s.base + "{*}" }
+
 // Loaded is the channel on which a load's end is published (payload: the
 // value key).
 func (s Guard) Loaded() string { return s.base + "loaded" }

@@ -1,0 +1,236 @@
+package guard_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/guard"
+	"github.com/cacheguard/cacheguard/internal/redistest"
+)
+
+// TestFailedWritesAreReplayed: IDs 60 and 61 are cached; Redis stops with
+// SHUTDOWN SAVE; the service updates row 60 and deletes row 61 (committed),
+// and its Set and Delete fail. Redis comes back from its dump, holding the
+// old entries. The writing process never serves them: it loads those IDs
+// through until its writes are replayed, and then every process (a second
+// Guard here) reads the new rows. The restart is noticed and counted.
+func TestFailedWritesAreReplayed(t *testing.T) {
+	ctx := context.Background()
+	srv, rdb := redistest.Private(t)
+	d := newDB(100)
+	source := func(context.Context) iter.Seq2[string, error] { return ids("p", 100) }
+	open := func() *guard.Guard {
+		g, err := guard.New(ctx, rdb, "product", &guard.Options{Filter: guard.FilterOptions{ExpectedItems: 1000, IDs: source}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = g.Close() })
+		return g
+	}
+	writer, other := open(), open()
+	for _, g := range []*guard.Guard{writer, other} {
+		for _, id := range []string{"p60", "p61"} {
+			if _, err := guard.Get(ctx, g, id, d.load); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := rdb.ShutdownSave(ctx).Err(); err != nil && !errors.Is(err, redis.ErrClosed) {
+		t.Logf("shutdown: %v", err)
+	}
+	updated := product{ID: "p60", Name: "updated", Price: 6060}
+	d.set(updated) // the database commits both writes...
+	d.del("p61")
+	if err := guard.Set(ctx, writer, "p60", updated); !errors.Is(err, guard.ErrUnavailable) {
+		t.Fatalf("Set with Redis down: %v, want ErrUnavailable", err)
+	}
+	if err := writer.Delete(ctx, "p61"); !errors.Is(err, guard.ErrUnavailable) {
+		t.Fatalf("Delete with Redis down: %v, want ErrUnavailable", err)
+	}
+	if n := writer.Stats().Unwritten; n != 2 {
+		t.Fatalf("Unwritten %d, want 2", n)
+	}
+	if _, err := os.Stat(filepath.Join(srv.Dir, "dump.rdb")); err != nil {
+		t.Fatalf("no dump to restart from: %v", err) // the old entries come back from it
+	}
+	if err := srv.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stale, reads := 0, 0
+	check := func() {
+		reads++
+		if p, err := guard.Get(ctx, writer, "p60", d.load); err == nil && p.Price != updated.Price {
+			stale++
+		}
+		if _, err := guard.Get(ctx, writer, "p61", d.load); err == nil {
+			stale++
+		}
+	}
+	for deadline := time.Now().Add(10 * time.Second); writer.Stats().Unwritten > 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the writes were not replayed within 10 s: %+v", writer.Stats())
+		}
+		check()
+		time.Sleep(time.Millisecond)
+	}
+	for range 50 {
+		check()
+	}
+	if stale > 0 {
+		t.Fatalf("%d stale answers in the writing process over %d reads", stale, reads)
+	}
+	p, err := guard.Get(ctx, other, "p60", d.load)
+	if err != nil || p.Price != updated.Price {
+		t.Fatalf("another process after the replay: %+v, %v; want the updated row", p, err)
+	}
+	if _, err := guard.Get(ctx, other, "p61", d.load); !errors.Is(err, guard.ErrNotFound) {
+		t.Fatalf("another process after the replay: the deleted row gives %v, want ErrNotFound", err)
+	}
+	if st := writer.Stats(); st.RedisRestarts != 1 {
+		t.Fatalf("restarts noticed: %d, want 1 (%+v)", st.RedisRestarts, st)
+	}
+	t.Logf("0 stale answers in the writing process over %d reads of each ID after the restart", reads)
+}
+
+// partition fails every pipeline that publishes an invalidation (the writes
+// and their replays) while on, as a network partition between this process
+// and Redis would; reads pass.
+type partition struct{ on atomic.Bool }
+
+func (p *partition) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (p *partition) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (p *partition) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if p.on.Load() && slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return c.Name() == "publish" }) {
+			err := errors.New("partitioned: write dropped")
+			for _, c := range cmds {
+				c.SetErr(err)
+			}
+			return err
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// partitioned opens a Guard on a client of its own, whose writes cut fails
+// while on.
+func partitioned(t *testing.T, prefix string) (*partition, *guard.Guard) {
+	t.Helper()
+	cut := &partition{}
+	rdb := redistest.NewClient()
+	rdb.AddHook(cut)
+	t.Cleanup(func() { _ = rdb.Close() })
+	return cut, openRebuilt(t, rdb, guard.Options{KeyPrefix: prefix}, 1000, 10)
+}
+
+// TestUnwrittenIDsLoadThrough: while an ID's failed write cannot be replayed
+// (its pipeline keeps failing) and Redis still holds the entry it meant to
+// replace, the writing process answers that ID from the database, never
+// from the entry; once the partition heals the replay lands and the other
+// processes read the new row too.
+func TestUnwrittenIDsLoadThrough(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	cut, writer := partitioned(t, c.Prefix)
+	d := newDB(10)
+	other := openRebuilt(t, c, guard.Options{KeyPrefix: c.Prefix}, 1000, 10)
+	for _, g := range []*guard.Guard{writer, other} {
+		if _, err := guard.Get(ctx, g, "p6", d.load); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cut.on.Store(true)
+	updated := product{ID: "p6", Name: "updated", Price: 606}
+	d.set(updated)
+	if err := guard.Set(ctx, writer, "p6", updated); !errors.Is(err, guard.ErrUnavailable) {
+		t.Fatalf("Set across the partition: %v, want ErrUnavailable", err)
+	}
+	stale := 0
+	for range 200 {
+		p, err := guard.Get(ctx, writer, "p6", d.load)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Price != updated.Price {
+			stale++
+		}
+	}
+	if p, _ := guard.Get(ctx, other, "p6", d.load); p.Price == updated.Price {
+		t.Fatal("the other process read the new row: the old entry was not there, the test shows nothing")
+	}
+	if st := writer.Stats(); stale > 0 || st.Unwritten != 1 || st.LoadThroughs != 200 {
+		t.Fatalf("%d of 200 answers stale in the writing process; stats %+v", stale, st)
+	}
+	cut.on.Store(false)
+	for deadline := time.Now().Add(10 * time.Second); writer.Stats().Unwritten > 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("not replayed within 10 s after the partition healed: %+v", writer.Stats())
+		}
+	}
+	if p, err := guard.Get(ctx, other, "p6", d.load); err != nil || p.Price != updated.Price {
+		t.Fatalf("the other process after the replay: %+v, %v; want the updated row", p, err)
+	}
+	loads := d.calls.Load()
+	if p, err := guard.Get(ctx, writer, "p6", d.load); err != nil || p.Price != updated.Price || d.calls.Load() != loads {
+		t.Fatalf("the writer after the replay: %+v, %v, %d loads; want the updated row from the cache", p, err, d.calls.Load()-loads)
+	}
+}
+
+// TestUnwrittenOverflow: more failed writes than the set holds make every
+// Get of the Guard load through, until the held IDs are replayed and every
+// entry of the Guard is dropped; then Gets read the cache again.
+func TestUnwrittenOverflow(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	cut, writer := partitioned(t, c.Prefix)
+	d := newDB(10)
+	if _, err := guard.Get(ctx, writer, "p1", d.load); err != nil { // cached
+		t.Fatal(err)
+	}
+	many := make([]string, guard.MaxUnwritten+1)
+	for i := range many {
+		many[i] = fmt.Sprintf("gone%d", i)
+	}
+	cut.on.Store(true)
+	if err := writer.Invalidate(ctx, many...); !errors.Is(err, guard.ErrUnavailable) {
+		t.Fatalf("Invalidate across the partition: %v", err)
+	}
+	if st := writer.Stats(); st.Unwritten != guard.MaxUnwritten+1 {
+		t.Fatalf("Unwritten %d, want the cap and 1 for the overflow", st.Unwritten)
+	}
+	before := writer.Stats().LoadThroughs
+	if _, err := guard.Get(ctx, writer, "p1", d.load); err != nil { // an ID never written: loaded through all the same
+		t.Fatal(err)
+	}
+	if n := writer.Stats().LoadThroughs - before; n != 1 {
+		t.Fatalf("a Get during the overflow: %d load-throughs, want 1", n)
+	}
+	cut.on.Store(false)
+	for deadline := time.Now().Add(20 * time.Second); writer.Stats().Unwritten > 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("not replayed within 20 s: %+v", writer.Stats())
+		}
+	}
+	if n := c.Exists(ctx, c.Prefix+":product:{p1}").Val(); n != 0 {
+		t.Fatal("the Guard's entries were not dropped after the overflow")
+	}
+	loads := d.calls.Load()
+	for range 2 { // a miss that caches, then a hit
+		if _, err := guard.Get(ctx, writer, "p1", d.load); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := d.calls.Load() - loads; n != 1 {
+		t.Fatalf("%d loads after the replay, want 1: Gets read the cache again", n)
+	}
+}

@@ -109,7 +109,14 @@ func childChecker(rdb redis.UniversalClient) int {
 	ops, _ := strconv.Atoi(os.Getenv("OPS"))
 	ids, _ := strconv.Atoi(os.Getenv("IDS"))
 	mode := os.Getenv("MODE")
-	pace, _ := time.ParseDuration(os.Getenv("PACE")) // a pause between operations, to spread them over an outage
+	// PACE: a pause between operations, to spread them over an outage.
+	pace, _ := time.ParseDuration(os.Getenv("PACE"))
+	if c, ok := rdb.(*redis.Client); ok && os.Getenv("README_CLIENT") == "1" { // the client README builds
+		o := c.Options()
+		o.ContextTimeoutEnabled, o.DialerRetries = true, 1
+		rdb = redis.NewClient(o)
+		defer rdb.Close()
+	}
 	opts := &guard.Options{KeyPrefix: prefix, Filter: guard.FilterOptions{ExpectedItems: 10_000}}
 	if os.Getenv("LOCAL") == "1" {
 		opts.Local = &guard.LocalOptions{TTL: time.Minute}
@@ -339,7 +346,7 @@ func runChecker(t *testing.T, mode string, local, outage bool) checked {
 			"WORKERS=" + strconv.Itoa(workers), "OPS=" + strconv.Itoa(ops), "IDS=" + strconv.Itoa(ids), "MODE=" + mode, "LOCAL=" + localFlag}
 		if outage {
 			db := redistest.Server(t)
-			env = append(env, "DB="+db.Network+"|"+db.Addr, "PACE=2ms") // 5 s of operations
+			env = append(env, "DB="+db.Network+"|"+db.Addr, "PACE=1ms", "README_CLIENT=1") // 2.5 s of operations
 			children = append(children, redistest.SpawnOn(t, srv, "checker", env...))
 		} else {
 			children = append(children, redistest.Spawn(t, "checker", env...))
@@ -399,9 +406,10 @@ func TestConsistencyCheckerLocal(t *testing.T) {
 		float64(res.Stale)*10_000/float64(res.Reads), res.MaxStale)
 }
 
-// outageFor is long enough for a write to fail with go-redis's default
-// retries (a shorter outage makes it wait and succeed after the restart).
-const outageFor = 3 * time.Second
+// outageFor is how long the cache is down. The processes use README's
+// client (DialerRetries 1): with go-redis's default retries a write waits
+// out a one-second outage and lands after the restart.
+const outageFor = time.Second
 
 // stopAndRestore waits for the checker's processes to pass their barrier,
 // lets them run, stops the cache with SHUTDOWN SAVE, and a second later

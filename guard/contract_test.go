@@ -92,7 +92,7 @@ func TestErrUnavailableWhenRedisRefusesWrites(t *testing.T) {
 // aclCommands is every command a Guard sends, directly or from its scripts:
 // the least-privilege user of README's "Redis ACL" section.
 var aclCommands = strings.Fields(
-	"bitfield bitop del eval evalsha exists get getrange hdel hexists hget hgetall hincrby hkeys hset " +
+	"bitfield bitop del eval evalsha exists get getrange hdel hexists hget hgetall hincrby hkeys hset info scan " +
 		"pexpire pttl publish script|load set setrange subscribe time unlink bitcount getbit " +
 		"memory|usage",
 )

@@ -48,8 +48,9 @@ type outage struct {
 	// troubled is set by a failed read and cleared once the breaker is
 	// closed again after a success: while it is clear, reads do not
 	// consult the breaker at all (it takes a mutex per call).
-	troubled  atomic.Bool
-	recovered func() // told when reads succeed again after failing (Guard.recovered)
+	troubled    atomic.Bool
+	recovered   func() // told when reads succeed again after failing (Guard.recovered)
+	troubledNow func() // told when a read fails after succeeding (Guard.suspectRecent)
 	// lastSlotReload is when a cluster slot-map reload was last asked for
 	// (unix nanos; see reloadSlots).
 	lastSlotReload atomic.Int64
@@ -64,10 +65,11 @@ func newOutage(o OutageOptions, g *Guard) (*outage, error) {
 	}
 	after := uint32(breakAfter)
 	return &outage{
-		recovered: g.recovered,
-		failFast:  o.FailFast,
-		slots:     semaphore.NewWeighted(int64(o.MaxLoads)),
-		maxLoads:  o.MaxLoads,
+		recovered:   g.recovered,
+		troubledNow: func() { g.suspectRecent("redis failing") },
+		failFast:    o.FailFast,
+		slots:       semaphore.NewWeighted(int64(o.MaxLoads)),
+		maxLoads:    o.MaxLoads,
 		breaker: gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
 			Name:        g.name,
 			MaxRequests: 1,
@@ -113,7 +115,9 @@ func (o *outage) after(done func(error), err error) {
 		return
 	}
 	if errors.Is(err, ErrUnavailable) { // the first failure: count it, and consult the breaker from now on
-		o.troubled.Store(true)
+		if o.troubled.CompareAndSwap(false, true) {
+			o.troubledNow()
+		}
 		if d, berr := o.breaker.Allow(); berr == nil {
 			d(err)
 		}

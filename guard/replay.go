@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -41,8 +40,10 @@ type unwritten struct {
 	mu         sync.Mutex        // guards the fields below
 	ids        map[string]uint64 // ID → the number of its last failure, so a replay does not clear a newer one
 	seq        uint64
-	overflowed bool // IDs were dropped: every ID counts as unwritten (see has)
-	replaying  bool // the replay goroutine runs (started by unwrittenAfter, ended by replayOnce)
+	overflowed bool          // IDs were dropped: every ID counts as unwritten (see has)
+	replaying  bool          // the replay goroutine runs (started by keep, ended by replayOnce)
+	recent     []recentWrite // the last maxRecent writes that landed, a ring
+	next       int           // where the next goes in recent
 	// wake, made by New (buffer 1), starts a replay attempt now: reads
 	// succeed again, so the replay need not wait out its backoff.
 	wake chan struct{}
@@ -72,11 +73,21 @@ func (u *unwritten) split(ids, keys []string) (restIDs, restKeys, unwrittenIDs [
 }
 
 // unwrittenAfter keeps ids if err says their write did not reach Redis,
-// starts the replay, and returns err.
+// and starts the replay; a write that landed is remembered for a while (see
+// suspectRecent). It returns err.
 func (g *Guard) unwrittenAfter(ctx context.Context, ids []string, err error) error {
-	if err == nil || !errors.Is(err, ErrUnavailable) || ctx.Err() != nil {
-		return err
+	switch {
+	case err == nil:
+		g.unw.wrote(ids)
+	case errors.Is(err, ErrUnavailable) && ctx.Err() == nil:
+		g.keep(ids, "cacheguard: a write did not reach redis; this process loads those IDs through until it is replayed", err)
 	}
+	return err
+}
+
+// keep adds ids to the unwritten set and starts the replay if it is not
+// running (logging why, once per replay).
+func (g *Guard) keep(ids []string, why string, err error) {
 	u := &g.unw
 	u.mu.Lock()
 	if u.ids == nil {
@@ -95,10 +106,9 @@ func (g *Guard) unwrittenAfter(ctx context.Context, ids []string, err error) err
 	u.replaying = true
 	u.mu.Unlock()
 	if start {
-		g.log.Warn("cacheguard: a write did not reach redis; this process loads those IDs through until it is replayed", "err", err)
+		g.log.Warn(why, "ids", len(ids), "err", err)
 		g.retry(g.replayOnce, func() {}, u.wake)
 	}
-	return err
 }
 
 func b2i(b bool) int64 {
@@ -138,6 +148,10 @@ func (g *Guard) replayOnce() (done bool) {
 	if overflowed {
 		if err := g.dropEntries(ctx); err != nil {
 			return false
+		}
+		if g.opts.Filter.IDs == nil {
+			g.log.Error("cacheguard: writes past the replay's capacity were dropped; if IDs were created meanwhile, " +
+				"call Rebuild: the filter may reject them")
 		}
 		g.bf.stale.Store(true)
 		g.autoRebuild()
@@ -204,85 +218,6 @@ func (g *Guard) dropEntries(ctx context.Context) error {
 		_, err := pipe.Exec(ctx)
 		return redisfail.Wrap(err)
 	})
-}
-
-// eachMaster runs fn on every master of a cluster or ring, or on rdb.
-func eachMaster(ctx context.Context, rdb redis.UniversalClient, fn func(ctx context.Context, c redis.Cmdable) error) error {
-	switch c := rdb.(type) {
-	case *redis.ClusterClient:
-		return c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return fn(ctx, n) })
-	case *redis.Ring:
-		return c.ForEachShard(ctx, func(ctx context.Context, n *redis.Client) error { return fn(ctx, n) })
-	}
-	return fn(ctx, rdb)
-}
-
-// restarts notices that Redis restarted or failed over: the run ids of
-// its masters changed since the Guard last looked.
-type restarts struct {
-	mu       sync.Mutex  // guards runID
-	runID    string      // the masters' run ids, sorted and joined ("": not read yet)
-	checking atomic.Bool // a check after an outage runs (see recovered)
-}
-
-// recovered is told that reads succeed again after failing: the Guard
-// looks, in the background, whether Redis restarted meanwhile.
-func (g *Guard) recovered() {
-	select {
-	case g.unw.wake <- struct{}{}:
-	default: // a wake-up is pending
-	}
-	if !g.restarts.checking.CompareAndSwap(false, true) {
-		return
-	}
-	g.retry(func() bool {
-		ctx, cancel := context.WithTimeout(g.bg.ctx, g.opts.Tuning.RedisTimeout)
-		defer cancel()
-		g.checkRestart(ctx)
-		return true
-	}, func() { g.restarts.checking.Store(false) }, nil)
-}
-
-// checkRestart reads the masters' run ids and compares them with the last
-// ones read. A change is logged once, and makes the filter be rebuilt from
-// Filter.IDs (a dump or a promoted replica may lack recent Adds). An ACL
-// without INFO leaves it unknown. It runs after connecting, after an
-// outage ends and after a replay.
-func (g *Guard) checkRestart(ctx context.Context) {
-	var mu sync.Mutex
-	var ids []string
-	err := eachMaster(ctx, g.rdb, func(ctx context.Context, c redis.Cmdable) error {
-		info, err := c.Info(ctx, "server").Result()
-		if err != nil {
-			return err
-		}
-		for line := range strings.Lines(info) {
-			if id, ok := strings.CutPrefix(strings.TrimSpace(line), "run_id:"); ok {
-				mu.Lock()
-				ids = append(ids, id)
-				mu.Unlock()
-			}
-		}
-		return nil
-	})
-	if err != nil || len(ids) == 0 {
-		return
-	}
-	slices.Sort(ids)
-	now := strings.Join(ids, ",")
-	r := &g.restarts
-	r.mu.Lock()
-	was := r.runID
-	r.runID = now
-	r.mu.Unlock()
-	if was == "" || was == now {
-		return
-	}
-	g.stats.restarts.Add(1)
-	g.log.Warn("cacheguard: redis restarted or failed over (its run id changed); failed writes are replayed, the filter rebuilt",
-		"filter_ids", g.opts.Filter.IDs != nil)
-	g.bf.stale.Store(true)
-	g.autoRebuild()
 }
 
 var errUnwritten = fmt.Errorf("%w: this ID's last write did not reach redis and is not replayed yet", ErrUnavailable)

@@ -234,3 +234,56 @@ func TestUnwrittenOverflow(t *testing.T) {
 		t.Fatalf("%d loads after the replay, want 1: Gets read the cache again", n)
 	}
 }
+
+// TestAcknowledgedWriteLostInARestart: a Set that Redis acknowledged is
+// lost, as in a failover to a replica that had not received it: Redis is
+// SIGKILLed, and restarts from a dump made before the Set. The writing
+// process's reads fail while it is down (as they fail while Sentinels
+// notice a dead master), which makes it replay its recent writes: it never
+// serves the entry the Set replaced, and after the replay neither does any
+// other process.
+func TestAcknowledgedWriteLostInARestart(t *testing.T) {
+	ctx := context.Background()
+	srv, rdb := redistest.Private(t)
+	d := newDB(10)
+	writer := openRebuilt(t, rdb, guard.Options{}, 1000, 10)
+	other := openRebuilt(t, rdb, guard.Options{}, 1000, 10)
+	for _, g := range []*guard.Guard{writer, other} {
+		if _, err := guard.Get(ctx, g, "p3", d.load); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := rdb.Save(ctx).Err(); err != nil { // the dump holds the old entry
+		t.Fatal(err)
+	}
+	updated := product{ID: "p3", Name: "updated", Price: 303}
+	d.set(updated)
+	if err := guard.Set(ctx, writer, "p3", updated); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Kill(); err != nil { // SIGKILL: the acknowledged Set is not in the dump
+		t.Fatal(err)
+	}
+	stale := 0
+	for range 10 { // Redis down: loaded through
+		if p, err := guard.Get(ctx, writer, "p3", d.load); err == nil && p.Price != updated.Price {
+			stale++
+		}
+	}
+	if err := srv.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	hits := writer.Stats().Hits
+	for end := time.Now().Add(2500 * time.Millisecond); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		// past the breaker's second: reads go to Redis again
+		if p, err := guard.Get(ctx, writer, "p3", d.load); err == nil && p.Price != updated.Price {
+			stale++
+		}
+	}
+	if st := writer.Stats(); stale > 0 || st.Unwritten > 0 || st.Hits == hits {
+		t.Fatalf("%d answers in the writing process served the entry its acknowledged Set replaced; stats %+v", stale, st)
+	}
+	if p, err := guard.Get(ctx, other, "p3", d.load); err != nil || p.Price != updated.Price {
+		t.Fatalf("another process after the replay: %+v, %v", p, err)
+	}
+}

@@ -241,7 +241,7 @@ func TestACLUser(t *testing.T) {
 	// The README's least-privilege list, on the Guard's prefix.
 	if err := admin.Do(ctx, "ACL", "SETUSER", "ops", "on", ">s3cret", "resetkeys", "~cg:*", "resetchannels", "&cg:*", "-@all",
 		"+get", "+set", "+del", "+unlink", "+exists", "+pexpire", "+pttl", "+time", "+publish", "+subscribe", "+eval", "+evalsha",
-		"+getrange", "+setrange", "+bitfield", "+bitop", "+hget", "+hset", "+hdel", "+hexists", "+hgetall", "+hincrby", "+hkeys",
+		"+getrange", "+setrange", "+bitfield", "+bitop", "+hget", "+hset", "+hdel", "+hexists", "+hgetall", "+hincrby", "+hkeys", "+info", "+scan",
 		"+bitcount", "+getbit", "+memory|usage").Err(); err != nil {
 		t.Fatal(err)
 	}

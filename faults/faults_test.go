@@ -2,6 +2,7 @@ package faults_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -172,7 +173,8 @@ type row struct {
 	OutageLoads                       int64
 	Outage                            time.Duration
 	MostInside                        int64
-	Goroutines                        int // cacheguard's goroutines: the most above the baseline while the fault lasted
+	Goroutines                        int    // cacheguard's goroutines: the most above the baseline while the fault lasted
+	Lost                              string // invalidations acknowledged and lost ("": none made in this scenario)
 }
 
 func record(r row) {
@@ -203,16 +205,17 @@ func printTable() {
 		&out,
 		"| scenario | Gets | wrong values | false not-found | failed (unavailable, deadline) | max "+
 			"latency (deadline 250ms) | time to recover | loads/s during the outage (cap) | most loads "+
-			"at once | cacheguard goroutines above baseline |",
+			"at once | cacheguard goroutines above baseline | invalidations acknowledged and lost |",
 	)
-	fmt.Fprintln(&out, "|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(&out, "|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, r := range rows {
 		rate := "n/a"
 		if r.Outage > 0 {
 			rate = fmt.Sprintf("%.0f (%d)", float64(r.OutageLoads)/r.Outage.Seconds(), int(float64(maxLoads)/loadTime.Seconds()))
 		}
-		fmt.Fprintf(&out, "| %s | %d | %d | %d | %d | %v | %v | %s | %d | %d |\n", r.Scenario, r.Gets, r.Wrong, r.FalseNotFound, r.Fails,
-			r.MaxLatency.Round(time.Millisecond), r.Recovery.Round(10*time.Millisecond), rate, r.MostInside, r.Goroutines)
+		lost := cmp.Or(r.Lost, "n/a")
+		fmt.Fprintf(&out, "| %s | %d | %d | %d | %d | %v | %v | %s | %d | %d | %s |\n", r.Scenario, r.Gets, r.Wrong, r.FalseNotFound, r.Fails,
+			r.MaxLatency.Round(time.Millisecond), r.Recovery.Round(10*time.Millisecond), rate, r.MostInside, r.Goroutines, lost)
 	}
 	fmt.Fprintln(&out)
 }
@@ -275,6 +278,13 @@ func newEnv(t *testing.T) *env {
 // Guard to recover, and checks and records the figures.
 func run(t *testing.T, name string, e *env, outage time.Duration, fault func() (clear func())) {
 	t.Helper()
+	runCounting(t, name, e, outage, fault, nil)
+}
+
+// runCounting is run for a scenario that counts lost invalidations in
+// *lost (read once the fault is cleared).
+func runCounting(t *testing.T, name string, e *env, outage time.Duration, fault func() (clear func()), lost *int) {
+	t.Helper()
 	tr := startTraffic(e.g, e.src)
 	time.Sleep(300 * time.Millisecond)
 	loads0 := e.src.calls.Load()
@@ -292,6 +302,9 @@ func run(t *testing.T, name string, e *env, outage time.Duration, fault func() (
 	r := row{Scenario: name, Gets: tr.gets.Load(), Wrong: tr.wrong.Load(), FalseNotFound: tr.falseNF.Load(), Fails: tr.fails.Load(),
 		MaxLatency: time.Duration(tr.maxLatency.Load()), Recovery: recovered, OutageLoads: loads1 - loads0, Outage: outage, MostInside: most,
 		Goroutines: goroutines}
+	if lost != nil {
+		r.Lost = strconv.Itoa(*lost)
+	}
 	record(r)
 	t.Logf("%+v, stats %+v", r, e.g.Stats())
 	if r.Wrong != 0 || r.FalseNotFound != 0 {

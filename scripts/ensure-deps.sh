@@ -3,8 +3,9 @@
 # and nothing more:
 #
 #   ensure-deps.sh demo   redis-server and redis-cli (make demo, make quickstart, make bench)
-#   ensure-deps.sh test   the above, PostgreSQL (the shop's PostgreSQL test) and
-#                         chromium (the dashboard's browser test): make test
+#   ensure-deps.sh test   the above, redis-sentinel (the fault suite's failover),
+#                         PostgreSQL (the shop's PostgreSQL test) and chromium
+#                         (the dashboard's browser test): make test
 #
 # Go modules come from the Go module proxy through the go command itself.
 # Every step says what it does: a first run on a fresh machine installs
@@ -18,6 +19,7 @@ command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
 case "$profile" in
 demo) ;;
 test)
+  command -v redis-sentinel >/dev/null 2>&1 || need+=(redis-sentinel)
   ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
   command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || need+=(chromium)
   ;;

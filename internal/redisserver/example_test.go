@@ -21,3 +21,18 @@ func Example() {
 	fmt.Println(rdb.Ping(ctx).Val(), srv.Network)
 	// Output: PONG unix
 }
+
+// A master, one replica and three Sentinels; a failover client follows the
+// master the Sentinels name.
+func ExampleStartReplicated() {
+	ctx := context.Background()
+	set, err := redisserver.StartReplicated(ctx, "cg", 1, 3)
+	if err != nil {
+		panic(err)
+	}
+	defer set.Stop()
+	rdb := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: set.Name, SentinelAddrs: set.SentinelAddrs()})
+	defer rdb.Close()
+	fmt.Println(rdb.Set(ctx, "k", "v", 0).Err(), len(set.Sentinels))
+	// Output: <nil> 3
+}

@@ -37,6 +37,9 @@ type Options struct {
 	Dir string
 	// Args are extra redis-server arguments, e.g. "--cluster-enabled", "yes".
 	Args []string
+	// Sentinel, if set, starts a Redis Sentinel (redis-sentinel) with this
+	// configuration instead of a server (see StartSentinels).
+	Sentinel string
 }
 
 // Server is a running redis-server child process.
@@ -83,6 +86,9 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 }
 
 func (s *Server) launch(ctx context.Context) error {
+	if s.opts.Sentinel != "" {
+		return s.launchSentinel(ctx)
+	}
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		return ErrNoServer
@@ -102,6 +108,11 @@ func (s *Server) launch(ctx context.Context) error {
 		args = append(args, "--port", strconv.Itoa(s.opts.Port))
 	}
 	args = append(args, s.opts.Args...)
+	return s.run(ctx, bin, args)
+}
+
+// run starts bin with args in the server's directory and waits for PING.
+func (s *Server) run(ctx context.Context, bin string, args []string) error {
 	cmd := exec.Command(bin, args...)
 	cmd.Dir = s.Dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}

@@ -41,6 +41,7 @@ type unwritten struct {
 	ids        map[string]uint64 // ID → the number of its last failure, so a replay does not clear a newer one
 	seq        uint64
 	overflowed bool          // IDs were dropped: every ID counts as unwritten (see has)
+	overflows  uint64        // IDs dropped so far: a drop of the entries clears overflowed only if none was since
 	replaying  bool          // the replay goroutine runs (started by keep, ended by replayOnce)
 	recent     []recentWrite // the last maxRecent writes that landed, a ring
 	next       int           // where the next goes in recent
@@ -58,6 +59,14 @@ func (u *unwritten) has(id string) bool {
 	defer u.mu.Unlock()
 	_, ok := u.ids[id]
 	return ok || u.overflowed
+}
+
+// wakeReplay cuts the replay's backoff short: Redis may answer again.
+func (u *unwritten) wakeReplay() {
+	select {
+	case u.wake <- struct{}{}:
+	default: // a wake-up is pending
+	}
 }
 
 // split splits ids (and their keys) into those written and those not.
@@ -96,6 +105,7 @@ func (g *Guard) keep(ids []string, why string, err error) {
 	for _, id := range ids {
 		if _, ok := u.ids[id]; !ok && len(u.ids) >= maxUnwritten {
 			u.overflowed = true
+			u.overflows++
 			continue
 		}
 		u.seq++
@@ -118,35 +128,61 @@ func b2i(b bool) int64 {
 	return 0
 }
 
-// replayOnce replays up to replayBatch unwritten IDs (and, once they are
-// all replayed after an overflow, deletes the Guard's entries). It reports
-// done when none is left; it then ends the replay under the mutex, so an
-// ID kept after that starts a new one.
+// replayOnce replays the unwritten IDs, replayBatch at a time (and, after an
+// overflow, deletes the Guard's entries once the held IDs are replayed). It
+// reports done when none is left; it then ends the replay under the mutex,
+// so an ID kept after that starts a new one. A failed round trip returns
+// false: retry waits, then calls it again.
 func (g *Guard) replayOnce() (done bool) {
 	u := &g.unw
-	u.mu.Lock()
-	batch := make(map[string]uint64, min(len(u.ids), replayBatch))
-	for id, seq := range u.ids {
-		if len(batch) == replayBatch {
-			break
+	for {
+		u.mu.Lock()
+		batch := make(map[string]uint64, min(len(u.ids), replayBatch))
+		for id, seq := range u.ids {
+			if len(batch) == replayBatch {
+				break
+			}
+			batch[id] = seq
 		}
-		batch[id] = seq
-	}
-	overflowed := u.overflowed && len(batch) == len(u.ids)
-	if len(batch) == 0 && !u.overflowed {
-		u.replaying = false
+		overflow := u.overflows // the overflows this pass covers, if it drops the entries
+		dropAll := u.overflowed && len(batch) == len(u.ids)
+		if len(batch) == 0 && !u.overflowed {
+			u.replaying = false
+			u.mu.Unlock()
+			return true
+		}
 		u.mu.Unlock()
-		return true
+		if !g.replayBatch(batch, dropAll) {
+			return false
+		}
+		u.mu.Lock()
+		for id, seq := range batch {
+			if u.ids[id] == seq {
+				delete(u.ids, id)
+			}
+		}
+		if dropAll && u.overflows == overflow {
+			u.overflowed = false
+		}
+		u.n.Store(int64(len(u.ids)) + b2i(u.overflowed))
+		u.mu.Unlock()
 	}
-	u.mu.Unlock()
+}
+
+// replayBatch replays batch's IDs and, with dropAll, deletes every entry of
+// the Guard; it reports whether all of it reached Redis.
+func (g *Guard) replayBatch(batch map[string]uint64, dropAll bool) bool {
 	ctx, cancel := context.WithTimeout(g.bg.ctx, 4*g.opts.Tuning.RedisTimeout)
 	defer cancel()
-	ids := slices.Collect(maps.Keys(batch))
-	if err := g.rewrite(ctx, ids); err != nil {
+	if err := g.rewrite(ctx, slices.Collect(maps.Keys(batch))); err != nil {
 		return false
 	}
-	if overflowed {
-		if err := g.dropEntries(ctx); err != nil {
+	if dropAll {
+		switch err := g.dropEntries(ctx); {
+		case reply(err): // refused (an ACL without +scan): waiting will not mend it
+			g.log.Error("cacheguard: cannot drop the Guard's entries after writes were dropped; they are left to their TTL",
+				"err", err)
+		case err != nil:
 			return false
 		}
 		if g.opts.Filter.IDs == nil {
@@ -156,20 +192,9 @@ func (g *Guard) replayOnce() (done bool) {
 		g.bf.stale.Store(true)
 		g.autoRebuild()
 	}
-	u.mu.Lock()
-	for id, seq := range batch {
-		if u.ids[id] == seq {
-			delete(u.ids, id)
-		}
-	}
-	if overflowed {
-		u.overflowed = false
-	}
-	u.n.Store(int64(len(u.ids)) + b2i(u.overflowed))
-	u.mu.Unlock()
-	g.log.Info("cacheguard: failed writes replayed", "ids", len(ids), "all_entries_dropped", overflowed)
+	g.log.Info("cacheguard: failed writes replayed", "ids", len(batch), "all_entries_dropped", dropAll)
 	g.checkRestart(ctx)
-	return g.replayOnce() // the next batch, or done
+	return true
 }
 
 // rewrite is the replay of ids' writes, in one round trip: they join the
@@ -202,18 +227,19 @@ func (g *Guard) dropEntries(ctx context.Context) error {
 	match := g.keys.Values()
 	return eachMaster(ctx, g.rdb, func(ctx context.Context, c redis.Cmdable) error {
 		it := c.Scan(ctx, 0, match, 1000).Iterator()
-		var keys []string
+		pipe := c.Pipeline()
 		for it.Next(ctx) {
 			if _, ok := g.keys.ID(it.Val()); ok {
-				keys = append(keys, voids(it.Val())...)
+				pipe.Del(ctx, voids(it.Val())...) // a value key and its lock share a slot
+			}
+			if pipe.Len() == 1000 {
+				if _, err := pipe.Exec(ctx); err != nil {
+					return redisfail.Wrap(err)
+				}
 			}
 		}
 		if err := it.Err(); err != nil {
 			return redisfail.Wrap(err)
-		}
-		pipe := c.Pipeline()
-		for k := range slices.Chunk(keys, 2) { // a value key and its lock share a slot
-			pipe.Del(ctx, k...)
 		}
 		_, err := pipe.Exec(ctx)
 		return redisfail.Wrap(err)

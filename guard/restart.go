@@ -13,10 +13,12 @@ import (
 
 // Recent writes: Redis acknowledges a write before its replicas have it, so
 // a failover can lose it, and a restart loses what the last dump missed.
-// When a read fails after reads succeeded (a failover that loses writes
-// fails commands for as long as the Sentinels take to notice), or the Guard
-// notices a restart or failover, the IDs written in the last recentFor (at
-// most maxRecent) are replayed as if their writes had failed (replay.go). WAIT after
+// When a read finds the server gone (a refused dial, a closed connection,
+// LOADING, READONLY: a failover that loses writes fails commands so for as
+// long as the Sentinels take to notice; a slow server does not count), or
+// the Guard notices a restart or failover, the IDs written in the last
+// recentFor (at most maxRecent) are replayed as if their writes had failed
+// (replay.go). WAIT after
 // each write would cost a round trip to a replica per write and still not
 // say which replica is promoted (docs/incidents.md).
 const (
@@ -83,10 +85,7 @@ type restarts struct {
 // recovered is told that reads succeed again after failing: the Guard
 // looks, in the background, whether Redis restarted meanwhile.
 func (g *Guard) recovered() {
-	select {
-	case g.unw.wake <- struct{}{}:
-	default: // a wake-up is pending
-	}
+	g.unw.wakeReplay()
 	if !g.restarts.checking.CompareAndSwap(false, true) {
 		return
 	}

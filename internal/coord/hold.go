@@ -79,13 +79,13 @@ func (c *Coordinator) hold(ctx context.Context, l *redislock.Lock, key, field st
 		}
 	}
 	released = err == nil
-	written, _ := reply.([]any)
+	written, _ := reply.([]any) // 1 then other fields; a plain 1 when there were none
 	switch {
 	case err != nil:
 		if c.opts.OnWriteFailed != nil {
 			c.opts.OnWriteFailed(key, redisfail.Wrap(err))
 		}
-	case written == nil:
+	case written == nil && reply != int64(1):
 		c.staleWrites.Add(1)
 		return errOvertaken
 	case len(written) > 1 && c.opts.OnOtherFields != nil:

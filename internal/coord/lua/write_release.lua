@@ -15,9 +15,10 @@
 --          another's write is never staler than it was)
 -- ARGV[4]  the holder's lock token
 -- ARGV[5]  channel
--- Returns  0 if the lock was no longer the holder's; if written, an array:
---          1, then the fields the hash held before (other schema versions,
---          whose entries this holder could not read).
+-- Returns  0 if the lock was no longer the holder's; if written, 1, or
+--          where the hash held other fields (other schema versions, whose
+--          entries this holder could not read) an array: 1, then those
+--          fields. The common write, to a key that is gone, reads no fields.
 --
 -- The token is the fence: a lock that is still the holder's was neither
 -- deleted by a write nor taken by another holder since the holder took it
@@ -28,8 +29,11 @@
 -- there exactly when DEL removed two keys. Every command a script runs costs
 -- Redis far more than the same command sent alone.
 if redis.call('GET', KEYS[2]) == ARGV[4] then
-  local written = redis.call('HKEYS', KEYS[1])
-  table.insert(written, 1, 1)
+  local written = 1
+  if redis.call('EXISTS', KEYS[1]) == 1 then
+    written = redis.call('HKEYS', KEYS[1])
+    table.insert(written, 1, 1)
+  end
   redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
   if redis.call('DEL', KEYS[2], KEYS[3]) == 2 then

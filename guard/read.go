@@ -71,7 +71,7 @@ func (g *Guard) read(ctx context.Context, id, vkey string, lockable bool) (readR
 		}
 	}
 	if err := g.sendRead(ctx, c); err != nil { // c may still be answered: not reused; a lock it took lapses
-		return readResult{}, g.readFailed(ctx, id, err)
+		return readResult{}, g.readFailed(ctx, "read", id, err)
 	}
 	raw, err := r.get.Bytes()
 	var held *redislock.Lock
@@ -96,7 +96,7 @@ func (g *Guard) read(ctx context.Context, id, vkey string, lockable bool) (readR
 		return readResult{verdict: verdictEntry, raw: raw, ttl: ttl}, nil
 	case !errors.Is(err, redis.Nil):
 		g.giveBack(held, vkey)
-		return readResult{}, g.readFailed(ctx, id, err)
+		return readResult{}, g.readFailed(ctx, "read", id, err)
 	}
 	g.rd.settle(withTTL, probing, 0, 1)
 	var maybe bool
@@ -156,11 +156,11 @@ func (g *Guard) sendRead(ctx context.Context, c *batch.Call[readReq]) error {
 // ErrUnavailable, a deadline too: the round trip did not end in time,
 // Redis is slow or gone, and the breaker must hear it (or every Get would
 // queue behind a frozen Redis until its deadline).
-func (g *Guard) readFailed(ctx context.Context, id string, err error) error {
+func (g *Guard) readFailed(ctx context.Context, op, id string, err error) error {
 	if errors.Is(err, context.Canceled) && errors.Is(ctx.Err(), context.Canceled) {
 		return ctx.Err()
 	}
-	return g.fail(ctx, "read", id, redisfail.Wrap(err))
+	return g.fail(ctx, op, id, redisfail.Wrap(err))
 }
 
 // verdict turns the filter's answer for an ID with no cache entry into the
@@ -198,7 +198,7 @@ func (g *Guard) filterSays(ctx context.Context, id string, maybe bool, err error
 		g.autoRebuild()
 		return true, nil
 	default:
-		return false, g.fail(ctx, "bloom probe", id, err)
+		return false, g.readFailed(ctx, "bloom probe", id, err)
 	}
 }
 

@@ -46,7 +46,7 @@ var fingerprints sync.Map // shapeKey → string: each type is walked once
 // Fingerprint is 16 hex digits of a hash of t's shape: field names and
 // types, walked through pointers, slices, arrays, maps and nested structs,
 // and each field's struct tag tag ("": the whole tag). A named type that
-// encodes itself (a marshaler, such as time.Time) counts by its name.
+// encodes itself (a marshaler, such as time.Time) counts by its name too.
 // Renaming, adding, removing or retyping a field, or changing its tag,
 // changes it; renaming the Go type does not.
 func Fingerprint(t reflect.Type, tag string) string {
@@ -74,8 +74,10 @@ func describe(b *strings.Builder, t reflect.Type, tag string, open map[reflect.T
 	if t.Name() != "" && t.Kind() != reflect.Interface {
 		for _, m := range selfEncoding {
 			if t.Implements(m) || reflect.PointerTo(t).Implements(m) {
-				b.WriteString(t.PkgPath() + "." + t.Name())
-				return
+				// Its own encoding, named, and its fields as well: a codec
+				// may not use that method (msgpack ignores MarshalJSON).
+				b.WriteString(t.PkgPath() + "." + t.Name() + " ")
+				break
 			}
 		}
 	}

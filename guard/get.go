@@ -44,6 +44,8 @@ func get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 	if err := bind[T](g); err != nil {
 		return zero, err
 	}
+	// Before the local copy too: a read made after a failover, before the
+	// Guard knew of it, may have kept the entry a lost write had replaced.
 	if g.unw.has(id) { // its write has not reached Redis yet: the entry may be the one it replaces
 		return getUnwritten(ctx, g, id, load)
 	}

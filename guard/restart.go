@@ -18,9 +18,9 @@ import (
 // long as the Sentinels take to notice; a slow server does not count), or
 // the Guard notices a restart or failover, the IDs written in the last
 // recentFor (at most maxRecent) are replayed as if their writes had failed
-// (replay.go). WAIT after
-// each write would cost a round trip to a replica per write and still not
-// say which replica is promoted (docs/incidents.md).
+// (replay.go). WAIT after each write would cost a round trip to a replica
+// per write and still not say which replica is promoted
+// (docs/incidents.md).
 const (
 	recentFor = 10 * time.Second
 	maxRecent = 1_000

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -65,10 +66,14 @@ func (p *PendingAdd) Result(ctx context.Context) error {
 	f, l := p.f, p.l
 	m, err := parseMeta(f.names, p.meta.Val())
 	added, _ := p.added.Int64()
-	if err != nil || added < 0 { // the meta is gone: nothing to keep consistent until a rebuild
+	if err != nil || added < 0 {
+		// The meta is gone (evicted?) while the bits above were set in
+		// every shard that exists: put it back if the shards are whole
+		// (readMeta), at most ten times a second.
+		f.reloaded(ctx)
 		return nil
 	}
-	f.checkSaturation(m.cur, uint64(added))
+	f.checkSaturation(ctx, m.cur, uint64(added))
 	var more []*layout
 	if m.cur.gen != l.gen {
 		more = append(more, m.cur)
@@ -106,13 +111,33 @@ func (p *PendingAdd) err() error {
 	return nil
 }
 
-func (f *Filter) checkSaturation(l *layout, added uint64) {
+// checkSaturation calls OnSaturated once per generation when the bits say
+// the false-positive rate passed the target by SaturationMargin. The count
+// of Adds (repeats count again) only says when to look: at most once a
+// minute, one BITCOUNT of the first MiB of a shard, whose blocks are a
+// uniform sample of the filter's.
+func (f *Filter) checkSaturation(ctx context.Context, l *layout, added uint64) {
 	if f.opts.OnSaturated == nil || f.saturated.Load() == l.gen {
 		return
 	}
-	k, m := float64(l.cfg.Hashes), float64(l.cfg.Bits)
-	est := math.Pow(1-math.Exp(-k*float64(added)/m), k)
-	if est > l.cfg.FalsePositiveRate*(1+f.opts.SaturationMargin) && f.saturated.Swap(l.gen) != l.gen {
+	limit := l.cfg.FalsePositiveRate * (1 + f.opts.SaturationMargin)
+	k := float64(l.cfg.Hashes)
+	if math.Pow(1-math.Exp(-k*float64(added)/float64(l.cfg.Bits)), k) <= limit {
+		return
+	}
+	now, last := time.Now().UnixNano(), f.lastSatCheck.Load()
+	if now-last < int64(time.Minute) || !f.lastSatCheck.CompareAndSwap(last, now) {
+		return
+	}
+	n := min(l.cfg.ShardBits/8, 1<<20) // bytes sampled: a whole number of blocks
+	set, err := f.rdb.BitCount(ctx, l.keys[0], &redis.BitCount{Start: 0, End: int64(n) - 1}).Result()
+	if err != nil {
+		return
+	}
+	blocks := int64(n / blockBytes)
+	fill := float64(max(set-blocks, 0)) / float64(blocks*usableBits) // readiness bits excluded
+	est := math.Pow(fill, k)
+	if est > limit && f.saturated.Swap(l.gen) != l.gen {
 		f.opts.OnSaturated(Saturation{Generation: l.gen, Added: added, EstimatedFPRate: est, TargetFPRate: l.cfg.FalsePositiveRate})
 	}
 }

@@ -41,6 +41,11 @@ var (
 	// ErrTooSmall: a rebuild read more IDs than its sizing holds at twice
 	// the target false-positive rate; the current generation stays.
 	ErrTooSmall = errors.New("bloom: the filter's sizing is too small for the IDs")
+	// ErrShortSource: a rebuild read fewer than half the IDs the filter
+	// holds (the last rebuild's count, or the bits of a ready filter), so
+	// its generation would answer "absent" for IDs that exist; the current
+	// generation stays unless RebuildOptions.Force.
+	ErrShortSource = errors.New("bloom: the source has far fewer IDs than the filter holds")
 	// ErrUnavailable is wrapped by every error that Redis failing to
 	// answer causes (the value of guard.ErrUnavailable and
 	// lock.ErrUnavailable).
@@ -112,7 +117,7 @@ type Options struct {
 type Saturation struct {
 	Generation      int64
 	Added           uint64  // items counted into this generation
-	EstimatedFPRate float64 // (1 − e^(−k·n/m))^k for n = Added
+	EstimatedFPRate float64 // from the bits: fill^k
 	TargetFPRate    float64
 }
 
@@ -135,9 +140,10 @@ func Size(n uint64, p float64) (m uint64, k int) {
 
 // layout is one generation of the filter: its sizing and its shard keys.
 type layout struct {
-	gen  int64
-	cfg  Config
-	keys []string
+	gen    int64
+	cfg    Config
+	keys   []string
+	loaded uint64 // IDs its rebuild read (0: none, or not known)
 }
 
 // Filter is an open bloom filter. It is safe for concurrent use.
@@ -148,10 +154,11 @@ type Filter struct {
 	opts          Options         // resolved
 	maxShardBytes uint64
 
-	cur        atomic.Pointer[layout] // the generation probes use
-	lastReload atomic.Int64           // unix nanos of the last meta re-read
-	saturated  atomic.Int64           // generation OnSaturated was last called for
-	adopted    bool                   // Open found other sizing than Options asked for, and took it
+	cur          atomic.Pointer[layout] // the generation probes use
+	lastReload   atomic.Int64           // unix nanos of the last meta re-read
+	saturated    atomic.Int64           // generation OnSaturated was last called for
+	lastSatCheck atomic.Int64           // unix nanos of the last look at the bits for saturation
+	adopted      bool                   // Open found other sizing than Options asked for, and took it
 }
 
 // Open opens the filter stored under key, creating it with opts' sizing if

@@ -30,15 +30,39 @@ type Info struct {
 // Info reads the meta and counts the bits of every shard (BITCOUNT is
 // O(size): meant for operators and dashboards, not the request path).
 func (f *Filter) Info(ctx context.Context) (Info, error) {
-	h, err := f.rdb.HGetAll(ctx, f.names.Meta()).Result()
-	if err != nil {
-		return Info{}, fmt.Errorf("bloom: info: %w", redisfail.Wrap(err))
-	}
-	m, err := parseMeta(f.names, h)
+	m, err := f.readMeta(ctx)
 	if err != nil {
 		return Info{}, fmt.Errorf("bloom: info: %w", err)
 	}
 	l := m.cur
+	b, err := f.bitsOf(ctx, l)
+	if err != nil {
+		return Info{}, fmt.Errorf("bloom: info: %w", err)
+	}
+	in := Info{Generation: l.gen, Config: l.cfg, Ready: b.ready, Rebuilding: m.next != nil, Added: m.added,
+		BitsSet: b.set, MemoryBytes: b.memory}
+	mbits, k := float64(l.cfg.Bits/blockBits*usableBits), float64(l.cfg.Hashes)
+	in.FillRatio = float64(in.BitsSet) / mbits
+	in.EstimatedItems = b.items(l.cfg)
+	in.EstimatedFPRate = math.Pow(in.FillRatio, k)
+	return in, nil
+}
+
+// shardBits is what a generation's shards hold.
+type shardBits struct {
+	ready  bool   // every shard's first block has its readiness bit
+	set    uint64 // bits set, readiness bits excluded
+	memory int64  // MEMORY USAGE
+}
+
+// items estimates the distinct IDs behind the bits: n ≈ −m/k·ln(1−fill).
+func (b shardBits) items(cfg Config) float64 {
+	mbits, k := float64(cfg.Bits/blockBits*usableBits), float64(cfg.Hashes)
+	return max(0, -mbits/k*math.Log(1-min(float64(b.set)/mbits, 1-1e-12))) // max: no -0
+}
+
+// bitsOf counts the bits of l's shards (BITCOUNT is O(size)).
+func (f *Filter) bitsOf(ctx context.Context, l *layout) (shardBits, error) {
 	pipe := f.rdb.Pipeline()
 	counts := make([]*redis.IntCmd, len(l.keys))
 	ready := make([]*redis.IntCmd, len(l.keys))
@@ -49,21 +73,30 @@ func (f *Filter) Info(ctx context.Context) (Info, error) {
 		mem[i] = pipe.MemoryUsage(ctx, k)
 	}
 	_, _ = pipe.Exec(ctx) // a missing shard answers MEMORY USAGE with nil
-	in := Info{Generation: l.gen, Config: l.cfg, Ready: true, Rebuilding: m.next != nil}
-	fmt.Sscan(h["added"], &in.Added)
+	b := shardBits{ready: true}
 	for i := range l.keys {
 		if err := counts[i].Err(); err != nil {
-			return Info{}, fmt.Errorf("bloom: info: %w", redisfail.Wrap(err))
+			return shardBits{}, redisfail.Wrap(err)
 		}
 		r := ready[i].Val()
-		in.Ready = in.Ready && r == 1
+		b.ready = b.ready && r == 1
 		// A ready shard has every block's readiness bit set.
-		in.BitsSet += uint64(counts[i].Val() - r*int64(l.cfg.ShardBits/blockBits))
-		in.MemoryBytes += mem[i].Val()
+		b.set += uint64(counts[i].Val() - r*int64(l.cfg.ShardBits/blockBits))
+		b.memory += mem[i].Val()
 	}
-	mbits, k := float64(l.cfg.Bits/blockBits*usableBits), float64(l.cfg.Hashes)
-	in.FillRatio = float64(in.BitsSet) / mbits
-	in.EstimatedItems = -mbits / k * math.Log(1-min(in.FillRatio, 1-1e-12))
-	in.EstimatedFPRate = math.Pow(in.FillRatio, k)
-	return in, nil
+	return b, nil
+}
+
+// held is how many IDs generation l holds: the count its rebuild read, or
+// what its bits say if they say more (Adds since) and it is ready.
+func (f *Filter) held(ctx context.Context, l *layout) (float64, error) {
+	b, err := f.bitsOf(ctx, l)
+	if err != nil {
+		return 0, err
+	}
+	n := float64(l.loaded)
+	if b.ready {
+		n = max(n, b.items(l.cfg))
+	}
+	return n, nil
 }

@@ -15,8 +15,9 @@ import (
 
 // meta is the filter's meta hash, parsed.
 type meta struct {
-	cur  *layout
-	next *layout // the generation a rebuild is building, if any
+	cur   *layout
+	next  *layout // the generation a rebuild is building, if any
+	added uint64  // IDs loaded by the last rebuild plus IDs added since (repeats count again)
 }
 
 var errNoMeta = errors.New("bloom: meta missing")
@@ -69,7 +70,9 @@ func parseMeta(names keyspace.Filter, h map[string]string) (*meta, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &meta{cur: &layout{gen: gen, cfg: cfg, keys: shardKeys(names, gen, cfg.Shards)}}
+	loaded, _ := strconv.ParseUint(h["loaded"], 10, 64)
+	added, _ := strconv.ParseUint(h["added"], 10, 64)
+	m := &meta{added: added, cur: &layout{gen: gen, cfg: cfg, keys: shardKeys(names, gen, cfg.Shards), loaded: loaded}}
 	if s := h["next"]; s != "" {
 		ngen, err := strconv.ParseInt(s, 10, 64)
 		if err != nil {
@@ -87,29 +90,67 @@ func parseMeta(names keyspace.Filter, h map[string]string) (*meta, error) {
 // openMeta reads the meta hash, creating it (and allocating the shards of
 // generation 1) with cfg if it does not exist.
 func (f *Filter) openMeta(ctx context.Context, cfg Config) (*meta, error) {
-	fields := append([]any{"format", metaFormat, "hash", hashName, "gen", "1", "added", "0"}, cfg.fields("")...)
-	res, err := createMeta.Run(ctx, f.rdb, []string{f.names.Meta()}, fields...).Slice()
-	if err != nil {
+	m, created, err := f.createMeta(ctx, 1, cfg, 0)
+	if err != nil || !created {
+		return m, err
+	}
+	// Shards of this generation left from before the meta was lost hold
+	// bits of another life: start from empty ones.
+	if err := unlink(ctx, f.rdb, m.cur.keys); err != nil {
 		return nil, fmt.Errorf("bloom: open %s: %w", f.base, redisfail.Wrap(err))
 	}
+	if err := allocate(ctx, f.rdb, m.cur); err != nil {
+		return nil, fmt.Errorf("bloom: open %s: %w", f.base, redisfail.Wrap(err))
+	}
+	return m, nil
+}
+
+// createMeta stores a meta of generation gen with cfg unless a complete one
+// exists (loaded: what its rebuild read), and returns the stored one.
+func (f *Filter) createMeta(ctx context.Context, gen int64, cfg Config, loaded uint64) (*meta, bool, error) {
+	fields := append([]any{"format", metaFormat, "hash", hashName, "gen", strconv.FormatInt(gen, 10),
+		"added", strconv.FormatUint(loaded, 10), "loaded", strconv.FormatUint(loaded, 10)}, cfg.fields("")...)
+	res, err := createMeta.Run(ctx, f.rdb, []string{f.names.Meta()}, fields...).Slice()
+	if err != nil {
+		return nil, false, fmt.Errorf("bloom: open %s: %w", f.base, redisfail.Wrap(err))
+	}
 	if len(res) != 2 {
-		return nil, fmt.Errorf("bloom: open %s: unexpected reply %v", f.base, res)
+		return nil, false, fmt.Errorf("bloom: open %s: unexpected reply %v", f.base, res)
 	}
 	m, err := parseMeta(f.names, flatToMap(res[1]))
 	if err != nil {
-		return nil, fmt.Errorf("bloom: open %s: %w", f.base, err)
+		return nil, false, fmt.Errorf("bloom: open %s: %w", f.base, err)
 	}
-	if created, _ := res[0].(int64); created == 1 {
-		// Shards of this generation left from before the meta was lost
-		// hold bits of another life: start from empty ones.
-		if err := unlink(ctx, f.rdb, m.cur.keys); err != nil {
-			return nil, fmt.Errorf("bloom: open %s: %w", f.base, redisfail.Wrap(err))
-		}
-		if err := allocate(ctx, f.rdb, m.cur); err != nil {
-			return nil, fmt.Errorf("bloom: open %s: %w", f.base, redisfail.Wrap(err))
+	created, _ := res[0].(int64)
+	return m, created == 1, nil
+}
+
+// readMeta reads the meta hash. If Redis lost it (an evicting Redis finds
+// it cold: it is read at open and rebuild only) while the shards of the
+// generation this client knows are all there and ready, the meta is put
+// back from this client's layout: the filter keeps answering, and no
+// rebuild is needed. Otherwise a lost meta is recreated as openMeta does.
+func (f *Filter) readMeta(ctx context.Context) (*meta, error) {
+	h, err := f.rdb.HGetAll(ctx, f.names.Meta()).Result()
+	if err != nil {
+		return nil, redisfail.Wrap(err)
+	}
+	m, err := parseMeta(f.names, h)
+	if !errors.Is(err, errNoMeta) {
+		return m, err
+	}
+	if l := f.cur.Load(); l != nil {
+		if b, err := f.bitsOf(ctx, l); err == nil && b.ready {
+			if m, _, err := f.createMeta(ctx, l.gen, l.cfg, l.loaded); err == nil {
+				return m, nil
+			}
 		}
 	}
-	return m, nil
+	cfg, err := configFor(f.opts.ExpectedItems, f.opts.FalsePositiveRate, f.opts.MaxShardBytes)
+	if err != nil {
+		return nil, err
+	}
+	return f.openMeta(ctx, cfg)
 }
 
 // allocate creates a generation's shards at full size with every readiness
@@ -154,24 +195,12 @@ func (f *Filter) reloaded(ctx context.Context) *layout {
 	return l
 }
 
-// reload re-reads the meta now and adopts its current generation. If Redis
-// lost the meta, it recreates it with this client's sizing (the new filter is
-// not ready until a Rebuild).
+// reload re-reads the meta now and adopts its current generation (see
+// readMeta for a meta Redis lost).
 func (f *Filter) reload(ctx context.Context) (*layout, error) {
-	h, err := f.rdb.HGetAll(ctx, f.names.Meta()).Result()
+	m, err := f.readMeta(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("bloom: reload: %w", redisfail.Wrap(err))
-	}
-	m, err := parseMeta(f.names, h)
-	if errors.Is(err, errNoMeta) {
-		cfg, cerr := configFor(f.opts.ExpectedItems, f.opts.FalsePositiveRate, f.opts.MaxShardBytes)
-		if cerr != nil {
-			return nil, cerr
-		}
-		m, err = f.openMeta(ctx, cfg)
-	}
-	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("bloom: reload: %w", err)
 	}
 	f.cur.Store(m.cur)
 	return m.cur, nil

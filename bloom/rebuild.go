@@ -24,9 +24,15 @@ var (
 	beginRebuildLua string
 	//go:embed lua/switch_gen.lua
 	switchGenLua string
+	//go:embed lua/merge_shard.lua
+	mergeShardLua string
+	//go:embed lua/abort_rebuild.lua
+	abortRebuildLua string
 
 	beginRebuild = redis.NewScript(beginRebuildLua)
 	switchGen    = redis.NewScript(switchGenLua)
+	mergeShard   = redis.NewScript(mergeShardLua)
+	abortRebuild = redis.NewScript(abortRebuildLua)
 )
 
 // RebuildOptions tunes Rebuild. A nil *RebuildOptions means defaults.
@@ -42,6 +48,9 @@ type RebuildOptions struct {
 	// Progress, if set, is called as IDs are read (every 100,000) and as
 	// bytes are uploaded (every chunk).
 	Progress func(RebuildProgress)
+	// Force switches even to a generation built from fewer than half the
+	// IDs the filter holds (see ErrShortSource): after a mass delete.
+	Force bool
 }
 
 // RebuildProgress reports how far a Rebuild is.
@@ -54,13 +63,14 @@ type RebuildProgress struct {
 // Rebuild replaces the filter with a new generation built from every ID of
 // the source of truth (ids), and makes it ready. It returns the number of IDs
 // read. Another process's Rebuild of the same filter makes it fail with
-// ErrRebuilding; an error from ids stops it with the current generation
-// still in place.
+// ErrRebuilding; an error from ids, a source short of the IDs the filter
+// holds (ErrShortSource) or a key of the new generation lost meanwhile
+// stops it with the current generation still in place.
 //
-// The source must see every ID committed before Rebuild announced the new
-// generation (any query that starts after Rebuild was called does); IDs
-// committed later reach the new generation through Add, which writes to both
-// generations while a rebuild runs.
+// ids is ranged only after the new generation is announced: from then on
+// Add writes to both generations, so the source must see every ID committed
+// before it is ranged (a query run inside the iterator does; a slice read
+// before Rebuild was called may miss an ID added in between).
 func (f *Filter) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts *RebuildOptions) (int, error) {
 	var o RebuildOptions
 	if opts != nil {
@@ -69,12 +79,6 @@ func (f *Filter) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts
 	if o.ChunkBytes <= 0 {
 		o.ChunkBytes = 1 << 20
 	}
-	progress := func(p RebuildProgress) {
-		if o.Progress != nil {
-			o.Progress(p)
-		}
-	}
-
 	// One rebuild at a time per filter, across processes.
 	const leaseTTL = 30 * time.Second
 	l, err := lock.New(f.rdb).Obtain(ctx, f.names.RebuildLock(), leaseTTL, nil)
@@ -106,7 +110,32 @@ func (f *Filter) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts
 		return 0, err
 	}
 	next := &layout{gen: cur.gen + 1, cfg: cfg, keys: shardKeys(f.names, cur.gen+1, cfg.Shards)}
+	r := &rebuild{f: f, o: o, cur: cur, next: next}
+	count, err := r.run(ctx, ids)
+	if err != nil {
+		r.abort(context.WithoutCancel(ctx))
+		return count, err
+	}
+	f.cur.Store(next)
+	return count, nil
+}
 
+// rebuild is one Rebuild of a filter, from the announce to the switch.
+type rebuild struct {
+	f         *Filter
+	o         RebuildOptions
+	cur, next *layout
+	announced bool
+}
+
+func (r *rebuild) progress(p RebuildProgress) {
+	if r.o.Progress != nil {
+		r.o.Progress(p)
+	}
+}
+
+func (r *rebuild) run(ctx context.Context, ids iter.Seq2[string, error]) (int, error) {
+	f, cur, next, cfg := r.f, r.cur, r.next, r.next.cfg
 	// Leftovers of a rebuild that died, then fresh, empty shards.
 	if err := unlink(ctx, f.rdb, append(next.keys, stagingKeys(next.keys)...)); err != nil {
 		return 0, fmt.Errorf("bloom: rebuild: %w", redisfail.Wrap(err))
@@ -121,68 +150,18 @@ func (f *Filter) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts
 	} else if ok != 1 {
 		return 0, fmt.Errorf("bloom: rebuild: announce generation %d: generation %d is no longer current", next.gen, cur.gen)
 	}
+	r.announced = true
 
-	// Build the bits locally: one bitset per shard, every block's readiness
-	// bit set.
-	sets := make([]*bitset.BitSet, cfg.Shards)
-	for i := range sets {
-		sets[i] = bitset.New(uint(cfg.ShardBits))
-		for b := uint64(0); b < cfg.ShardBits; b += blockBits {
-			sets[i].Set(uint(b))
-		}
+	sets, count, err := r.build(ctx, ids)
+	if err != nil {
+		return count, err
 	}
-	count := 0
-	var buf [16]uint64
-	for id, err := range ids {
-		if err != nil {
-			return count, fmt.Errorf("bloom: rebuild: source: %w", err)
-		}
-		shard, _, offs := locate(&cfg, id, buf[:0])
-		for _, o := range offs {
-			sets[shard].Set(uint(o))
-		}
-		if count++; count%100_000 == 0 {
-			progress(RebuildProgress{IDs: count})
-		}
-		if count%4096 == 0 && ctx.Err() != nil {
-			return count, ctx.Err()
-		}
+	if err := r.checkCount(ctx, count); err != nil {
+		return count, err
 	}
-
-	// A generation that would answer "maybe" far more often than asked is
-	// no protection: keep the current one and say how to size it.
-	if est := estimatedFPRate(cfg, count); est > 2*cfg.FalsePositiveRate {
-		return count, fmt.Errorf("%w: %d IDs in a filter sized for %d give an estimated false-positive rate of %.3g "+
-			"(target %g); rebuild with ExpectedItems of at least %d", ErrTooSmall, count, cfg.ExpectedItems, est,
-			cfg.FalsePositiveRate, count)
+	if err := r.upload(ctx, sets, count); err != nil {
+		return count, err
 	}
-
-	// Upload into staging keys and OR them into the new shards, which may
-	// already hold bits that Add wrote during the build.
-	shardBytes := cfg.ShardBits / 8
-	p0 := RebuildProgress{IDs: count, BytesTotal: shardBytes * uint64(cfg.Shards)}
-	chunk := make([]byte, o.ChunkBytes)
-	for i, set := range sets {
-		staging := keyspace.Staging(next.keys[i])
-		words := set.Words()
-		for off := uint64(0); off < shardBytes; off += uint64(len(chunk)) {
-			c := chunk[:min(uint64(len(chunk)), shardBytes-off)]
-			redisOrder(c, words, off)
-			if err := f.rdb.SetRange(ctx, staging, int64(off), string(c)).Err(); err != nil {
-				return count, fmt.Errorf("bloom: rebuild: upload: %w", redisfail.Wrap(err))
-			}
-			p0.BytesUploaded += uint64(len(c))
-			progress(p0)
-		}
-		if err := f.rdb.BitOpOr(ctx, next.keys[i], next.keys[i], staging).Err(); err != nil {
-			return count, fmt.Errorf("bloom: rebuild: merge: %w", redisfail.Wrap(err))
-		}
-		if err := unlink(ctx, f.rdb, []string{staging}); err != nil {
-			return count, fmt.Errorf("bloom: rebuild: %w", redisfail.Wrap(err))
-		}
-		sets[i] = nil // let the memory go
-	}
-
 	// Switch. Drop the old generation first: its readers find no block,
 	// fail open and re-read the meta, instead of missing IDs that Add now
 	// writes only to the new generation (and Add skips a missing shard).
@@ -194,8 +173,126 @@ func (f *Filter) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts
 	} else if ok != 1 {
 		return count, fmt.Errorf("bloom: rebuild: switch to generation %d: it is no longer the announced one", next.gen)
 	}
-	f.cur.Store(next)
 	return count, nil
+}
+
+// build sets the bits of every ID locally: one bitset per shard, every
+// block's readiness bit set.
+func (r *rebuild) build(ctx context.Context, ids iter.Seq2[string, error]) ([]*bitset.BitSet, int, error) {
+	cfg := r.next.cfg
+	sets := make([]*bitset.BitSet, cfg.Shards)
+	for i := range sets {
+		sets[i] = bitset.New(uint(cfg.ShardBits))
+		for b := uint64(0); b < cfg.ShardBits; b += blockBits {
+			sets[i].Set(uint(b))
+		}
+	}
+	count := 0
+	var buf [16]uint64
+	for id, err := range ids {
+		if err != nil {
+			return nil, count, fmt.Errorf("bloom: rebuild: source: %w", err)
+		}
+		shard, _, offs := locate(&cfg, id, buf[:0])
+		for _, o := range offs {
+			sets[shard].Set(uint(o))
+		}
+		if count++; count%100_000 == 0 {
+			r.progress(RebuildProgress{IDs: count})
+		}
+		if count%4096 == 0 && ctx.Err() != nil {
+			return nil, count, ctx.Err()
+		}
+	}
+	return sets, count, nil
+}
+
+// checkCount refuses a generation that would answer "absent" for IDs the
+// filter holds today (a source cut short or empty: a failed query piped
+// into the CLI), and one that would answer "maybe" far more often than
+// asked (no protection: it says how to size it).
+func (r *rebuild) checkCount(ctx context.Context, count int) error {
+	cfg := r.next.cfg
+	if est := estimatedFPRate(cfg, count); est > 2*cfg.FalsePositiveRate {
+		return fmt.Errorf("%w: %d IDs in a filter sized for %d give an estimated false-positive rate of %.3g "+
+			"(target %g); rebuild with ExpectedItems of at least %d", ErrTooSmall, count, cfg.ExpectedItems, est,
+			cfg.FalsePositiveRate, count)
+	}
+	if r.o.Force {
+		return nil
+	}
+	held, err := r.f.held(ctx, r.cur)
+	if err != nil {
+		return fmt.Errorf("bloom: rebuild: %w", err)
+	}
+	if float64(count) < held/2 {
+		return fmt.Errorf("%w: the source gave %d IDs and the filter holds about %.0f; "+
+			"the current generation stays (rebuild with Force after a mass delete)", ErrShortSource, count, held)
+	}
+	return nil
+}
+
+// upload sends each shard's bits into a staging key and ORs them into the
+// new shard, which may already hold bits that Add wrote during the build.
+// The merge refuses a shard or a copy that Redis lost meanwhile
+// (merge_shard.lua), and the switch waits until every shard is still there.
+func (r *rebuild) upload(ctx context.Context, sets []*bitset.BitSet, count int) error {
+	f, next, cfg := r.f, r.next, r.next.cfg
+	shardBytes := cfg.ShardBits / 8
+	p0 := RebuildProgress{IDs: count, BytesTotal: shardBytes * uint64(cfg.Shards)}
+	chunk := make([]byte, r.o.ChunkBytes)
+	for i, set := range sets {
+		staging := keyspace.Staging(next.keys[i])
+		words := set.Words()
+		for off := uint64(0); off < shardBytes; off += uint64(len(chunk)) {
+			c := chunk[:min(uint64(len(chunk)), shardBytes-off)]
+			redisOrder(c, words, off)
+			if err := f.rdb.SetRange(ctx, staging, int64(off), string(c)).Err(); err != nil {
+				return fmt.Errorf("bloom: rebuild: upload: %w", redisfail.Wrap(err))
+			}
+			p0.BytesUploaded += uint64(len(c))
+			r.progress(p0)
+		}
+		switch ok, err := mergeShard.Run(ctx, f.rdb, []string{next.keys[i], staging}, set.Count()).Int(); {
+		case err != nil:
+			return fmt.Errorf("bloom: rebuild: merge: %w", redisfail.Wrap(err))
+		case ok != 1:
+			return r.lost()
+		}
+		sets[i] = nil // let the memory go
+	}
+	pipe := f.rdb.Pipeline()
+	exists := make([]*redis.IntCmd, len(next.keys))
+	for i, k := range next.keys {
+		exists[i] = pipe.Exists(ctx, k)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("bloom: rebuild: %w", redisfail.Wrap(err))
+	}
+	for _, e := range exists {
+		if e.Val() != 1 {
+			return r.lost()
+		}
+	}
+	return nil
+}
+
+func (r *rebuild) lost() error {
+	return fmt.Errorf("bloom: rebuild: a key of generation %d was lost while it was built (evicted?): "+
+		"Adds made meanwhile may lack from it, so generation %d stays", r.next.gen, r.cur.gen)
+}
+
+// abort forgets the announced generation and drops its keys, so that Add
+// stops writing there.
+func (r *rebuild) abort(ctx context.Context) {
+	if !r.announced {
+		return
+	}
+	// Only once the meta no longer names it: a switch whose reply was lost
+	// may have made it current.
+	if ok, err := abortRebuild.Run(ctx, r.f.rdb, []string{r.f.names.Meta()}, strconv.FormatInt(r.next.gen, 10)).Int(); err == nil && ok == 1 {
+		_ = unlink(ctx, r.f.rdb, append(r.next.keys, stagingKeys(r.next.keys)...))
+	}
 }
 
 // redisOrder fills c with the bytes of a bitset starting at byte off, in

@@ -245,14 +245,14 @@ func (g *Guard) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts 
 	defer g.gate.leave(pass)
 	f, err := g.filter(ctx)
 	if err != nil {
-		g.autoRebuild()
+		g.autoRebuild("a Rebuild failed")
 		return 0, err
 	}
 	g.bf.mu.Lock() // after this Guard's automatic rebuild, if one runs
 	n, err := f.Rebuild(ctx, ids, opts)
 	g.bf.mu.Unlock()
 	if err != nil && !errors.Is(err, bloom.ErrRebuilding) {
-		g.autoRebuild()
+		g.autoRebuild("a Rebuild failed")
 	}
 	return n, g.fail(ctx, "rebuild", "", err)
 }

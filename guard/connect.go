@@ -17,10 +17,12 @@ import (
 type filterState struct {
 	f          atomic.Pointer[bloom.Filter] // nil until opened (New while Redis was down); see filter
 	opts       *bloom.Options
-	bypassing  atomic.Bool // the filter answered ErrNotReady last time (logged once per episode)
-	rebuilding atomic.Bool // an automatic rebuild is under way (autoRebuild)
-	stale      atomic.Bool // Redis restarted: the filter may lack recent Adds; rebuild it though it is ready
-	mu         sync.Mutex  // held by each rebuild of this Guard's, automatic or not: one at a time
+	bypassing  atomic.Bool   // the filter answered ErrNotReady last time (logged once per episode)
+	rebuilding atomic.Bool   // an automatic rebuild is under way (autoRebuild)
+	stale      atomic.Bool   // Redis restarted: the filter may lack recent Adds; rebuild it though it is ready
+	mu         sync.Mutex    // held by each rebuild of this Guard's, automatic or not: one at a time; guards the two below
+	lastAuto   time.Time     // when this Guard last started an automatic rebuild
+	autoWait   time.Duration // the back-off after it (see mayAutoRebuild)
 }
 
 // connect opens what a Guard keeps in Redis: its bloom filter, the
@@ -160,19 +162,30 @@ func (g *Guard) retry(attempt func() bool, end func(), wake <-chan struct{}) {
 	}()
 }
 
+// Automatic rebuilds back off: after one starts, the next waits autoMin,
+// doubling up to autoMax while they keep coming, across processes (a key
+// that marks the last start) and in this process (should an evicting Redis
+// drop that key). A filter that Redis keeps losing costs the database one
+// full read of its IDs per minute at most, not one per process and loss.
+const (
+	autoMin = time.Second
+	autoMax = time.Minute
+)
+
 // autoRebuild makes sure a background rebuild from Options.Filter.IDs runs
 // while the filter is not ready (or stale: see restarts): one at a time per
 // Guard, until it lands, the filter is found ready, or the Guard closes.
-func (g *Guard) autoRebuild() {
+// cause is logged with the rebuild.
+func (g *Guard) autoRebuild(cause string) {
 	if g.opts.Filter.IDs == nil || !g.bf.rebuilding.CompareAndSwap(false, true) {
 		return
 	}
-	g.retry(g.rebuildOnce, func() { g.bf.rebuilding.Store(false) }, nil)
+	g.retry(func() bool { return g.rebuildOnce(cause) }, func() { g.bf.rebuilding.Store(false) }, nil)
 }
 
 // rebuildOnce makes one attempt: it reports whether the filter is ready now
 // (rebuilt here or by another process) or there is nothing to do.
-func (g *Guard) rebuildOnce() (done bool) {
+func (g *Guard) rebuildOnce(cause string) (done bool) {
 	ctx, cancel := context.WithCancel(g.bg.ctx) // Close cancels it
 	defer cancel()
 	defer func() { // Filter.IDs is the application's code: a panic fails this attempt only
@@ -185,31 +198,86 @@ func (g *Guard) rebuildOnce() (done bool) {
 	if err != nil {
 		return false // not connected yet: the next attempt opens it
 	}
+	if g.autoWaiting() {
+		return false
+	}
 	stale := g.bf.stale.Load()                                    // Redis restarted: rebuild even a ready filter
 	if in, err := f.Info(ctx); !stale && err == nil && in.Ready { // reads the meta afresh: another process may have rebuilt it
 		return true
 	}
+	if !g.mayAutoRebuild(ctx) {
+		return false
+	}
+	// The source is called once the rebuild announced its generation, not
+	// before: an ID created after the call then reaches the new generation
+	// through its Add, whatever the source collects when it is called.
+	src := func(yield func(string, error) bool) {
+		for id, err := range g.opts.Filter.IDs(ctx) {
+			if !yield(id, err) {
+				return
+			}
+		}
+	}
+	start := time.Now()
 	n, err := func() (int, error) {
 		g.bf.mu.Lock()
 		defer g.bf.mu.Unlock() // a panic in Filter.IDs too
-		n, err := f.Rebuild(ctx, g.opts.Filter.IDs(ctx), nil)
+		n, err := f.Rebuild(ctx, src, nil)
 		if errors.Is(err, bloom.ErrTooSmall) { // the source outgrew the sizing: grow it, with room
 			g.log.Warn("cacheguard: the ID source outgrew the bloom filter; rebuilding it larger", "ids", n, "expected_items", 2*n)
-			n, err = f.Rebuild(ctx, g.opts.Filter.IDs(ctx), &bloom.RebuildOptions{ExpectedItems: uint64(2 * n)})
+			n, err = f.Rebuild(ctx, src, &bloom.RebuildOptions{ExpectedItems: uint64(2 * n)})
 		}
 		return n, err
 	}()
 	switch {
 	case err == nil:
 		g.bf.stale.CompareAndSwap(stale, false)
-		g.log.Info("cacheguard: bloom filter rebuilt", "ids", n)
+		g.log.Info("cacheguard: bloom filter rebuilt", "cause", cause, "ids", n, "took", time.Since(start).Round(time.Millisecond))
 		return true
 	case errors.Is(err, bloom.ErrRebuilding):
 		g.log.Info("cacheguard: bloom filter is being rebuilt by another process")
+	case errors.Is(err, bloom.ErrShortSource):
+		g.log.Error("cacheguard: automatic bloom rebuild refused: Filter.IDs gave fewer than half the IDs the filter "+
+			"holds (a query cut short?); the filter keeps its generation (after a mass delete, call Rebuild with Force)",
+			"cause", cause, "err", err)
 	case ctx.Err() != nil:
 		return true // closing
 	default:
-		g.log.Warn("cacheguard: automatic bloom rebuild failed; trying again", "err", g.fail(ctx, "rebuild", "", err))
+		g.log.Warn("cacheguard: automatic bloom rebuild failed; trying again", "cause", cause, "err", g.fail(ctx, "rebuild", "", err))
 	}
 	return false
+}
+
+// autoWaiting reports whether this Guard's back-off since its last
+// automatic rebuild is still running.
+func (g *Guard) autoWaiting() bool {
+	g.bf.mu.Lock()
+	defer g.bf.mu.Unlock()
+	return time.Since(g.bf.lastAuto) < g.bf.autoWait
+}
+
+// mayAutoRebuild reports whether an automatic rebuild may start now: the
+// back-off since the last one started, here or in another process, is over.
+func (g *Guard) mayAutoRebuild(ctx context.Context) bool {
+	b := &g.bf
+	b.mu.Lock()
+	since, wait := time.Since(b.lastAuto), b.autoWait
+	b.mu.Unlock()
+	switch {
+	case wait == 0 || since > 2*wait: // the first, or after a quiet spell
+		wait = autoMin
+	default:
+		wait = min(2*wait, autoMax)
+	}
+	ok, err := g.rdb.SetNX(ctx, g.keys.Filter().AutoRebuilt(), 1, wait).Result()
+	if err != nil || !ok {
+		if err == nil {
+			g.log.Info("cacheguard: an automatic bloom rebuild started elsewhere a moment ago; waiting before the next")
+		}
+		return false
+	}
+	b.mu.Lock()
+	b.lastAuto, b.autoWait = time.Now(), wait
+	b.mu.Unlock()
+	return true
 }

@@ -174,7 +174,7 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 		}
 		return nil, g.fail(ctx, "open", "", err)
 	}
-	g.autoRebuild() // with an ID source, a filter that is not ready is rebuilt in the background
+	g.autoRebuild("filter not ready at New") // with an ID source, a filter that is not ready is rebuilt in the background
 	return g, nil
 }
 

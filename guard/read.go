@@ -195,7 +195,7 @@ func (g *Guard) filterSays(ctx context.Context, id string, maybe bool, err error
 				g.log.WarnContext(ctx, "cacheguard: bloom filter not ready (never rebuilt, or lost by Redis); failing open while it is rebuilt")
 			}
 		}
-		g.autoRebuild()
+		g.autoRebuild("filter not ready")
 		return true, nil
 	default:
 		return false, g.readFailed(ctx, "bloom probe", id, err)

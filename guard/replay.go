@@ -190,7 +190,7 @@ func (g *Guard) replayBatch(batch map[string]uint64, dropAll bool) bool {
 				"call Rebuild: the filter may reject them")
 		}
 		g.bf.stale.Store(true)
-		g.autoRebuild()
+		g.autoRebuild("writes dropped past the replay's capacity")
 	}
 	g.log.Info("cacheguard: failed writes replayed", "ids", len(batch), "all_entries_dropped", dropAll)
 	g.checkRestart(ctx)

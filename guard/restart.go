@@ -136,6 +136,6 @@ func (g *Guard) checkRestart(ctx context.Context) {
 	g.log.Warn("cacheguard: redis restarted or failed over (its run id changed); failed and recent writes are replayed, "+
 		"the filter rebuilt", "filter_ids", g.opts.Filter.IDs != nil)
 	g.bf.stale.Store(true)
-	g.autoRebuild()
+	g.autoRebuild("redis restarted or failed over")
 	g.suspectRecent("redis restarted or failed over")
 }

@@ -187,6 +187,10 @@ func Staging(shard string) string { return shard + ":up" }
 // RebuildLock is the lock that lets one rebuild run at a time.
 func (f Filter) RebuildLock() string { return f.base + ":{" + f.base + "}:rebuild" }
 
+// AutoRebuilt marks, for a while, that an automatic rebuild started (in any
+// process), so that the next one waits.
+func (f Filter) AutoRebuilt() string { return f.base + ":{" + f.base + "}:auto" }
+
 // ValidName reports whether s is usable as a Guard name: 1 to 64 bytes of
 // letters, digits, '_', '-' and '.'.
 func ValidName(s string) bool {

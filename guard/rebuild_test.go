@@ -1,0 +1,192 @@
+package guard_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cacheguard/cacheguard/bloom"
+	"github.com/cacheguard/cacheguard/guard"
+	"github.com/cacheguard/cacheguard/internal/keyspace"
+	"github.com/cacheguard/cacheguard/internal/redistest"
+)
+
+// logWatch is a slog handler that lets a test wait for a message.
+type logWatch struct {
+	mu   sync.Mutex
+	msgs []string
+	seen chan struct{} // a message came in
+}
+
+func newLogWatch() *logWatch { return &logWatch{seen: make(chan struct{}, 1)} }
+
+func (w *logWatch) Enabled(context.Context, slog.Level) bool { return true }
+func (w *logWatch) WithAttrs([]slog.Attr) slog.Handler       { return w }
+func (w *logWatch) WithGroup(string) slog.Handler            { return w }
+func (w *logWatch) Handle(_ context.Context, r slog.Record) error {
+	w.mu.Lock()
+	w.msgs = append(w.msgs, r.Message)
+	w.mu.Unlock()
+	select {
+	case w.seen <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// wait waits until a message containing s has been logged.
+func (w *logWatch) wait(t *testing.T, s string) {
+	t.Helper()
+	deadline := time.After(20 * time.Second)
+	for {
+		w.mu.Lock()
+		found := slices.ContainsFunc(w.msgs, func(m string) bool { return strings.Contains(m, s) })
+		w.mu.Unlock()
+		if found {
+			return
+		}
+		select {
+		case <-w.seen:
+		case <-deadline:
+			t.Fatalf("no log message with %q in 20 s", s)
+		}
+	}
+}
+
+// waitReady waits until g's filter is ready at a generation after gen.
+func waitReady(t *testing.T, g *guard.Guard, after int64) bloom.Info {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		in, err := g.Info(context.Background())
+		if err == nil && in.Ready && in.Generation > after {
+			return in
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("filter not rebuilt past generation %d in 20 s: %+v, %v", after, in, err)
+		}
+		time.Sleep(10 * time.Millisecond) // Info reads Redis: nothing to wait on in between
+	}
+}
+
+// TestIDSourceReadAfterAnnounce replays the race step by step: the
+// automatic rebuild calls Filter.IDs, which (like README's productIDs)
+// reads its rows when called; a row is created and its Add returns right
+// after that read. The new generation must hold it. The control replays
+// the order the Guard used before (source read, Add, then the rebuild
+// announced): the row answers "not found", so the assertion can fail.
+func TestIDSourceReadAfterAnnounce(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	d := newDB(10)
+	opened := make(chan *guard.Guard, 1)
+	var g *guard.Guard
+	source := func(ctx context.Context) iter.Seq2[string, error] {
+		snapshot := guard.IDs(slices.Collect(func(yield func(string) bool) { // the query, run now
+			for id := range ids("p", 10) {
+				if !yield(id) {
+					return
+				}
+			}
+		}))
+		g := <-opened
+		d.set(product{ID: "p10", Name: "created after the query"})
+		if err := g.Add(ctx, "p10"); err != nil {
+			t.Error(err)
+		}
+		return snapshot
+	}
+	g, err := guard.New(ctx, c, "product", &guard.Options{KeyPrefix: c.Prefix,
+		Filter: guard.FilterOptions{ExpectedItems: 1000, IDs: source}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	opened <- g
+	waitReady(t, g, 0)
+	if p, err := guard.Get(ctx, g, "p10", d.load); err != nil || p.ID != "p10" {
+		t.Fatalf("a row created after the source's query: %+v, %v", p, err)
+	}
+
+	// Control: the source read before the generation is announced.
+	f, err := bloom.Open(ctx, c, c.Prefix+":control", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Rebuild(ctx, ids("p", 10), nil); err != nil {
+		t.Fatal(err)
+	}
+	snapshot := slices.Collect(func(yield func(string) bool) {
+		for id := range ids("p", 10) {
+			yield(id)
+		}
+	})
+	if err := f.Add(ctx, "p10"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Rebuild(ctx, guard.IDs(snapshot), nil); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := f.Test(ctx, "p10"); err != nil || ok {
+		t.Fatalf("control: the old order kept p10 (%v, %v): this test could not fail", ok, err)
+	}
+}
+
+// TestShortSourceKeepsTheFilter: an ID source that comes back empty or cut
+// short (a failed query) must not make existing rows answer "not found",
+// through Rebuild (ErrShortSource) or the automatic rebuild (refused with
+// an ERROR; Gets fail open meanwhile); with Force a rebuild goes through.
+func TestShortSourceKeepsTheFilter(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	d := newDB(100)
+	var mu sync.Mutex
+	n := 100
+	source := func(context.Context) iter.Seq2[string, error] {
+		mu.Lock()
+		defer mu.Unlock()
+		return ids("p", n)
+	}
+	logs := newLogWatch()
+	g, err := guard.New(ctx, c, "product", &guard.Options{KeyPrefix: c.Prefix, Logger: slog.New(logs),
+		Filter: guard.FilterOptions{ExpectedItems: 1000, IDs: source}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	in := waitReady(t, g, 0)
+	for _, short := range []int{0, 40} {
+		if _, err := g.Rebuild(ctx, ids("p", short), nil); !errors.Is(err, bloom.ErrShortSource) {
+			t.Fatalf("Rebuild from %d of 100 IDs: %v; want ErrShortSource", short, err)
+		}
+	}
+	// The filter lost (its shard evicted), and the source broken: the
+	// automatic rebuild is refused, and every row still loads.
+	mu.Lock()
+	n = 0
+	mu.Unlock()
+	if err := c.Del(ctx, keyspace.ForFilter(c.Prefix+":product:bf").Shard(in.Generation, 0)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 100 {
+		id := fmt.Sprintf("p%d", i)
+		if p, err := guard.Get(ctx, g, id, d.load); err != nil || p.ID != id {
+			t.Fatalf("Get(%s) with the filter lost and the source empty: %+v, %v", id, p, err)
+		}
+	}
+	logs.wait(t, "automatic bloom rebuild refused")
+	mu.Lock()
+	n = 100
+	mu.Unlock()
+	waitReady(t, g, in.Generation) // the source mended: the next attempt lands
+	if _, err := g.Rebuild(ctx, ids("p", 10), &bloom.RebuildOptions{Force: true}); err != nil {
+		t.Fatalf("Force: %v", err)
+	}
+}

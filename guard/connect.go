@@ -37,7 +37,8 @@ func (g *Guard) connect(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if f.Adopted() {
+		// A Guard given no sizing takes the stored one silently.
+		if sized := g.opts.Filter.ExpectedItems != 0 || g.opts.Filter.FalsePositiveRate != 0; f.Adopted() && sized {
 			cfg := f.Config()
 			g.log.WarnContext(ctx, "cacheguard: the bloom filter in Redis is sized otherwise than Options say; using its layout",
 				"stored_items", cfg.ExpectedItems, "stored_fp_rate", cfg.FalsePositiveRate,

@@ -10,7 +10,6 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/cacheguard/cacheguard/bloom"
 	"github.com/cacheguard/cacheguard/codec"
 	"github.com/cacheguard/cacheguard/internal/coord"
 	"github.com/cacheguard/cacheguard/internal/keyspace"
@@ -55,7 +54,9 @@ type Options struct {
 
 // FilterOptions sizes the bloom filter and names where its IDs come from.
 type FilterOptions struct {
-	// ExpectedItems sizes the filter. Default 1,000,000.
+	// ExpectedItems sizes the filter when this Guard creates it. Default
+	// 1,000,000. A filter that exists keeps its stored sizing (a WARN says
+	// so when these fields ask for another); Rebuild resizes it.
 	ExpectedItems uint64
 	// FalsePositiveRate is the target at ExpectedItems, in (0, 0.5].
 	// Default 0.01.
@@ -133,12 +134,6 @@ func resolve(opts *Options) (Options, error) {
 	}
 	if o.Tuning.MaxKeyLen < 1 || o.Tuning.MaxKeyLen > 4096 {
 		return bad("MaxKeyLen %d not in [1, 4096]", o.Tuning.MaxKeyLen)
-	}
-	if o.Filter.ExpectedItems == 0 { // resolved here so that logs show what is in force
-		o.Filter.ExpectedItems = bloom.DefaultExpectedItems
-	}
-	if o.Filter.FalsePositiveRate == 0 {
-		o.Filter.FalsePositiveRate = bloom.DefaultFalsePositiveRate
 	}
 	if o.Codec == nil {
 		o.Codec = codec.Msgpack

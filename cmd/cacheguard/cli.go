@@ -48,8 +48,9 @@ type config struct {
 	cluster               bool
 	tlsCA                 string
 	timeout               time.Duration
-	expected              uint64
+	items                 uint64
 	fpRate                float64
+	force                 bool
 	progress              string
 }
 
@@ -81,8 +82,9 @@ func run(ctx context.Context, args []string, env func(string) string, stdin io.R
 	fs.BoolVar(&c.cluster, "cluster", false, "Redis Cluster: REDIS_URL is a cluster URL (redis://host:port?addr=host2:port), -addr a comma-separated list")
 	fs.StringVar(&c.tlsCA, "tls-ca", "", "PEM file of a CA to trust for TLS (rediss://)")
 	fs.DurationVar(&c.timeout, "timeout", 5*time.Second, "bound on each command (rebuild: on each round trip)")
-	fs.Uint64Var(&c.expected, "expected", 0, "rebuild: size the filter for this many IDs (default: the IDs in the file, else the current sizing)")
-	fs.Float64Var(&c.fpRate, "fp-rate", 0, "rebuild: target false-positive rate (default: the current one)")
+	fs.Uint64Var(&c.items, "items", 0, "the filter's ExpectedItems (default: the stored sizing; rebuild grows it to twice the IDs when they outgrow it)")
+	fs.Float64Var(&c.fpRate, "fp-rate", 0, "the filter's FalsePositiveRate (default: the stored one)")
+	fs.BoolVar(&c.force, "force", false, "rebuild: go ahead with an empty input, fewer than half the IDs the filter holds, or a sizing below the stored one")
 	fs.StringVar(&c.progress, "progress", "auto", "rebuild: progress as a bar (bar), as lines (lines), none, or auto (a bar on a terminal, else lines)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -261,6 +263,7 @@ func (c *config) open(ctx context.Context, rdb redis.UniversalClient, mustExist 
 			return nil, &notFound{fmt.Sprintf("no Guard %q under prefix %q (no filter at %s; check -name and -prefix)", c.name, c.prefix, ks.Filter().Meta())}
 		}
 	}
+	// No sizing: the Guard takes the stored layout (rebuild resizes it).
 	g, err := guard.New(ctx, rdb, c.name, &guard.Options{KeyPrefix: c.prefix, Version: c.version, Tuning: guard.Tuning{RedisTimeout: c.timeout}})
 	if err != nil {
 		if errors.Is(err, guard.ErrInvalidOptions) {

@@ -242,10 +242,13 @@ func invalidate(ctx context.Context, c *config, rdb redis.UniversalClient, ids [
 }
 
 // rebuild rebuilds the filter from the IDs in args[0] (or stdin), one per
-// line; blank lines are skipped and surrounding spaces trimmed.
+// line; blank lines are skipped and surrounding spaces trimmed. Without
+// -force it refuses an empty input (a failed query piped in), a sizing
+// below the stored one, and (the library's rule) fewer than half the IDs
+// the filter holds.
 func rebuild(ctx context.Context, c *config, rdb redis.UniversalClient, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	// The IDs are counted before the rebuild, to size the filter for them
-	// (unless -expected says otherwise); stdin is spooled to a file first.
+	// (unless -items says otherwise); stdin is spooled to a file first.
 	source := "stdin"
 	var f *os.File
 	if len(args) == 1 && args[0] != "-" {
@@ -270,15 +273,19 @@ func rebuild(ctx context.Context, c *config, rdb redis.UniversalClient, args []s
 		return err
 	}
 	in := io.Reader(f)
-	opts := &bloom.RebuildOptions{ExpectedItems: c.expected, FalsePositiveRate: c.fpRate}
-	if opts.ExpectedItems == 0 && total > 0 {
-		opts.ExpectedItems = uint64(total)
+	if total == 0 && !c.force {
+		return fmt.Errorf("rebuild: no IDs in %s; a filter rebuilt from none answers \"not found\" for every ID "+
+			"(-force if that is what you want)", source)
 	}
 	g, err := c.open(ctx, rdb, false)
 	if err != nil {
 		return err
 	}
 	defer g.Close()
+	opts, err := c.sizing(ctx, g, uint64(total))
+	if err != nil {
+		return err
+	}
 	p := newProgress(c.progress, stderr, total)
 	opts.Progress = p.upload
 	start := time.Now()
@@ -288,7 +295,29 @@ func rebuild(ctx context.Context, c *config, rdb redis.UniversalClient, args []s
 		return err
 	}
 	took := time.Since(start)
-	fmt.Fprintf(stdout, "rebuilt %s (prefix %s) from %d IDs (%s) in %v (%.0f IDs/s)\n",
-		c.name, c.prefix, n, source, took.Round(time.Millisecond), float64(n)/took.Seconds())
+	fmt.Fprintf(stdout, "rebuilt %s (prefix %s) from %d IDs (%s) in %v (%.0f IDs/s), sized for %d\n",
+		c.name, c.prefix, n, source, took.Round(time.Millisecond), float64(n)/took.Seconds(), opts.ExpectedItems)
 	return nil
+}
+
+// sizing is the rebuild's: -items and -fp-rate as given, else the stored
+// layout, grown to twice the IDs when they outgrow it (room for the IDs
+// created next). A sizing below the stored one needs -force.
+func (c *config) sizing(ctx context.Context, g *guard.Guard, ids uint64) (*bloom.RebuildOptions, error) {
+	opts := &bloom.RebuildOptions{ExpectedItems: c.items, FalsePositiveRate: c.fpRate, Force: c.force}
+	cur, err := g.Info(ctx)
+	if err != nil {
+		return nil, err
+	}
+	stored := cur.Config.ExpectedItems
+	switch {
+	case c.items > 0 && c.items < stored && !c.force:
+		return nil, &usageError{fmt.Sprintf("-items %d is below the stored sizing (%d): the filter would fill up "+
+			"as IDs are created (-force if that is what you want)", c.items, stored)}
+	case c.items == 0 && ids > stored:
+		opts.ExpectedItems = 2 * ids
+	case c.items == 0:
+		opts.ExpectedItems = stored
+	}
+	return opts, nil
 }

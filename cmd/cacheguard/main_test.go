@@ -95,7 +95,7 @@ func TestCommandsAgainstRedis(t *testing.T) {
 
 	r = cli(t, env, "", "info", "-name", "product")
 	r.want(t, exitOK, "info")
-	for _, want := range []string{"state          ready", "items added    1000", "sizing         1000 expected items"} {
+	for _, want := range []string{"state          ready", "items added    1000", "sizing         1000000 expected items"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Fatalf("info lacks %q:\n%s", want, r.stdout)
 		}
@@ -161,26 +161,32 @@ func TestCommandsAgainstRedis(t *testing.T) {
 		}
 	}
 
-	// IDs from stdin, 250 times what the filter was sized for: the rebuild
-	// counts them first and sizes the filter for them.
+	// IDs from stdin, more than the filter was sized for: the rebuild
+	// counts them first and sizes the filter for twice as many.
 	var many strings.Builder
-	for i := range 250_000 {
+	for i := range 1_250_000 {
 		fmt.Fprintf(&many, "q%d\n", i)
 	}
 	r = cli(t, env, many.String(), "-name", "product", "rebuild")
 	r.want(t, exitOK, "rebuild from stdin, sized from its IDs")
-	if !strings.Contains(r.stdout, "from 250000 IDs (stdin)") {
+	if !strings.Contains(r.stdout, "from 1250000 IDs (stdin)") || !strings.Contains(r.stdout, "sized for 2500000") {
 		t.Fatalf("stdin rebuild:\n%s\n%s", r.stderr, r.stdout)
 	}
 	r = cli(t, env, "", "-name", "product", "info")
 	r.want(t, exitOK, "info after the stdin rebuild")
-	if !strings.Contains(r.stdout, "250000") {
-		t.Fatalf("info does not show the filter sized for 250,000 IDs:\n%s", r.stdout)
+	if !strings.Contains(r.stdout, "2500000 expected items") {
+		t.Fatalf("info does not show the filter sized for 2,500,000 IDs:\n%s", r.stdout)
 	}
 	cli(t, env, "", "-name", "product", "check", "q7").want(t, exitOK, "an ID of the stdin rebuild")
 	cli(t, env, "", "-name", "product", "check", "p7").want(t, exitNotFound, "an ID the stdin rebuild did not have")
-	// Told to size it far too small, the rebuild fails and the filter stays.
-	r = cli(t, env, many.String(), "-name", "product", "-expected", "1000", "rebuild")
+	// Told to size it below the stored sizing, the rebuild is refused; with
+	// -force and far too small, it fails and the filter stays.
+	r = cli(t, env, many.String(), "-name", "product", "-items", "1000", "rebuild")
+	r.want(t, exitUsage, "a rebuild sized below the stored sizing")
+	if !strings.Contains(r.stderr, "below the stored sizing") {
+		t.Fatalf("the refused rebuild does not say why:\n%s", r.stderr)
+	}
+	r = cli(t, env, many.String(), "-name", "product", "-items", "1000", "-force", "rebuild")
 	r.want(t, exitFailed, "a rebuild that would saturate the filter")
 	if !strings.Contains(r.stderr, "too small") {
 		t.Fatalf("the refused rebuild does not say why:\n%s", r.stderr)
@@ -289,5 +295,45 @@ func TestThousands(t *testing.T) {
 		if got := thousands(n); got != want {
 			t.Errorf("thousands(%d) = %q, want %q", n, got, want)
 		}
+	}
+}
+
+// TestRebuildRefusesAShortInput: an empty input (what a failed
+// `psql ... | cacheguard rebuild` pipe gives) or one cut short would make
+// existing IDs answer "not found": rebuild refuses both and the filter
+// keeps answering; -force goes ahead. No command warns about sizing that
+// the user never gave.
+func TestRebuildRefusesAShortInput(t *testing.T) {
+	_, addr := tcpServer(t)
+	env := map[string]string{"REDIS_URL": "redis://" + addr + "/0"}
+	var all strings.Builder
+	for i := range 1000 {
+		fmt.Fprintf(&all, "p%d\n", i)
+	}
+	cli(t, env, all.String(), "-name", "user", "rebuild").want(t, exitOK, "rebuild from 1,000 IDs")
+	for _, in := range []struct{ name, ids, says string }{
+		{"empty", "", "no IDs in stdin"},
+		{"blank lines only", "\n\n \n", "no IDs in stdin"},
+		{"truncated", all.String()[:all.Len()/4], "fewer than half"},
+	} {
+		r := cli(t, env, in.ids, "-name", "user", "rebuild")
+		r.want(t, exitFailed, in.name+" input")
+		if !strings.Contains(r.stderr, in.says) && !strings.Contains(r.stderr, "far fewer IDs") {
+			t.Fatalf("%s input: stderr does not say why:\n%s", in.name, r.stderr)
+		}
+		for _, id := range []string{"p1", "p2", "p100", "p999"} {
+			cli(t, env, "", "-name", "user", "check", id).want(t, exitOK, id+" after the refused "+in.name+" rebuild")
+		}
+	}
+	r := cli(t, env, "", "-name", "user", "info")
+	r.want(t, exitOK, "info")
+	if strings.Contains(r.stderr, "sized otherwise") || strings.Contains(r.stdout, "-0") {
+		t.Fatalf("info:\n%s\n%s", r.stdout, r.stderr)
+	}
+	cli(t, env, "", "-name", "user", "-force", "rebuild").want(t, exitOK, "an empty rebuild with -force")
+	cli(t, env, "", "-name", "user", "check", "p1").want(t, exitNotFound, "p1 after the forced empty rebuild")
+	r = cli(t, env, "", "-name", "user", "info")
+	if !strings.Contains(r.stdout, "estimated from the bits: 0)") {
+		t.Fatalf("info of an empty filter:\n%s", r.stdout)
 	}
 }

@@ -3,6 +3,7 @@ package guard
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,6 +24,8 @@ type filterState struct {
 	mu         sync.Mutex    // held by each rebuild of this Guard's, automatic or not: one at a time; guards the two below
 	lastAuto   time.Time     // when this Guard last started an automatic rebuild
 	autoWait   time.Duration // the back-off after it (see mayAutoRebuild)
+	// evictionChecked: the eviction policy was read (or refused) once.
+	evictionChecked atomic.Bool
 }
 
 // connect opens what a Guard keeps in Redis: its bloom filter, the
@@ -50,10 +53,54 @@ func (g *Guard) connect(ctx context.Context) error {
 		return err // a refusal (an ACL without script|load) only costs a NOSCRIPT round trip later
 	}
 	g.checkRestart(ctx) // the run ids to compare with after an outage
+	g.checkEviction(ctx)
 	if g.local != nil {
 		return g.local.arm(ctx, g.rdb, g.keys.Invalidated())
 	}
 	return nil
+}
+
+// checkEviction warns, once per Guard, when a master evicts with an
+// allkeys-* policy: it may evict the filter, which has no TTL, where
+// volatile-* evicts the values and markers alone (they all have one).
+// An ACL that refuses INFO is said once too: the policy is then unknown.
+func (g *Guard) checkEviction(ctx context.Context) {
+	if !g.bf.evictionChecked.CompareAndSwap(false, true) {
+		return
+	}
+	var mu sync.Mutex
+	var policies []string
+	err := eachMaster(ctx, g.rdb, func(ctx context.Context, c redis.Cmdable) error {
+		info, err := c.Info(ctx, "memory").Result()
+		if err != nil {
+			return err
+		}
+		for line := range strings.Lines(info) {
+			if p, ok := strings.CutPrefix(strings.TrimSpace(line), "maxmemory_policy:"); ok {
+				mu.Lock()
+				policies = append(policies, p)
+				mu.Unlock()
+			}
+		}
+		return nil
+	})
+	switch {
+	case reply(err):
+		g.log.WarnContext(ctx, "cacheguard: cannot read redis's eviction policy (INFO refused); if it is allkeys-*, "+
+			"it may evict the bloom filter (docs/operations.md, Eviction)", "err", err)
+	case err != nil:
+		g.bf.evictionChecked.Store(false) // down: look again at the next connect
+	default:
+		for _, p := range policies {
+			if strings.HasPrefix(p, "allkeys-") {
+				g.log.WarnContext(ctx, "cacheguard: redis evicts with maxmemory-policy "+p+": it may evict the bloom filter, "+
+					"which the Guard then rebuilds from Filter.IDs (a full read, at most once a minute); run the Guard's "+
+					"redis with volatile-lru or volatile-lfu, which evict only keys with a TTL (every value and marker has one, "+
+					"the filter none; docs/operations.md, Eviction)", "policy", p)
+				return
+			}
+		}
+	}
 }
 
 // filter returns the Guard's bloom filter, opening it now if New could not

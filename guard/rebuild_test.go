@@ -31,8 +31,10 @@ func (w *logWatch) Enabled(context.Context, slog.Level) bool { return true }
 func (w *logWatch) WithAttrs([]slog.Attr) slog.Handler       { return w }
 func (w *logWatch) WithGroup(string) slog.Handler            { return w }
 func (w *logWatch) Handle(_ context.Context, r slog.Record) error {
+	m := r.Message
+	r.Attrs(func(a slog.Attr) bool { m += " " + a.String(); return true })
 	w.mu.Lock()
-	w.msgs = append(w.msgs, r.Message)
+	w.msgs = append(w.msgs, m)
 	w.mu.Unlock()
 	select {
 	case w.seen <- struct{}{}:

@@ -181,6 +181,12 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 // Name returns the Guard's name.
 func (g *Guard) Name() string { return g.name }
 
+// Logger returns the Guard's logger: Options.Logger with the Guard's name,
+// writing each cause at most once per 10 s (with a count of those held
+// back). The adapters log through it, so an outage writes a few lines a
+// minute whatever the entry point.
+func (g *Guard) Logger() *slog.Logger { return g.log }
+
 // Close shuts the Guard: every call that starts afterwards, of every method
 // and of Get (values held in process memory included), fails with ErrClosed.
 // Close waits for the calls in progress and the flights they started (each

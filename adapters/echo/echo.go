@@ -14,7 +14,6 @@ package echo
 
 import (
 	"errors"
-	"log/slog"
 	"net/http"
 	"time"
 
@@ -52,9 +51,6 @@ type Config struct {
 	// OnUnfiltered, if set, is called for every request that reached a
 	// route with path parameters without an ID the middleware could read.
 	OnUnfiltered func(route string)
-	// Logger receives Redis failures, unfiltered routes and the errors
-	// behind 5xx problems. Default: the Echo context's Logger.
-	Logger *slog.Logger
 }
 
 // DefaultConfig is the configuration Middleware uses.
@@ -78,8 +74,9 @@ func problem(status int) *labecho.HTTPError {
 func NotFound() *labecho.HTTPError { return problem(http.StatusNotFound) }
 
 // HTTPError maps an error from guard.Get to an *echo.HTTPError without the
-// error's text: 404 for ErrNotFound, 400 for ErrInvalidKey, 503 for ErrBusy
-// and ErrUnavailable (ErrorHandler adds Retry-After), and 500 otherwise.
+// error's text: 404 for ErrNotFound, 400 for ErrInvalidKey, 503 for ErrBusy,
+// ErrUnavailable and a deadline (ErrorHandler adds Retry-After), and 500
+// otherwise.
 // Internal keeps the error of a 5xx for logging.
 func HTTPError(err error) *labecho.HTTPError {
 	status := core.Status(err)
@@ -94,7 +91,8 @@ func HTTPError(err error) *labecho.HTTPError {
 // application/problem+json (with Retry-After on 503: the RetryAfter of the
 // middleware the request went through, else 1 second) and hands every other
 // error to next (e.g. e.DefaultHTTPErrorHandler). The error behind a 5xx is
-// logged.
+// logged, with the route and the ID, through the Guard's logger
+// (rate-limited with its own lines); without the middleware, to Echo's.
 func ErrorHandler(next labecho.HTTPErrorHandler) labecho.HTTPErrorHandler {
 	return func(err error, c labecho.Context) {
 		var he *labecho.HTTPError
@@ -107,12 +105,8 @@ func ErrorHandler(next labecho.HTTPErrorHandler) labecho.HTTPErrorHandler {
 			return
 		}
 		cc := core.FromContext(c.Request().Context())
-		if p.Status >= 500 && core.Loggable(he.Internal) {
-			if l := cc.Logger(); l != nil {
-				l.ErrorContext(c.Request().Context(), "cacheguard: request failed", "status", p.Status, "err", he.Internal)
-			} else {
-				c.Logger().Errorf("cacheguard: request failed (%d): %v", p.Status, he.Internal)
-			}
+		if !cc.Failed(c.Request().Context(), p.Status, he.Internal) && p.Status >= 500 && core.Loggable(he.Internal) {
+			c.Logger().Errorf("cacheguard: request failed (%d): %v", p.Status, he.Internal) // no middleware: Echo's logger
 		}
 		if p.Status == http.StatusServiceUnavailable {
 			c.Response().Header().Set("Retry-After", cc.RetryAfter())
@@ -147,7 +141,7 @@ func MiddlewareWithConfig(g *guard.Guard, cfg Config) labecho.MiddlewareFunc {
 		cfg.RetryAfter = DefaultConfig.RetryAfter
 	}
 	cr := core.New(g, core.Options{Valid: cfg.Valid, ExtraIDChars: cfg.ExtraIDChars, FailClosed: cfg.FailClosed,
-		RetryAfter: cfg.RetryAfter, OnUnfiltered: cfg.OnUnfiltered, Logger: cfg.Logger})
+		RetryAfter: cfg.RetryAfter, OnUnfiltered: cfg.OnUnfiltered})
 	return func(next labecho.HandlerFunc) labecho.HandlerFunc {
 		return func(c labecho.Context) error {
 			if cfg.Skipper(c) {
@@ -155,13 +149,6 @@ func MiddlewareWithConfig(g *guard.Guard, cfg Config) labecho.MiddlewareFunc {
 			}
 			r := c.Request()
 			v := cr.Decide(r.Context(), cfg.ID(c), c.Path(), len(c.ParamNames()) > 0)
-			if v.Warn != "" {
-				if cfg.Logger != nil {
-					cfg.Logger.WarnContext(r.Context(), v.Warn, "route", c.Path(), "err", v.Err)
-				} else {
-					c.Logger().Warnf("%s (route %s): %v", v.Warn, c.Path(), v.Err)
-				}
-			}
 			// The handler's Get reuses Peek's read, and ErrorHandler finds
 			// this middleware's Retry-After, through the request's context.
 			c.SetRequest(r.WithContext(v.Ctx))

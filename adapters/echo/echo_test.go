@@ -24,7 +24,7 @@ type router struct{ *labecho.Echo }
 
 func config(c adaptertest.Config) cgecho.Config {
 	cfg := cgecho.DefaultConfig
-	cfg.FailClosed, cfg.RetryAfter, cfg.Logger, cfg.OnUnfiltered = c.FailClosed, c.RetryAfter, c.Logger, c.OnUnfiltered
+	cfg.FailClosed, cfg.RetryAfter, cfg.OnUnfiltered = c.FailClosed, c.RetryAfter, c.OnUnfiltered
 	if h := c.SkipHeader; h != "" {
 		cfg.Skipper = func(c labecho.Context) bool { return c.Request().Header.Get(h) != "" }
 	}

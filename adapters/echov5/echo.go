@@ -15,7 +15,6 @@ package echov5
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"time"
 
@@ -53,9 +52,6 @@ type Config struct {
 	// OnUnfiltered, if set, is called for every request that reached a
 	// route with path parameters without an ID the middleware could read.
 	OnUnfiltered func(route string)
-	// Logger receives Redis failures, unfiltered routes and the errors
-	// behind 5xx problems. Default: the Echo context's Logger.
-	Logger *slog.Logger
 }
 
 // DefaultConfig is the configuration Middleware uses.
@@ -104,8 +100,9 @@ func problem(status int) *Error { return &Error{Problem: core.ProblemFor(status)
 func NotFound() *Error { return problem(http.StatusNotFound) }
 
 // HTTPError maps an error from guard.Get to an *Error without the error's
-// text: 404 for ErrNotFound, 400 for ErrInvalidKey, 503 for ErrBusy and
-// ErrUnavailable (ErrorHandler adds Retry-After), and 500 otherwise. The
+// text: 404 for ErrNotFound, 400 for ErrInvalidKey, 503 for ErrBusy,
+// ErrUnavailable and a deadline (ErrorHandler adds Retry-After), and 500
+// otherwise. The
 // error of a 5xx is kept (Unwrap) for logging.
 func HTTPError(err error) *Error {
 	status := core.Status(err)
@@ -120,7 +117,8 @@ func HTTPError(err error) *Error {
 // application/problem+json (with Retry-After on 503: the RetryAfter of the
 // middleware the request went through, else 1 second) and hands every other
 // error to next (e.g. echo.DefaultHTTPErrorHandler(false)). The error behind
-// a 5xx is logged.
+// a 5xx is logged, with the route and the ID, through the Guard's logger
+// (rate-limited with its own lines); without the middleware, to Echo's.
 func ErrorHandler(next labecho.HTTPErrorHandler) labecho.HTTPErrorHandler {
 	return func(c *labecho.Context, err error) {
 		var e *Error
@@ -134,12 +132,8 @@ func ErrorHandler(next labecho.HTTPErrorHandler) labecho.HTTPErrorHandler {
 		}
 		p := e.Problem
 		cc := core.FromContext(c.Request().Context())
-		if p.Status >= 500 && core.Loggable(e.Err) {
-			l := cc.Logger()
-			if l == nil {
-				l = c.Logger()
-			}
-			l.ErrorContext(c.Request().Context(), "cacheguard: request failed", "status", p.Status, "err", e.Err)
+		if !cc.Failed(c.Request().Context(), p.Status, e.Err) && p.Status >= 500 && core.Loggable(e.Err) {
+			c.Logger().ErrorContext(c.Request().Context(), "cacheguard: request failed", "status", p.Status, "err", e.Err) // no middleware
 		}
 		if p.Status == http.StatusServiceUnavailable {
 			c.Response().Header().Set("Retry-After", cc.RetryAfter())
@@ -174,7 +168,7 @@ func MiddlewareWithConfig(g *guard.Guard, cfg Config) labecho.MiddlewareFunc {
 		cfg.RetryAfter = DefaultConfig.RetryAfter
 	}
 	cr := core.New(g, core.Options{Valid: cfg.Valid, ExtraIDChars: cfg.ExtraIDChars, FailClosed: cfg.FailClosed,
-		RetryAfter: cfg.RetryAfter, OnUnfiltered: cfg.OnUnfiltered, Logger: cfg.Logger})
+		RetryAfter: cfg.RetryAfter, OnUnfiltered: cfg.OnUnfiltered})
 	return func(next labecho.HandlerFunc) labecho.HandlerFunc {
 		return func(c *labecho.Context) error {
 			if cfg.Skipper(c) {
@@ -182,13 +176,6 @@ func MiddlewareWithConfig(g *guard.Guard, cfg Config) labecho.MiddlewareFunc {
 			}
 			r := c.Request()
 			v := cr.Decide(r.Context(), cfg.ID(c), c.Path(), len(c.PathValues()) > 0)
-			if v.Warn != "" {
-				l := cfg.Logger
-				if l == nil {
-					l = c.Logger()
-				}
-				l.WarnContext(r.Context(), v.Warn, "route", c.Path(), "err", v.Err)
-			}
 			// The handler's Get reuses Peek's read, and ErrorHandler finds
 			// this middleware's Retry-After, through the request's context.
 			c.SetRequest(r.WithContext(v.Ctx))

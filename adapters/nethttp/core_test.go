@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -18,21 +19,18 @@ import (
 
 // TestRetryAfterIsTheConfiguredValue: the middleware's 503 and Error's 503
 // behind it both send the configured Retry-After, and Error logs the error
-// behind a 5xx to the middleware's Logger.
+// behind a 5xx, with the route and the ID, through the Guard's logger.
 func TestRetryAfterIsTheConfiguredValue(t *testing.T) {
 	srv, rdb := redistest.Private(t)
+	var logs bytes.Buffer
 	// The Guard fails fast, so that the handler's guard.Get reports the
 	// outage (by default it would load through and answer 200).
-	a := newAppWith(
-		t,
-		rdb,
-		&guard.Options{KeyPrefix: "down", Outage: &guard.OutageOptions{FailFast: true}, Filter: guard.FilterOptions{ExpectedItems: 1000}},
-	)
+	a := newAppWith(t, rdb, &guard.Options{KeyPrefix: "down", Outage: &guard.OutageOptions{FailFast: true},
+		Filter: guard.FilterOptions{ExpectedItems: 1000}, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err := srv.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	var logs bytes.Buffer
-	opts := &nethttp.Options{RetryAfter: 5 * time.Second, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	opts := &nethttp.Options{RetryAfter: 5 * time.Second}
 	mux := http.NewServeMux()
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, err := guard.Get(r.Context(), a.g, r.PathValue("id"), func(context.Context, string) (user, error) { return user{}, nil })
@@ -46,18 +44,18 @@ func TestRetryAfterIsTheConfiguredValue(t *testing.T) {
 		nethttp.Error(w, r, errors.New("db password wrong"))
 	})))
 
+	rec := get(t, mux, "/boom/1")
+	if rec.Code != 500 || strings.Contains(rec.Body.String(), "password") {
+		t.Fatalf("500: %d %s", rec.Code, rec.Body)
+	}
+	if !strings.Contains(logs.String(), `route="GET /boom/{id}" id=1 status=500 err="db password wrong"`) {
+		t.Fatalf("the error behind the 500 was not logged (the first line of its cause is never held back):\n%s", logs.String())
+	}
 	for _, path := range []string{"/closed/1", "/open/1"} {
 		rec := get(t, mux, path)
 		if rec.Code != 503 || rec.Header().Get("Retry-After") != "5" {
 			t.Errorf("%s with Redis down: %d, Retry-After %q, want 503 and 5", path, rec.Code, rec.Header().Get("Retry-After"))
 		}
-	}
-	rec := get(t, mux, "/boom/1")
-	if rec.Code != 500 || strings.Contains(rec.Body.String(), "password") {
-		t.Fatalf("500: %d %s", rec.Code, rec.Body)
-	}
-	if !strings.Contains(logs.String(), "db password wrong") {
-		t.Fatalf("the error behind the 500 was not logged:\n%s", logs.String())
 	}
 }
 
@@ -66,13 +64,11 @@ func TestRetryAfterIsTheConfiguredValue(t *testing.T) {
 // route and counted for every request. A route without wildcards is quiet.
 func TestUnfilteredRouteIsReported(t *testing.T) {
 	c := redistest.Connect(t)
-	a := newApp(t, c, c.Prefix)
 	var logs bytes.Buffer
+	a := newAppWith(t, c, &guard.Options{KeyPrefix: c.Prefix, Filter: guard.FilterOptions{ExpectedItems: 1000},
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	var unfiltered atomic.Int32
-	mw := nethttp.Middleware(a.g, &nethttp.Options{
-		Logger:       slog.New(slog.NewTextHandler(&logs, nil)),
-		OnUnfiltered: func(route string) { unfiltered.Add(1) },
-	})
+	mw := nethttp.Middleware(a.g, &nethttp.Options{OnUnfiltered: func(route string) { unfiltered.Add(1) }})
 	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})
 	mux := http.NewServeMux()
 	mux.Handle("GET /users/{uid}", mw(ok))
@@ -138,5 +134,45 @@ func TestIDRuleFollowsTheGuard(t *testing.T) {
 	}
 	if n := c.Counter.Commands(); n != 0 {
 		t.Fatalf("malformed IDs sent %d Redis commands", n)
+	}
+}
+
+// TestOutageLogsAFewLines: 10,000 requests through the middleware with
+// Redis down write a few lines (the Guard's rate limit), not one per
+// request; a deadline is a 503 with Retry-After whose line names the route
+// and the ID.
+func TestOutageLogsAFewLines(t *testing.T) {
+	srv, rdb := redistest.Private(t)
+	var logs bytes.Buffer
+	a := newAppWith(t, rdb, &guard.Options{KeyPrefix: "down", Filter: guard.FilterOptions{ExpectedItems: 1000},
+		LoadTimeout: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	block := make(chan struct{})
+	defer close(block)
+	mux := http.NewServeMux()
+	mux.Handle("GET /users/{id}", nethttp.Middleware(a.g, nil)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, err := guard.Get(r.Context(), a.g, r.PathValue("id"), func(ctx context.Context, id string) (user, error) {
+			if id == "2" {
+				<-block
+			}
+			return user{ID: id}, nil
+		})
+		nethttp.Error(w, r, err)
+	})))
+	rec := get(t, mux, "/users/2")
+	if rec.Code != 503 || rec.Header().Get("Retry-After") != "1" {
+		t.Fatalf("a load past LoadTimeout: %d, Retry-After %q; want 503 and 1", rec.Code, rec.Header().Get("Retry-After"))
+	}
+	if !strings.Contains(logs.String(), `route="GET /users/{id}" id=2 status=503`) {
+		t.Fatalf("the 503's line lacks the route and the ID:\n%s", logs.String())
+	}
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	logs.Reset()
+	for i := range 10_000 {
+		get(t, mux, fmt.Sprintf("/users/%d", i%100))
+	}
+	if n := strings.Count(logs.String(), "\n"); n > 20 || !strings.Contains(logs.String(), "filter unavailable") {
+		t.Fatalf("10,000 requests in an outage wrote %d lines (want a few):\n%s", n, logs.String())
 	}
 }

@@ -10,10 +10,11 @@
 // Answers are RFC 9457 problem details; the filter's 404 is the handler's
 // own, byte for byte, so it is no oracle of which IDs exist. When Redis
 // cannot answer, requests pass through unless Options.FailClosed is set.
+// The middleware logs through the Guard's logger (guard.Options.Logger),
+// rate-limited with the Guard's own lines.
 package nethttp
 
 import (
-	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
@@ -49,9 +50,6 @@ type Options struct {
 	// OnUnfiltered, if set, is called for every request that reached a
 	// route with path wildcards without an ID the middleware could read.
 	OnUnfiltered func(route string)
-	// Logger receives Redis failures, unfiltered routes, and the errors
-	// behind Error's 5xx answers. Default slog.Default().
-	Logger *slog.Logger
 }
 
 // Middleware returns net/http middleware that rejects unknown and malformed
@@ -68,22 +66,16 @@ func Middleware(g *guard.Guard, opts *Options) func(http.Handler) http.Handler {
 		param := o.Param
 		o.ID = func(r *http.Request) string { return r.PathValue(param) }
 	}
-	if o.Logger == nil {
-		o.Logger = slog.Default()
-	}
 	c := core.New(g, core.Options{Valid: o.Valid, ExtraIDChars: o.ExtraIDChars, FailClosed: o.FailClosed,
-		RetryAfter: o.RetryAfter, OnUnfiltered: o.OnUnfiltered, Logger: o.Logger})
+		RetryAfter: o.RetryAfter, OnUnfiltered: o.OnUnfiltered})
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			v := c.Decide(r.Context(), o.ID(r), r.Pattern, strings.Contains(r.Pattern, "{"))
-			if v.Warn != "" {
-				o.Logger.WarnContext(r.Context(), v.Warn, "route", r.Pattern, "err", v.Err)
-			}
 			if v.Decision == core.Pass {
 				next.ServeHTTP(w, r.WithContext(v.Ctx))
 				return
 			}
-			write(w, c, core.StatusOf(v.Decision))
+			write(w, core.FromContext(v.Ctx), core.StatusOf(v.Decision))
 		})
 	}
 }
@@ -95,26 +87,26 @@ func NotFound(w http.ResponseWriter, r *http.Request) {
 }
 
 // Error writes the problem answer for an error from guard.Get: 404 for
-// ErrNotFound, 400 for ErrInvalidKey, 503 for ErrBusy and ErrUnavailable,
-// and 500 otherwise, never with the error's text. Behind Middleware it uses
-// the middleware's RetryAfter and logs the error of a 5xx answer to its
-// Logger; elsewhere it sends Retry-After 1 and logs nothing.
+// ErrNotFound, 400 for ErrInvalidKey, 503 with Retry-After for ErrBusy,
+// ErrUnavailable and a deadline (the request's, or LoadTimeout), and 500
+// otherwise, never with the error's text. Behind Middleware it uses the
+// middleware's RetryAfter and logs the error of a 5xx answer, with the
+// route and the ID, through the Guard's logger; elsewhere it sends
+// Retry-After 1 and logs nothing.
 func Error(w http.ResponseWriter, r *http.Request, err error) {
-	c := core.FromContext(r.Context())
+	req := core.FromContext(r.Context())
 	status := core.Status(err)
-	if l := c.Logger(); l != nil && status >= 500 && core.Loggable(err) {
-		l.ErrorContext(r.Context(), "cacheguard: request failed", "status", status, "err", err)
-	}
-	write(w, c, status)
+	req.Failed(r.Context(), status, err)
+	write(w, req, status)
 }
 
-// write writes the problem answer of status; c (nil: defaults) gives the
+// write writes the problem answer of status; req (nil: defaults) gives the
 // Retry-After of a 503.
-func write(w http.ResponseWriter, c *core.Core, status int) {
+func write(w http.ResponseWriter, req *core.Request, status int) {
 	body := core.BodyFor(status)
 	h := w.Header()
 	if status == http.StatusServiceUnavailable {
-		h.Set("Retry-After", c.RetryAfter())
+		h.Set("Retry-After", req.RetryAfter())
 	}
 	h.Set("Content-Type", "application/problem+json")
 	h.Set("Content-Length", strconv.Itoa(len(body)))

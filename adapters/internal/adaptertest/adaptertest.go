@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -25,8 +26,10 @@ import (
 // Config is a middleware configuration in neutral terms; a Framework maps
 // it to its adapter's Config (zero fields: the adapter's defaults).
 type Config struct {
-	FailClosed   bool
-	RetryAfter   time.Duration
+	FailClosed bool
+	RetryAfter time.Duration
+	// Logger is the Guard's (guard.Options.Logger): the adapters log
+	// through it.
 	Logger       *slog.Logger
 	OnUnfiltered func(route string)
 	// SkipHeader: requests that carry this header skip the middleware
@@ -58,6 +61,8 @@ func Run(t *testing.T, f Framework) {
 	t.Run("RetryAfterIsTheConfiguredValue", func(t *testing.T) { retryAfterIsTheConfiguredValue(t, f) })
 	t.Run("UnfilteredRouteIsReported", func(t *testing.T) { unfilteredRouteIsReported(t, f) })
 	t.Run("ClientThatLeftIsNotAnOutage", func(t *testing.T) { clientThatLeftIsNotAnOutage(t, f) })
+	t.Run("OutageLogsAFewLines", func(t *testing.T) { outageLogsAFewLines(t, f) })
+	t.Run("DeadlineIs503", func(t *testing.T) { deadlineIs503(t, f) })
 }
 
 type product struct{ ID, Name string }
@@ -68,12 +73,16 @@ type app struct {
 	Router
 	g     *guard.Guard
 	loads atomic.Int64
-	ran   atomic.Int64 // handler runs
+	ran   atomic.Int64  // handler runs
+	slow  chan struct{} // if set, the load waits for it to close
 }
 
 func newApp(t *testing.T, f Framework, rdb redis.UniversalClient, opts *guard.Options, cfg Config) *app {
 	t.Helper()
 	ctx := context.Background()
+	if cfg.Logger != nil {
+		opts.Logger = cfg.Logger
+	}
 	g, err := guard.New(ctx, rdb, "product", opts)
 	if err != nil {
 		t.Fatal(err)
@@ -89,6 +98,9 @@ func newApp(t *testing.T, f Framework, rdb redis.UniversalClient, opts *guard.Op
 		a.ran.Add(1)
 		p, err := guard.Get(r.Context(), g, id, func(ctx context.Context, id string) (product, error) {
 			a.loads.Add(1)
+			if a.slow != nil {
+				<-a.slow
+			}
 			if id == "1" {
 				return product{"1", "lamp"}, nil
 			}
@@ -229,10 +241,10 @@ func clientThatLeftIsNotAnOutage(t *testing.T, f Framework) {
 // request; a route without parameters is quiet.
 func unfilteredRouteIsReported(t *testing.T, f Framework) {
 	c := redistest.Connect(t)
-	a := newApp(t, f, c, defaults(c.Prefix), Config{})
 	var logs bytes.Buffer
+	a := newApp(t, f, c, defaults(c.Prefix), Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	var unfiltered atomic.Int32
-	cfg := Config{Logger: slog.New(slog.NewTextHandler(&logs, nil)), OnUnfiltered: func(string) { unfiltered.Add(1) }}
+	cfg := Config{OnUnfiltered: func(string) { unfiltered.Add(1) }}
 	a.OK("/items/:sku", a.g, cfg)
 	a.OK("/items", a.g, cfg)
 	for range 3 {
@@ -247,4 +259,72 @@ func unfilteredRouteIsReported(t *testing.T, f Framework) {
 	if n := strings.Count(logs.String(), "unfiltered"); n != 1 || !strings.Contains(logs.String(), "/items/:sku") {
 		t.Fatalf("want one warning naming the route, got %d:\n%s", n, logs.String())
 	}
+}
+
+// outageLogsAFewLines: with Redis down, thousands of requests through the
+// middleware (passing through, then the handler's Get loading through)
+// write a few lines, not one per request: the adapter logs through the
+// Guard's rate-limited logger.
+func outageLogsAFewLines(t *testing.T, f Framework) {
+	srv, rdb := redistest.Private(t)
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	a := newApp(t, f, rdb, defaults("down"), Config{Logger: slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil))})
+	b := newApp(t, f, rdb, defaults("closed"), Config{FailClosed: true, Logger: slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil))})
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2000 {
+		get(a, "/products/1")
+		get(b, fmt.Sprintf("/products/%d", i))
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	lines := strings.Count(logs.String(), "\n")
+	if lines > 20 || !strings.Contains(logs.String(), "filter unavailable") || !strings.Contains(logs.String(), "route=/products/:id") {
+		t.Fatalf("4,000 requests in an outage wrote %d log lines (want a few, naming the route):\n%s", lines, logs.String())
+	}
+}
+
+// deadlineIs503: a load slower than LoadTimeout, or than the request's own
+// deadline, is a 503 with Retry-After, never a 500, and its log line names
+// the route and the ID.
+func deadlineIs503(t *testing.T, f Framework) {
+	c := redistest.Connect(t)
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	opts := defaults(c.Prefix)
+	opts.LoadTimeout = 20 * time.Millisecond
+	a := newApp(t, f, c, opts, Config{Logger: slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil))})
+	block := make(chan struct{})
+	defer close(block)
+	a.slow = block
+	rec := get(a, "/products/1")
+	if rec.Code != 503 || rec.Header().Get("Retry-After") == "" {
+		t.Fatalf("a load past LoadTimeout: %d, Retry-After %q; want 503 with Retry-After", rec.Code, rec.Header().Get("Retry-After"))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	rec = httptest.NewRecorder()
+	a.ServeHTTP(rec, httptest.NewRequest("GET", "/products/1", nil).WithContext(ctx))
+	if rec.Code != 503 {
+		t.Fatalf("a request past its own deadline: %d; want 503", rec.Code)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !strings.Contains(logs.String(), "route=/products/:id id=1 status=503") {
+		t.Fatalf("the 503's log line lacks the route and the ID:\n%s", logs.String())
+	}
+}
+
+// lockedWriter serialises writes to w.
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

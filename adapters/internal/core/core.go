@@ -40,11 +40,9 @@ type Options struct {
 	// OnUnfiltered, if set, is called for every request that reached a
 	// route with path wildcards but carried no ID (the wildcard is named
 	// otherwise than the adapter's Param, or the extractor found nothing):
-	// such requests pass unfiltered. A warning is also returned the first
+	// such requests pass unfiltered. A warning is also logged the first
 	// time per route.
 	OnUnfiltered func(route string)
-	// Logger is where the adapter logs (nil: the adapter's default).
-	Logger *slog.Logger
 }
 
 // Decision is what to do with a request.
@@ -61,12 +59,12 @@ const (
 type Verdict struct {
 	Decision Decision
 	// Ctx is the request's context for the handler: it carries Peek's read
-	// (so the handler's guard.Get costs no round trip) and the Core (so the
-	// adapters' error helpers use its Retry-After).
+	// (so the handler's guard.Get costs no round trip) and the Request (so
+	// the adapters' error helpers use its Retry-After and log its route and
+	// ID).
 	Ctx context.Context
-	// Warn, when set, is a warning for the adapter to log, with Err.
-	Warn string
-	Err  error
+	// Err is the Redis failure behind a pass-through or a 503, if any.
+	Err error
 }
 
 // Core holds one middleware's settings. It is safe for concurrent use.
@@ -76,7 +74,7 @@ type Core struct {
 	failClosed   bool
 	retryAfter   string // whole seconds, as sent
 	onUnfiltered func(string)
-	log          *slog.Logger // nil: the adapter's default
+	log          *slog.Logger // the Guard's: rate-limited with its own lines
 
 	unfiltered     atomic.Uint64
 	warnedUnfilter sync.Map // route → struct{}: routes already warned about
@@ -96,30 +94,51 @@ func New(g *guard.Guard, o Options) *Core {
 		failClosed:   o.FailClosed,
 		retryAfter:   strconv.Itoa(max(1, int(o.RetryAfter.Round(time.Second)/time.Second))),
 		onUnfiltered: o.OnUnfiltered,
-		log:          o.Logger,
+		log:          g.Logger(),
 	}
 }
 
-// Logger is the configured logger, or nil (a nil Core has none).
-func (c *Core) Logger() *slog.Logger {
-	if c == nil {
-		return nil
-	}
-	return c.log
+// Request is what Decide leaves in a request's context for the error
+// helpers behind the middleware. A nil *Request (no middleware) answers
+// with the defaults and logs nothing.
+type Request struct {
+	c         *Core
+	route, id string
 }
 
-type coreKey struct{}
+type requestKey struct{}
 
-// FromContext returns the Core that Decide left in ctx, or nil.
-func FromContext(ctx context.Context) *Core {
-	c, _ := ctx.Value(coreKey{}).(*Core)
-	return c
+// FromContext returns the Request that Decide left in ctx, or nil.
+func FromContext(ctx context.Context) *Request {
+	r, _ := ctx.Value(requestKey{}).(*Request)
+	return r
+}
+
+// RetryAfter is the Retry-After header value of the middleware, or "1".
+func (r *Request) RetryAfter() string {
+	if r == nil {
+		return "1"
+	}
+	return r.c.retryAfter
+}
+
+// Failed logs the error behind a 5xx answer through the Guard's logger,
+// with the route and the ID; it reports whether it did (not for a client
+// that left, nor without a middleware).
+func (r *Request) Failed(ctx context.Context, status int, err error) bool {
+	if r == nil || status < 500 || !Loggable(err) {
+		return false
+	}
+	r.c.log.ErrorContext(ctx, "cacheguard: request failed", "route", r.route, "id", r.id, "status", status, "err", err)
+	return true
 }
 
 // Decide decides a request for id on route (the route pattern, for
-// warnings); hasWildcards says whether the route has path wildcards.
+// warnings); hasWildcards says whether the route has path wildcards. Its
+// warnings go to the Guard's logger, rate-limited with the Guard's own
+// lines, so an outage writes a few lines a minute whatever the traffic.
 func (c *Core) Decide(ctx context.Context, id, route string, hasWildcards bool) Verdict {
-	ctx = context.WithValue(ctx, coreKey{}, c)
+	ctx = context.WithValue(ctx, requestKey{}, &Request{c: c, route: route, id: id})
 	if id == "" {
 		if !hasWildcards {
 			return Verdict{Decision: Pass, Ctx: ctx} // a route without an ID: nothing to check
@@ -128,12 +147,11 @@ func (c *Core) Decide(ctx context.Context, id, route string, hasWildcards bool) 
 		if c.onUnfiltered != nil {
 			c.onUnfiltered(route)
 		}
-		v := Verdict{Decision: Pass, Ctx: ctx}
 		if _, seen := c.warnedUnfilter.LoadOrStore(route, struct{}{}); !seen {
-			v.Warn = "cacheguard: route has path wildcards but the middleware found no ID in it; its requests " +
-				"pass unfiltered (name the wildcard as the middleware's Param, or set its ID extractor)"
+			c.log.WarnContext(ctx, "cacheguard: route has path wildcards but the middleware found no ID in it; its requests "+
+				"pass unfiltered (name the wildcard as the middleware's Param, or set its ID extractor)", "route", route)
 		}
-		return v
+		return Verdict{Decision: Pass, Ctx: ctx}
 	}
 	if !c.valid(id) {
 		return Verdict{Decision: BadRequest, Ctx: ctx}
@@ -151,9 +169,11 @@ func (c *Core) Decide(ctx context.Context, id, route string, hasWildcards bool) 
 		// sees the same ctx.
 		return Verdict{Decision: Pass, Ctx: ctx}
 	case c.failClosed:
-		return Verdict{Decision: Unavailable, Ctx: ctx, Warn: "cacheguard: filter unavailable, failing closed", Err: err}
+		c.log.WarnContext(ctx, "cacheguard: filter unavailable, failing closed", "route", route, "id", id, "err", err)
+		return Verdict{Decision: Unavailable, Ctx: ctx, Err: err}
 	default:
-		return Verdict{Decision: Pass, Ctx: ctx, Warn: "cacheguard: filter unavailable, passing through", Err: err}
+		c.log.WarnContext(ctx, "cacheguard: filter unavailable, passing through", "route", route, "id", id, "err", err)
+		return Verdict{Decision: Pass, Ctx: ctx, Err: err}
 	}
 }
 
@@ -161,23 +181,17 @@ func (c *Core) Decide(ctx context.Context, id, route string, hasWildcards bool) 
 // had wildcards but no ID was found.
 func (c *Core) Unfiltered() uint64 { return c.unfiltered.Load() }
 
-// RetryAfter is the Retry-After header value of c, or "1" for a nil Core.
-func (c *Core) RetryAfter() string {
-	if c == nil {
-		return "1"
-	}
-	return c.retryAfter
-}
-
 // Status maps an error from guard.Get to a status: 404 for ErrNotFound, 400
-// for ErrInvalidKey, 503 for ErrBusy and ErrUnavailable, 500 otherwise.
+// for ErrInvalidKey, 503 for ErrBusy, ErrUnavailable and a deadline (the
+// request's own, or LoadTimeout: a slow database is no server bug), 500
+// otherwise.
 func Status(err error) int {
 	switch {
 	case errors.Is(err, guard.ErrNotFound):
 		return http.StatusNotFound
 	case errors.Is(err, guard.ErrInvalidKey):
 		return http.StatusBadRequest
-	case errors.Is(err, guard.ErrBusy), errors.Is(err, guard.ErrUnavailable):
+	case errors.Is(err, guard.ErrBusy), errors.Is(err, guard.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
 		return http.StatusServiceUnavailable
 	default:
 		return http.StatusInternalServerError

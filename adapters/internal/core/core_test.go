@@ -48,8 +48,11 @@ func TestStatusAndBodies(t *testing.T) {
 			t.Errorf("body of %d: %s", status, body)
 		}
 	}
-	if got := (*core.Core)(nil).RetryAfter(); got != "1" {
-		t.Errorf("nil Core's Retry-After %q", got)
+	if got := (*core.Request)(nil).RetryAfter(); got != "1" {
+		t.Errorf("no middleware's Retry-After %q", got)
+	}
+	if (*core.Request)(nil).Failed(context.Background(), 500, errors.New("x")) {
+		t.Error("no middleware: nothing to log through")
 	}
 }
 

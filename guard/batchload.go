@@ -63,7 +63,6 @@ func (m *member[T]) load(ctx context.Context, id string) (T, error) {
 	b.mu.Lock()
 	if b.fired {
 		b.mu.Unlock()
-		b.g.stats.loads.Add(1)
 		ctx, done := b.g.tel.load(ctx)
 		values, err := b.load(ctx, []string{id})
 		done(err)
@@ -99,8 +98,7 @@ func (b *batchLoad[T]) fireLocked() {
 		return
 	}
 	b.fired = true
-	ids := b.asked
-	b.g.stats.loads.Add(1) // the batch is one load; its members' Load counted theirs
+	ids := b.asked // each member's Load counts its ID
 	// Owned by the batch; ends when load returns (its members stop waiting
 	// at their LoadTimeout). A panic in load fails the batch.
 	go func() {

@@ -210,11 +210,15 @@ func (k keeping[T]) CachedTTL(ctx context.Context, raw []byte, ttl time.Duration
 // Load calls the load function (coord.Filler) under LoadTimeout and returns
 // the frame to cache: the value's, or an empty marker when it said
 // ErrNotFound.
-func (c *call[T]) Load(ctx context.Context) ([]byte, time.Duration, error) {
+func (c *call[T]) Load(ctx context.Context) (_ []byte, _ time.Duration, err error) {
 	g := c.g
-	if c.waiter == nil { // a batch counts its own calls
-		g.stats.loads.Add(1)
-	}
+	defer func() {
+		if p := recover(); p != nil { // a panicking load is a failed one: counted so, then raised again
+			g.loaded(1, ErrLoaderPanic)
+			panic(p)
+		}
+		g.loaded(1, err)
+	}()
 	c.decoded, c.kept = false, false
 	c.loadedAt = g.starts.Add(1) // before the load reads: see join
 	done := func(error) {}
@@ -228,13 +232,11 @@ func (c *call[T]) Load(ctx context.Context) ([]byte, time.Duration, error) {
 		return codec.Empty(), g.jitter(g.opts.EmptyTTL), nil
 	}
 	if err != nil {
-		g.stats.loadErrors.Add(1)
 		c.found, c.err = flight{outcome: outFailed}, fmt.Errorf("cacheguard: %s %q: load: %w", g.name, c.id, err)
 		return nil, 0, c.err
 	}
 	frame, ttl, err := g.valueFrame(val)
 	if err != nil {
-		g.stats.loadErrors.Add(1)
 		c.found, c.err = flight{outcome: outFailed}, fmt.Errorf("cacheguard: %s %q: %w", g.name, c.id, err)
 		return nil, 0, c.err
 	}

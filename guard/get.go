@@ -74,7 +74,10 @@ func get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 	// from a read made after this Get started, never from another caller's
 	// (with Local, from one shared with the ID's other callers if no write
 	// was heard since it started: see readShared).
-	r, ok := peekedFor(ctx, g, id)
+	r, ok, answered := peekedFor(ctx, g, id)
+	if answered { // counted by Peek
+		return zero, ErrNotFound
+	}
 	if !ok && gone && !g.outage.troubled.Load() {
 		// The entry has expired in Redis: a read would miss. The lock
 		// attempt's re-check reads whatever another process stored since.

@@ -282,13 +282,13 @@ func loadManyThrough[T any](ctx context.Context, g *Guard, ids []string, load Ba
 		return err
 	}
 	defer g.outage.slots.Release(1)
-	g.stats.loadThroughs.Add(1)
-	g.stats.loads.Add(1)
+	g.stats.loadThroughs.Add(uint64(len(ids)))
 	lctx, cancel := context.WithTimeout(ctx, g.opts.LoadTimeout)
 	defer cancel()
 	lctx, done := g.tel.load(lctx)
 	m, err := load(lctx, ids)
 	done(err)
+	g.loaded(len(ids), err)
 	o := outLoaded
 	if err != nil {
 		o = outFailed
@@ -297,7 +297,6 @@ func loadManyThrough[T any](ctx context.Context, g *Guard, ids []string, load Ba
 		g.answeredMany(ctx, o, true)
 	}
 	if err != nil {
-		g.stats.loadErrors.Add(1)
 		return fmt.Errorf("cacheguard: %s: load: %w", g.name, err)
 	}
 	for _, id := range ids {

@@ -206,18 +206,21 @@ func (g *Guard) filterSays(ctx context.Context, id string, maybe bool, err error
 type peekKey struct{}
 
 type peeked struct {
-	g    *Guard
-	id   string
-	r    readResult
-	used atomic.Bool // a peek serves one Get: a later Get in the same request reads afresh
+	g        *Guard
+	id       string
+	r        readResult
+	answered bool        // Peek counted its "not found" (the middleware's 404): the Get answers it uncounted
+	used     atomic.Bool // a peek serves one Get: a later Get in the same request reads afresh
 }
 
-func peekedFor(ctx context.Context, g *Guard, id string) (readResult, bool) {
+// peekedFor is the read a Peek left in ctx for this Get, if any; answered:
+// Peek already counted it as a "not found".
+func peekedFor(ctx context.Context, g *Guard, id string) (r readResult, ok, answered bool) {
 	p, ok := ctx.Value(peekKey{}).(*peeked)
 	if !ok || p.g != g || p.id != id || p.used.Swap(true) {
-		return readResult{}, false
+		return readResult{}, false, false
 	}
-	return p.r, true
+	return p.r, true, p.answered
 }
 
 // Peek does Get's read round trip (bloom probe and cache GET) without
@@ -259,15 +262,15 @@ func (g *Guard) Peek(ctx context.Context, id string) (context.Context, bool, err
 		return ctx, false, err
 	}
 	exists := true
-	switch {
+	switch { // answered here: the middleware writes 404 without a Get
 	case r.verdict == verdictRejected:
-		g.stats.rejects.Add(1)
+		g.answered(ctx, outRejected, false, false)
 		exists = false
 	case r.verdict == verdictEntry && len(r.raw) == 1 && r.raw[0] == codec.KindEmpty:
-		g.stats.empty.Add(1)
+		g.answered(ctx, outEmpty, false, false)
 		exists = false
 	}
-	return context.WithValue(ctx, peekKey{}, &peeked{g: g, id: id, r: r}), exists, nil
+	return context.WithValue(ctx, peekKey{}, &peeked{g: g, id: id, r: r, answered: !exists}), exists, nil
 }
 
 // MayExist asks only the bloom filter whether id may exist: false means the
@@ -291,7 +294,7 @@ func (g *Guard) MayExist(ctx context.Context, id string) (bool, error) {
 	}
 	maybe, err := f.Test(ctx, id)
 	if maybe, err = g.filterSays(ctx, id, maybe, err); err == nil && !maybe {
-		g.stats.rejects.Add(1)
+		g.answered(ctx, outRejected, false, false)
 	}
 	return maybe, err
 }

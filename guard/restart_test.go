@@ -236,15 +236,19 @@ func TestResizeDoesNotBreakStarts(t *testing.T) {
 	if _, err := guard.Get(ctx, g2, "unknown", d.load); !errors.Is(err, guard.ErrNotFound) {
 		t.Fatal(err)
 	}
-	// With the sizing left to the defaults, the warning names them.
+	// With no sizing given, the stored one is taken without a warning
+	// (the CLI opens Guards so).
 	var logs3 syncBuffer
 	g3, err := guard.New(ctx, redistest.Connect(t), "product", &guard.Options{KeyPrefix: c.Prefix, Logger: slog.New(slog.NewTextHandler(&logs3, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer g3.Close()
-	if !strings.Contains(logs3.String(), "options_items=1000000 options_fp_rate=0.01") {
-		t.Fatalf("the adopt warning does not show the defaults in force:\n%s", logs3.String())
+	if strings.Contains(logs3.String(), "sized otherwise") {
+		t.Fatalf("a Guard given no sizing warned about it:\n%s", logs3.String())
+	}
+	if in, err := g3.Info(ctx); err != nil || in.Config.ExpectedItems != 50_000 {
+		t.Fatalf("adopted layout: %+v, %v", in.Config, err)
 	}
 }
 

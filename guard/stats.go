@@ -2,6 +2,7 @@ package guard
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 )
 
@@ -16,8 +17,8 @@ type Stats struct {
 	Misses       uint64 // answered by a load (value or not found)
 	Coalesced    uint64 // calls that joined another caller's flight
 
-	Loads         uint64 // load calls
-	LoadErrors    uint64 // load calls that failed (other than ErrNotFound)
+	Loads         uint64 // IDs loaded: each ID asked of a load function (a GetMany batch counts each of its IDs)
+	LoadErrors    uint64 // IDs whose load failed (other than ErrNotFound; a panic counts)
 	RedisErrors   uint64 // failed Redis reads and writes
 	CorruptValues uint64 // cached entries that did not decode and were dropped
 	SchemaMisses  uint64 // loads whose ID held entries of other schemas only (another type shape or Version), never decoded
@@ -28,7 +29,7 @@ type Stats struct {
 	Wakeups       uint64 // waits ended by the loading process's publish
 
 	// The outage policy (OutageOptions).
-	LoadThroughs   uint64 // loads made without Redis, their values uncached
+	LoadThroughs   uint64 // IDs loaded without Redis, their values uncached
 	Shed           uint64 // load-throughs refused by the MaxLoads cap (ErrUnavailable)
 	BreakerOpens   uint64 // times the Redis circuit breaker opened
 	AbandonedLoads uint64 // loads that did not return within LoadTimeout (their late result dropped)
@@ -84,6 +85,16 @@ func (g *Guard) answered(ctx context.Context, o outcome, coalesced, through bool
 func (g *Guard) answeredMany(ctx context.Context, o outcome, through bool) {
 	g.stats.count(o, false)
 	g.tel.counted(ctx, o, through)
+}
+
+// loaded counts n IDs asked of a load function, and their failure if err
+// is one (ErrNotFound is an answer, not a failure): every load of every
+// entry point is counted here.
+func (g *Guard) loaded(n int, err error) {
+	g.stats.loads.Add(uint64(n))
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		g.stats.loadErrors.Add(uint64(n))
+	}
 }
 
 // Stats returns a snapshot of the Guard's counters.

@@ -3,16 +3,16 @@
 // expires is loaded once across all processes (stampede), and TTLs are spread
 // so keys loaded together do not expire together (avalanche).
 //
-// Open one [Guard] per kind of entity with [New], fill its bloom filter with
-// [Guard.Rebuild] (or name the IDs' source in [FilterOptions]), read with
-// [Get] (or a typed handle from [For]), and after each committed write to
-// the database call [Guard.Add], [Set], [Guard.Invalidate] or
-// [Guard.Delete]. A Get checks the ID (get.go), reads the filter, the value
-// and any "not found" marker in one round trip (read.go), and on a miss
-// joins the ID's flight (flight.go), which loads under a per-key Redis lock
-// and writes before it answers (fill.go). When Redis cannot answer, a Get
-// loads through (outage.go). docs/design.md walks one Get through the
-// files; every error Redis causes wraps [ErrUnavailable].
+// Open one [Guard] per kind of entity with [New] (give [FilterOptions] an
+// ID source, or call [Guard.Rebuild]), read with [Get] or a typed handle
+// from [For], and after each committed write call [Set] for an upsert (it
+// adds the ID to the filter too), [Guard.Delete] for a delete, or
+// [Guard.Invalidate]. A Get takes five steps: (1) the ID is checked, (2)
+// with [LocalOptions] process memory answers, (3) one round trip reads the
+// bloom filter, the value and any "not found" marker, (4) a value, a reject
+// or a marker answers, (5) a miss joins the ID's flight, which loads under a
+// per-key Redis lock and writes before it answers. When Redis cannot answer
+// it loads through; every error Redis causes wraps [ErrUnavailable].
 package guard
 
 import (

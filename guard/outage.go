@@ -23,8 +23,8 @@ import (
 // at once. Load-through is the default because the cache exists to spare the
 // database, not to refuse its readers (the HTTP adapters fail open too). The
 // filter is in Redis as well, so unknown IDs reach the loader, within the
-// cap. A circuit breaker (sony/gobreaker) opens after breakAfter failed
-// reads in a row, keeps Gets off Redis for breakFor, then lets one probe.
+// cap. A circuit breaker (sony/gobreaker) opens after 5 failed reads in a
+// row, keeps Gets off Redis for a second, then lets one probe.
 type OutageOptions struct {
 	// FailFast makes Get return ErrUnavailable (wrapped) instead of loading
 	// through.

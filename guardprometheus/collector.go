@@ -4,12 +4,13 @@
 // the core needs no Prometheus.
 //
 // On each scrape the Collector reads every Guard's counters (Guard.Stats:
-// Gets by outcome, loads, lock waits, Redis errors...), and, unless
+// Gets by outcome, loads, lock waits, Redis errors, restarts...) and the
+// gauges to alert on (filter_ready, unwritten), and, unless
 // Options.SkipFilterInfo is set, its bloom filter's state (Guard.Info:
 // fill ratio, estimated false-positive rate, items, memory), which counts
 // the filter's bits in Redis (BITCOUNT), bounded by Options.InfoTimeout.
 // Latency histograms (loads, lock waits) come from the Guard's
-// OpenTelemetry metrics (guard.Options.MeterProvider), which the
+// OpenTelemetry metrics (guard.Options.Telemetry.MeterProvider), which the
 // OpenTelemetry Prometheus exporter serves on the same registry.
 package guardprometheus
 
@@ -40,9 +41,10 @@ type Collector struct {
 	guards []*guard.Guard
 	opts   Options
 
-	gets, coalesced, events            *prometheus.Desc
-	fill, fpRate, items, memory, ready *prometheus.Desc
-	scrapeErrors                       *prometheus.Desc
+	gets, coalesced, events     *prometheus.Desc
+	ready, unwritten            *prometheus.Desc
+	fill, fpRate, items, memory *prometheus.Desc
+	scrapeErrors                *prometheus.Desc
 }
 
 // New returns a Collector for guards. Register it with
@@ -69,19 +71,23 @@ func New(opts *Options, guards ...*guard.Guard) *Collector {
 			"Gets answered by another caller's flight in this process (also counted by their outcome).", g, nil),
 		events: prometheus.NewDesc(name("events_total"),
 			"Guard operations and events: load, load_error, load_through, shed, abandoned_load, redis_error, corrupt_value, "+
-				"bloom_bypass, stale_write_refused, lock_wait, lock_timeout, wakeup, breaker_open, refresh.", []string{"guard", "event"}, nil),
+				"schema_miss, bloom_bypass, stale_write_refused, lock_wait, lock_timeout, wakeup, breaker_open, refresh, "+
+				"redis_restart.", []string{"guard", "event"}, nil),
+		ready: prometheus.NewDesc(name("filter_ready"),
+			"1 while the bloom filter answers, 0 while the Guard fails open (its last probe found the filter not ready).", g, nil),
+		unwritten: prometheus.NewDesc(name("unwritten"),
+			"IDs whose write did not reach Redis and waits for its replay (+1 while the set overflowed): alert when it stays above 0.", g, nil),
 		fill:         prometheus.NewDesc(name("bloom_fill_ratio"), "Share of the bloom filter's bits set.", g, nil),
 		fpRate:       prometheus.NewDesc(name("bloom_estimated_fp_rate"), "The bloom filter's estimated false-positive rate at its fill.", g, nil),
 		items:        prometheus.NewDesc(name("bloom_added_items"), "Items loaded by the last rebuild plus items added since.", g, nil),
 		memory:       prometheus.NewDesc(name("bloom_memory_bytes"), "Redis memory of the bloom filter's shards.", g, nil),
-		ready:        prometheus.NewDesc(name("bloom_ready"), "1 when the bloom filter is built and answering, 0 when the Guard fails open.", g, nil),
 		scrapeErrors: prometheus.NewDesc(name("bloom_info_errors"), "1 when the filter could not be read during this scrape.", g, nil),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.gets, c.coalesced, c.events, c.fill, c.fpRate, c.items, c.memory, c.ready, c.scrapeErrors} {
+	for _, d := range []*prometheus.Desc{c.gets, c.coalesced, c.events, c.ready, c.unwritten, c.fill, c.fpRate, c.items, c.memory, c.scrapeErrors} {
 		ch <- d
 	}
 }
@@ -117,9 +123,16 @@ func (c *Collector) collectStats(ch chan<- prometheus.Metric, g *guard.Guard) {
 		{"schema_miss", st.SchemaMisses},
 		{"bloom_bypass", st.BloomBypasses}, {"stale_write_refused", st.StaleWrites}, {"lock_wait", st.LockWaits},
 		{"lock_timeout", st.LockTimeouts}, {"wakeup", st.Wakeups}, {"breaker_open", st.BreakerOpens}, {"refresh", st.Refreshes},
+		{"redis_restart", st.RedisRestarts},
 	} {
 		ch <- prometheus.MustNewConstMetric(c.events, prometheus.CounterValue, float64(e.n), name, e.event)
 	}
+	ready := 1.0
+	if st.FilterNotReady {
+		ready = 0
+	}
+	ch <- prometheus.MustNewConstMetric(c.ready, prometheus.GaugeValue, ready, name)
+	ch <- prometheus.MustNewConstMetric(c.unwritten, prometheus.GaugeValue, float64(st.Unwritten), name)
 }
 
 func (c *Collector) collectInfo(ch chan<- prometheus.Metric, g *guard.Guard) {
@@ -133,11 +146,6 @@ func (c *Collector) collectInfo(ch chan<- prometheus.Metric, g *guard.Guard) {
 		return
 	}
 	ch <- prometheus.MustNewConstMetric(c.scrapeErrors, prometheus.GaugeValue, 0, name)
-	ready := 0.0
-	if in.Ready {
-		ready = 1
-	}
-	ch <- prometheus.MustNewConstMetric(c.ready, prometheus.GaugeValue, ready, name)
 	ch <- prometheus.MustNewConstMetric(c.fill, prometheus.GaugeValue, in.FillRatio, name)
 	ch <- prometheus.MustNewConstMetric(c.fpRate, prometheus.GaugeValue, in.EstimatedFPRate, name)
 	ch <- prometheus.MustNewConstMetric(c.items, prometheus.GaugeValue, float64(in.Added), name)

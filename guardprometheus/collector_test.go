@@ -118,7 +118,7 @@ cacheguard_gets_total{guard="user",outcome="reject"} 1
 	}
 	if gauges["cacheguard_bloom_fill_ratio"] != info.FillRatio || info.FillRatio <= 0 ||
 		gauges["cacheguard_bloom_estimated_fp_rate"] != info.EstimatedFPRate ||
-		gauges["cacheguard_bloom_added_items"] != 3 || gauges["cacheguard_bloom_ready"] != 1 ||
+		gauges["cacheguard_bloom_added_items"] != 3 || gauges["cacheguard_filter_ready"] != 1 || gauges["cacheguard_unwritten"] != 0 ||
 		gauges["cacheguard_bloom_info_errors"] != 0 || gauges["cacheguard_bloom_memory_bytes"] <= 0 {
 		t.Fatalf("gauges %v, info %+v", gauges, info)
 	}
@@ -153,5 +153,58 @@ cacheguard_bloom_info_errors{guard="product"} 1
 	}
 	if n, err := testutil.GatherAndCount(reg, "cacheguard_gets_total"); err != nil || n != 5 {
 		t.Fatalf("gets_total series with Redis down: %d %v", n, err)
+	}
+	// A write that cannot land: the unwritten gauge says so.
+	if err := g.Invalidate(ctx, "1"); err == nil {
+		t.Fatal("an Invalidate with Redis down returned nil")
+	}
+	want = `
+# HELP cacheguard_unwritten IDs whose write did not reach Redis and waits for its replay (+1 while the set overflowed): alert when it stays above 0.
+# TYPE cacheguard_unwritten gauge
+cacheguard_unwritten{guard="product"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "cacheguard_unwritten"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestFilterReadyFollowsTheGuard: a filter that is not ready (never built)
+// shows as filter_ready 0 once a Get fails open, and 1 once rebuilt.
+func TestFilterReadyFollowsTheGuard(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	g, err := guard.New(ctx, c, "product", &guard.Options{KeyPrefix: c.Prefix, Filter: guard.FilterOptions{ExpectedItems: 1000}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(guardprometheus.New(&guardprometheus.Options{SkipFilterInfo: true}, g))
+	ready := func() float64 {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "cacheguard_filter_ready" {
+				return mf.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		t.Fatal("no cacheguard_filter_ready")
+		return 0
+	}
+	load := func(context.Context, string) (string, error) { return "v", nil }
+	if _, err := guard.Get(ctx, g, "1", load); err != nil {
+		t.Fatal(err)
+	}
+	if r := ready(); r != 0 {
+		t.Fatalf("filter_ready %v while the Guard fails open", r)
+	}
+	rebuild(t, g, "1")
+	if _, err := guard.Get(ctx, g, "2", load); !errors.Is(err, guard.ErrNotFound) {
+		t.Fatalf("after the rebuild: %v", err)
+	}
+	if r := ready(); r != 1 {
+		t.Fatalf("filter_ready %v once rebuilt", r)
 	}
 }

@@ -86,14 +86,18 @@ func run(ctx context.Context, addr string) error {
 	_, err = products.Get(ctx, "999") // the filter answers: the database is not asked
 	fmt.Println(errors.Is(err, guard.ErrNotFound))
 
-	// After each write to the database commits:
-	commit(func(rows map[string]Product) { rows["3"] = Product{"3", "Shelf", 2900} })
-	_ = products.Add(ctx, "3") // INSERT: servable at once in every process
-	p.Price = 1799
-	commit(func(rows map[string]Product) { rows["1"] = p })
-	_ = products.Set(ctx, "1", p) // UPDATE: the new value, written through
+	// After each write to the database commits. A write that cannot reach
+	// Redis returns its error and is replayed: this process loads the ID
+	// through until it lands.
+	shelf := Product{"3", "Shelf", 2900}
+	commit(func(rows map[string]Product) { rows["3"] = shelf })
+	if err := products.Set(ctx, "3", shelf); err != nil { // INSERT or UPDATE: written through, the ID added to the filter
+		log.Print(err)
+	}
 	commit(func(rows map[string]Product) { delete(rows, "2") })
-	_ = products.Delete(ctx, "2") // DELETE: "not found" everywhere at once
+	if err := products.Delete(ctx, "2"); err != nil { // DELETE: "not found" everywhere at once
+		log.Print(err)
+	}
 
 	// HTTP: unknown IDs get 404 before the handler runs.
 	mux := http.NewServeMux()

@@ -142,10 +142,10 @@ func TestSentinelFailover(t *testing.T) {
 	wg.Wait()
 	st := g.Stats()
 	t.Logf("invalidations acknowledged and lost in the promotion: %d; stale reads of updated rows: %d in the writing process, "+
-		"%d in the other; writes that failed and were replayed: %d; restarts noticed: %d", lost, staleWriter.Load(), staleOther.Load(),
-		unwritten.Load(), st.RedisRestarts)
-	if st.RedisRestarts != 1 {
-		t.Fatalf("the failover was not noticed: %+v", st)
+		"%d in the other; writes that failed and were replayed: %d; acknowledged writes noticed lost (the marks): %d", lost,
+		staleWriter.Load(), staleOther.Load(), unwritten.Load(), st.WritesLost)
+	if st.WritesLost < uint64(lost) { // every invalidation the promoted replica lacks is noticed from its marks
+		t.Fatalf("%d invalidations lost in the failover, %d noticed: %+v", lost, st.WritesLost, st)
 	}
 }
 

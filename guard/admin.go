@@ -48,7 +48,9 @@ func (g *Guard) Add(ctx context.Context, ids ...string) error {
 		for i, k := range keys {
 			cleared[i] = clearMarkers.Eval(ctx, pipe, voids(k), marker)
 		}
+		marks := g.queueMarks(ctx, pipe, ids, keys)
 		_, _ = pipe.Exec(ctx) // errors are read per command
+		g.landed(ctx, marks)
 		g.forget(keys, nil)
 		return g.fail(ctx, "add", "", firstErr(added.Result(ctx), cleared))
 	})
@@ -84,7 +86,8 @@ func Set[T any](ctx context.Context, g *Guard, id string, v T) error {
 	if err != nil {
 		return fmt.Errorf("cacheguard: %s %q: %w", g.name, id, err)
 	}
-	err = g.replace(ctx, "set", []string{id}, []string{vkey}, frame, func() time.Duration { return ttl }, &localEntry{frame: frame, value: kept(g, v), life: ttl})
+	err = g.replace(ctx, "set", []string{id}, []string{id}, []string{vkey}, frame, func() time.Duration { return ttl },
+		&localEntry{frame: frame, value: kept(g, v), life: ttl})
 	return g.unwrittenAfter(ctx, []string{id}, err)
 }
 
@@ -97,14 +100,15 @@ func Set[T any](ctx context.Context, g *Guard, id string, v T) error {
 // cannot reach Redis wraps ErrUnavailable and is replayed (as an Invalidate).
 func (g *Guard) Delete(ctx context.Context, ids ...string) error {
 	return g.write(ctx, ids, func(keys []string) error {
-		return g.replace(ctx, "delete", nil, keys, codec.Empty(), func() time.Duration { return g.jitter(g.opts.EmptyTTL) }, nil)
+		return g.replace(ctx, "delete", nil, ids, keys, codec.Empty(), func() time.Duration { return g.jitter(g.opts.EmptyTTL) }, nil)
 	})
 }
 
-// replace runs replace.lua for each key with frame (for ttl(), called per
-// key), registers add in the filter, and tells the in-memory copies, in one
-// round trip; this process keeps localCopy (nil: none).
-func (g *Guard) replace(ctx context.Context, op string, add, keys []string, frame []byte, ttl func() time.Duration, localCopy *localEntry) error {
+// replace runs replace.lua for each key (of ids) with frame (for ttl(),
+// called per key), registers add in the filter, and tells the in-memory
+// copies, in one round trip; this process keeps localCopy (nil: none).
+func (g *Guard) replace(ctx context.Context, op string, add, ids, keys []string, frame []byte, ttl func() time.Duration,
+	localCopy *localEntry) error {
 	pipe := g.rdb.Pipeline()
 	var added *bloom.PendingAdd
 	if len(add) > 0 {
@@ -123,7 +127,9 @@ func (g *Guard) replace(ctx context.Context, op string, add, keys []string, fram
 		cmds[i] = replace.Eval(ctx, pipe, voids(k), g.field(), frame, ttl().Milliseconds(), marker)
 		pipe.Publish(ctx, g.keys.Invalidated(), k)
 	}
+	marks := g.queueMarks(ctx, pipe, ids, keys)
 	_, _ = pipe.Exec(ctx) // errors are read per command
+	g.landed(ctx, marks)
 	g.forget(keys, localCopy)
 	var err error
 	if added != nil {
@@ -214,7 +220,9 @@ func (g *Guard) Invalidate(ctx context.Context, ids ...string) error {
 		// (Local), in one round trip.
 		pipe := g.rdb.Pipeline()
 		g.queueInvalidate(ctx, pipe, keys)
+		marks := g.queueMarks(ctx, pipe, ids, keys)
 		_, err := pipe.Exec(ctx)
+		g.landed(ctx, marks)
 		g.forget(keys, nil)
 		return g.fail(ctx, "invalidate", "", redisfail.Wrap(err))
 	})

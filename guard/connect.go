@@ -2,6 +2,7 @@ package guard
 
 import (
 	"context"
+	_ "embed"
 	"errors"
 	"strings"
 	"sync"
@@ -52,7 +53,6 @@ func (g *Guard) connect(ctx context.Context) error {
 	if err := g.coord.LoadScripts(ctx); err != nil && !reply(err) {
 		return err // a refusal (an ACL without script|load) only costs a NOSCRIPT round trip later
 	}
-	g.checkRestart(ctx) // the run ids to compare with after an outage
 	g.checkEviction(ctx)
 	if g.local != nil {
 		return g.local.arm(ctx, g.rdb, g.keys.Invalidated())
@@ -212,8 +212,8 @@ func (g *Guard) retry(attempt func() bool, end func(), wake <-chan struct{}) {
 
 // Automatic rebuilds back off: after one starts, the next waits autoMin,
 // doubling up to autoMax while they keep coming, across processes (a key
-// that marks the last start) and in this process (should an evicting Redis
-// drop that key). A filter that Redis keeps losing costs the database one
+// that marks the last start: auto_rebuild.lua) and in this process (should
+// an evicting Redis drop that key). A filter that Redis keeps losing costs the database one
 // full read of its IDs per minute at most, not one per process and loss.
 const (
 	autoMin = time.Second
@@ -221,7 +221,7 @@ const (
 )
 
 // autoRebuild makes sure a background rebuild from Options.Filter.IDs runs
-// while the filter is not ready (or stale: see restarts): one at a time per
+// while the filter is not ready (or stale: Redis lost writes, lost.go): one at a time per
 // Guard, until it lands, the filter is found ready, or the Guard closes.
 // cause is logged with the rebuild.
 func (g *Guard) autoRebuild(cause string) {
@@ -305,27 +305,31 @@ func (g *Guard) autoWaiting() bool {
 }
 
 // mayAutoRebuild reports whether an automatic rebuild may start now: the
-// back-off since the last one started, here or in another process, is over.
+// back-off since the last start, here or in another process, is over
+// (auto_rebuild.lua keeps it in Redis; autoWaiting, in this process, should
+// an evicting Redis drop that key).
 func (g *Guard) mayAutoRebuild(ctx context.Context) bool {
-	b := &g.bf
-	b.mu.Lock()
-	since, wait := time.Since(b.lastAuto), b.autoWait
-	b.mu.Unlock()
-	switch {
-	case wait == 0 || since > 2*wait: // the first, or after a quiet spell
-		wait = autoMin
-	default:
-		wait = min(2*wait, autoMax)
-	}
-	ok, err := g.rdb.SetNX(ctx, g.keys.Filter().AutoRebuilt(), 1, wait).Result()
-	if err != nil || !ok {
+	wait, err := autoRebuildScript.Run(ctx, g.rdb, []string{g.keys.Filter().AutoRebuilt()},
+		autoMin.Milliseconds(), autoMax.Milliseconds()).Int64()
+	if err != nil || wait == 0 {
 		if err == nil {
-			g.log.Info("cacheguard: an automatic bloom rebuild started elsewhere a moment ago; waiting before the next")
+			g.log.Info("cacheguard: an automatic bloom rebuild started a moment ago (here or elsewhere); waiting before the next")
 		}
 		return false
 	}
+	b := &g.bf
 	b.mu.Lock()
-	b.lastAuto, b.autoWait = time.Now(), wait
-	b.mu.Unlock()
+	defer b.mu.Unlock()
+	local := autoMin // this process's own back-off, should Redis have dropped the shared one
+	if since := time.Since(b.lastAuto); b.autoWait > 0 && since <= 2*b.autoWait {
+		local = min(2*b.autoWait, autoMax)
+	}
+	b.lastAuto, b.autoWait = time.Now(), max(time.Duration(wait)*time.Millisecond, local)
 	return true
 }
+
+var (
+	//go:embed lua/auto_rebuild.lua
+	autoRebuildLua    string
+	autoRebuildScript = redis.NewScript(autoRebuildLua)
+)

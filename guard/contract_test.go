@@ -3,6 +3,7 @@ package guard_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
 	"strings"
 	"testing"
@@ -92,7 +93,7 @@ func TestErrUnavailableWhenRedisRefusesWrites(t *testing.T) {
 // aclCommands is every command a Guard sends, directly or from its scripts:
 // the least-privilege user of README's "Redis ACL" section.
 var aclCommands = strings.Fields(
-	"bitfield bitop del eval evalsha exists get getrange hdel hexists hget hgetall hincrby hkeys hset info scan " +
+	"bitfield bitop del eval evalsha exists get getrange hdel hexists hget hgetall hincrby hkeys hset incr scan " +
 		"pexpire pttl publish script|load set setrange subscribe time unlink bitcount getbit " +
 		"memory|usage",
 )
@@ -132,7 +133,9 @@ func TestLeastPrivilegeACL(t *testing.T) {
 	c := redistest.Connect(t)
 	prefix := c.Prefix
 	rdb := aclUser(t, c, "cg-"+prefix, prefix)
-	opts := &guard.Options{KeyPrefix: prefix, Local: &guard.LocalOptions{}, Filter: guard.FilterOptions{ExpectedItems: 10_000}}
+	logs := newLogWatch()
+	opts := &guard.Options{KeyPrefix: prefix, Local: &guard.LocalOptions{}, Filter: guard.FilterOptions{ExpectedItems: 10_000},
+		Logger: slog.New(logs)}
 	g, err := guard.New(ctx, rdb, "product", opts)
 	if err != nil {
 		t.Fatalf("New as a user limited to %s:*: %v", prefix, err)
@@ -183,6 +186,15 @@ func TestLeastPrivilegeACL(t *testing.T) {
 	}
 	if st := g.Stats(); st.RedisErrors != 0 {
 		t.Fatalf("redis errors as a least-privilege user: %+v", st)
+	}
+	// No INFO (a @dangerous command): the eviction policy is unknown, said
+	// once; noticing lost writes needs none (its marks were read: the
+	// first read after a write checks them).
+	logs.mu.Lock()
+	all := strings.Join(logs.msgs, "\n")
+	logs.mu.Unlock()
+	if strings.Count(all, "cannot read redis's eviction policy") != 1 || strings.Contains(all, "refuses a command") {
+		t.Fatalf("logs as a user without INFO:\n%s", all)
 	}
 	for k := range outside() {
 		if !before[k] {

@@ -1,6 +1,9 @@
 package guard
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // ReadsWaiting is how many of g's reads wait for a round trip (see
 // runReads), for tests that hold one and queue others behind it.
@@ -15,3 +18,14 @@ func Field(g *Guard) string { return g.field() }
 
 // MaxUnwritten is how many unwritten IDs a Guard keeps before it overflows.
 const MaxUnwritten = maxUnwritten
+
+// AgeWrites makes the writes g remembers (lost.go) look d older, for tests
+// of a restart from an old dump that cannot wait for it.
+func AgeWrites(g *Guard, d time.Duration) {
+	m := g.marks
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i := range m.ring {
+		m.ring[i].at = m.ring[i].at.Add(-d)
+	}
+}

@@ -97,6 +97,10 @@ func get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 			return zero, err
 		}
 	}
+	if g.unw.has(id) { // the read's check found its write lost by Redis (lost.go): the entry may be the one it replaced
+		g.giveBack(r.held, vkey)
+		return loadThrough(ctx, g, id, vkey, load, from, fmt.Errorf("cacheguard: %s %q: %w", g.name, id, errUnwritten))
+	}
 	if v, ok, err := answerRead(ctx, g, id, vkey, r, load, from); ok {
 		return v, err
 	}

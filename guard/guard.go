@@ -54,7 +54,7 @@ type Guard struct {
 	outage       *outage                     // what Get does when Redis cannot answer
 	stats        counters
 	unw          unwritten   // the IDs whose writes failed, until replayed (replay.go)
-	restarts     restarts    // Redis's run ids, to notice a restart (replay.go)
+	marks        *marks      // this Guard's writes in Redis, to notice those Redis lost (lost.go)
 	schemaWarned warnedPairs // the pairs of schema versions warned of (otherSchemas)
 	tel          *telemetry  // OpenTelemetry instruments, or nil (off)
 	bg           background  // the Guard's own goroutines, ended by Close
@@ -103,6 +103,7 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 		keys: keyspace.ForGuard(o.KeyPrefix, name, o.Tuning.MaxKeyLen),
 		log:  slog.New(newRateLimited(o.Logger.Handler())).With("guard", name),
 	}
+	g.marks = newMarks(ctx, rdb)
 	g.bg.closing = make(chan struct{})
 	g.unw.wake = make(chan struct{}, 1)
 	g.bg.ctx, g.bg.cancel = context.WithCancel(context.Background())

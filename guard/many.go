@@ -56,13 +56,8 @@ func getMany[T any](ctx context.Context, g *Guard, ids []string, load BatchLoadF
 		return nil, err
 	}
 	out := make(map[string]T, len(ids))
-	if g.unw.n.Load() != 0 { // IDs whose writes have not reached Redis yet: as in an outage
-		var through []string
-		if ids, keys, through = g.unw.split(ids, keys); len(through) > 0 {
-			if err := loadManyThrough(ctx, g, through, load, out, fmt.Errorf("cacheguard: %s: %w", g.name, errUnwritten)); err != nil {
-				return out, err
-			}
-		}
+	if err := manyUnwritten(ctx, g, &ids, &keys, nil, load, out); err != nil { // before the local copies too: see get
+		return out, err
 	}
 	var epoch uint64
 	if g.local != nil {
@@ -78,6 +73,9 @@ func getMany[T any](ctx context.Context, g *Guard, ids []string, load BatchLoadF
 	}
 	if err != nil {
 		return nil, err
+	}
+	if err := manyUnwritten(ctx, g, &ids, &keys, &reads, load, out); err != nil { // the read's check may have found some lost
+		return out, err
 	}
 	var missIDs, missKeys []string
 	for i, r := range reads {
@@ -103,6 +101,36 @@ func getMany[T any](ctx context.Context, g *Guard, ids []string, load BatchLoadF
 		return out, nil
 	}
 	return out, fillMany(ctx, g, missIDs, missKeys, load, out, epoch)
+}
+
+// manyUnwritten loads through (as in an outage) the IDs whose writes have
+// not reached Redis, or were lost by it, and takes them out of ids, keys
+// and reads (nil: not read yet).
+func manyUnwritten[T any](ctx context.Context, g *Guard, ids, keys *[]string, reads *[]readResult, load BatchLoadFunc[T], out map[string]T) error {
+	if g.unw.n.Load() == 0 {
+		return nil
+	}
+	var restIDs, restKeys, through []string
+	var rest []readResult
+	for i, id := range *ids {
+		switch {
+		case g.unw.has(id):
+			through = append(through, id)
+		default:
+			restIDs, restKeys = append(restIDs, id), append(restKeys, (*keys)[i])
+			if reads != nil {
+				rest = append(rest, (*reads)[i])
+			}
+		}
+	}
+	*ids, *keys = restIDs, restKeys
+	if reads != nil {
+		*reads = rest
+	}
+	if len(through) == 0 {
+		return nil
+	}
+	return loadManyThrough(ctx, g, through, load, out, fmt.Errorf("cacheguard: %s: %w", g.name, errUnwritten))
 }
 
 // localMany answers the IDs that the in-process cache holds (into out) and
@@ -138,6 +166,7 @@ func (g *Guard) readManyOnce(ctx context.Context, ids, keys []string) ([]readRes
 	local := g.local != nil
 	probeNow := f != nil && g.rd.probing(local)
 	pipe := g.rdb.Pipeline()
+	chk := g.queueCheck(ctx, pipe) // a connection dialed since the last check: did Redis lose writes? (lost.go)
 	probes := make([]bloom.Probe, len(ids))
 	gets := make([]*redis.StringCmd, len(ids))
 	var pttls []*redis.DurationCmd // with Local: a copy must not outlive its entry
@@ -154,6 +183,7 @@ func (g *Guard) readManyOnce(ctx context.Context, ids, keys []string) ([]readRes
 		}
 	}
 	_, _ = pipe.Exec(ctx) // errors are read per command
+	g.endCheck(ctx, chk)
 	out := make([]readResult, len(ids))
 	var missed []int
 	for i := range ids {

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"sync/atomic"
 	"time"
 
@@ -50,12 +48,8 @@ type outage struct {
 	// troubled is set by a failed read and cleared once the breaker is
 	// closed again after a success: while it is clear, reads do not
 	// consult the breaker at all (it takes a mutex per call).
-	troubled atomic.Bool
-	// suspected is set when a read found the server gone (see serverGone),
-	// once per trouble: recent writes are replayed (Guard.suspectRecent).
-	suspected atomic.Bool
-	recovered func() // told when reads succeed again after failing (Guard.recovered)
-	gone      func() // told when a read first finds the server gone in a trouble (Guard.suspectRecent)
+	troubled  atomic.Bool
+	recovered func() // told when reads succeed again after failing: the replay need not wait out its backoff
 	// lastSlotReload is when a cluster slot-map reload was last asked for
 	// (unix nanos; see reloadSlots).
 	lastSlotReload atomic.Int64
@@ -70,8 +64,7 @@ func newOutage(o OutageOptions, g *Guard) (*outage, error) {
 	}
 	after := uint32(breakAfter)
 	return &outage{
-		recovered: g.recovered,
-		gone:      func() { g.suspectRecent("redis went away") },
+		recovered: g.unw.wakeReplay,
 		failFast:  o.FailFast,
 		slots:     semaphore.NewWeighted(int64(o.MaxLoads)),
 		maxLoads:  o.MaxLoads,
@@ -118,19 +111,12 @@ func (o *outage) after(done func(error), err error) {
 	if done != nil {
 		done(err)
 		if err == nil && o.breaker.State() == gobreaker.StateClosed && o.troubled.CompareAndSwap(true, false) {
-			o.suspected.Store(false)
-			o.recovered() // did Redis restart meanwhile?
-		}
-		if serverGone(err) && o.suspected.CompareAndSwap(false, true) {
-			o.gone()
+			o.recovered()
 		}
 		return
 	}
 	if errors.Is(err, ErrUnavailable) { // the first failure: count it, and consult the breaker from now on
 		o.troubled.Store(true)
-		if serverGone(err) && o.suspected.CompareAndSwap(false, true) {
-			o.gone()
-		}
 		if d, berr := o.breaker.Allow(); berr == nil {
 			d(err)
 		}
@@ -145,22 +131,6 @@ func (o *outage) admit(g *Guard, what string) error {
 	}
 	g.stats.shed.Add(1)
 	return fmt.Errorf("cacheguard: %s%s: %w: load-through cap (%d loads at once) reached", g.name, what, ErrUnavailable, o.maxLoads)
-}
-
-// serverGone reports whether err shows the server gone (a refused dial, a
-// connection closed, a server loading its dump, a master turned replica)
-// rather than slow: the writes it acknowledged last may be lost with it.
-func serverGone(err error) bool {
-	var ne net.Error
-	switch {
-	case err == nil:
-		return false
-	case errors.As(err, &ne):
-		return !ne.Timeout()
-	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
-		return true
-	}
-	return redis.HasErrorPrefix(err, "LOADING") || redis.HasErrorPrefix(err, "READONLY") || redis.HasErrorPrefix(err, "MASTERDOWN")
 }
 
 // downOrRefusing reports whether err is Redis failing (ErrUnavailable) in a

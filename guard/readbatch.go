@@ -42,13 +42,15 @@ const readBatchMax = 256
 // its cancellation, until the latest of their deadlines, and at most
 // RedisTimeout; each Get, the leading one too, leaves at its own.
 func (g *Guard) runReads(ctx context.Context, calls []*batch.Call[readReq]) {
-	field := g.bound.Load().fieldArg // every read follows a bind
-	if len(calls) == 1 && calls[0].Req.f == nil && !calls[0].Req.withTTL && calls[0].Req.lockKey == "" {
+	field := g.bound.Load().fieldArg                      // every read follows a bind
+	due := g.marks.dials.Load() != g.marks.checked.Load() // a check of the marks rides along (lost.go)
+	if len(calls) == 1 && calls[0].Req.f == nil && !calls[0].Req.withTTL && calls[0].Req.lockKey == "" && !due {
 		r := &calls[0].Req
 		// rdb.HGet would box the field into the command's arguments on
 		// every call; fieldArg is boxed once, by bind.
 		r.get = redis.NewStringCmd(ctx, "hget", r.vkey, field)
 		_ = g.rdb.Process(ctx, r.get)
+		g.endCheck(ctx, nil) // the HGET dialed (Redis back, or a restart no command saw): check before it answers
 		return
 	}
 	if len(calls) > 1 {
@@ -61,6 +63,7 @@ func (g *Guard) runReads(ctx context.Context, calls []*batch.Call[readReq]) {
 		defer cancel()
 	}
 	pipe := g.rdb.Pipeline()
+	chk := g.queueCheck(ctx, pipe)
 	for _, c := range calls {
 		r := &c.Req
 		if r.f != nil {
@@ -76,6 +79,7 @@ func (g *Guard) runReads(ctx context.Context, calls []*batch.Call[readReq]) {
 		}
 	}
 	_, _ = pipe.Exec(ctx) // errors are read per command
+	g.endCheck(ctx, chk)  // before the read answers: it may hold an entry whose write Redis lost
 }
 
 // latestDeadline is the latest of calls' deadlines, or zero if one of

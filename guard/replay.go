@@ -40,11 +40,9 @@ type unwritten struct {
 	mu         sync.Mutex        // guards the fields below
 	ids        map[string]uint64 // ID → the number of its last failure, so a replay does not clear a newer one
 	seq        uint64
-	overflowed bool          // IDs were dropped: every ID counts as unwritten (see has)
-	overflows  uint64        // IDs dropped so far: a drop of the entries clears overflowed only if none was since
-	replaying  bool          // the replay goroutine runs (started by keep, ended by replayOnce)
-	recent     []recentWrite // the last maxRecent writes that landed, a ring
-	next       int           // where the next goes in recent
+	overflowed bool   // IDs were dropped: every ID counts as unwritten (see has)
+	overflows  uint64 // IDs dropped so far: a drop of the entries clears overflowed only if none was since
+	replaying  bool   // the replay goroutine runs (started by keep, ended by replayOnce)
 	// wake, made by New (buffer 1), starts a replay attempt now: reads
 	// succeed again, so the replay need not wait out its backoff.
 	wake chan struct{}
@@ -69,38 +67,28 @@ func (u *unwritten) wakeReplay() {
 	}
 }
 
-// split splits ids (and their keys) into those written and those not.
-func (u *unwritten) split(ids, keys []string) (restIDs, restKeys, unwrittenIDs []string) {
-	for i, id := range ids {
-		if u.has(id) {
-			unwrittenIDs = append(unwrittenIDs, id)
-			continue
-		}
-		restIDs, restKeys = append(restIDs, id), append(restKeys, keys[i])
-	}
-	return restIDs, restKeys, unwrittenIDs
-}
-
 // unwrittenAfter keeps ids if err says their write did not reach Redis,
-// and starts the replay; a write that landed is remembered for a while (see
-// suspectRecent). It returns err.
+// and starts the replay (a write that landed is remembered by its mark:
+// lost.go). It returns err.
 func (g *Guard) unwrittenAfter(ctx context.Context, ids []string, err error) error {
-	switch {
-	case err == nil:
-		g.unw.wrote(ids)
-	case errors.Is(err, ErrUnavailable) && ctx.Err() == nil:
-		g.keep(ids, "cacheguard: a write did not reach redis; this process loads those IDs through until it is replayed", err)
+	if errors.Is(err, ErrUnavailable) && ctx.Err() == nil {
+		g.keep(ids, false, "cacheguard: a write did not reach redis; this process loads those IDs through until it is replayed", err)
 	}
 	return err
 }
 
-// keep adds ids to the unwritten set and starts the replay if it is not
-// running (logging why, once per replay).
-func (g *Guard) keep(ids []string, why string, err error) {
+// keep adds ids to the unwritten set (with overflow, every ID: the Guard's
+// entries are dropped) and starts the replay if it is not running (logging
+// why, once per replay).
+func (g *Guard) keep(ids []string, overflow bool, why string, err error) {
 	u := &g.unw
 	u.mu.Lock()
 	if u.ids == nil {
 		u.ids = map[string]uint64{}
+	}
+	if overflow {
+		u.overflowed = true
+		u.overflows++
 	}
 	for _, id := range ids {
 		if _, ok := u.ids[id]; !ok && len(u.ids) >= maxUnwritten {
@@ -193,7 +181,6 @@ func (g *Guard) replayBatch(batch map[string]uint64, dropAll bool) bool {
 		g.autoRebuild("writes dropped past the replay's capacity")
 	}
 	g.log.Info("cacheguard: failed writes replayed", "ids", len(batch), "all_entries_dropped", dropAll)
-	g.checkRestart(ctx)
 	return true
 }
 
@@ -212,7 +199,9 @@ func (g *Guard) rewrite(ctx context.Context, ids []string) error {
 	pipe := g.rdb.Pipeline()
 	added := f.QueueAdd(ctx, pipe, ids)
 	g.queueInvalidate(ctx, pipe, keys)
+	marks := g.queueMarks(ctx, pipe, ids, keys)
 	_, err = pipe.Exec(ctx)
+	g.landed(ctx, marks)
 	g.forget(keys, nil)
 	if err == nil {
 		err = added.Result(ctx)

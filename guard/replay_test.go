@@ -23,7 +23,8 @@ import (
 // and its Set and Delete fail. Redis comes back from its dump, holding the
 // old entries. The writing process never serves them: it loads those IDs
 // through until its writes are replayed, and then every process (a second
-// Guard here) reads the new rows. The restart is noticed and counted.
+// Guard here) reads the new rows. No acknowledged write was lost: the
+// restart is not counted as losing any.
 func TestFailedWritesAreReplayed(t *testing.T) {
 	ctx := context.Background()
 	srv, rdb := redistest.Private(t)
@@ -96,8 +97,8 @@ func TestFailedWritesAreReplayed(t *testing.T) {
 	if _, err := guard.Get(ctx, other, "p61", d.load); !errors.Is(err, guard.ErrNotFound) {
 		t.Fatalf("another process after the replay: the deleted row gives %v, want ErrNotFound", err)
 	}
-	if st := writer.Stats(); st.RedisRestarts != 1 {
-		t.Fatalf("restarts noticed: %d, want 1 (%+v)", st.RedisRestarts, st)
+	if st := writer.Stats(); st.WritesLost != 0 {
+		t.Fatalf("writes lost: %d, want 0: none was acknowledged (%+v)", st.WritesLost, st)
 	}
 	t.Logf("0 stale answers in the writing process over %d reads of each ID after the restart", reads)
 }

@@ -35,7 +35,7 @@ type Stats struct {
 	AbandonedLoads uint64 // loads that did not return within LoadTimeout (their late result dropped)
 	Refreshes      uint64 // refreshes ahead of expiry started (RefreshAhead)
 	Unwritten      uint64 // IDs whose write failed and waits for its replay (a gauge; +1 while overflowed)
-	RedisRestarts  uint64 // restarts or failovers of Redis noticed (its run id changed)
+	WritesLost     uint64 // acknowledged writes Redis lost (a restart from an older dump, a lagging replica promoted), replayed; +1 for an overflow
 
 	// FilterNotReady: the filter's last probe found it not ready (never
 	// built, or lost by Redis), so Gets fail open until it is rebuilt.
@@ -50,7 +50,7 @@ type counters struct {
 	misses, coalesced                                 atomic.Uint64
 	loads, loadErrors, redisErrors, corrupt, bypasses atomic.Uint64
 	loadThroughs, shed, breakerOpens, abandonedLoads  atomic.Uint64
-	refreshes, schemaMisses, restarts                 atomic.Uint64
+	refreshes, schemaMisses, writesLost               atomic.Uint64
 }
 
 func (c *counters) count(o outcome, coalesced bool) {
@@ -109,7 +109,7 @@ func (g *Guard) Stats() Stats {
 		CorruptValues: c.corrupt.Load(), SchemaMisses: c.schemaMisses.Load(), BloomBypasses: c.bypasses.Load(),
 		LoadThroughs: c.loadThroughs.Load(), Shed: c.shed.Load(), BreakerOpens: c.breakerOpens.Load(),
 		AbandonedLoads: c.abandonedLoads.Load(), Refreshes: c.refreshes.Load(),
-		Unwritten: uint64(g.unw.n.Load()), RedisRestarts: c.restarts.Load(),
+		Unwritten: uint64(g.unw.n.Load()), WritesLost: c.writesLost.Load(),
 		FilterNotReady: g.bf.bypassing.Load(),
 	}
 }

@@ -4,7 +4,7 @@
 // the core needs no Prometheus.
 //
 // On each scrape the Collector reads every Guard's counters (Guard.Stats:
-// Gets by outcome, loads, lock waits, Redis errors, restarts...) and the
+// Gets by outcome, loads, lock waits, Redis errors, writes lost...) and the
 // gauges to alert on (filter_ready, unwritten), and, unless
 // Options.SkipFilterInfo is set, its bloom filter's state (Guard.Info:
 // fill ratio, estimated false-positive rate, items, memory), which counts
@@ -72,7 +72,7 @@ func New(opts *Options, guards ...*guard.Guard) *Collector {
 		events: prometheus.NewDesc(name("events_total"),
 			"Guard operations and events: load, load_error, load_through, shed, abandoned_load, redis_error, corrupt_value, "+
 				"schema_miss, bloom_bypass, stale_write_refused, lock_wait, lock_timeout, wakeup, breaker_open, refresh, "+
-				"redis_restart.", []string{"guard", "event"}, nil),
+				"writes_lost.", []string{"guard", "event"}, nil),
 		ready: prometheus.NewDesc(name("filter_ready"),
 			"1 while the bloom filter answers, 0 while the Guard fails open (its last probe found the filter not ready).", g, nil),
 		unwritten: prometheus.NewDesc(name("unwritten"),
@@ -123,7 +123,7 @@ func (c *Collector) collectStats(ch chan<- prometheus.Metric, g *guard.Guard) {
 		{"schema_miss", st.SchemaMisses},
 		{"bloom_bypass", st.BloomBypasses}, {"stale_write_refused", st.StaleWrites}, {"lock_wait", st.LockWaits},
 		{"lock_timeout", st.LockTimeouts}, {"wakeup", st.Wakeups}, {"breaker_open", st.BreakerOpens}, {"refresh", st.Refreshes},
-		{"redis_restart", st.RedisRestarts},
+		{"writes_lost", st.WritesLost},
 	} {
 		ch <- prometheus.MustNewConstMetric(c.events, prometheus.CounterValue, float64(e.n), name, e.event)
 	}

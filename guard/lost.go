@@ -1,0 +1,348 @@
+package guard
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"maps"
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/internal/keyspace"
+	"github.com/cacheguard/cacheguard/internal/redisfail"
+)
+
+// Lost writes: Redis acknowledges a write before its replicas and its next
+// dump have it, so a restart from an older dump or a failover to a lagging
+// replica can lose it. Every write of the Guard's also advances a counter
+// of its own in Redis (its mark: one per cluster slot written), and the
+// Guard keeps the writes that landed, with the value each got, for
+// recentFor (at most maxRecent). Whenever a connection to Redis is dialed
+// (a restart, a failover and an outage all end in one), the next read
+// compares the marks in Redis with the highest each got, before it answers:
+// a mark behind says Redis lost the writes past it, which are replayed as
+// if they had failed (replay.go). A write that left the ring past the gap
+// makes every entry of the Guard drop (the overflow path). No command of
+// @dangerous is needed.
+const (
+	recentFor = time.Hour
+	maxRecent = 100_000
+	markTTL   = 2 * recentFor // a mark outlives the writes it counts; a dead process's goes
+)
+
+// marked is a write that landed: its ID, the slot of its key and the value
+// its mark got.
+type marked struct {
+	id   string
+	slot uint16
+	n    int64
+	at   time.Time
+}
+
+// marks is what the Guard knows of its writes in Redis (Guard.marks).
+type marks struct {
+	token   string // this Guard's marks are its own: no other process advances them
+	cluster bool   // a mark per slot (ClusterClient), else one
+	// dials counts the connections dialed on the client (dialCounter), and
+	// checked the dials the last check covered: while they differ, a read
+	// checks before it answers.
+	dials   *atomic.Uint64
+	checked atomic.Uint64
+	check   sync.Mutex // one check at a time
+	// refusedOnce: an ACL refusing the marks is logged once.
+	refusedOnce sync.Once
+
+	mu      sync.Mutex          // guards the fields below
+	ring    []marked            // the recent writes, oldest at head once full
+	head    int                 // index of the oldest in a full ring
+	given   map[markOf]struct{} // the marks of the writes in ring: a mark given twice says Redis went back
+	high    map[uint16]int64    // per slot, the highest mark a write got
+	dropped map[uint16]int64    // per slot, the highest mark of a write that left ring
+}
+
+// markOf is a slot's mark value.
+type markOf struct {
+	slot uint16
+	n    int64
+}
+
+func newMarks(ctx context.Context, rdb redis.UniversalClient) *marks {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	_, cluster := rdb.(*redis.ClusterClient)
+	return &marks{token: hex.EncodeToString(b[:]), cluster: cluster, dials: countDials(ctx, rdb),
+		given: map[markOf]struct{}{}, high: map[uint16]int64{}, dropped: map[uint16]int64{}}
+}
+
+// slot is the slot of key's mark.
+func (m *marks) slot(key string) uint16 {
+	if !m.cluster {
+		return 0
+	}
+	return keyspace.Slot(key)
+}
+
+// dialCounter is a hook that counts the connections a client dials. It
+// holds no Guard, so a Guard closed on a shared client is not kept alive by
+// it (go-redis cannot remove a hook).
+type dialCounter struct{ n *atomic.Uint64 }
+
+func (d dialCounter) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := next(ctx, network, addr)
+		if err == nil {
+			d.n.Add(1)
+		}
+		return c, err
+	}
+}
+func (dialCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (dialCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// countDials hooks rdb (and, in a cluster or ring, every node it has or
+// will have) with a dialCounter.
+func countDials(ctx context.Context, rdb redis.UniversalClient) *atomic.Uint64 {
+	n := new(atomic.Uint64)
+	n.Store(1) // a first check before the first read: the client may have dialed before New
+	h := dialCounter{n}
+	type nodes interface {
+		OnNewNode(func(*redis.Client))
+		ForEachShard(context.Context, func(context.Context, *redis.Client) error) error
+	}
+	if c, ok := rdb.(nodes); ok {
+		c.OnNewNode(func(n *redis.Client) { n.AddHook(h) })
+		_ = c.ForEachShard(ctx, func(_ context.Context, n *redis.Client) error { n.AddHook(h); return nil })
+		return n
+	}
+	rdb.AddHook(h)
+	return n
+}
+
+// queuedMarks are the mark increments of one write, queued in its pipeline
+// after its commands (a dump or replica that has the increment has the
+// write before it).
+type queuedMarks struct {
+	ids   []string
+	slots []uint16
+	incr  []*redis.IntCmd
+}
+
+// queueMarks queues the increments of the marks of keys (the value keys of
+// ids) into pipe.
+func (g *Guard) queueMarks(ctx context.Context, pipe redis.Pipeliner, ids, keys []string) *queuedMarks {
+	m := g.marks
+	q := &queuedMarks{ids: ids, slots: make([]uint16, len(keys)), incr: make([]*redis.IntCmd, len(keys))}
+	seen := map[uint16]bool{}
+	for i, k := range keys {
+		s := m.slot(k)
+		q.slots[i] = s
+		q.incr[i] = pipe.Incr(ctx, g.keys.Mark(m.token, s, m.cluster))
+		if !seen[s] {
+			seen[s] = true
+			pipe.PExpire(ctx, g.keys.Mark(m.token, s, m.cluster), markTTL)
+		}
+	}
+	return q
+}
+
+// landed records the writes whose marks advanced. A mark given twice says
+// Redis went back to before the first: the writes it counted since are
+// lost. (Replies of one mark may come back out of order; never twice.)
+func (g *Guard) landed(ctx context.Context, q *queuedMarks) {
+	m := g.marks
+	now := time.Now()
+	var lost []string
+	overflow := false
+	m.mu.Lock()
+	for i, c := range q.incr {
+		n, err := c.Result()
+		if reply(err) {
+			m.refusedOnce.Do(func() { g.refused(ctx, "noticing writes Redis lost", err) })
+		}
+		if err != nil {
+			continue
+		}
+		s := q.slots[i]
+		if _, twice := m.given[markOf{s, n}]; twice || n <= m.dropped[s] {
+			l, o := m.lostLocked(s, n-1, m.high[s])
+			lost, overflow = append(lost, l...), overflow || o
+		}
+		m.high[s] = max(m.high[s], n)
+		m.pushLocked(marked{id: q.ids[i], slot: s, n: n, at: now})
+	}
+	m.mu.Unlock()
+	if len(lost) > 0 || overflow {
+		g.writesLost(lost, overflow)
+	}
+}
+
+// pushLocked adds w to the ring; the oldest leaves it when the ring is full
+// or older than recentFor. Callers hold m.mu.
+func (m *marks) pushLocked(w marked) {
+	for len(m.ring) > 0 && len(m.ring) < maxRecent && w.at.Sub(m.ring[0].at) > recentFor {
+		m.leaveLocked(m.ring[0])
+		m.ring = m.ring[1:]
+	}
+	m.given[markOf{w.slot, w.n}] = struct{}{}
+	if len(m.ring) < maxRecent {
+		m.ring = append(m.ring, w)
+		return
+	}
+	m.leaveLocked(m.ring[m.head])
+	m.ring[m.head] = w
+	m.head = (m.head + 1) % maxRecent
+}
+
+func (m *marks) leaveLocked(w marked) {
+	delete(m.given, markOf{w.slot, w.n})
+	m.dropped[w.slot] = max(m.dropped[w.slot], w.n)
+}
+
+// lostLocked is what Redis lost when slot's mark went back to at, from as
+// high as hi: the IDs whose writes got a mark in (at, hi] (out of the ring
+// now: their replay writes again), and whether such a write had left the
+// ring already. The slot's high mark becomes the highest left. Callers
+// hold m.mu.
+func (m *marks) lostLocked(slot uint16, at, hi int64) (ids []string, overflow bool) {
+	high := at
+	for i := range m.ring {
+		w := &m.ring[i]
+		switch {
+		case w.slot != slot || w.id == "":
+		case w.n > at && w.n <= hi:
+			delete(m.given, markOf{w.slot, w.n})
+			ids, w.id = append(ids, w.id), ""
+		default:
+			high = max(high, w.n)
+		}
+	}
+	overflow = m.dropped[slot] > at
+	if overflow {
+		m.dropped[slot] = at // dropped once: its entries go with the overflow's
+	}
+	m.high[slot] = high
+	return ids, overflow
+}
+
+// A check reads every mark this Guard advanced and replays what Redis
+// lost. It is due once a connection was dialed since the last one, and
+// rides in the next read's round trip (queueCheck, then endCheck, before
+// the read answers); a read that finds another's check in flight waits for
+// it, and one whose check failed tries again alone.
+type check struct {
+	dials uint64
+	seen  map[uint16]int64 // the marks as the Guard saw them before it asked
+	gets  []*redis.StringCmd
+	slots []uint16
+}
+
+// queueCheck queues a due check into pipe if no other is in flight (it
+// then holds m.check until endCheck); nil otherwise.
+func (g *Guard) queueCheck(ctx context.Context, pipe redis.Pipeliner) *check {
+	m := g.marks
+	if m.dials.Load() == m.checked.Load() || !m.check.TryLock() {
+		return nil
+	}
+	c := &check{dials: m.dials.Load()}
+	if c.dials == m.checked.Load() {
+		m.check.Unlock()
+		return nil
+	}
+	m.mu.Lock()
+	c.seen = maps.Clone(m.high) // every write these count ran in Redis before the GETs
+	m.mu.Unlock()
+	c.slots = slices.Sorted(maps.Keys(c.seen))
+	c.gets = make([]*redis.StringCmd, len(c.slots))
+	for i, s := range c.slots {
+		c.gets[i] = pipe.Get(ctx, g.keys.Mark(m.token, s, m.cluster))
+	}
+	return c
+}
+
+// endCheck finishes c after its round trip (nil: none rode in it): it
+// replays what Redis lost. Without c, a due check is waited for, or made
+// now in a round trip of its own. A failed check is tried by the next read.
+func (g *Guard) endCheck(ctx context.Context, c *check) {
+	m := g.marks
+	if c == nil {
+		if m.dials.Load() == m.checked.Load() {
+			return
+		}
+		m.check.Lock() // another read's check in flight: wait for it
+		if m.dials.Load() == m.checked.Load() {
+			m.check.Unlock()
+			return
+		}
+		pipe := g.rdb.Pipeline()
+		m.check.Unlock()
+		if c = g.queueCheck(ctx, pipe); c == nil {
+			return
+		}
+		_, _ = pipe.Exec(ctx)
+	}
+	defer m.check.Unlock()
+	var lost []string
+	overflow := false
+	m.mu.Lock()
+	for i, s := range c.slots {
+		at, err := c.gets[i].Int64() // a mark gone (a restart without it, eviction) reads 0
+		switch {
+		case reply(err) && !errors.Is(err, redis.Nil):
+			m.mu.Unlock()
+			m.refusedOnce.Do(func() { g.refused(ctx, "noticing writes Redis lost", err) })
+			m.checked.Store(c.dials) // an ACL that refuses them: no check will pass
+			return
+		case err != nil && !errors.Is(err, redis.Nil):
+			m.mu.Unlock()
+			return
+		}
+		if at < c.seen[s] {
+			l, o := m.lostLocked(s, at, c.seen[s])
+			lost, overflow = append(lost, l...), overflow || o
+		}
+	}
+	m.mu.Unlock()
+	if len(lost) > 0 || overflow {
+		g.writesLost(lost, overflow)
+	}
+	m.checked.Store(c.dials) // a dial during the check: the next read checks again
+}
+
+// writesLost replays the writes Redis lost (all the Guard's entries, with
+// overflow), and rebuilds the filter from Filter.IDs: the bits of lost Adds
+// are gone too.
+func (g *Guard) writesLost(ids []string, overflow bool) {
+	g.stats.writesLost.Add(uint64(len(ids)) + uint64(b2i(overflow)))
+	g.log.Warn("cacheguard: redis lost acknowledged writes (a restart from an older dump, or a failover to a lagging "+
+		"replica): they are replayed, and the filter rebuilt", "ids", len(ids), "all_entries", overflow,
+		"filter_ids", g.opts.Filter.IDs != nil)
+	g.keep(ids, overflow, "cacheguard: writes lost by redis are replayed", nil)
+	g.bf.stale.Store(true)
+	g.autoRebuild("redis lost writes")
+}
+
+// refused says once, at ERROR, that the ACL refuses a command the Guard
+// needs for what.
+func (g *Guard) refused(ctx context.Context, what string, err error) {
+	g.log.ErrorContext(ctx, "cacheguard: redis refuses a command the Guard needs (ACL?); "+what+" cannot work "+
+		"(docs/operations.md, Redis ACL)", "err", redisfail.Wrap(err))
+}
+
+// eachMaster runs fn on every master of a cluster or ring, or on rdb.
+func eachMaster(ctx context.Context, rdb redis.UniversalClient, fn func(ctx context.Context, c redis.Cmdable) error) error {
+	switch c := rdb.(type) {
+	case *redis.ClusterClient:
+		return c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return fn(ctx, n) })
+	case *redis.Ring:
+		return c.ForEachShard(ctx, func(ctx context.Context, n *redis.Client) error { return fn(ctx, n) })
+	}
+	return fn(ctx, rdb)
+}

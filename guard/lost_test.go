@@ -1,0 +1,160 @@
+package guard_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/guard"
+	"github.com/cacheguard/cacheguard/internal/redisserver"
+	"github.com/cacheguard/cacheguard/internal/redistest"
+)
+
+// lostWrites sets up the scenario of the tests below: a private Redis, a
+// client with go-redis's defaults (it redials and retries without a word),
+// a writer and another Guard that both cached p0..p9 as loaded from d.
+func lostWrites(t *testing.T) (*redisserver.Server, *db, *guard.Guard, *guard.Guard) {
+	t.Helper()
+	srv, _ := redistest.Private(t)
+	d := newDB(10)
+	var gs []*guard.Guard
+	for range 2 {
+		rdb := redis.NewClient(srv.Options())
+		t.Cleanup(func() { _ = rdb.Close() })
+		g := openRebuilt(t, rdb, guard.Options{}, 1000, 10)
+		for i := range 10 {
+			if _, err := guard.Get(context.Background(), g, pid(i), d.load); err != nil {
+				t.Fatal(err)
+			}
+		}
+		flush(t, g)
+		gs = append(gs, g)
+	}
+	return srv, d, gs[0], gs[1]
+}
+
+// update commits a new price for ids in d and Sets it through g.
+func update(t *testing.T, g *guard.Guard, d *db, price int, ids ...string) {
+	t.Helper()
+	for _, id := range ids {
+		p := product{ID: id, Name: "updated " + id, Price: price}
+		d.set(p)
+		if err := guard.Set(context.Background(), g, id, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// crash SIGKILLs Redis and starts it again from its dump, with no command
+// of the Guards' in between.
+func crash(t *testing.T, srv *redisserver.Server) {
+	t.Helper()
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Restart(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// stale counts the answers for ids that differ from d, over n rounds.
+func stale(t *testing.T, g *guard.Guard, d *db, n int, ids ...string) int {
+	t.Helper()
+	bad := 0
+	for range n {
+		for _, id := range ids {
+			want, _ := d.load(context.Background(), id)
+			if p, err := guard.Get(context.Background(), g, id, d.load); err != nil || p != want {
+				bad++
+			}
+		}
+	}
+	return bad
+}
+
+// waitReplayed waits until g holds no unwritten ID.
+func waitReplayed(t *testing.T, g *guard.Guard) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for g.Stats().Unwritten > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("not replayed in 10 s: %+v", g.Stats())
+		}
+		time.Sleep(5 * time.Millisecond) // the replay's goroutine: nothing to wait on from here
+	}
+}
+
+// TestQuickRestartFromADump: a Set returns nil, then Redis is killed and
+// restarts from a dump made before it, faster than any command of the
+// Guard's could fail: go-redis redials silently. The writer's marks say
+// Redis lost the Set, so it never answers the old row, and after the
+// replay neither does the other process. The control: the other process,
+// read first, finds the old entry Redis came back with.
+func TestQuickRestartFromADump(t *testing.T) {
+	srv, d, writer, other := lostWrites(t)
+	ctx := context.Background()
+	if err := redis.NewClient(srv.Options()).Save(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	update(t, writer, d, 303, "p3")
+	crash(t, srv)
+	if p, err := guard.Get(ctx, other, "p3", d.load); err != nil || p.Price != 3 {
+		t.Fatalf("control: the other process reads %+v, %v; want the old row Redis came back with", p, err)
+	}
+	if n := stale(t, writer, d, 100, "p3"); n > 0 {
+		t.Fatalf("the writer answered %d of 100 Gets with the row its acknowledged Set replaced: %+v", n, writer.Stats())
+	}
+	if st := writer.Stats(); st.WritesLost != 1 || st.RedisErrors != 0 {
+		t.Fatalf("WritesLost %d, RedisErrors %d: want the one lost Set noticed with no failed command", st.WritesLost, st.RedisErrors)
+	}
+	waitReplayed(t, writer)
+	if n := stale(t, other, d, 1, "p3"); n > 0 {
+		t.Fatal("the other process reads the old row after the replay")
+	}
+}
+
+// TestRestartFromAnOldDump: Redis's default snapshots are minutes apart, so
+// a crash loses writes far older than a few seconds: Sets made "2 minutes"
+// before the crash (AgeWrites) and one made just before are all replayed.
+// Writes older than the Guard remembers (an hour) are not known one by
+// one: every entry of the Guard is dropped instead.
+func TestRestartFromAnOldDump(t *testing.T) {
+	t.Run("within the hour", func(t *testing.T) {
+		srv, d, writer, _ := lostWrites(t)
+		if err := redis.NewClient(srv.Options()).Save(context.Background()).Err(); err != nil {
+			t.Fatal(err)
+		}
+		update(t, writer, d, 1000, "p3", "p4")
+		guard.AgeWrites(writer, 2*time.Minute)
+		update(t, writer, d, 1000, "p5")
+		crash(t, srv)
+		if n := stale(t, writer, d, 20, "p3", "p4", "p5"); n > 0 {
+			t.Fatalf("%d stale answers after a restart from a dump older than the writes", n)
+		}
+		if st := writer.Stats(); st.WritesLost != 3 {
+			t.Fatalf("WritesLost %d, want 3", st.WritesLost)
+		}
+	})
+	t.Run("past the hour", func(t *testing.T) {
+		srv, d, writer, other := lostWrites(t)
+		if err := redis.NewClient(srv.Options()).Save(context.Background()).Err(); err != nil {
+			t.Fatal(err)
+		}
+		update(t, writer, d, 1000, "p3")
+		guard.AgeWrites(writer, 2*time.Hour)
+		update(t, writer, d, 1000, "p5") // p3 leaves the ring: past recentFor
+		crash(t, srv)
+		if n := stale(t, writer, d, 20, "p3", "p5"); n > 0 {
+			t.Fatalf("%d stale answers after a restart from a dump older than the remembered writes", n)
+		}
+		if st := writer.Stats(); st.WritesLost != 2 { // p5, and the overflow for p3
+			t.Fatalf("WritesLost %d, want 2 (one write and the overflow)", st.WritesLost)
+		}
+		waitReplayed(t, writer)
+		if n := stale(t, other, d, 1, "p3", "p5"); n > 0 {
+			t.Fatal("the other process reads old rows after every entry was dropped")
+		}
+	})
+}

@@ -61,11 +61,11 @@ DEMO_ARGS ?=
 # leaves the tracked tree as it was.
 CHART ?=
 
-# Built first, with a word before the go command's own download lines, so a
-# first run does not look hung.
+# Built first, with a line every 10 s while the go command downloads and
+# compiles (scripts/progress.sh), so a first run does not look hung.
 demo: deps-demo
-	@echo "demo: building the shop (a first run downloads its Go modules: a minute or two)"
-	@mkdir -p bin && cd examples/shop && $(GO) build -o ../../bin/shop .
+	@echo "demo: building the shop (a first run downloads and compiles its Go modules: a few minutes)"
+	@mkdir -p bin && ./scripts/progress.sh "building the shop" sh -c 'cd examples/shop && $(GO) build -o ../../bin/shop .'
 	./bin/shop demo $(if $(CHART),-chart $(CHART)) $(DEMO_ARGS)
 
 quickstart: deps-demo

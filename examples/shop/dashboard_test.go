@@ -1,9 +1,12 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -44,7 +47,7 @@ func TestDashboardInABrowser(t *testing.T) {
 	}()
 
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(browser), chromedp.NoSandbox,
-		chromedp.DisableGPU, chromedp.Flag("headless", "new"))
+		chromedp.DisableGPU, chromedp.Flag("headless", "new"), chromedp.WindowSize(1280, 800))
 	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
 	defer cancelAlloc()
 	bctx, cancelBrowser := chromedp.NewContext(allocCtx)
@@ -102,8 +105,18 @@ func TestDashboardInABrowser(t *testing.T) {
 	type series struct {
 		Points int     `json:"points"`
 		Max    float64 `json:"max"`
+		Span   float64 `json:"span"` // how wide the line is drawn, in canvas pixels
 	}
-	if err := chromedp.Do(bctx, chromedp.Navigate(hs.URL+"/dashboard")); err != nil {
+	type label struct {
+		X    float64 `json:"x"`
+		W    float64 `json:"w"`
+		Text string  `json:"text"`
+	}
+	type chart struct {
+		Width  float64 `json:"width"` // the plot's width
+		Labels []label `json:"labels"`
+	}
+	if err := chromedp.Do(bctx, chromedp.EmulateViewport(1280, 800), chromedp.Navigate(hs.URL+"/dashboard")); err != nil {
 		t.Fatal(err)
 	}
 	title, err := chromedp.Run(bctx, chromedp.Title())
@@ -122,6 +135,43 @@ func TestDashboardInABrowser(t *testing.T) {
 	canvases, err := chromedp.Run(bctx, chromedp.Evaluate[int](`document.querySelectorAll("canvas").length`))
 	if err != nil || canvases != 4 {
 		t.Fatalf("canvases: %d %v", canvases, err)
+	}
+	// Readable in a 1280×800 window: phase labels apart, lines across the
+	// whole plot, a caption that says what the lines show. The screenshot
+	// goes to CG_DASHBOARD_PNG when set, for a person to look at.
+	charts, err := chromedp.Run(bctx, chromedp.Evaluate[map[string]chart](`window.dashboard.layout`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, c := range charts {
+		labels := slices.SortedFunc(slices.Values(c.Labels), func(a, b label) int { return cmp.Compare(a.X, b.X) })
+		for i := 1; i < len(labels); i++ {
+			if labels[i-1].X+labels[i-1].W > labels[i].X {
+				t.Errorf("chart %s: phase labels %q and %q overlap", id, labels[i-1].Text, labels[i].Text)
+			}
+		}
+		for name, sr := range drawn[id] {
+			if sr.Points > 1 && sr.Span < 0.9*c.Width {
+				t.Errorf("chart %s: line %s spans %.0f of %.0f pixels", id, name, sr.Span, c.Width)
+			}
+		}
+	}
+	caption, err := chromedp.Run(bctx, chromedp.Evaluate[string](`document.getElementById("caption").textContent`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(caption, "flat") || !strings.Contains(caption, "rises a little") || !(drawn["db"]["naive"].Max > drawn["db"]["guard"].Max) {
+		t.Errorf("the caption does not match the lines (naive db max %v, guarded %v): %q", drawn["db"]["naive"].Max,
+			drawn["db"]["guard"].Max, caption)
+	}
+	if path := os.Getenv("CG_DASHBOARD_PNG"); path != "" {
+		png, err := chromedp.Run(bctx, chromedp.CaptureScreenshot())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, png, 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := <-attacked; err != nil {
 		t.Fatalf("attack: %v", err)

@@ -212,7 +212,7 @@ func (s *Shop) Handler(echoVersion int) http.Handler {
 		products = routerV5(s.routes())
 	}
 	mux := http.NewServeMux()
-	mux.Handle("GET /users/{id}", nethttp.Middleware(s.users, &nethttp.Options{Logger: s.log})(http.HandlerFunc(
+	mux.Handle("GET /users/{id}", nethttp.Middleware(s.users, nil)(http.HandlerFunc(
 		func(w http.ResponseWriter, r *http.Request) {
 			u, err := guard.Get(r.Context(), s.users, r.PathValue("id"), s.loadUser)
 			if err != nil {

@@ -6,8 +6,8 @@ const colors = { naive: "#d6453d", guard: "#2a7ab9", local: "#3f9b4f", refresh: 
 const keep = 240; // points on screen: two minutes
 
 // window.dashboard is read by the browser test: how many points arrived,
-// and what each chart drew last.
-window.dashboard = { points: 0, drawn: {}, errors: [] };
+// what each chart drew last, and where its labels went.
+window.dashboard = { points: 0, drawn: {}, layout: {}, errors: [] };
 
 const charts = {
   db: { series: ["naive", "guard"], value: (p, s) => p.paths[s] && p.paths[s].db },
@@ -37,6 +37,29 @@ function draw(id) {
   for (const p of shown) for (const s of c.series) max = Math.max(max, c.value(p, s) || 0);
   max = niceMax(max);
   ctx.font = "11px system-ui, sans-serif";
+  // The points span the whole width, however few have come yet.
+  const x = (i) => L + (W - L - R) * (shown.length <= 1 ? 1 : i / (shown.length - 1));
+  // Phases: a shaded band each, labelled where the label fits inside it
+  // (the status line names the current one anyway).
+  const spans = [];
+  shown.forEach((p, i) => {
+    const last = spans[spans.length - 1];
+    if (p.phase && (!last || last.phase !== p.phase || last.to !== i - 1)) spans.push({ phase: p.phase, from: i, to: i });
+    else if (p.phase) last.to = i;
+  });
+  const labels = [];
+  spans.forEach((sp, k) => {
+    const x0 = x(Math.max(sp.from - 0.5, 0)), x1 = x(Math.min(sp.to + 0.5, shown.length - 1));
+    ctx.fillStyle = k % 2 ? "rgba(0,0,0,0.025)" : "rgba(0,0,0,0.06)";
+    ctx.fillRect(x0, T, Math.max(x1 - x0, 1), H - T - B);
+    const w = ctx.measureText(sp.phase).width;
+    if (w + 6 <= x1 - x0) {
+      const lx = (x0 + x1 - w) / 2;
+      ctx.fillStyle = "#777";
+      ctx.fillText(sp.phase, lx, H - 6);
+      labels.push({ x: lx, w: w, text: sp.phase });
+    }
+  });
   ctx.strokeStyle = "#e5e5e5";
   ctx.fillStyle = "#666";
   for (let i = 0; i <= 4; i++) {
@@ -45,34 +68,26 @@ function draw(id) {
     const v = max * i / 4;
     ctx.fillText(v >= 1000 ? (v / 1000).toFixed(v % 1000 ? 1 : 0) + "k" : String(+v.toFixed(2)), 4, y + 4);
   }
-  const x = (i) => L + (W - L - R) * (shown.length <= 1 ? 1 : i / (keep - 1));
   const drawn = {};
+  window.dashboard.layout[id] = { labels: labels, width: W - L - R };
   c.series.forEach((s, k) => {
     ctx.strokeStyle = colors[s]; ctx.lineWidth = 2; ctx.beginPath();
-    let n = 0, lastV = 0, top = 0;
+    let n = 0, lastV = 0, top = 0, first = -1, end = -1;
     shown.forEach((p, i) => {
       const v = c.value(p, s);
       if (v === undefined || v === null) return;
       const y = T + (H - T - B) * (1 - v / max);
       n ? ctx.lineTo(x(i), y) : ctx.moveTo(x(i), y);
+      if (first < 0) first = x(i);
+      end = x(i);
       n++; lastV = v; top = Math.max(top, v);
     });
     ctx.stroke();
-    drawn[s] = { points: n, last: lastV, max: top };
+    drawn[s] = { points: n, last: lastV, max: top, span: n > 1 ? end - first : 0 };
     ctx.fillStyle = colors[s];
     ctx.fillRect(L + 8 + k * 90, 6, 10, 10);
     ctx.fillStyle = "#333";
     ctx.fillText(s, L + 22 + k * 90, 15);
-  });
-  // Phase changes: a tick and a label where the demo moved on.
-  ctx.fillStyle = "#999";
-  let prev = "";
-  shown.forEach((p, i) => {
-    if (p.phase && p.phase !== prev) {
-      ctx.fillRect(x(i), H - B, 1, 6);
-      ctx.fillText(p.phase, x(i) + 2, H - 6);
-    }
-    prev = p.phase || prev;
   });
   window.dashboard.drawn[id] = drawn;
 }

@@ -29,3 +29,9 @@ func AgeWrites(g *Guard, d time.Duration) {
 		m.ring[i].at = m.ring[i].at.Add(-d)
 	}
 }
+
+// SetAfterRead runs f between each Get's read and its answer until restore.
+func SetAfterRead(f func(id string)) (restore func()) {
+	afterRead = f
+	return func() { afterRead = nil }
+}

@@ -67,6 +67,7 @@ func get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 		return zero, err
 	}
 	from := since{at: g.starts.Load()} // a flight that answers this Get must have started after it (join)
+	replays := g.unw.replayed.Load()   // a replay landing during the read: see below
 	if g.local != nil {
 		from.epoch = g.local.epoch.Load() // before the read: see local.put
 	}
@@ -97,7 +98,12 @@ func get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 			return zero, err
 		}
 	}
-	if g.unw.has(id) { // the read's check found its write lost by Redis (lost.go): the entry may be the one it replaced
+	if afterRead != nil {
+		afterRead(id)
+	}
+	// The read's check found the ID's write lost by Redis (lost.go), or a
+	// replay landed while it read: the entry may be the one a write replaced.
+	if g.unw.has(id) || g.unw.replayed.Load() != replays {
 		g.giveBack(r.held, vkey)
 		return loadThrough(ctx, g, id, vkey, load, from, fmt.Errorf("cacheguard: %s %q: %w", g.name, id, errUnwritten))
 	}
@@ -106,6 +112,10 @@ func get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 	}
 	return fill(ctx, g, id, vkey, load, from, r.held)
 }
+
+// afterRead, set by tests alone, runs between a Get's read and its answer,
+// to replay a replay landing there.
+var afterRead func(id string)
 
 // getUnwritten answers a Get of an ID whose last write did not reach Redis
 // from the load function alone, as in an outage, until the write is

@@ -8,6 +8,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cacheguard/cacheguard/guard"
+	"github.com/cacheguard/cacheguard/internal/keyspace"
 	"github.com/cacheguard/cacheguard/internal/redisserver"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
@@ -157,4 +158,40 @@ func TestRestartFromAnOldDump(t *testing.T) {
 			t.Fatal("the other process reads old rows after every entry was dropped")
 		}
 	})
+}
+
+// TestReplayLandsBetweenReadAndAnswer replays a race step by step: the
+// Get's read (over the connection redialed after a restart) returns the
+// old entry and finds the Set lost; the replay, started by that finding,
+// deletes the entry before the Get answers. The Get must not answer what
+// it read. The hook checks that the interleaving happened: the entry the
+// read returned is gone from Redis when the Get goes on.
+func TestReplayLandsBetweenReadAndAnswer(t *testing.T) {
+	srv, d, writer, _ := lostWrites(t)
+	ctx := context.Background()
+	rdb := redis.NewClient(srv.Options())
+	defer rdb.Close()
+	if err := rdb.Save(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	update(t, writer, d, 303, "p3")
+	crash(t, srv)
+	interleaved := false
+	restore := guard.SetAfterRead(func(id string) {
+		if id != "p3" || interleaved {
+			return
+		}
+		waitReplayed(t, writer)
+		vkey, _ := keyspace.ForGuard("cg", "product", 128).Value("p3") // the default KeyPrefix
+		n, err := rdb.Exists(ctx, vkey).Result()
+		interleaved = err == nil && n == 0 && writer.Stats().WritesLost == 1
+	})
+	defer restore()
+	p, err := guard.Get(ctx, writer, "p3", d.load)
+	if !interleaved {
+		t.Fatal("control: the replay did not land between the read and the answer; the test proves nothing")
+	}
+	if err != nil || p.Price != 303 {
+		t.Fatalf("a Get whose read a replay overtook answered %+v, %v; want the updated row", p, err)
+	}
 }

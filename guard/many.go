@@ -67,12 +67,16 @@ func getMany[T any](ctx context.Context, g *Guard, ids []string, load BatchLoadF
 	if len(ids) == 0 {
 		return out, nil
 	}
+	replays := g.unw.replayed.Load() // a replay landing during the read: see get
 	reads, err := g.readMany(ctx, ids, keys)
 	if downOrRefusing(err) {
 		return out, loadManyThrough(ctx, g, ids, load, out, err)
 	}
 	if err != nil {
 		return nil, err
+	}
+	if g.unw.replayed.Load() != replays { // a replay landed during the read: any entry read may be one it deleted
+		return out, loadManyThrough(ctx, g, ids, load, out, fmt.Errorf("cacheguard: %s: %w", g.name, errUnwritten))
 	}
 	if err := manyUnwritten(ctx, g, &ids, &keys, &reads, load, out); err != nil { // the read's check may have found some lost
 		return out, err

@@ -46,6 +46,9 @@ type unwritten struct {
 	// wake, made by New (buffer 1), starts a replay attempt now: reads
 	// succeed again, so the replay need not wait out its backoff.
 	wake chan struct{}
+	// replayed counts the replays that landed: a read that began before
+	// one and ended after may hold the entry it deleted (see get).
+	replayed atomic.Uint64
 }
 
 // has reports whether id's last write failed and was not yet replayed.
@@ -144,6 +147,7 @@ func (g *Guard) replayOnce() (done bool) {
 			return false
 		}
 		u.mu.Lock()
+		u.replayed.Add(1) // before the IDs leave the set: see get
 		for id, seq := range batch {
 			if u.ids[id] == seq {
 				delete(u.ids, id)

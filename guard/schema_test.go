@@ -43,7 +43,8 @@ type (
 type release[T any] struct {
 	g     *guard.Guard
 	loads atomic.Int64
-	row   T // what the source of truth holds, in this release's type
+	row   T    // what the source of truth holds, in this release's type
+	many  bool // it reads with GetMany
 }
 
 func openRelease[T any](t *testing.T, c *redistest.Conn, row T) *release[T] {
@@ -60,6 +61,13 @@ func openRelease[T any](t *testing.T, c *redistest.Conn, row T) *release[T] {
 
 func (r *release[T]) get(t *testing.T, id string) (T, error) {
 	t.Helper()
+	if r.many {
+		m, err := guard.GetMany(context.Background(), r.g, []string{id}, func(context.Context, []string) (map[string]T, error) {
+			r.loads.Add(1)
+			return map[string]T{id: r.row}, nil
+		})
+		return m[id], err
+	}
 	return guard.Get(context.Background(), r.g, id, func(context.Context, string) (T, error) {
 		r.loads.Add(1)
 		return r.row, nil
@@ -131,6 +139,12 @@ func TestChangedTypeIsAMiss(t *testing.T) {
 	t.Run("retagged", func(t *testing.T) {
 		c := redistest.Connect(t)
 		zeros += readAcross(t, c, "42", openRelease(t, c, v1), openRelease(t, c, priceRetagged{ID: "42", Price: 4200}))
+	})
+	t.Run("renamed, read by GetMany", func(t *testing.T) {
+		c := redistest.Connect(t)
+		a, b := openRelease(t, c, v1), openRelease(t, c, priceRenamed{ID: "42", PriceCents: 4200})
+		a.many, b.many = true, true
+		zeros += readAcross(t, c, "42", a, b)
 	})
 	t.Logf("zero-valued answers across a rename, an added, a removed field and a changed tag: %d", zeros)
 }

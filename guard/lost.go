@@ -54,7 +54,8 @@ type marks struct {
 	// checks before it answers.
 	dials   *atomic.Uint64
 	checked atomic.Uint64
-	check   sync.Mutex // one check at a time
+	wrote   atomic.Bool // a write landed: until then there is nothing to check
+	check   sync.Mutex  // one check at a time
 	// refusedOnce: an ACL refusing the marks is logged once.
 	refusedOnce sync.Once
 
@@ -79,6 +80,10 @@ func newMarks(ctx context.Context, rdb redis.UniversalClient) *marks {
 	return &marks{token: hex.EncodeToString(b[:]), cluster: cluster, dials: countDials(ctx, rdb),
 		given: map[markOf]struct{}{}, high: map[uint16]int64{}, dropped: map[uint16]int64{}}
 }
+
+// due reports whether a check of the marks is due: a write landed, and a
+// connection was dialed since the last check.
+func (m *marks) due() bool { return m.wrote.Load() && m.dials.Load() != m.checked.Load() }
 
 // slot is the slot of key's mark.
 func (m *marks) slot(key string) uint16 {
@@ -177,6 +182,7 @@ func (g *Guard) landed(ctx context.Context, q *queuedMarks) {
 		}
 		m.high[s] = max(m.high[s], n)
 		m.pushLocked(marked{id: q.ids[i], slot: s, n: n, at: now})
+		m.wrote.Store(true)
 	}
 	m.mu.Unlock()
 	if len(lost) > 0 || overflow {
@@ -248,7 +254,7 @@ type check struct {
 // then holds m.check until endCheck); nil otherwise.
 func (g *Guard) queueCheck(ctx context.Context, pipe redis.Pipeliner) *check {
 	m := g.marks
-	if m.dials.Load() == m.checked.Load() || !m.check.TryLock() {
+	if !m.due() || !m.check.TryLock() {
 		return nil
 	}
 	c := &check{dials: m.dials.Load()}
@@ -259,6 +265,11 @@ func (g *Guard) queueCheck(ctx context.Context, pipe redis.Pipeliner) *check {
 	m.mu.Lock()
 	c.seen = maps.Clone(m.high) // every write these count ran in Redis before the GETs
 	m.mu.Unlock()
+	if len(c.seen) == 0 { // nothing written yet: nothing Redis could have lost
+		m.checked.Store(c.dials)
+		m.check.Unlock()
+		return nil
+	}
 	c.slots = slices.Sorted(maps.Keys(c.seen))
 	c.gets = make([]*redis.StringCmd, len(c.slots))
 	for i, s := range c.slots {
@@ -273,7 +284,7 @@ func (g *Guard) queueCheck(ctx context.Context, pipe redis.Pipeliner) *check {
 func (g *Guard) endCheck(ctx context.Context, c *check) {
 	m := g.marks
 	if c == nil {
-		if m.dials.Load() == m.checked.Load() {
+		if !m.due() {
 			return
 		}
 		m.check.Lock() // another read's check in flight: wait for it

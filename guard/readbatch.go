@@ -42,8 +42,8 @@ const readBatchMax = 256
 // its cancellation, until the latest of their deadlines, and at most
 // RedisTimeout; each Get, the leading one too, leaves at its own.
 func (g *Guard) runReads(ctx context.Context, calls []*batch.Call[readReq]) {
-	field := g.bound.Load().fieldArg                      // every read follows a bind
-	due := g.marks.dials.Load() != g.marks.checked.Load() // a check of the marks rides along (lost.go)
+	field := g.bound.Load().fieldArg // every read follows a bind
+	due := g.marks.due()             // a check of the marks rides along (lost.go)
 	if len(calls) == 1 && calls[0].Req.f == nil && !calls[0].Req.withTTL && calls[0].Req.lockKey == "" && !due {
 		r := &calls[0].Req
 		// rdb.HGet would box the field into the command's arguments on

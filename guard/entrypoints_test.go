@@ -121,6 +121,9 @@ func TestGuaranteesOnEveryEntryPoint(t *testing.T) {
 				}
 			})
 			t.Run("down", func(t *testing.T) {
+				if redistest.ClusterMode() {
+					t.Skip("kills a private standalone server; the standalone run covers it")
+				}
 				srv, rdb := redistest.Private(t)
 				g := openRebuilt(t, rdb, guard.Options{}, 1000, 10)
 				d := newDB(10)

@@ -29,6 +29,9 @@ import (
 // policy is warned about at New, a volatile-* one is not.
 // docs/operations.md (Eviction) quotes the figures it logs.
 func TestEvictingRedis(t *testing.T) {
+	if redistest.ClusterMode() {
+		t.Skip("runs on private standalone servers; the standalone run covers it")
+	}
 	for _, policy := range []string{"allkeys-lru", "allkeys-lfu", "volatile-lru", "allkeys-random"} {
 		t.Run(policy, func(t *testing.T) {
 			_, rdb := redistest.Private(t)

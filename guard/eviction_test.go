@@ -103,7 +103,7 @@ func TestEvictingRedis(t *testing.T) {
 				}()
 			}
 			wg.Wait()
-			t.Logf("%s: %d known rows served, %d full ID scans, %d of %d unknown IDs reached the loader, "+
+			t.Logf("%s: %d known rows served, %d full ID scans, %d loads of unknown IDs for %d unknown requests, "+
 				"%d false not-found, %d wrong", policy, served.Load(), scans.Load(),
 				unknownLoads.Load(), unknown.Load(), falseNotFound.Load(), wrong.Load())
 			if os.Getenv("CG_EVICTION_LOGS") != "" {

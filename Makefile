@@ -39,7 +39,7 @@ release-check:
 vet:
 	$(GO) vet $(PKGS)
 
-CLUSTER_PKGS := ./bloom ./lock ./loader ./internal/redislock ./internal/coord ./guard ./internal/cputime
+CLUSTER_PKGS := ./bloom ./lock ./loader ./internal/coord ./guard ./internal/cputime
 
 # Modules of their own beside the root (so the root module needs neither Echo
 # nor Prometheus):

@@ -11,7 +11,7 @@ import (
 	"github.com/cacheguard/cacheguard/codec"
 	"github.com/cacheguard/cacheguard/internal/coord"
 	"github.com/cacheguard/cacheguard/internal/growstack"
-	"github.com/cacheguard/cacheguard/internal/redislock"
+	"github.com/cacheguard/cacheguard/lock"
 )
 
 // fill runs a miss (step 5) through a flight shared with the other callers
@@ -19,7 +19,7 @@ import (
 // caller's read took it (see lockWithRead): the flight the caller starts
 // loads under it; if the caller joins a flight already under way instead,
 // it gives the lock back.
-func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T], from since, held *redislock.Lock) (T, error) {
+func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T], from since, held *lock.Lock) (T, error) {
 	// Between rounds: the flight that ended has written its answer (or
 	// another's write deleted it), and a read that starts now usually finds
 	// it, one round trip where a flight would take two. The callers in this
@@ -55,7 +55,7 @@ type call[T any] struct {
 	id, vkey string
 	load     LoadFunc[T]
 
-	held      *redislock.Lock // the key's lock, taken by the caller's read (see lockWithRead), or nil
+	held      *lock.Lock // the key's lock, taken by the caller's read (see lockWithRead), or nil
 	heldClaim int32           // who uses held, the first to claim it (claimHeld; an int32 because join copies a prototype call)
 
 	waiter   coord.Waiter // told when the Coordinator waits for another holder (GetMany's batch), or nil

@@ -30,7 +30,7 @@ import (
 	"github.com/cacheguard/cacheguard/internal/batch"
 	"github.com/cacheguard/cacheguard/internal/coord"
 	"github.com/cacheguard/cacheguard/internal/keyspace"
-	"github.com/cacheguard/cacheguard/internal/redislock"
+	"github.com/cacheguard/cacheguard/lock"
 	"github.com/cacheguard/cacheguard/loader"
 )
 
@@ -138,7 +138,7 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 			return nil, err
 		}
 	}
-	g.rd.locks = redislock.New(rdb)
+	g.rd.locks = lock.New(rdb)
 	g.coord = coord.New(rdb, g.keys.Loaded(), &coord.Options{
 		LockTTL:    o.Tuning.LockTTL,
 		LockWait:   o.Tuning.LockWait,

@@ -16,7 +16,7 @@ import (
 
 	"github.com/cacheguard/cacheguard/codec"
 	"github.com/cacheguard/cacheguard/guard"
-	"github.com/cacheguard/cacheguard/internal/redislock"
+	"github.com/cacheguard/cacheguard/lock"
 	"github.com/cacheguard/cacheguard/internal/redisserver"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 	"github.com/cacheguard/cacheguard/loader"
@@ -623,7 +623,7 @@ func TestLoaderPanic(t *testing.T) {
 func TestBusy(t *testing.T) {
 	ctx := context.Background()
 	c, g, d := setup(t, 10, &guard.Options{Tuning: guard.Tuning{LockWait: 100 * time.Millisecond}})
-	held, err := redislock.New(c).Obtain(ctx, c.Prefix+":product:{p1}:lock", time.Minute, nil)
+	held, err := lock.New(c).Obtain(ctx, c.Prefix+":product:{p1}:lock", time.Minute, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

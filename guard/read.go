@@ -15,7 +15,7 @@ import (
 	"github.com/cacheguard/cacheguard/internal/batch"
 	"github.com/cacheguard/cacheguard/internal/keyspace"
 	"github.com/cacheguard/cacheguard/internal/redisfail"
-	"github.com/cacheguard/cacheguard/internal/redislock"
+	"github.com/cacheguard/cacheguard/lock"
 )
 
 // reader is the read path's state (Guard.rd).
@@ -24,7 +24,7 @@ type reader struct {
 	calls    sync.Pool                 // of *batch.Call[readReq], reused by read
 	shared   readGroup                 // with Local: one Redis read per value key at a time (see readShared)
 	credit   atomic.Int64              // > 0: recent reads missed: send the bloom probe with the HGET (see read)
-	locks    *redislock.Client         // the locks reads take (see lockWithRead)
+	locks    *lock.Client         // the locks reads take (see lockWithRead)
 	lockBias atomic.Int64              // > 0: reads that found nothing mostly loaded, and their locks were used (see Lock bias)
 	seen     atomic.Pointer[seenTable] // the IDs read lately, once a miss opened the gate (see lockWithRead)
 	ctxBound bool                      // the client bounds socket reads by ctx deadlines (see sendRead)
@@ -43,7 +43,7 @@ type readResult struct {
 	verdict verdict
 	raw     []byte
 	ttl     time.Duration   // the entry's remaining TTL in Redis, read with it when Local is on (0: unknown)
-	held    *redislock.Lock // a miss's lock, taken with the read (see lockWithRead); the Get's flight uses it or gives it back
+	held    *lock.Lock // a miss's lock, taken with the read (see lockWithRead); the Get's flight uses it or gives it back
 }
 
 // read is the one round trip of every Get (step 3): the HGET of this
@@ -74,7 +74,7 @@ func (g *Guard) read(ctx context.Context, id, vkey string, lockable bool) (readR
 		return readResult{}, g.readFailed(ctx, "read", id, err)
 	}
 	raw, err := r.get.Bytes()
-	var held *redislock.Lock
+	var held *lock.Lock
 	if r.lockQ != nil {
 		held, _ = r.lockQ.Result(ctx) // not taken (another flight holds it, or Redis failed): the flight attempts as before
 	}

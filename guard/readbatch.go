@@ -8,7 +8,7 @@ import (
 
 	"github.com/cacheguard/cacheguard/bloom"
 	"github.com/cacheguard/cacheguard/internal/batch"
-	"github.com/cacheguard/cacheguard/internal/redislock"
+	"github.com/cacheguard/cacheguard/lock"
 )
 
 // readReq is one read in a batch (read, runReads): what to send, then the
@@ -23,7 +23,7 @@ type readReq struct {
 	get   *redis.StringCmd
 	probe bloom.Probe
 	pttl  *redis.DurationCmd
-	lockQ *redislock.Queued
+	lockQ *lock.Queued
 }
 
 // Read batching. Gets that read while Options.Tuning.ReadsInFlight round

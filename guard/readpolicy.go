@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cacheguard/cacheguard/internal/redislock"
+	"github.com/cacheguard/cacheguard/lock"
 )
 
 // Lock with the read. While reads miss often (a cold cache), a read that is
@@ -128,7 +128,7 @@ func (g *Guard) lockUseless() {
 // giveBack releases a lock that a read took and its Get did not use, in a
 // goroutine of the Guard's: the Get does not wait for it. Close waits for
 // it (and cancels it: the lock then lapses); flush too.
-func (g *Guard) giveBack(l *redislock.Lock, vkey string) {
+func (g *Guard) giveBack(l *lock.Lock, vkey string) {
 	if l == nil {
 		return
 	}

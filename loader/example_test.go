@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cacheguard/cacheguard/internal/redistest"
 	"github.com/cacheguard/cacheguard/loader"
 )
 
@@ -79,47 +78,4 @@ func ExampleGroup_DoOnJoin() {
 	}, func() { close(joined) })
 	fmt.Println(v, shared, <-done)
 	// Output: shared true shared
-}
-
-// product is a Filler: Cached takes what another process stored, Load
-// reads the source of truth.
-type product struct {
-	id    string
-	loads *atomic.Int32
-	got   string
-}
-
-func (p *product) Cached(_ context.Context, raw []byte) bool { p.got = string(raw); return true }
-
-func (p *product) Load(context.Context) ([]byte, time.Duration, error) {
-	p.loads.Add(1)
-	time.Sleep(20 * time.Millisecond) // SELECT ...
-	p.got = "lamp " + p.id
-	return []byte(p.got), time.Minute, nil
-}
-
-// Two processes' Coordinators (two clients here) fill one key: one loads,
-// the other waits for its publish and reads what it stored.
-func ExampleCoordinator() {
-	ctx := context.Background()
-	var loads atomic.Int32
-	var wg sync.WaitGroup
-	got := make([]string, 2)
-	key := fmt.Sprintf("example:product:{42-%d}", time.Now().UnixNano()) // a cold key each run
-	for i := range 2 {
-		rdb := redistest.NewClient() // in your app: redis.NewClient(&redis.Options{Addr: "localhost:6379"})
-		defer rdb.Close()
-		c := loader.NewCoordinator(rdb, "example:loaded", &loader.CoordinatorOptions{LockTTL: 5 * time.Second})
-		defer c.Close()
-		wg.Go(func() {
-			p := &product{id: "42", loads: &loads}
-			if err := c.Run(ctx, key, "v1", p); err != nil && !errors.Is(err, loader.ErrBusy) {
-				panic(err)
-			}
-			got[i] = p.got
-		})
-	}
-	wg.Wait()
-	fmt.Println(got[0], "|", got[1], "| loads:", loads.Load())
-	// Output: lamp 42 | lamp 42 | loads: 1
 }

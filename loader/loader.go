@@ -4,10 +4,10 @@
 // A [Group] merges concurrent calls for one key in one process into one
 // flight, as golang.org/x/sync/singleflight does, on a context detached from
 // the callers' (each caller still leaves on its own ctx), and turns a panic
-// into an error wrapping [ErrPanic] for every caller. A [Coordinator] makes
-// the flights of different processes take turns through a Redis lock per key
-// (package lock): one holder loads and writes only while the lock still holds
-// its token; the others wait for its PUBLISH and read what it stored.
+// into an error wrapping [ErrPanic] for every caller. Across processes the
+// guard's flights take turns through a Redis lock per key (package lock):
+// one holder loads and writes only while the lock still holds its token;
+// the others wait for its PUBLISH and read what it stored.
 package loader
 
 import (

@@ -13,8 +13,7 @@ import (
 	"github.com/cacheguard/cacheguard/loader"
 )
 
-// TestMain starts a redis-server for the Coordinator tests and checks that
-// no goroutine outlives the tests.
+// TestMain checks that no goroutine outlives the tests.
 func TestMain(m *testing.M) { redistest.Main(m) }
 
 func TestOneFlightManyCallers(t *testing.T) {

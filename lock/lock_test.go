@@ -12,7 +12,6 @@ import (
 	"github.com/cacheguard/cacheguard/lock"
 )
 
-func TestMain(m *testing.M) { redistest.Main(m) }
 
 // TestOneWinnerOutOfHundred: 100 goroutines obtain one key at once through
 // the public Client: exactly one gets it. (internal/redislock tests the

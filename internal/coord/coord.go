@@ -19,16 +19,16 @@ import (
 	"github.com/cacheguard/cacheguard/internal/batch"
 	"github.com/cacheguard/cacheguard/internal/keyspace"
 	"github.com/cacheguard/cacheguard/internal/redisfail"
-	"github.com/cacheguard/cacheguard/internal/redislock"
+	"github.com/cacheguard/cacheguard/lock"
 )
 
 // ErrBusy: another process held the key's lock for longer than LockWait.
-var ErrBusy = errors.New("loader: lock wait exceeded")
+var ErrBusy = errors.New("coord: lock wait exceeded")
 
 // errOvertaken: the holder's write was refused because its lock was no
 // longer its own (a write to the source of truth deleted it, or it expired
 // and perhaps passed to another holder); Run loads again.
-var errOvertaken = errors.New("loader: lock overtaken before the write")
+var errOvertaken = errors.New("coord: lock overtaken before the write")
 
 // Defaults of Options (guard resolves its own options from these).
 const (
@@ -133,7 +133,7 @@ type WaitObserver interface {
 //     and, if it is still empty, goes back to step 1.
 type Coordinator struct {
 	rdb     redis.UniversalClient
-	locks   *redislock.Client
+	locks   *lock.Client
 	wake    waker
 	opts    Options
 	channel string
@@ -160,7 +160,7 @@ func New(rdb redis.UniversalClient, channel string, opts *Options) *Coordinator 
 	}
 	c := &Coordinator{
 		rdb:     rdb,
-		locks:   redislock.New(rdb),
+		locks:   lock.New(rdb),
 		wake:    waker{rdb: rdb, channel: channel},
 		opts:    o,
 		channel: channel,
@@ -176,7 +176,7 @@ func New(rdb redis.UniversalClient, channel string, opts *Options) *Coordinator 
 func (c *Coordinator) LoadScripts(ctx context.Context) error {
 	for _, s := range []*redis.Script{writeRelease, releasePublish} {
 		if err := s.Load(ctx, c.rdb).Err(); err != nil {
-			return fmt.Errorf("loader: load scripts: %w", redisfail.Wrap(err))
+			return fmt.Errorf("coord: load scripts: %w", redisfail.Wrap(err))
 		}
 	}
 	return nil
@@ -247,15 +247,15 @@ func (c *Coordinator) Run(ctx context.Context, key, field string, f Filler) erro
 }
 
 // RunHeld is Run for a caller that took key's lock itself, in a round trip
-// of its own (redislock.Client.Queue, with the HGET of field queued
+// of its own (lock.Client.Queue, with the HGET of field queued
 // behind the attempt: Redis ran that HGET with the lock taken, so it is the
 // re-check of step 1) and found nothing under field. It goes straight to
 // step 2, the load, under l, whose lease may be shorter than LockTTL: the
-// watchdog's first refresh comes within it (see redislock.Lock.KeepAlive). If
+// watchdog's first refresh comes within it (see lock.Lock.KeepAlive). If
 // the write is refused (a write to the source of truth deleted the lock,
 // or its lease ran out), RunHeld goes on as Run does, with a lock of its
 // own.
-func (c *Coordinator) RunHeld(ctx context.Context, l *redislock.Lock, key, field string, f Filler) error {
+func (c *Coordinator) RunHeld(ctx context.Context, l *lock.Lock, key, field string, f Filler) error {
 	nothing := redis.NewStringResult("", redis.Nil) // what the caller's re-check found
 	if err := c.hold(ctx, l, key, field, reading{get: nothing}, f); !errors.Is(err, errOvertaken) {
 		return err
@@ -270,12 +270,12 @@ func (c *Coordinator) RunHeld(ctx context.Context, l *redislock.Lock, key, field
 // use it (its re-check found the entry, or a flight of its process was
 // filling key already). A lock that is no longer l (its lease ran out) is
 // left alone.
-func (c *Coordinator) Release(ctx context.Context, l *redislock.Lock, key string) error {
+func (c *Coordinator) Release(ctx context.Context, l *lock.Lock, key string) error {
 	opCtx, cancel := c.op(ctx)
 	defer cancel()
 	err := releasePublish.Run(opCtx, c.rdb, []string{keyspace.Lock(key), keyspace.Waiting(key)}, l.Token(), c.channel, key).Err()
 	if err != nil {
-		return fmt.Errorf("loader: release %s: %w", key, redisfail.Wrap(err))
+		return fmt.Errorf("coord: release %s: %w", key, redisfail.Wrap(err))
 	}
 	return nil
 }
@@ -302,13 +302,13 @@ func (c *Coordinator) TryRun(ctx context.Context, key, field string, f Filler) e
 // attempt is step 1: the lock attempt with the HGET queued behind it, in one
 // round trip (and the key's PTTL behind that for a TTLFiller). held is set
 // when another holder has the lock.
-func (c *Coordinator) attempt(ctx context.Context, key, field string, f Filler) (l *redislock.Lock, get reading, held *redislock.HeldError, err error) {
+func (c *Coordinator) attempt(ctx context.Context, key, field string, f Filler) (l *lock.Lock, get reading, held *lock.HeldError, err error) {
 	opCtx, cancel := c.op(ctx)
 	defer cancel()
 	_, withTTL := f.(TTLFiller)
 	// The closure writes only these locals: after a failed send it may
 	// still run, into variables nobody reads (not the results).
-	var q *redislock.Queued
+	var q *lock.Queued
 	var qerr error
 	var r reading
 	if err := c.send(opCtx, func(ctx context.Context, pipe redis.Pipeliner) {

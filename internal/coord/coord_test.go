@@ -12,7 +12,7 @@ import (
 
 	"github.com/cacheguard/cacheguard/internal/coord"
 	"github.com/cacheguard/cacheguard/internal/keyspace"
-	"github.com/cacheguard/cacheguard/internal/redislock"
+	"github.com/cacheguard/cacheguard/lock"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
@@ -259,8 +259,8 @@ func TestCoordinatorTakenOverWriteKeepsTheNewLock(t *testing.T) {
 	ctx := context.Background()
 	c, co := newCoordinator(t)
 	key := c.Prefix + ":{k}"
-	lc := redislock.New(c)
-	var other *redislock.Lock
+	lc := lock.New(c)
+	var other *lock.Lock
 	err := co.TryRun(ctx, key, "1", filler{load: func(ctx context.Context) ([]byte, time.Duration, error) {
 		c.Del(ctx, keyspace.Lock(key)) // the lease ran out...
 		var err error                  // ...and another process took the lock
@@ -384,8 +384,8 @@ func TestRunHeld(t *testing.T) {
 	c, co := newCoordinator(t)
 	other := coord.New(redistest.Connect(t).UniversalClient, c.Prefix+":ch", nil)
 	defer other.Close()
-	lc := redislock.New(c)
-	take := func(key string) *redislock.Lock {
+	lc := lock.New(c)
+	take := func(key string) *lock.Lock {
 		t.Helper()
 		pipe := c.Pipeline()
 		q, err := lc.Queue(ctx, pipe, keyspace.Lock(key), 500*time.Millisecond)
@@ -473,7 +473,7 @@ func TestWaitSeesALockReleasedUnwritten(t *testing.T) {
 	ctx := context.Background()
 	c, co := newCoordinator(t)
 	key := c.Prefix + ":{gone}"
-	l, err := redislock.New(c).Obtain(ctx, keyspace.Lock(key), time.Minute, nil)
+	l, err := lock.New(c).Obtain(ctx, keyspace.Lock(key), time.Minute, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,7 @@ import (
 
 	"github.com/cacheguard/cacheguard/internal/keyspace"
 	"github.com/cacheguard/cacheguard/internal/redisfail"
-	"github.com/cacheguard/cacheguard/internal/redislock"
+	"github.com/cacheguard/cacheguard/lock"
 )
 
 // reading is a read of a key's field, with the key's PTTL when the attempt
@@ -27,7 +27,7 @@ func (c *Coordinator) cached(ctx context.Context, r reading, f Filler) (done boo
 	case errors.Is(err, redis.Nil):
 		return false, nil
 	case err != nil:
-		return true, fmt.Errorf("loader: read: %w", redisfail.Wrap(err))
+		return true, fmt.Errorf("coord: read: %w", redisfail.Wrap(err))
 	}
 	if tf, ok := f.(TTLFiller); ok && r.pttl != nil {
 		if ttl, err := r.pttl.Result(); err == nil && ttl > 0 {
@@ -41,7 +41,7 @@ func (c *Coordinator) cached(ctx context.Context, r reading, f Filler) (done boo
 // and the write with the release and publish, or the release and publish
 // alone when it did not get that far (also when the load panics). It
 // returns errOvertaken when the write was refused.
-func (c *Coordinator) hold(ctx context.Context, l *redislock.Lock, key, field string, get reading, f Filler) error {
+func (c *Coordinator) hold(ctx context.Context, l *lock.Lock, key, field string, get reading, f Filler) error {
 	stop := l.KeepAlive(ctx, c.opts.LockTTL, func(err error) {
 		if c.opts.OnLockLost != nil {
 			c.opts.OnLockLost(key, err)

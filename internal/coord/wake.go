@@ -12,7 +12,7 @@ import (
 )
 
 // errClosed is returned by register after close.
-var errClosed = errors.New("loader: coordinator closed")
+var errClosed = errors.New("coord: coordinator closed")
 
 // waker fans one Redis pub/sub subscription out to the flights of this
 // process that wait for a key: one SUBSCRIBE per Coordinator, opened on the
@@ -40,7 +40,7 @@ func (w *waker) register(ctx context.Context, key string) (ch <-chan struct{}, c
 	if w.sub == nil {
 		sub, err := pubsub.Subscribe(ctx, w.rdb, w.channel, w.dispatch)
 		if err != nil {
-			return nil, nil, fmt.Errorf("loader: %w", err)
+			return nil, nil, fmt.Errorf("coord: %w", err)
 		}
 		w.sub, w.waiters = sub, map[string]map[chan struct{}]struct{}{}
 	}

@@ -1,4 +1,4 @@
-package redislock_test
+package lock_test
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	lock "github.com/cacheguard/cacheguard/internal/redislock"
+	"github.com/cacheguard/cacheguard/lock"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 

@@ -12,7 +12,6 @@ import (
 	"github.com/cacheguard/cacheguard/lock"
 )
 
-
 // TestOneWinnerOutOfHundred: 100 goroutines obtain one key at once through
 // the public Client: exactly one gets it. (internal/redislock tests the
 // rest of the lock against Redis.)

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cacheguard/cacheguard/lock"
 	"github.com/cacheguard/cacheguard/internal/redistest"
+	"github.com/cacheguard/cacheguard/lock"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }

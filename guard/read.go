@@ -2,225 +2,53 @@ package guard
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"sync"
-	"sync/atomic"
-	"time"
 
-	"github.com/redis/go-redis/v9"
-
-	"github.com/cacheguard/cacheguard/bloom"
-	"github.com/cacheguard/cacheguard/codec"
-	"github.com/cacheguard/cacheguard/internal/batch"
-	"github.com/cacheguard/cacheguard/internal/keyspace"
-	"github.com/cacheguard/cacheguard/internal/redisfail"
-	"github.com/cacheguard/cacheguard/lock"
+	"github.com/cacheguard/cacheguard/internal/aside"
 )
 
-// reader is the read path's state (Guard.rd).
-type reader struct {
-	batch    *batch.Batcher[readReq]   // every Get's read goes through it: concurrent reads share round trips (see runReads)
-	calls    sync.Pool                 // of *batch.Call[readReq], reused by read
-	shared   readGroup                 // with Local: one Redis read per value key at a time (see readShared)
-	credit   atomic.Int64              // > 0: recent reads missed: send the bloom probe with the HGET (see read)
-	locks    *lock.Client         // the locks reads take (see lockWithRead)
-	lockBias atomic.Int64              // > 0: reads that found nothing mostly loaded, and their locks were used (see Lock bias)
-	seen     atomic.Pointer[seenTable] // the IDs read lately, once a miss opened the gate (see lockWithRead)
-	ctxBound bool                      // the client bounds socket reads by ctx deadlines (see sendRead)
+// LoadFunc loads the value of id from the source of truth. It reports an ID
+// that does not exist with an error wrapping ErrNotFound (for example
+// fmt.Errorf("%w: %w", guard.ErrNotFound, sql.ErrNoRows)); any other error
+// fails the Get and is not cached.
+type LoadFunc[T any] func(ctx context.Context, id string) (T, error)
+
+// BatchLoadFunc loads the values of ids from the source of truth, for
+// GetMany. An ID missing from the map does not exist (it gets an empty
+// marker); an error fails every ID of the call and nothing is cached.
+type BatchLoadFunc[T any] func(ctx context.Context, ids []string) (map[string]T, error)
+
+// Get returns the value of id: from the cache, or from load on a miss (see
+// the package doc for the steps). It returns ErrNotFound (test with
+// errors.Is) when the ID does not exist, ErrInvalidKey for a malformed ID,
+// the load's error wrapped when load fails, ErrBusy, ErrClosed, ErrWrongType
+// when g is bound to another type, and errors wrapping ErrUnavailable when
+// Redis fails (never ErrNotFound). load runs on a context detached from ctx
+// and bounded by LoadTimeout, shared by every caller of id in this process
+// whose Get started before the load did; Get itself returns as soon as ctx
+// is done.
+func Get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, error) {
+	if g == nil || load == nil {
+		var zero T
+		return zero, errNil("Get")
+	}
+	return aside.Get(ctx, g.e, id, aside.LoadFunc[T](load))
 }
 
-// verdict is what the read round trip found.
-type verdict uint8
-
-const (
-	verdictMiss     verdict = iota // no entry, and the filter says maybe (or cannot say)
-	verdictRejected                // no entry, and the filter says absent
-	verdictEntry                   // a cached value or empty marker: raw
-)
-
-type readResult struct {
-	verdict verdict
-	raw     []byte
-	ttl     time.Duration   // the entry's remaining TTL in Redis, read with it when Local is on (0: unknown)
-	held    *lock.Lock // a miss's lock, taken with the read (see lockWithRead); the Get's flight uses it or gives it back
-}
-
-// read is the one round trip of every Get (step 3): the HGET of this
-// version's field of the value key, with the bloom probe pipelined before
-// it when recent reads missed (see missCredit), and with the entry's PTTL
-// when Local is on (a local copy must not outlive its entry). With
-// lockable, a read likely to miss takes the key's lock too, before the
-// HGET (see lockWithRead); a miss returns it in readResult.held, for the
-// Get's flight. Concurrent reads share round trips (see runReads). Redis
-// failures come back wrapping ErrUnavailable, and so does a deadline that
-// passes while the read waits for a round trip (Redis too slow); a
-// cancelled caller gets context.Canceled alone.
-func (g *Guard) read(ctx context.Context, id, vkey string, lockable bool) (readResult, error) {
-	f := g.bf.f.Load()
-	c := g.rd.calls.Get().(*batch.Call[readReq])
-	r := &c.Req
-	withTTL := g.local != nil
-	*r = readReq{id: id, vkey: vkey, withTTL: withTTL}
-	r.deadline, _ = ctx.Deadline()
-	probing := f != nil && g.rd.probing(withTTL)
-	if probing {
-		r.f = f
-		if lockable && g.lockWithRead(id) {
-			r.lockKey = keyspace.Lock(vkey)
-		}
+// GetMany returns the values of the ids that exist, in a map (an ID that
+// does not exist is not in it), for list pages and joins. One round trip
+// reads every ID's entry (with the bloom probes while reads miss; on a
+// cluster, each node its share in parallel): a warm page costs that alone.
+// The misses are loaded once per ID across processes, and those whose lock
+// this call takes load together in one call of load; IDs it does not return
+// get "not found" markers. With Options.Local, memory answers first.
+// Malformed IDs fail the call with ErrInvalidKey; if some IDs fail, the map
+// holds the others and the error joins the failures. When Redis cannot
+// answer, the misses load through in one call.
+func GetMany[T any](ctx context.Context, g *Guard, ids []string, load BatchLoadFunc[T]) (map[string]T, error) {
+	if g == nil || load == nil {
+		return nil, errNil("GetMany")
 	}
-	if err := g.sendRead(ctx, c); err != nil { // c may still be answered: not reused; a lock it took lapses
-		return readResult{}, g.readFailed(ctx, "read", id, err)
-	}
-	raw, err := r.get.Bytes()
-	var held *lock.Lock
-	if r.lockQ != nil {
-		held, _ = r.lockQ.Result(ctx) // not taken (another flight holds it, or Redis failed): the flight attempts as before
-	}
-	var ttl time.Duration
-	if withTTL {
-		ttl = max(r.pttl.Val(), 0)
-	}
-	probe := r.probe
-	*r = readReq{}
-	g.rd.calls.Put(c)
-	switch {
-	case err == nil:
-		if held != nil { // another process filled it: a lock for nothing
-			g.giveBack(held, vkey)
-			g.lockUseless()
-		}
-		g.sawRead(id)
-		g.rd.settle(withTTL, probing, 1, 0)
-		return readResult{verdict: verdictEntry, raw: raw, ttl: ttl}, nil
-	case !errors.Is(err, redis.Nil):
-		g.giveBack(held, vkey)
-		return readResult{}, g.readFailed(ctx, "read", id, err)
-	}
-	g.rd.settle(withTTL, probing, 0, 1)
-	var maybe bool
-	switch {
-	case f == nil: // not opened yet (New without Redis): fail open
-		_, err = g.filterSays(ctx, id, false, bloom.ErrNotReady)
-		return readResult{verdict: verdictMiss}, err
-	case probing:
-		maybe, err = probe.Result(ctx)
-	default: // the value went alone: ask the filter now
-		maybe, err = f.Test(ctx, id)
-	}
-	res, err := g.verdict(ctx, id, maybe, err)
-	switch {
-	case err != nil:
-		g.giveBack(held, vkey)
-	case res.verdict == verdictMiss:
-		res.held = held
-		g.lockUseful() // first: the first miss makes the table
-		g.sawRead(id)
-	default: // rejected: no load follows, and the lock lapses (see lockWithRead)
-		g.lockUseless()
-	}
-	return res, err
-}
-
-// sendRead sends a read (possibly with others: see runReads). A client
-// that bounds its socket reads by the ctx (ContextTimeoutEnabled) runs it
-// in the caller's goroutine. With any other client a stalled Redis would
-// hold the caller until the client's ReadTimeout and retries, past its
-// deadline: a read under a deadline then runs in a goroutine of its own,
-// and the caller waits for it at most half the time it has left, keeping
-// the rest to load through (the goroutine ends when the client gives up).
-func (g *Guard) sendRead(ctx context.Context, c *batch.Call[readReq]) error {
-	deadline, ok := ctx.Deadline()
-	if g.rd.ctxBound || !ok {
-		return g.rd.batch.Do(ctx, c)
-	}
-	done := make(chan error, 1)
-	go func() { done <- g.rd.batch.Do(ctx, c) }()
-	t := time.NewTimer(time.Until(deadline) / 2)
-	defer t.Stop()
-	select {
-	case err := <-done:
-		return err
-	case <-t.C:
-		return fmt.Errorf("read: no answer in half the Get's time left: %w", context.DeadlineExceeded)
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-// readFailed is what a read that got no answer returns, whether it failed
-// in Redis or waited for a round trip past its ctx. A cancelled caller (a
-// client that disconnected) gets ctx.Err() alone: not Redis failing, so
-// neither logged nor counted by the breaker. Anything else wraps
-// ErrUnavailable, a deadline too: the round trip did not end in time,
-// Redis is slow or gone, and the breaker must hear it (or every Get would
-// queue behind a frozen Redis until its deadline).
-func (g *Guard) readFailed(ctx context.Context, op, id string, err error) error {
-	if errors.Is(err, context.Canceled) && errors.Is(ctx.Err(), context.Canceled) {
-		return ctx.Err()
-	}
-	return g.fail(ctx, op, id, redisfail.Wrap(err))
-}
-
-// verdict turns the filter's answer for an ID with no cache entry into the
-// read's result.
-func (g *Guard) verdict(ctx context.Context, id string, maybe bool, err error) (readResult, error) {
-	if maybe, err = g.filterSays(ctx, id, maybe, err); err != nil {
-		return readResult{}, err
-	}
-	if !maybe {
-		return readResult{verdict: verdictRejected}, nil
-	}
-	return readResult{verdict: verdictMiss}, nil
-}
-
-// filterSays turns a bloom answer into the Guard's: a filter that is not
-// ready means "maybe" (fail open: counted, logged once per episode, and a
-// rebuild started if Filter.IDs is set); Redis failures wrap ErrUnavailable.
-func (g *Guard) filterSays(ctx context.Context, id string, maybe bool, err error) (bool, error) {
-	switch {
-	case err == nil:
-		if g.bf.bypassing.Load() && g.bf.bypassing.CompareAndSwap(true, false) {
-			g.log.InfoContext(ctx, "cacheguard: bloom filter answering again")
-		}
-		return maybe, nil
-	case errors.Is(err, bloom.ErrNotReady):
-		g.stats.bypasses.Add(1)
-		if g.bf.bypassing.CompareAndSwap(false, true) {
-			if g.opts.Filter.IDs == nil {
-				g.log.ErrorContext(ctx, "cacheguard: bloom filter not ready (never rebuilt, or lost by Redis) and Options.Filter.IDs is not set: "+
-					"unknown IDs reach the database until you call Rebuild")
-			} else {
-				g.log.WarnContext(ctx, "cacheguard: bloom filter not ready (never rebuilt, or lost by Redis); failing open while it is rebuilt")
-			}
-		}
-		g.autoRebuild("filter not ready")
-		return true, nil
-	default:
-		return false, g.readFailed(ctx, "bloom probe", id, err)
-	}
-}
-
-// peekKey is the context key under which Peek leaves what it read.
-type peekKey struct{}
-
-type peeked struct {
-	g        *Guard
-	id       string
-	r        readResult
-	answered bool        // Peek counted its "not found" (the middleware's 404): the Get answers it uncounted
-	used     atomic.Bool // a peek serves one Get: a later Get in the same request reads afresh
-}
-
-// peekedFor is the read a Peek left in ctx for this Get, if any; answered:
-// Peek already counted it as a "not found".
-func peekedFor(ctx context.Context, g *Guard, id string) (r readResult, ok, answered bool) {
-	p, ok := ctx.Value(peekKey{}).(*peeked)
-	if !ok || p.g != g || p.id != id || p.used.Swap(true) {
-		return readResult{}, false, false
-	}
-	return p.r, true, p.answered
+	return aside.GetMany(ctx, g.e, ids, aside.BatchLoadFunc[T](load))
 }
 
 // Peek does Get's read round trip (bloom probe and cache GET) without
@@ -234,43 +62,7 @@ func peekedFor(ctx context.Context, g *Guard, id string) (r readResult, ok, answ
 // ErrUnavailable; after Close, ErrClosed. A filter that is not ready answers
 // true (fail open). Before the Guard's first Get it asks the filter alone.
 func (g *Guard) Peek(ctx context.Context, id string) (context.Context, bool, error) {
-	pass, err := g.gate.enter()
-	if err != nil {
-		return ctx, false, err
-	}
-	defer g.gate.leave(pass)
-	vkey, err := g.keys.Value(id)
-	if err != nil {
-		return ctx, false, err
-	}
-	if g.bound.Load() == nil { // before the first Get: the entry's field (its type's) is not known
-		exists, err := g.MayExist(ctx, id)
-		return ctx, exists, err
-	}
-	if g.local != nil {
-		if _, st := g.local.get(id); st == localFresh { // Get will answer from memory
-			return ctx, true, nil
-		}
-	}
-	done, err := g.outage.before()
-	if err != nil { // the breaker is open: Redis is not asked
-		return ctx, false, fmt.Errorf("cacheguard: %s %q: read: %w", g.name, id, err)
-	}
-	r, err := g.read(ctx, id, vkey, true)
-	g.outage.after(done, err)
-	if err != nil {
-		return ctx, false, err
-	}
-	exists := true
-	switch { // answered here: the middleware writes 404 without a Get
-	case r.verdict == verdictRejected:
-		g.answered(ctx, outRejected, false, false)
-		exists = false
-	case r.verdict == verdictEntry && len(r.raw) == 1 && r.raw[0] == codec.KindEmpty:
-		g.answered(ctx, outEmpty, false, false)
-		exists = false
-	}
-	return context.WithValue(ctx, peekKey{}, &peeked{g: g, id: id, r: r, answered: !exists}), exists, nil
+	return g.e.Peek(ctx, id)
 }
 
 // MayExist asks only the bloom filter whether id may exist: false means the
@@ -280,21 +72,5 @@ func (g *Guard) Peek(ctx context.Context, id string) (context.Context, bool, err
 // true (fail open); Redis failures wrap ErrUnavailable; after Close,
 // ErrClosed.
 func (g *Guard) MayExist(ctx context.Context, id string) (bool, error) {
-	pass, err := g.gate.enter()
-	if err != nil {
-		return false, err
-	}
-	defer g.gate.leave(pass)
-	if err := g.keys.Check(id); err != nil {
-		return false, err
-	}
-	f, err := g.filter(ctx)
-	if err != nil {
-		return false, err
-	}
-	maybe, err := f.Test(ctx, id)
-	if maybe, err = g.filterSays(ctx, id, maybe, err); err == nil && !maybe {
-		g.answered(ctx, outRejected, false, false)
-	}
-	return maybe, err
+	return g.e.MayExist(ctx, id)
 }

@@ -1,10 +1,6 @@
 package guard
 
-import (
-	"context"
-	"errors"
-	"sync/atomic"
-)
+import "github.com/cacheguard/cacheguard/internal/aside"
 
 // Stats are a Guard's counters since New. The first group counts Get calls by
 // how they ended (each caller once, even when callers shared a flight); the
@@ -42,82 +38,14 @@ type Stats struct {
 	FilterNotReady bool
 }
 
-// counters is the live form of Stats; every field is updated atomically.
-// The outcomes every hit or reject counts are striped (see striped); the
-// rest are rare.
-type counters struct {
-	hits, empty, rejects, localHits                   striped
-	misses, coalesced                                 atomic.Uint64
-	loads, loadErrors, redisErrors, corrupt, bypasses atomic.Uint64
-	loadThroughs, shed, breakerOpens, abandonedLoads  atomic.Uint64
-	refreshes, schemaMisses, writesLost               atomic.Uint64
-}
-
-func (c *counters) count(o outcome, coalesced bool) {
-	switch o {
-	case outHit:
-		c.hits.Add(1)
-	case outEmpty:
-		c.empty.Add(1)
-	case outRejected:
-		c.rejects.Add(1)
-	case outLoaded:
-		c.misses.Add(1)
-	case outLocalHit:
-		c.localHits.Add(1)
-	}
-	if coalesced {
-		c.coalesced.Add(1)
-	}
-}
-
-// answered counts how one Get was answered, in Stats and, with
-// OpenTelemetry on, on the gets counter and the Get's span: every count of
-// an answer goes through here (or answeredMany). coalesced: from another
-// caller's flight; through: loaded without Redis (the outage policy).
-func (g *Guard) answered(ctx context.Context, o outcome, coalesced, through bool) {
-	g.stats.count(o, coalesced)
-	g.tel.settled(ctx, o, coalesced, through)
-}
-
-// answeredMany is answered for one ID of a GetMany: its span is the
-// GetMany's, which gets no per-ID outcome.
-func (g *Guard) answeredMany(ctx context.Context, o outcome, through bool) {
-	g.stats.count(o, false)
-	g.tel.counted(ctx, o, through)
-}
-
-// loaded counts n IDs asked of a load function, and their failure if err
-// is one (ErrNotFound is an answer, not a failure): every load of every
-// entry point is counted here.
-func (g *Guard) loaded(n int, err error) {
-	g.stats.loads.Add(uint64(n))
-	if err != nil && !errors.Is(err, ErrNotFound) {
-		g.stats.loadErrors.Add(uint64(n))
-	}
-}
-
-// Stats returns a snapshot of the Guard's counters.
-func (g *Guard) Stats() Stats {
-	c := &g.stats
-	cs := g.coord.Stats()
-	return Stats{
-		StaleWrites: cs.StaleWrites, LockWaits: cs.Waits, LockTimeouts: cs.Timeouts, Wakeups: cs.Wakeups,
-		Hits: c.hits.Load(), LocalHits: c.localHits.Load(), EmptyHits: c.empty.Load(), BloomRejects: c.rejects.Load(),
-		Misses: c.misses.Load(), Coalesced: c.coalesced.Load(),
-		Loads: c.loads.Load(), LoadErrors: c.loadErrors.Load(), RedisErrors: c.redisErrors.Load(),
-		CorruptValues: c.corrupt.Load(), SchemaMisses: c.schemaMisses.Load(), BloomBypasses: c.bypasses.Load(),
-		LoadThroughs: c.loadThroughs.Load(), Shed: c.shed.Load(), BreakerOpens: c.breakerOpens.Load(),
-		AbandonedLoads: c.abandonedLoads.Load(), Refreshes: c.refreshes.Load(),
-		Unwritten: uint64(g.unw.n.Load()), WritesLost: c.writesLost.Load(),
-		FilterNotReady: g.bf.bypassing.Load(),
-	}
-}
-
-// striped is a counter that parallel hits update without sharing a cache
-// line (see stripes). Load is exact once the adds have returned.
-type striped struct{ s stripes }
-
-func (c *striped) Add(n uint64) { c.s.add(c.s.pick(), int64(n)) }
-
-func (c *striped) Load() uint64 { return uint64(c.s.sum()) }
+// Outcome attribute values, one per Get.
+const (
+	OutcomeHit         = aside.OutcomeHit
+	OutcomeLocalHit    = aside.OutcomeLocalHit
+	OutcomeReject      = aside.OutcomeReject
+	OutcomeMarker      = aside.OutcomeMarker
+	OutcomeMiss        = aside.OutcomeMiss
+	OutcomeCoalesced   = aside.OutcomeCoalesced
+	OutcomeLoadThrough = aside.OutcomeLoadThrough
+	OutcomeError       = aside.OutcomeError
+)

@@ -1,4 +1,4 @@
-package guard
+package aside
 
 import (
 	"context"
@@ -27,7 +27,7 @@ type BatchLoadFunc[T any] func(ctx context.Context, ids []string) (map[string]T,
 // answers first. Malformed IDs fail the call with ErrInvalidKey; if some IDs
 // fail, the map holds the others and the error joins the failures. When
 // Redis cannot answer, the misses load through in one call.
-func GetMany[T any](ctx context.Context, g *Guard, ids []string, load BatchLoadFunc[T]) (map[string]T, error) {
+func GetMany[T any](ctx context.Context, g *Engine, ids []string, load BatchLoadFunc[T]) (map[string]T, error) {
 	if g == nil || load == nil {
 		return nil, errors.New("cacheguard: GetMany needs a non-nil Guard and load function")
 	}
@@ -41,13 +41,13 @@ func GetMany[T any](ctx context.Context, g *Guard, ids []string, load BatchLoadF
 }
 
 // getMany is GetMany without its span.
-func getMany[T any](ctx context.Context, g *Guard, ids []string, load BatchLoadFunc[T]) (map[string]T, error) {
+func getMany[T any](ctx context.Context, g *Engine, ids []string, load BatchLoadFunc[T]) (map[string]T, error) {
 	pass, err := g.gate.enter()
 	if err != nil {
 		return nil, err
 	}
 	defer g.gate.leave(pass)
-	if err := bind[T](g); err != nil {
+	if err := Bind[T](g); err != nil {
 		return nil, err
 	}
 	ids = dedupe(ids)
@@ -110,7 +110,7 @@ func getMany[T any](ctx context.Context, g *Guard, ids []string, load BatchLoadF
 // manyUnwritten loads through (as in an outage) the IDs whose writes have
 // not reached Redis, or were lost by it, and takes them out of ids, keys
 // and reads (nil: not read yet).
-func manyUnwritten[T any](ctx context.Context, g *Guard, ids, keys *[]string, reads *[]readResult, load BatchLoadFunc[T], out map[string]T) error {
+func manyUnwritten[T any](ctx context.Context, g *Engine, ids, keys *[]string, reads *[]readResult, load BatchLoadFunc[T], out map[string]T) error {
 	if g.unw.n.Load() == 0 {
 		return nil
 	}
@@ -139,7 +139,7 @@ func manyUnwritten[T any](ctx context.Context, g *Guard, ids, keys *[]string, re
 
 // localMany answers the IDs that the in-process cache holds (into out) and
 // returns the others, with their keys.
-func localMany[T any](ctx context.Context, g *Guard, ids, keys []string, out map[string]T) (restIDs, restKeys []string) {
+func localMany[T any](ctx context.Context, g *Engine, ids, keys []string, out map[string]T) (restIDs, restKeys []string) {
 	for i, id := range ids {
 		if v, st := fromLocal[T](g, id); st == localFresh {
 			out[id] = v
@@ -155,7 +155,7 @@ func localMany[T any](ctx context.Context, g *Guard, ids, keys []string, out map
 // same pipeline while recent reads missed (the adaptive order of read: a
 // warm page is one command per ID; otherwise the probes of the IDs that
 // had no entry follow in a second round trip).
-func (g *Guard) readMany(ctx context.Context, ids, keys []string) ([]readResult, error) {
+func (g *Engine) readMany(ctx context.Context, ids, keys []string) ([]readResult, error) {
 	done, err := g.outage.before()
 	if err != nil {
 		return nil, fmt.Errorf("cacheguard: %s: read: %w", g.name, err)
@@ -165,7 +165,7 @@ func (g *Guard) readMany(ctx context.Context, ids, keys []string) ([]readResult,
 	return out, err
 }
 
-func (g *Guard) readManyOnce(ctx context.Context, ids, keys []string) ([]readResult, error) {
+func (g *Engine) readManyOnce(ctx context.Context, ids, keys []string) ([]readResult, error) {
 	f := g.bf.f.Load()
 	local := g.local != nil
 	probeNow := f != nil && g.rd.probing(local)
@@ -231,7 +231,7 @@ func (g *Guard) readManyOnce(ctx context.Context, ids, keys []string) ([]readRes
 // fillMany runs GetMany's misses through the Coordinator, one goroutine per
 // ID (each ends by the flight bound: see Options.RedisTimeout), their loads
 // batched, and adds what they found to out.
-func fillMany[T any](ctx context.Context, g *Guard, ids, keys []string, load BatchLoadFunc[T], out map[string]T, epoch uint64) error {
+func fillMany[T any](ctx context.Context, g *Engine, ids, keys []string, load BatchLoadFunc[T], out map[string]T, epoch uint64) error {
 	b := newBatch(g, load, len(ids))
 	type answer struct {
 		id    string
@@ -308,7 +308,7 @@ func fillMany[T any](ctx context.Context, g *Guard, ids, keys []string, load Bat
 
 // loadManyThrough answers GetMany without Redis (the outage policy): one
 // call of load for every ID, uncached, within the load-through cap.
-func loadManyThrough[T any](ctx context.Context, g *Guard, ids []string, load BatchLoadFunc[T], out map[string]T, cause error) error {
+func loadManyThrough[T any](ctx context.Context, g *Engine, ids []string, load BatchLoadFunc[T], out map[string]T, cause error) error {
 	if g.outage.failFast {
 		return cause
 	}

@@ -1,4 +1,4 @@
-package guard
+package aside
 
 import (
 	"context"
@@ -35,7 +35,7 @@ var (
 // while a filter rebuild runs; see bloom.Filter.AddMany). Malformed IDs make
 // Add fail before any Redis command; Redis failures wrap ErrUnavailable,
 // and the write is replayed (see Stats.Unwritten).
-func (g *Guard) Add(ctx context.Context, ids ...string) error {
+func (g *Engine) Add(ctx context.Context, ids ...string) error {
 	return g.write(ctx, ids, func(keys []string) error {
 		f, err := g.filter(ctx)
 		if err != nil {
@@ -69,13 +69,13 @@ func (g *Guard) Add(ctx context.Context, ids ...string) error {
 // Invalidate instead, which never caches anything it did not read. A Set
 // that cannot reach Redis wraps ErrUnavailable and is replayed (as an
 // Invalidate; see Stats.Unwritten).
-func Set[T any](ctx context.Context, g *Guard, id string, v T) error {
+func Set[T any](ctx context.Context, g *Engine, id string, v T) error {
 	pass, err := g.gate.enter()
 	if err != nil {
 		return err
 	}
 	defer g.gate.leave(pass)
-	if err := bind[T](g); err != nil {
+	if err := Bind[T](g); err != nil {
 		return err
 	}
 	vkey, err := g.keys.Value(id)
@@ -98,7 +98,7 @@ func Set[T any](ctx context.Context, g *Guard, id string, v T) error {
 // of a deleted ID, in any process, answers ErrNotFound without calling the
 // loader. A re-created ID is servable again after its Add. A Delete that
 // cannot reach Redis wraps ErrUnavailable and is replayed (as an Invalidate).
-func (g *Guard) Delete(ctx context.Context, ids ...string) error {
+func (g *Engine) Delete(ctx context.Context, ids ...string) error {
 	return g.write(ctx, ids, func(keys []string) error {
 		return g.replace(ctx, "delete", nil, ids, keys, codec.Empty(), func() time.Duration { return g.jitter(g.opts.EmptyTTL) }, nil)
 	})
@@ -107,7 +107,7 @@ func (g *Guard) Delete(ctx context.Context, ids ...string) error {
 // replace runs replace.lua for each key (of ids) with frame (for ttl(),
 // called per key), registers add in the filter, and tells the in-memory
 // copies, in one round trip; this process keeps localCopy (nil: none).
-func (g *Guard) replace(ctx context.Context, op string, add, ids, keys []string, frame []byte, ttl func() time.Duration,
+func (g *Engine) replace(ctx context.Context, op string, add, ids, keys []string, frame []byte, ttl func() time.Duration,
 	localCopy *localEntry) error {
 	pipe := g.rdb.Pipeline()
 	var added *bloom.PendingAdd
@@ -142,7 +142,7 @@ func (g *Guard) replace(ctx context.Context, op string, add, ids, keys []string,
 // joins a flight that may have read older data, and the in-memory copies
 // are dropped (or replaced by copy) under a new epoch, so that a read made
 // before the write cannot store its copy after it.
-func (g *Guard) forget(keys []string, copy *localEntry) {
+func (g *Engine) forget(keys []string, copy *localEntry) {
 	for _, k := range keys {
 		g.flights.Forget(k)
 		if g.local != nil {
@@ -160,7 +160,7 @@ func (g *Guard) forget(keys []string, copy *localEntry) {
 
 // write runs a write of ids inside the gate, with their value keys (none:
 // nothing to do; a malformed ID: ErrInvalidKey before any Redis command).
-func (g *Guard) write(ctx context.Context, ids []string, fn func(keys []string) error) error {
+func (g *Engine) write(ctx context.Context, ids []string, fn func(keys []string) error) error {
 	pass, err := g.gate.enter()
 	if err != nil {
 		return err
@@ -175,7 +175,7 @@ func (g *Guard) write(ctx context.Context, ids []string, fn func(keys []string) 
 
 // valueKeys returns the value keys of ids, or ErrInvalidKey before any Redis
 // command.
-func (g *Guard) valueKeys(ids []string) ([]string, error) {
+func (g *Engine) valueKeys(ids []string) ([]string, error) {
 	keys := make([]string, 0, len(ids))
 	for _, id := range ids {
 		k, err := g.keys.Value(id)
@@ -213,7 +213,7 @@ func firstErr(err error, cmds []*redis.Cmd) error {
 // may have read the old data, and every process's in-memory copy
 // (Options.Local) is dropped. One round trip. An Invalidate that cannot
 // reach Redis wraps ErrUnavailable and is replayed (see Stats.Unwritten).
-func (g *Guard) Invalidate(ctx context.Context, ids ...string) error {
+func (g *Engine) Invalidate(ctx context.Context, ids ...string) error {
 	return g.write(ctx, ids, func(keys []string) error {
 		// One DEL per ID (value and lock share a slot; IDs do not),
 		// and a message per ID for the processes that keep values in memory
@@ -230,7 +230,7 @@ func (g *Guard) Invalidate(ctx context.Context, ids ...string) error {
 
 // queueInvalidate queues, for each key, the DEL of its entry and load lock
 // and the message that drops in-memory copies in other processes.
-func (g *Guard) queueInvalidate(ctx context.Context, pipe redis.Pipeliner, keys []string) {
+func (g *Engine) queueInvalidate(ctx context.Context, pipe redis.Pipeliner, keys []string) {
 	for _, k := range keys {
 		pipe.Del(ctx, voids(k)...)
 		pipe.Publish(ctx, g.keys.Invalidated(), k)
@@ -245,7 +245,7 @@ func (g *Guard) queueInvalidate(ctx context.Context, pipe redis.Pipeliner, keys 
 // reported absent during a rebuild. It waits for this Guard's automatic
 // rebuild, if one runs; if it fails and Filter.IDs is set, the Guard goes
 // on trying in the background. opts may be nil.
-func (g *Guard) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts *bloom.RebuildOptions) (int, error) {
+func (g *Engine) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts *bloom.RebuildOptions) (int, error) {
 	pass, err := g.gate.enter()
 	if err != nil {
 		return 0, err
@@ -267,7 +267,7 @@ func (g *Guard) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts 
 
 // Info describes the Guard's bloom filter as it is in Redis (see bloom.Info;
 // it counts bits, so keep it off the request path).
-func (g *Guard) Info(ctx context.Context) (bloom.Info, error) {
+func (g *Engine) Info(ctx context.Context) (bloom.Info, error) {
 	pass, err := g.gate.enter()
 	if err != nil {
 		return bloom.Info{}, err

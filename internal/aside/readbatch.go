@@ -1,4 +1,4 @@
-package guard
+package aside
 
 import (
 	"context"
@@ -41,7 +41,7 @@ const readBatchMax = 256
 // goroutine of its own (package batch) on the leading caller's ctx without
 // its cancellation, until the latest of their deadlines, and at most
 // RedisTimeout; each Get, the leading one too, leaves at its own.
-func (g *Guard) runReads(ctx context.Context, calls []*batch.Call[readReq]) {
+func (g *Engine) runReads(ctx context.Context, calls []*batch.Call[readReq]) {
 	field := g.bound.Load().fieldArg // every read follows a bind
 	due := g.marks.due()             // a check of the marks rides along (lost.go)
 	if len(calls) == 1 && calls[0].Req.f == nil && !calls[0].Req.withTTL && calls[0].Req.lockKey == "" && !due {

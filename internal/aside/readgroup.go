@@ -1,4 +1,4 @@
-package guard
+package aside
 
 import (
 	"context"
@@ -97,7 +97,7 @@ type sharedRead struct {
 // one gave up (see readGroup). With lockable, the read may take the key's
 // lock (see lockWithRead); the result carries it to the caller whose read
 // it was, and to no other.
-func (g *Guard) readShared(ctx context.Context, id, vkey string, from since, lockable bool) (readResult, error) {
+func (g *Engine) readShared(ctx context.Context, id, vkey string, from since, lockable bool) (readResult, error) {
 	for range 3 { // a second read already starts after this caller: see below
 		sr, shared, err := g.rd.shared.do(ctx, vkey, func(ctx context.Context) (sharedRead, error) {
 			sr := sharedRead{started: g.starts.Add(1)}

@@ -1,4 +1,4 @@
-package guard
+package aside
 
 import (
 	"context"
@@ -42,7 +42,7 @@ func stale(raw []byte) bool {
 // goroutine belongs to the Guard (tracked by background, cancelled by
 // Close; flush waits for it too); it is started from inside the gate, so
 // Close cannot miss it.
-func refresh[T any](g *Guard, id, vkey string, raw []byte, load LoadFunc[T]) {
+func refresh[T any](g *Engine, id, vkey string, raw []byte, load LoadFunc[T]) {
 	if !stale(raw) {
 		return
 	}

@@ -1,4 +1,4 @@
-package guard
+package aside
 
 import (
 	"context"
@@ -142,7 +142,7 @@ type queuedMarks struct {
 
 // queueMarks queues the increments of the marks of keys (the value keys of
 // ids) into pipe.
-func (g *Guard) queueMarks(ctx context.Context, pipe redis.Pipeliner, ids, keys []string) *queuedMarks {
+func (g *Engine) queueMarks(ctx context.Context, pipe redis.Pipeliner, ids, keys []string) *queuedMarks {
 	m := g.marks
 	q := &queuedMarks{ids: ids, slots: make([]uint16, len(keys)), incr: make([]*redis.IntCmd, len(keys))}
 	seen := map[uint16]bool{}
@@ -161,7 +161,7 @@ func (g *Guard) queueMarks(ctx context.Context, pipe redis.Pipeliner, ids, keys 
 // landed records the writes whose marks advanced. A mark given twice says
 // Redis went back to before the first: the writes it counted since are
 // lost. (Replies of one mark may come back out of order; never twice.)
-func (g *Guard) landed(ctx context.Context, q *queuedMarks) {
+func (g *Engine) landed(ctx context.Context, q *queuedMarks) {
 	m := g.marks
 	now := time.Now()
 	var lost []string
@@ -252,7 +252,7 @@ type check struct {
 
 // queueCheck queues a due check into pipe if no other is in flight (it
 // then holds m.check until endCheck); nil otherwise.
-func (g *Guard) queueCheck(ctx context.Context, pipe redis.Pipeliner) *check {
+func (g *Engine) queueCheck(ctx context.Context, pipe redis.Pipeliner) *check {
 	m := g.marks
 	if !m.due() || !m.check.TryLock() {
 		return nil
@@ -281,7 +281,7 @@ func (g *Guard) queueCheck(ctx context.Context, pipe redis.Pipeliner) *check {
 // endCheck finishes c after its round trip (nil: none rode in it): it
 // replays what Redis lost. Without c, a due check is waited for, or made
 // now in a round trip of its own. A failed check is tried by the next read.
-func (g *Guard) endCheck(ctx context.Context, c *check) {
+func (g *Engine) endCheck(ctx context.Context, c *check) {
 	m := g.marks
 	if c == nil {
 		if !m.due() {
@@ -330,7 +330,7 @@ func (g *Guard) endCheck(ctx context.Context, c *check) {
 // writesLost replays the writes Redis lost (all the Guard's entries, with
 // overflow), and rebuilds the filter from Filter.IDs: the bits of lost Adds
 // are gone too.
-func (g *Guard) writesLost(ids []string, overflow bool) {
+func (g *Engine) writesLost(ids []string, overflow bool) {
 	g.stats.writesLost.Add(uint64(len(ids)) + uint64(b2i(overflow)))
 	g.log.Warn("cacheguard: redis lost acknowledged writes (a restart from an older dump, or a failover to a lagging "+
 		"replica): they are replayed, and the filter rebuilt", "ids", len(ids), "all_entries", overflow,
@@ -342,7 +342,7 @@ func (g *Guard) writesLost(ids []string, overflow bool) {
 
 // refused says once, at ERROR, that the ACL refuses a command the Guard
 // needs for what.
-func (g *Guard) refused(ctx context.Context, what string, err error) {
+func (g *Engine) refused(ctx context.Context, what string, err error) {
 	g.log.ErrorContext(ctx, "cacheguard: redis refuses a command the Guard needs (ACL?); "+what+" cannot work "+
 		"(docs/operations.md, Redis ACL)", "err", redisfail.Wrap(err))
 }

@@ -1,4 +1,4 @@
-package guard
+package aside
 
 import (
 	"context"
@@ -24,7 +24,7 @@ type LoadFunc[T any] func(ctx context.Context, id string) (T, error)
 // and bounded by LoadTimeout, shared by every caller of id in this process
 // whose Get started before the load did; Get itself returns as soon as ctx
 // is done.
-func Get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, error) {
+func Get[T any](ctx context.Context, g *Engine, id string, load LoadFunc[T]) (T, error) {
 	if g == nil || load == nil {
 		var zero T
 		return zero, errors.New("cacheguard: Get needs a non-nil Guard and load function")
@@ -39,9 +39,9 @@ func Get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 }
 
 // get is Get without its span.
-func get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, error) {
+func get[T any](ctx context.Context, g *Engine, id string, load LoadFunc[T]) (T, error) {
 	var zero T
-	if err := bind[T](g); err != nil {
+	if err := Bind[T](g); err != nil {
 		return zero, err
 	}
 	// Before the local copy too: a read made after a failover, before the
@@ -120,7 +120,7 @@ var afterRead func(id string)
 // getUnwritten answers a Get of an ID whose last write did not reach Redis
 // from the load function alone, as in an outage, until the write is
 // replayed (replay.go).
-func getUnwritten[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, error) {
+func getUnwritten[T any](ctx context.Context, g *Engine, id string, load LoadFunc[T]) (T, error) {
 	pass, err := g.gate.enter()
 	if err != nil {
 		var zero T
@@ -154,7 +154,7 @@ func (from since) startedBefore(n uint64) bool { return n <= from.at }
 // readFor is step 3 for a caller that started at from: the probe and the
 // read (see read), or with Options.Local a read shared with the ID's other
 // callers (see readShared).
-func (g *Guard) readFor(ctx context.Context, id, vkey string, from since) (readResult, error) {
+func (g *Engine) readFor(ctx context.Context, id, vkey string, from since) (readResult, error) {
 	if g.local != nil {
 		return g.readShared(ctx, id, vkey, from, true)
 	}
@@ -165,7 +165,7 @@ func (g *Guard) readFor(ctx context.Context, id, vkey string, from since) (readR
 // (ErrNotFound) or a value, which it keeps in the local cache and perhaps
 // refreshes. ok is false when the read answers nothing (a miss, or a
 // corrupt entry, dropped): load.
-func answerRead[T any](ctx context.Context, g *Guard, id, vkey string, r readResult, load LoadFunc[T], from since) (v T, ok bool, err error) {
+func answerRead[T any](ctx context.Context, g *Engine, id, vkey string, r readResult, load LoadFunc[T], from since) (v T, ok bool, err error) {
 	switch r.verdict {
 	case verdictRejected:
 		g.answered(ctx, outRejected, false, false)
@@ -191,7 +191,7 @@ func answerRead[T any](ctx context.Context, g *Guard, id, vkey string, r readRes
 // it; once Close has begun, it answers nothing and the caller's gate.enter
 // reports ErrClosed. IDs are not checked here: a malformed one was never
 // stored, so it misses and Get refuses it afterwards.
-func localHit[T any](ctx context.Context, g *Guard, id string) (T, localState) {
+func localHit[T any](ctx context.Context, g *Engine, id string) (T, localState) {
 	if g.gate.closed.Load() {
 		var zero T
 		return zero, localNone
@@ -205,7 +205,7 @@ func localHit[T any](ctx context.Context, g *Guard, id string) (T, localState) {
 
 // fromLocal is the copy of id in process memory, if there is one that
 // decodes (one that does not is dropped).
-func fromLocal[T any](g *Guard, id string) (T, localState) {
+func fromLocal[T any](g *Engine, id string) (T, localState) {
 	var zero T
 	e, st := g.local.get(id)
 	if st != localFresh {

@@ -1,4 +1,4 @@
-package guard
+package aside
 
 import (
 	"context"
@@ -77,7 +77,7 @@ func (s *seenTable) seen(id string) bool {
 // should take the key's lock too (see above). The table is allocated when
 // the first miss opens the gate: a Guard whose reads always hit never has
 // one.
-func (g *Guard) lockWithRead(id string) bool {
+func (g *Engine) lockWithRead(id string) bool {
 	if g.rd.lockBias.Load() <= 0 {
 		return false
 	}
@@ -88,7 +88,7 @@ func (g *Guard) lockWithRead(id string) bool {
 // sawRead records, after a read, that this process read id: a hit, or a
 // miss whose flight is about to fill it (the ID's other callers here then
 // join that flight instead of taking its lock).
-func (g *Guard) sawRead(id string) {
+func (g *Engine) sawRead(id string) {
 	if s := g.rd.seen.Load(); s != nil {
 		s.saw(id)
 	}
@@ -108,7 +108,7 @@ const (
 
 // lockUseful records a miss (see Lock bias); the first one makes the table
 // of IDs read lately.
-func (g *Guard) lockUseful() {
+func (g *Engine) lockUseful() {
 	if g.rd.seen.Load() == nil {
 		g.rd.seen.CompareAndSwap(nil, &seenTable{seed: maphash.MakeSeed()})
 	}
@@ -119,7 +119,7 @@ func (g *Guard) lockUseful() {
 
 // lockUseless records a reject, or a lock a read took for an entry that
 // was there (see Lock bias).
-func (g *Guard) lockUseless() {
+func (g *Engine) lockUseless() {
 	if g.rd.lockBias.Add(-lockPenalty) < 0 {
 		g.rd.lockBias.Store(0)
 	}
@@ -128,7 +128,7 @@ func (g *Guard) lockUseless() {
 // giveBack releases a lock that a read took and its Get did not use, in a
 // goroutine of the Guard's: the Get does not wait for it. Close waits for
 // it (and cancels it: the lock then lapses); flush too.
-func (g *Guard) giveBack(l *lock.Lock, vkey string) {
+func (g *Engine) giveBack(l *lock.Lock, vkey string) {
 	if l == nil {
 		return
 	}

@@ -1,4 +1,4 @@
-package guard
+package aside
 
 import (
 	"context"
@@ -35,7 +35,7 @@ type filterState struct {
 // Options.Local, the invalidation subscription that makes the local cache
 // safe to use. Each step is done once; connect can be called again after a
 // failure. Errors wrap ErrUnavailable or come from the filter (ErrMismatch).
-func (g *Guard) connect(ctx context.Context) error {
+func (g *Engine) connect(ctx context.Context) error {
 	if g.bf.f.Load() == nil {
 		f, err := bloom.Open(ctx, g.rdb, g.keys.Filter().Base(), g.bf.opts)
 		if err != nil {
@@ -64,7 +64,7 @@ func (g *Guard) connect(ctx context.Context) error {
 // allkeys-* policy: it may evict the filter, which has no TTL, where
 // volatile-* evicts the values and markers alone (they all have one).
 // An ACL that refuses INFO is said once too: the policy is then unknown.
-func (g *Guard) checkEviction(ctx context.Context) {
+func (g *Engine) checkEviction(ctx context.Context) {
 	if !g.bf.evictionChecked.CompareAndSwap(false, true) {
 		return
 	}
@@ -105,7 +105,7 @@ func (g *Guard) checkEviction(ctx context.Context) {
 
 // filter returns the Guard's bloom filter, opening it now if New could not
 // (Redis was down then).
-func (g *Guard) filter(ctx context.Context) (*bloom.Filter, error) {
+func (g *Engine) filter(ctx context.Context) (*bloom.Filter, error) {
 	if f := g.bf.f.Load(); f != nil {
 		return f, nil
 	}
@@ -120,7 +120,7 @@ func (g *Guard) filter(ctx context.Context) (*bloom.Filter, error) {
 // background; Close ends it). Until then Gets read the value alone (the
 // filter fails open), without the local cache, or load through while Redis
 // stays down.
-func (g *Guard) connectLater() {
+func (g *Engine) connectLater() {
 	g.bg.wg.Add(1)
 	go func() {
 		defer g.bg.wg.Done()
@@ -145,7 +145,7 @@ func (g *Guard) connectLater() {
 
 // checkClient warns (once, at New) about client settings under which ctx
 // deadlines do not bound a Get.
-func (g *Guard) checkClient(ctx context.Context) {
+func (g *Engine) checkClient(ctx context.Context) {
 	var ctxTimeouts bool
 	var dialRetries int
 	switch c := g.rdb.(type) {
@@ -191,7 +191,7 @@ const (
 // wait short. It is the one retry loop of the Guard's background work.
 // Call it from inside the gate (or from New), so that Close, which shuts
 // the gate before it waits, cannot miss one.
-func (g *Guard) retry(attempt func() bool, end func(), wake <-chan struct{}) {
+func (g *Engine) retry(attempt func() bool, end func(), wake <-chan struct{}) {
 	g.bg.wg.Add(1)
 	go func() {
 		defer g.bg.wg.Done()
@@ -224,7 +224,7 @@ const (
 // while the filter is not ready (or stale: Redis lost writes, lost.go): one at a time per
 // Guard, until it lands, the filter is found ready, or the Guard closes.
 // cause is logged with the rebuild.
-func (g *Guard) autoRebuild(cause string) {
+func (g *Engine) autoRebuild(cause string) {
 	if g.opts.Filter.IDs == nil || !g.bf.rebuilding.CompareAndSwap(false, true) {
 		return
 	}
@@ -233,7 +233,7 @@ func (g *Guard) autoRebuild(cause string) {
 
 // rebuildOnce makes one attempt: it reports whether the filter is ready now
 // (rebuilt here or by another process) or there is nothing to do.
-func (g *Guard) rebuildOnce(cause string) (done bool) {
+func (g *Engine) rebuildOnce(cause string) (done bool) {
 	ctx, cancel := context.WithCancel(g.bg.ctx) // Close cancels it
 	defer cancel()
 	defer func() { // Filter.IDs is the application's code: a panic fails this attempt only
@@ -298,7 +298,7 @@ func (g *Guard) rebuildOnce(cause string) (done bool) {
 
 // autoWaiting reports whether this Guard's back-off since its last
 // automatic rebuild is still running.
-func (g *Guard) autoWaiting() bool {
+func (g *Engine) autoWaiting() bool {
 	g.bf.mu.Lock()
 	defer g.bf.mu.Unlock()
 	return time.Since(g.bf.lastAuto) < g.bf.autoWait
@@ -308,7 +308,7 @@ func (g *Guard) autoWaiting() bool {
 // back-off since the last start, here or in another process, is over
 // (auto_rebuild.lua keeps it in Redis; autoWaiting, in this process, should
 // an evicting Redis drop that key).
-func (g *Guard) mayAutoRebuild(ctx context.Context) bool {
+func (g *Engine) mayAutoRebuild(ctx context.Context) bool {
 	wait, err := autoRebuildScript.Run(ctx, g.rdb, []string{g.keys.Filter().AutoRebuilt()},
 		autoMin.Milliseconds(), autoMax.Milliseconds()).Int64()
 	if err != nil || wait == 0 {

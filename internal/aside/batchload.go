@@ -1,4 +1,4 @@
-package guard
+package aside
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 // batch loads the IDs that asked, in one call. A miss that asks after that
 // (it waited, then took over from a holder that died) loads on its own.
 type batchLoad[T any] struct {
-	g    *Guard
+	g    *Engine
 	load BatchLoadFunc[T]
 
 	mu        sync.Mutex    // guards the fields below, and every member's decided
@@ -33,7 +33,7 @@ type member[T any] struct {
 	decided bool // guarded by b.mu
 }
 
-func newBatch[T any](g *Guard, load BatchLoadFunc[T], n int) *batchLoad[T] {
+func newBatch[T any](g *Engine, load BatchLoadFunc[T], n int) *batchLoad[T] {
 	return &batchLoad[T]{g: g, load: load, undecided: n, done: make(chan struct{})}
 }
 

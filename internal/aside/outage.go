@@ -1,4 +1,4 @@
-package guard
+package aside
 
 import (
 	"context"
@@ -55,7 +55,7 @@ type outage struct {
 	lastSlotReload atomic.Int64
 }
 
-func newOutage(o OutageOptions, g *Guard) (*outage, error) {
+func newOutage(o OutageOptions, g *Engine) (*outage, error) {
 	if o.MaxLoads == 0 {
 		o.MaxLoads = 16
 	}
@@ -125,7 +125,7 @@ func (o *outage) after(done func(error), err error) {
 
 // admit takes one of the MaxLoads load-through slots (release it with
 // slots.Release(1)), or counts the Get shed and says the cap is reached.
-func (o *outage) admit(g *Guard, what string) error {
+func (o *outage) admit(g *Engine, what string) error {
 	if o.slots.TryAcquire(1) {
 		return nil
 	}
@@ -148,7 +148,7 @@ func reply(err error) bool {
 // the outage policy. cause is the Redis failure that sent it here. Loads are
 // merged per ID in this process (a flight keyed apart from the fill flights)
 // under the same started-after rule as fill (join), and capped by MaxLoads.
-func loadThrough[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T], from since, cause error) (T, error) {
+func loadThrough[T any](ctx context.Context, g *Engine, id, vkey string, load LoadFunc[T], from since, cause error) (T, error) {
 	var zero T
 	if g.outage.failFast || ctx.Err() != nil { // a caller whose ctx ended (its read timed out) gets nothing from a load
 		return zero, cause

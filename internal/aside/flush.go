@@ -1,4 +1,4 @@
-package guard
+package aside
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 // loaded, or given up (another process held the key, a write overtook the
 // load, or Redis failed: logged). Close waits for these too; tests call
 // flush through export_test.go.
-func (g *Guard) flush(ctx context.Context) error {
+func (g *Engine) flush(ctx context.Context) error {
 	for _, done := range g.pending.snapshot() {
 		select {
 		case <-done:

@@ -1,4 +1,4 @@
-package guard
+package aside
 
 import (
 	"context"
@@ -73,7 +73,7 @@ func (u *unwritten) wakeReplay() {
 // unwrittenAfter keeps ids if err says their write did not reach Redis,
 // and starts the replay (a write that landed is remembered by its mark:
 // lost.go). It returns err.
-func (g *Guard) unwrittenAfter(ctx context.Context, ids []string, err error) error {
+func (g *Engine) unwrittenAfter(ctx context.Context, ids []string, err error) error {
 	if errors.Is(err, ErrUnavailable) && ctx.Err() == nil {
 		g.keep(ids, false, "cacheguard: a write did not reach redis; this process loads those IDs through until it is replayed", err)
 	}
@@ -83,7 +83,7 @@ func (g *Guard) unwrittenAfter(ctx context.Context, ids []string, err error) err
 // keep adds ids to the unwritten set (with overflow, every ID: the Guard's
 // entries are dropped) and starts the replay if it is not running (logging
 // why, once per replay).
-func (g *Guard) keep(ids []string, overflow bool, why string, err error) {
+func (g *Engine) keep(ids []string, overflow bool, why string, err error) {
 	u := &g.unw
 	u.mu.Lock()
 	if u.ids == nil {
@@ -124,7 +124,7 @@ func b2i(b bool) int64 {
 // reports done when none is left; it then ends the replay under the mutex,
 // so an ID kept after that starts a new one. A failed round trip returns
 // false: retry waits, then calls it again.
-func (g *Guard) replayOnce() (done bool) {
+func (g *Engine) replayOnce() (done bool) {
 	u := &g.unw
 	for {
 		u.mu.Lock()
@@ -163,7 +163,7 @@ func (g *Guard) replayOnce() (done bool) {
 
 // replayBatch replays batch's IDs and, with dropAll, deletes every entry of
 // the Guard; it reports whether all of it reached Redis.
-func (g *Guard) replayBatch(batch map[string]uint64, dropAll bool) bool {
+func (g *Engine) replayBatch(batch map[string]uint64, dropAll bool) bool {
 	ctx, cancel := context.WithTimeout(g.bg.ctx, 4*g.opts.Tuning.RedisTimeout)
 	defer cancel()
 	if err := g.rewrite(ctx, slices.Collect(maps.Keys(batch))); err != nil {
@@ -191,7 +191,7 @@ func (g *Guard) replayBatch(batch map[string]uint64, dropAll bool) bool {
 // rewrite is the replay of ids' writes, in one round trip: they join the
 // filter, and their entries and load locks are deleted, with the message
 // that drops in-memory copies elsewhere.
-func (g *Guard) rewrite(ctx context.Context, ids []string) error {
+func (g *Engine) rewrite(ctx context.Context, ids []string) error {
 	keys, err := g.valueKeys(ids)
 	if err != nil {
 		return err
@@ -216,7 +216,7 @@ func (g *Guard) rewrite(ctx context.Context, ids []string) error {
 // dropEntries deletes every value key of the Guard, with its lock, on every
 // master: the writes that did not fit the unwritten set are replayed all at
 // once.
-func (g *Guard) dropEntries(ctx context.Context) error {
+func (g *Engine) dropEntries(ctx context.Context) error {
 	match := g.keys.Values()
 	return eachMaster(ctx, g.rdb, func(ctx context.Context, c redis.Cmdable) error {
 		it := c.Scan(ctx, 0, match, 1000).Iterator()

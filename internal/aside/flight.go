@@ -1,4 +1,4 @@
-package guard
+package aside
 
 import (
 	"context"
@@ -23,7 +23,7 @@ type joined[T any] struct {
 // (no write made or heard since). Every caller is answered when the flight
 // ends, after its write, release and publish ran in Redis: a process may
 // exit as soon as its Gets return, and must not leave the lock behind.
-func join[T any](ctx context.Context, g *Guard, key string, from since, proto call[T],
+func join[T any](ctx context.Context, g *Engine, key string, from since, proto call[T],
 	fly func(c *call[T], ctx context.Context) (flight, error),
 ) (joined[T], error) {
 	serves := func(fl flight) bool { // the rule above
@@ -50,7 +50,7 @@ func join[T any](ctx context.Context, g *Guard, key string, from since, proto ca
 // joinServed joins flights of key until one serves the caller (join), four
 // times at most: the one retry loop of fill and loadThrough. Between two
 // rounds reread, if set, may answer instead (it reports whether it did).
-func joinServed[T any](ctx context.Context, g *Guard, key string, from since, proto call[T],
+func joinServed[T any](ctx context.Context, g *Engine, key string, from since, proto call[T],
 	fly func(c *call[T], ctx context.Context) (flight, error), reread func() bool,
 ) (j joined[T], err error) {
 	for attempt := 0; ; attempt++ {
@@ -64,7 +64,7 @@ func joinServed[T any](ctx context.Context, g *Guard, key string, from since, pr
 
 // answerJoined is a caller's answer from its flight: counted, a panic made
 // ErrLoaderPanic, and its own copy of the value. through: a load-through.
-func answerJoined[T any](ctx context.Context, g *Guard, id string, j joined[T], err error, through bool) (T, error) {
+func answerJoined[T any](ctx context.Context, g *Engine, id string, j joined[T], err error, through bool) (T, error) {
 	g.answered(ctx, j.fl.outcome, j.shared && !j.mine, through)
 	if err != nil {
 		var zero T
@@ -79,6 +79,6 @@ func answerJoined[T any](ctx context.Context, g *Guard, id string, j joined[T], 
 // noWriteHeard reports whether the local cache heard of no write between
 // two epochs read while it was armed (arming raises the epoch, so an epoch
 // read before the subscription never equals one read after it).
-func (g *Guard) noWriteHeard(then, now uint64) bool {
+func (g *Engine) noWriteHeard(then, now uint64) bool {
 	return g.local != nil && then != 0 && then == now && g.local.sub.Load() != nil
 }

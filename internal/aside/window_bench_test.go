@@ -1,4 +1,4 @@
-package guard
+package aside
 
 import (
 	"context"
@@ -23,7 +23,7 @@ import (
 func BenchmarkInvalidationWindow(b *testing.B) {
 	ctx := context.Background()
 	c := redistest.Connect(b)
-	open := func() *Guard {
+	open := func() *Engine {
 		g, err := New(ctx, redistest.Connect(b), "window", &Options{
 			KeyPrefix: c.Prefix,
 			Local:     &LocalOptions{TTL: time.Minute},

@@ -1,4 +1,4 @@
-package guard
+package aside
 
 import (
 	"context"
@@ -19,7 +19,7 @@ import (
 // caller's read took it (see lockWithRead): the flight the caller starts
 // loads under it; if the caller joins a flight already under way instead,
 // it gives the lock back.
-func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T], from since, held *lock.Lock) (T, error) {
+func fill[T any](ctx context.Context, g *Engine, id, vkey string, load LoadFunc[T], from since, held *lock.Lock) (T, error) {
 	// Between rounds: the flight that ended has written its answer (or
 	// another's write deleted it), and a read that starts now usually finds
 	// it, one round trip where a flight would take two. The callers in this
@@ -51,7 +51,7 @@ func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T
 // goroutine), and the caller that started it reads it after the flight
 // returned, so it needs no lock.
 type call[T any] struct {
-	g        *Guard
+	g        *Engine
 	id, vkey string
 	load     LoadFunc[T]
 

@@ -1,0 +1,212 @@
+// Package guard puts a guard in front of cache-aside reads on Redis: floods
+// of unknown IDs never reach the database (penetration), a hot key that
+// expires is loaded once across all processes (stampede), and TTLs are spread
+// so keys loaded together do not expire together (avalanche).
+//
+// Open one [Guard] per kind of entity with [New] (give [FilterOptions] an
+// ID source, or call [Guard.Rebuild]), read with [Get] or a typed handle
+// from [For], and after each committed write call [Set] for an upsert (it
+// adds the ID to the filter too), [Guard.Delete] for a delete, or
+// [Guard.Invalidate]. A Get takes five steps: (1) the ID is checked, (2)
+// with [LocalOptions] process memory answers, (3) one round trip reads the
+// bloom filter, the value and any "not found" marker, (4) a value, a reject
+// or a marker answers, (5) a miss joins the ID's flight, which loads under a
+// per-key Redis lock and writes before it answers. When Redis cannot answer
+// it loads through; every error Redis causes wraps [ErrUnavailable].
+package aside
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"sync"
+	"sync/atomic"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/bloom"
+	"github.com/cacheguard/cacheguard/internal/batch"
+	"github.com/cacheguard/cacheguard/internal/coord"
+	"github.com/cacheguard/cacheguard/internal/keyspace"
+	"github.com/cacheguard/cacheguard/lock"
+	"github.com/cacheguard/cacheguard/loader"
+)
+
+// Guard guards the reads of one kind of entity. It is safe for concurrent use.
+type Engine struct {
+	rdb  redis.UniversalClient
+	name string
+	opts Options // resolved: no zero fields
+	keys keyspace.Guard
+	log  *slog.Logger
+
+	gate         gate                        // every entry point passes it; Close shuts it
+	bound        atomic.Pointer[typeBinding] // the type values decode into, set by the first Get or For
+	starts       atomic.Uint64               // counts flights and shared reads as they start (see since)
+	rd           reader                      // the read of step 3 (read.go)
+	local        *local                      // the in-process cache, or nil
+	flights      loader.Group[flight]        // one flight per value key in this process
+	coord        *coord.Coordinator          // one load per value key across processes
+	pending      pending                     // the fill flights under way (flush)
+	bf           filterState                 // the bloom filter, once opened (connect.go)
+	outage       *outage                     // what Get does when Redis cannot answer
+	stats        counters
+	unw          unwritten   // the IDs whose writes failed, until replayed (replay.go)
+	marks        *marks      // this Guard's writes in Redis, to notice those Redis lost (lost.go)
+	schemaWarned warnedPairs // the pairs of schema versions warned of (otherSchemas)
+	tel          *telemetry  // OpenTelemetry instruments, or nil (off)
+	bg           background  // the Guard's own goroutines, ended by Close
+	refreshing   sync.Map    // value key → struct{}: the refreshes ahead running in this process
+}
+
+// background is the Guard's own work (automatic rebuilds, connecting after
+// a New without Redis, giving back read locks): each runs in a goroutine
+// tracked by wg; Close closes closing and cancels ctx, which end them, and
+// waits.
+type background struct {
+	wg        sync.WaitGroup
+	closing   chan struct{}
+	ctx       context.Context
+	cancel    context.CancelFunc
+	closeOnce sync.Once
+	closeErr  error // set once by Close
+}
+
+// New opens the Guard called name (letters, digits, '_', '-', '.') on rdb,
+// creating its bloom filter in Redis if needed (a process sized otherwise
+// adopts the stored layout and logs it).
+//
+// New does not need Redis up: if it cannot reach Redis, it returns a working
+// Guard that connects by itself when Redis is back (Gets meanwhile follow
+// the outage policy, OutageOptions), and logs it. It fails when Redis
+// answers with an error that waiting will not mend (an ACL's NOPERM),
+// wrapping ErrUnavailable.
+// Close the Guard when done with it: it may hold a pub/sub subscription and
+// a goroutine.
+func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Options) (*Engine, error) {
+	if rdb == nil {
+		return nil, fmt.Errorf("%w: nil redis client", ErrInvalidOptions)
+	}
+	if !keyspace.ValidName(name) {
+		return nil, fmt.Errorf("%w: name %q (want 1-64 of [A-Za-z0-9_.-])", ErrInvalidOptions, name)
+	}
+	o, err := resolve(opts)
+	if err != nil {
+		return nil, err
+	}
+	g := &Engine{
+		rdb:  rdb,
+		name: name,
+		opts: o,
+		keys: keyspace.ForGuard(o.KeyPrefix, name, o.Tuning.MaxKeyLen),
+		log:  slog.New(newRateLimited(o.Logger.Handler())).With("guard", name),
+	}
+	g.marks = newMarks(ctx, rdb)
+	g.bg.closing = make(chan struct{})
+	g.unw.wake = make(chan struct{}, 1)
+	g.bg.ctx, g.bg.cancel = context.WithCancel(context.Background())
+	g.rd.batch = batch.New(o.Tuning.ReadsInFlight, readBatchMax, g.runReads)
+	if o.Tuning.ReadsInFlight < 0 { // off: every read alone, at once
+		g.rd.batch = batch.New(math.MaxInt, 1, g.runReads)
+	}
+	g.rd.calls.New = func() any { return new(batch.Call[readReq]) }
+	g.gate.drained, g.gate.left = make(chan struct{}), make(chan struct{}, 1)
+	// A new Guard's first reads are likely misses (a cold cache, or a
+	// flood of unknown IDs already under way): they send the bloom probe
+	// with the HGET until hits have paid the credit back (see read).
+	g.rd.credit.Store(missCredit)
+	if g.outage, err = newOutage(*o.Outage, g); err != nil {
+		return nil, err
+	}
+	// A flight's life is bounded: see Options.RedisTimeout.
+	g.flights.Timeout = o.Tuning.LockWait + o.LoadTimeout + 4*o.Tuning.RedisTimeout
+	g.bf.opts = &bloom.Options{
+		ExpectedItems: o.Filter.ExpectedItems, FalsePositiveRate: o.Filter.FalsePositiveRate,
+		OnSaturated: func(s bloom.Saturation) {
+			g.log.Warn("cacheguard: bloom filter saturated; rebuild it with a larger ExpectedItems",
+				"added", s.Added, "estimated_fp_rate", s.EstimatedFPRate, "target", s.TargetFPRate)
+		},
+	}
+	if g.tel, err = newTelemetry(g, o.Telemetry.TracerProvider, o.Telemetry.MeterProvider); err != nil {
+		return nil, fmt.Errorf("%w: opentelemetry: %w", ErrInvalidOptions, err)
+	}
+	if o.Local != nil {
+		if g.local, err = newLocal(*o.Local, g.keys.ID); err != nil {
+			_ = g.tel.close()
+			return nil, err
+		}
+	}
+	g.rd.locks = lock.New(rdb)
+	g.coord = coord.New(rdb, g.keys.Loaded(), &coord.Options{
+		LockTTL:    o.Tuning.LockTTL,
+		LockWait:   o.Tuning.LockWait,
+		LoadOnBusy: o.Tuning.LoadOnBusy,
+		OpTimeout:  o.Tuning.RedisTimeout,
+		OnLockLost: func(key string, err error) {
+			// A write to the source of truth deletes the lock (it voids the
+			// load), and so does its lease running out while Redis was
+			// unreachable: either way the load's result will not be cached.
+			g.log.Warn("cacheguard: load lock lost while loading (a write voided the load, or the lock expired); its result will not be cached", "key", key, "err", err)
+		},
+		OnOtherFields: g.otherSchemas,
+		OnWriteFailed: func(key string, err error) {
+			// The load's result is good and served; only caching it failed.
+			_ = g.fail(context.Background(), "write", key, err)
+		},
+	})
+	g.checkClient(ctx)
+	switch err := g.connect(ctx); {
+	case err == nil:
+	case errors.Is(err, ErrUnavailable) && !reply(err):
+		// Down, not refusing: work without it, connect when it is back.
+		g.log.WarnContext(ctx, "cacheguard: redis unavailable at New; serving through the outage policy until it is back", "err", err)
+		g.connectLater()
+	default:
+		if g.local != nil {
+			_ = g.local.close() // what connect may have started
+		}
+		_ = g.tel.close()
+		_ = g.coord.Close()
+		g.bg.cancel()
+		if errors.Is(err, bloom.ErrInvalid) {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
+		}
+		return nil, g.fail(ctx, "open", "", err)
+	}
+	g.autoRebuild("filter not ready at New") // with an ID source, a filter that is not ready is rebuilt in the background
+	return g, nil
+}
+
+// Name returns the Guard's name.
+func (g *Engine) Name() string { return g.name }
+
+// Logger returns the Guard's logger: Options.Logger with the Guard's name,
+// writing each cause at most once per 10 s (with a count of those held
+// back). The adapters log through it, so an outage writes a few lines a
+// minute whatever the entry point.
+func (g *Engine) Logger() *slog.Logger { return g.log }
+
+// Close shuts the Guard: every call that starts afterwards, of every method
+// and of Get (values held in process memory included), fails with ErrClosed.
+// Close waits for the calls in progress and the flights they started (each
+// bounded by LoadTimeout and LockWait), so that their cache writes land
+// before the caller closes the Redis client; then it cancels any background
+// rebuild and ends the Guard's pub/sub subscriptions. Closing again returns
+// the first Close's result.
+func (g *Engine) Close() error {
+	g.bg.closeOnce.Do(func() {
+		g.gate.close()
+		close(g.bg.closing)
+		g.bg.cancel()
+		g.bg.wg.Wait()
+		var errs []error
+		if g.local != nil {
+			errs = append(errs, g.local.close())
+		}
+		errs = append(errs, g.coord.Close(), g.tel.close())
+		g.bg.closeErr = errors.Join(errs...)
+	})
+	return g.bg.closeErr
+}

@@ -1,0 +1,39 @@
+package aside
+
+import (
+	"context"
+	"time"
+)
+
+// What guard's tests reach inside the engine (guard/export_test.go).
+
+// ReadsWaiting is how many of e's reads wait for a round trip (see
+// runReads), for tests that hold one and queue others behind it.
+func ReadsWaiting(e *Engine) int { return e.rd.batch.Waiting() }
+
+// Flush waits for the flights and refreshes under way on e (see flush).
+func Flush(ctx context.Context, e *Engine) error { return e.flush(ctx) }
+
+// Field is the hash field of e's entries, once a Get or Set bound e to a
+// type (see schemaField).
+func Field(e *Engine) string { return e.field() }
+
+// MaxUnwritten is how many unwritten IDs an Engine keeps before it overflows.
+const MaxUnwritten = maxUnwritten
+
+// AgeWrites makes the writes e remembers (lost.go) look d older, for tests
+// of a restart from an old dump that cannot wait for it.
+func AgeWrites(e *Engine, d time.Duration) {
+	m := e.marks
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i := range m.ring {
+		m.ring[i].at = m.ring[i].at.Add(-d)
+	}
+}
+
+// SetAfterRead runs f between each Get's read and its answer until restore.
+func SetAfterRead(f func(id string)) (restore func()) {
+	afterRead = f
+	return func() { afterRead = nil }
+}

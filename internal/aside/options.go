@@ -1,0 +1,191 @@
+package aside
+
+import (
+	"context"
+	"fmt"
+	"iter"
+	"log/slog"
+	"time"
+
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/cacheguard/cacheguard/codec"
+	"github.com/cacheguard/cacheguard/internal/coord"
+	"github.com/cacheguard/cacheguard/internal/keyspace"
+)
+
+// Options configures a Guard. A nil *Options means all defaults; a zero field
+// means that field's default. The common settings come first; the rest are
+// grouped by concern. docs/behaviour.md explains each in full.
+type Options struct {
+	// KeyPrefix starts every Redis key and channel of the Guard (an ACL of
+	// "~<KeyPrefix>:* &<KeyPrefix>:*" covers them). Default "cg".
+	KeyPrefix string
+	// TTL of a cached value, before jitter. Default 10 minutes.
+	TTL time.Duration
+	// EmptyTTL of a "not found" marker, before jitter. Default 1 minute.
+	EmptyTTL time.Duration
+	// Jitter spreads TTLs over ±Jitter·TTL. Default 0.10; negative: none.
+	Jitter float64
+	// Codec encodes cached values. Default codec.Msgpack. Each shape of
+	// the value type (its fields, their types and tags) has its own entries
+	// (codec.Shape); a codec may opt out (codec.Shaper).
+	Codec codec.Codec
+	// Version names what the values mean: bump it when a field keeps its
+	// name and type but changes meaning (Price now in cents). Each version
+	// has its own entries, so two releases can share a Redis. Default "1".
+	Version string
+	// Logger receives warnings (Redis failures, a filter that is off,
+	// corrupt entries), each cause once per 10 s with a count. Default
+	// slog.Default(); pass slog.New(slog.DiscardHandler) for none.
+	Logger *slog.Logger
+	// LoadTimeout bounds a load even if it ignores its ctx; a late result
+	// is dropped. Default 10 seconds.
+	LoadTimeout time.Duration
+
+	Filter       FilterOptions    // the bloom filter: sizing and its ID source
+	Outage       *OutageOptions   // what Get does when Redis cannot answer (nil: load through)
+	RefreshAhead *RefreshOptions  // reload hot values before they expire (nil: off)
+	Local        *LocalOptions    // keep values in process memory too (nil: off)
+	Telemetry    TelemetryOptions // OpenTelemetry (off by default)
+	Tuning       Tuning           // knobs that rarely need turning
+}
+
+// FilterOptions sizes the bloom filter and names where its IDs come from.
+type FilterOptions struct {
+	// ExpectedItems sizes the filter when this Guard creates it. Default
+	// 1,000,000. A filter that exists keeps its stored sizing (a WARN says
+	// so when these fields ask for another); Rebuild resizes it.
+	ExpectedItems uint64
+	// FalsePositiveRate is the target at ExpectedItems, in (0, 0.5].
+	// Default 0.01.
+	FalsePositiveRate float64
+	// IDs lists every existing ID from the source of truth: a filter that
+	// is not ready (never built, lost by Redis) is rebuilt from it in the
+	// background. Without it, call Rebuild yourself.
+	IDs func(ctx context.Context) iter.Seq2[string, error]
+}
+
+// TelemetryOptions turns on OpenTelemetry spans and cacheguard.* metrics.
+// The application brings the SDK; nil providers record nothing, at no cost.
+type TelemetryOptions struct {
+	TracerProvider trace.TracerProvider
+	MeterProvider  metric.MeterProvider
+}
+
+// Tuning holds knobs that the defaults serve well; docs/behaviour.md says
+// when to turn them.
+type Tuning struct {
+	// LockTTL is the lease of an ID's load lock (renewed while the load
+	// runs): when a loader dies, others take over after it. Default 5s.
+	LockTTL time.Duration
+	// LockWait bounds a wait for another process's load before ErrBusy.
+	// Default LoadTimeout + LockTTL.
+	LockWait time.Duration
+	// LoadOnBusy loads (uncached) instead of returning ErrBusy.
+	LoadOnBusy bool
+	// RedisTimeout bounds each Redis round trip a flight makes on its
+	// own. Default 1 second.
+	RedisTimeout time.Duration
+	// ReadsInFlight caps concurrent read round trips; reads that wait go
+	// together in one pipeline. Default 2; negative: no batching.
+	ReadsInFlight int
+	// MaxKeyLen caps an ID's length in bytes (the HTTP adapters follow
+	// it). Default 128; at most 4096.
+	MaxKeyLen int
+}
+
+// resolve fills in the defaults: the one place where a Guard's defaults are
+// decided (the loader's come from its exported constants).
+func resolve(opts *Options) (Options, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	bad := func(format string, args ...any) (Options, error) {
+		return Options{}, fmt.Errorf("%w: "+format, append([]any{ErrInvalidOptions}, args...)...)
+	}
+	if o.KeyPrefix == "" {
+		o.KeyPrefix = "cg"
+	}
+	if !keyspace.ValidPrefix(o.KeyPrefix) {
+		return bad("KeyPrefix %q", o.KeyPrefix)
+	}
+	if o.TTL == 0 {
+		o.TTL = 10 * time.Minute
+	}
+	if o.EmptyTTL == 0 {
+		o.EmptyTTL = time.Minute
+	}
+	if o.TTL < time.Millisecond || o.EmptyTTL < time.Millisecond {
+		return bad("TTL %v and EmptyTTL %v must be at least 1ms", o.TTL, o.EmptyTTL)
+	}
+	switch {
+	case o.Jitter == 0:
+		o.Jitter = 0.10
+	case o.Jitter < 0:
+		o.Jitter = 0
+	case o.Jitter > 0.9:
+		return bad("Jitter %v above 0.9", o.Jitter)
+	}
+	if o.Tuning.MaxKeyLen == 0 {
+		o.Tuning.MaxKeyLen = 128
+	}
+	if o.Tuning.MaxKeyLen < 1 || o.Tuning.MaxKeyLen > 4096 {
+		return bad("MaxKeyLen %d not in [1, 4096]", o.Tuning.MaxKeyLen)
+	}
+	if o.Codec == nil {
+		o.Codec = codec.Msgpack
+	}
+	if o.Version == "" {
+		o.Version = "1"
+	}
+	if !validVersion(o.Version) {
+		return bad("Version %q (want 1-32 printable ASCII bytes, no spaces)", o.Version)
+	}
+	if o.LoadTimeout == 0 {
+		o.LoadTimeout = 10 * time.Second
+	}
+	if o.Tuning.RedisTimeout == 0 {
+		o.Tuning.RedisTimeout = time.Second
+	}
+	if o.Tuning.RedisTimeout < time.Millisecond {
+		return bad("RedisTimeout %v below 1ms", o.Tuning.RedisTimeout)
+	}
+	if o.Tuning.ReadsInFlight == 0 {
+		o.Tuning.ReadsInFlight = 2
+	}
+	if o.Outage == nil {
+		o.Outage = &OutageOptions{}
+	}
+	var err error
+	if o.RefreshAhead, err = resolveRefresh(o.RefreshAhead); err != nil {
+		return Options{}, err
+	}
+	if o.Tuning.LockTTL == 0 {
+		o.Tuning.LockTTL = coord.DefaultLockTTL
+	}
+	if o.Tuning.LockWait == 0 {
+		o.Tuning.LockWait = o.LoadTimeout + o.Tuning.LockTTL
+	}
+	if o.LoadTimeout < 0 || o.Tuning.LockTTL < 10*time.Millisecond || o.Tuning.LockWait < 0 {
+		return bad("LoadTimeout %v, LockTTL %v (>= 10ms), LockWait %v", o.LoadTimeout, o.Tuning.LockTTL, o.Tuning.LockWait)
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o, nil
+}
+
+func validVersion(v string) bool {
+	if v == "" || len(v) > 32 {
+		return false
+	}
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c <= ' ' || c >= 0x7f {
+			return false
+		}
+	}
+	return true
+}

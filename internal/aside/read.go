@@ -1,0 +1,300 @@
+package aside
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/bloom"
+	"github.com/cacheguard/cacheguard/codec"
+	"github.com/cacheguard/cacheguard/internal/batch"
+	"github.com/cacheguard/cacheguard/internal/keyspace"
+	"github.com/cacheguard/cacheguard/internal/redisfail"
+	"github.com/cacheguard/cacheguard/lock"
+)
+
+// reader is the read path's state (Guard.rd).
+type reader struct {
+	batch    *batch.Batcher[readReq]   // every Get's read goes through it: concurrent reads share round trips (see runReads)
+	calls    sync.Pool                 // of *batch.Call[readReq], reused by read
+	shared   readGroup                 // with Local: one Redis read per value key at a time (see readShared)
+	credit   atomic.Int64              // > 0: recent reads missed: send the bloom probe with the HGET (see read)
+	locks    *lock.Client         // the locks reads take (see lockWithRead)
+	lockBias atomic.Int64              // > 0: reads that found nothing mostly loaded, and their locks were used (see Lock bias)
+	seen     atomic.Pointer[seenTable] // the IDs read lately, once a miss opened the gate (see lockWithRead)
+	ctxBound bool                      // the client bounds socket reads by ctx deadlines (see sendRead)
+}
+
+// verdict is what the read round trip found.
+type verdict uint8
+
+const (
+	verdictMiss     verdict = iota // no entry, and the filter says maybe (or cannot say)
+	verdictRejected                // no entry, and the filter says absent
+	verdictEntry                   // a cached value or empty marker: raw
+)
+
+type readResult struct {
+	verdict verdict
+	raw     []byte
+	ttl     time.Duration   // the entry's remaining TTL in Redis, read with it when Local is on (0: unknown)
+	held    *lock.Lock // a miss's lock, taken with the read (see lockWithRead); the Get's flight uses it or gives it back
+}
+
+// read is the one round trip of every Get (step 3): the HGET of this
+// version's field of the value key, with the bloom probe pipelined before
+// it when recent reads missed (see missCredit), and with the entry's PTTL
+// when Local is on (a local copy must not outlive its entry). With
+// lockable, a read likely to miss takes the key's lock too, before the
+// HGET (see lockWithRead); a miss returns it in readResult.held, for the
+// Get's flight. Concurrent reads share round trips (see runReads). Redis
+// failures come back wrapping ErrUnavailable, and so does a deadline that
+// passes while the read waits for a round trip (Redis too slow); a
+// cancelled caller gets context.Canceled alone.
+func (g *Engine) read(ctx context.Context, id, vkey string, lockable bool) (readResult, error) {
+	f := g.bf.f.Load()
+	c := g.rd.calls.Get().(*batch.Call[readReq])
+	r := &c.Req
+	withTTL := g.local != nil
+	*r = readReq{id: id, vkey: vkey, withTTL: withTTL}
+	r.deadline, _ = ctx.Deadline()
+	probing := f != nil && g.rd.probing(withTTL)
+	if probing {
+		r.f = f
+		if lockable && g.lockWithRead(id) {
+			r.lockKey = keyspace.Lock(vkey)
+		}
+	}
+	if err := g.sendRead(ctx, c); err != nil { // c may still be answered: not reused; a lock it took lapses
+		return readResult{}, g.readFailed(ctx, "read", id, err)
+	}
+	raw, err := r.get.Bytes()
+	var held *lock.Lock
+	if r.lockQ != nil {
+		held, _ = r.lockQ.Result(ctx) // not taken (another flight holds it, or Redis failed): the flight attempts as before
+	}
+	var ttl time.Duration
+	if withTTL {
+		ttl = max(r.pttl.Val(), 0)
+	}
+	probe := r.probe
+	*r = readReq{}
+	g.rd.calls.Put(c)
+	switch {
+	case err == nil:
+		if held != nil { // another process filled it: a lock for nothing
+			g.giveBack(held, vkey)
+			g.lockUseless()
+		}
+		g.sawRead(id)
+		g.rd.settle(withTTL, probing, 1, 0)
+		return readResult{verdict: verdictEntry, raw: raw, ttl: ttl}, nil
+	case !errors.Is(err, redis.Nil):
+		g.giveBack(held, vkey)
+		return readResult{}, g.readFailed(ctx, "read", id, err)
+	}
+	g.rd.settle(withTTL, probing, 0, 1)
+	var maybe bool
+	switch {
+	case f == nil: // not opened yet (New without Redis): fail open
+		_, err = g.filterSays(ctx, id, false, bloom.ErrNotReady)
+		return readResult{verdict: verdictMiss}, err
+	case probing:
+		maybe, err = probe.Result(ctx)
+	default: // the value went alone: ask the filter now
+		maybe, err = f.Test(ctx, id)
+	}
+	res, err := g.verdict(ctx, id, maybe, err)
+	switch {
+	case err != nil:
+		g.giveBack(held, vkey)
+	case res.verdict == verdictMiss:
+		res.held = held
+		g.lockUseful() // first: the first miss makes the table
+		g.sawRead(id)
+	default: // rejected: no load follows, and the lock lapses (see lockWithRead)
+		g.lockUseless()
+	}
+	return res, err
+}
+
+// sendRead sends a read (possibly with others: see runReads). A client
+// that bounds its socket reads by the ctx (ContextTimeoutEnabled) runs it
+// in the caller's goroutine. With any other client a stalled Redis would
+// hold the caller until the client's ReadTimeout and retries, past its
+// deadline: a read under a deadline then runs in a goroutine of its own,
+// and the caller waits for it at most half the time it has left, keeping
+// the rest to load through (the goroutine ends when the client gives up).
+func (g *Engine) sendRead(ctx context.Context, c *batch.Call[readReq]) error {
+	deadline, ok := ctx.Deadline()
+	if g.rd.ctxBound || !ok {
+		return g.rd.batch.Do(ctx, c)
+	}
+	done := make(chan error, 1)
+	go func() { done <- g.rd.batch.Do(ctx, c) }()
+	t := time.NewTimer(time.Until(deadline) / 2)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+		return fmt.Errorf("read: no answer in half the Get's time left: %w", context.DeadlineExceeded)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// readFailed is what a read that got no answer returns, whether it failed
+// in Redis or waited for a round trip past its ctx. A cancelled caller (a
+// client that disconnected) gets ctx.Err() alone: not Redis failing, so
+// neither logged nor counted by the breaker. Anything else wraps
+// ErrUnavailable, a deadline too: the round trip did not end in time,
+// Redis is slow or gone, and the breaker must hear it (or every Get would
+// queue behind a frozen Redis until its deadline).
+func (g *Engine) readFailed(ctx context.Context, op, id string, err error) error {
+	if errors.Is(err, context.Canceled) && errors.Is(ctx.Err(), context.Canceled) {
+		return ctx.Err()
+	}
+	return g.fail(ctx, op, id, redisfail.Wrap(err))
+}
+
+// verdict turns the filter's answer for an ID with no cache entry into the
+// read's result.
+func (g *Engine) verdict(ctx context.Context, id string, maybe bool, err error) (readResult, error) {
+	if maybe, err = g.filterSays(ctx, id, maybe, err); err != nil {
+		return readResult{}, err
+	}
+	if !maybe {
+		return readResult{verdict: verdictRejected}, nil
+	}
+	return readResult{verdict: verdictMiss}, nil
+}
+
+// filterSays turns a bloom answer into the Guard's: a filter that is not
+// ready means "maybe" (fail open: counted, logged once per episode, and a
+// rebuild started if Filter.IDs is set); Redis failures wrap ErrUnavailable.
+func (g *Engine) filterSays(ctx context.Context, id string, maybe bool, err error) (bool, error) {
+	switch {
+	case err == nil:
+		if g.bf.bypassing.Load() && g.bf.bypassing.CompareAndSwap(true, false) {
+			g.log.InfoContext(ctx, "cacheguard: bloom filter answering again")
+		}
+		return maybe, nil
+	case errors.Is(err, bloom.ErrNotReady):
+		g.stats.bypasses.Add(1)
+		if g.bf.bypassing.CompareAndSwap(false, true) {
+			if g.opts.Filter.IDs == nil {
+				g.log.ErrorContext(ctx, "cacheguard: bloom filter not ready (never rebuilt, or lost by Redis) and Options.Filter.IDs is not set: "+
+					"unknown IDs reach the database until you call Rebuild")
+			} else {
+				g.log.WarnContext(ctx, "cacheguard: bloom filter not ready (never rebuilt, or lost by Redis); failing open while it is rebuilt")
+			}
+		}
+		g.autoRebuild("filter not ready")
+		return true, nil
+	default:
+		return false, g.readFailed(ctx, "bloom probe", id, err)
+	}
+}
+
+// peekKey is the context key under which Peek leaves what it read.
+type peekKey struct{}
+
+type peeked struct {
+	g        *Engine
+	id       string
+	r        readResult
+	answered bool        // Peek counted its "not found" (the middleware's 404): the Get answers it uncounted
+	used     atomic.Bool // a peek serves one Get: a later Get in the same request reads afresh
+}
+
+// peekedFor is the read a Peek left in ctx for this Get, if any; answered:
+// Peek already counted it as a "not found".
+func peekedFor(ctx context.Context, g *Engine, id string) (r readResult, ok, answered bool) {
+	p, ok := ctx.Value(peekKey{}).(*peeked)
+	if !ok || p.g != g || p.id != id || p.used.Swap(true) {
+		return readResult{}, false, false
+	}
+	return p.r, true, p.answered
+}
+
+// Peek does Get's read round trip (bloom probe and cache GET) without
+// loading, and reports whether id may exist: false when the filter has never
+// seen it or an empty marker is cached. It returns a context that carries
+// what it read, so that the next Get of the same id on this Guard with that
+// context (or one derived from it) skips its own read: HTTP middleware built
+// on Peek costs no extra round trip. Only that one Get uses it; any later Get
+// reads afresh (say, after the handler wrote and invalidated). A malformed id
+// gives ErrInvalidKey without a Redis command; Redis failures wrap
+// ErrUnavailable; after Close, ErrClosed. A filter that is not ready answers
+// true (fail open). Before the Guard's first Get it asks the filter alone.
+func (g *Engine) Peek(ctx context.Context, id string) (context.Context, bool, error) {
+	pass, err := g.gate.enter()
+	if err != nil {
+		return ctx, false, err
+	}
+	defer g.gate.leave(pass)
+	vkey, err := g.keys.Value(id)
+	if err != nil {
+		return ctx, false, err
+	}
+	if g.bound.Load() == nil { // before the first Get: the entry's field (its type's) is not known
+		exists, err := g.MayExist(ctx, id)
+		return ctx, exists, err
+	}
+	if g.local != nil {
+		if _, st := g.local.get(id); st == localFresh { // Get will answer from memory
+			return ctx, true, nil
+		}
+	}
+	done, err := g.outage.before()
+	if err != nil { // the breaker is open: Redis is not asked
+		return ctx, false, fmt.Errorf("cacheguard: %s %q: read: %w", g.name, id, err)
+	}
+	r, err := g.read(ctx, id, vkey, true)
+	g.outage.after(done, err)
+	if err != nil {
+		return ctx, false, err
+	}
+	exists := true
+	switch { // answered here: the middleware writes 404 without a Get
+	case r.verdict == verdictRejected:
+		g.answered(ctx, outRejected, false, false)
+		exists = false
+	case r.verdict == verdictEntry && len(r.raw) == 1 && r.raw[0] == codec.KindEmpty:
+		g.answered(ctx, outEmpty, false, false)
+		exists = false
+	}
+	return context.WithValue(ctx, peekKey{}, &peeked{g: g, id: id, r: r, answered: !exists}), exists, nil
+}
+
+// MayExist asks only the bloom filter whether id may exist: false means the
+// ID certainly does not (one GETRANGE). HTTP middleware uses Peek instead,
+// which also reads the cache for the handler's Get. A malformed ID gives
+// ErrInvalidKey without a Redis command; a filter that is not ready answers
+// true (fail open); Redis failures wrap ErrUnavailable; after Close,
+// ErrClosed.
+func (g *Engine) MayExist(ctx context.Context, id string) (bool, error) {
+	pass, err := g.gate.enter()
+	if err != nil {
+		return false, err
+	}
+	defer g.gate.leave(pass)
+	if err := g.keys.Check(id); err != nil {
+		return false, err
+	}
+	f, err := g.filter(ctx)
+	if err != nil {
+		return false, err
+	}
+	maybe, err := f.Test(ctx, id)
+	if maybe, err = g.filterSays(ctx, id, maybe, err); err == nil && !maybe {
+		g.answered(ctx, outRejected, false, false)
+	}
+	return maybe, err
+}

@@ -1,0 +1,123 @@
+package aside
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+)
+
+// Stats are a Guard's counters since New. The first group counts Get calls by
+// how they ended (each caller once, even when callers shared a flight); the
+// second counts operations.
+type Stats struct {
+	Hits         uint64 // answered from a value cached in Redis
+	LocalHits    uint64 // answered from process memory (Options.Local)
+	EmptyHits    uint64 // answered ErrNotFound from a cached empty marker
+	BloomRejects uint64 // answered ErrNotFound by the bloom filter
+	Misses       uint64 // answered by a load (value or not found)
+	Coalesced    uint64 // calls that joined another caller's flight
+
+	Loads         uint64 // IDs loaded: each ID asked of a load function (a GetMany batch counts each of its IDs)
+	LoadErrors    uint64 // IDs whose load failed (other than ErrNotFound; a panic counts)
+	RedisErrors   uint64 // failed Redis reads and writes
+	CorruptValues uint64 // cached entries that did not decode and were dropped
+	SchemaMisses  uint64 // loads whose ID held entries of other schemas only (another type shape or Version), never decoded
+	BloomBypasses uint64 // probes that found the filter not ready (failed open)
+	StaleWrites   uint64 // cache writes refused because an Invalidate overtook the load
+	LockWaits     uint64 // flights that found another process loading and waited
+	LockTimeouts  uint64 // waits that ran past LockWait (ErrBusy or LoadOnBusy)
+	Wakeups       uint64 // waits ended by the loading process's publish
+
+	// The outage policy (OutageOptions).
+	LoadThroughs   uint64 // IDs loaded without Redis, their values uncached
+	Shed           uint64 // load-throughs refused by the MaxLoads cap (ErrUnavailable)
+	BreakerOpens   uint64 // times the Redis circuit breaker opened
+	AbandonedLoads uint64 // loads that did not return within LoadTimeout (their late result dropped)
+	Refreshes      uint64 // refreshes ahead of expiry started (RefreshAhead)
+	Unwritten      uint64 // IDs whose write failed and waits for its replay (a gauge; +1 while overflowed)
+	WritesLost     uint64 // acknowledged writes Redis lost (a restart from an older dump, a lagging replica promoted), replayed; +1 for an overflow
+
+	// FilterNotReady: the filter's last probe found it not ready (never
+	// built, or lost by Redis), so Gets fail open until it is rebuilt.
+	FilterNotReady bool
+}
+
+// counters is the live form of Stats; every field is updated atomically.
+// The outcomes every hit or reject counts are striped (see striped); the
+// rest are rare.
+type counters struct {
+	hits, empty, rejects, localHits                   striped
+	misses, coalesced                                 atomic.Uint64
+	loads, loadErrors, redisErrors, corrupt, bypasses atomic.Uint64
+	loadThroughs, shed, breakerOpens, abandonedLoads  atomic.Uint64
+	refreshes, schemaMisses, writesLost               atomic.Uint64
+}
+
+func (c *counters) count(o outcome, coalesced bool) {
+	switch o {
+	case outHit:
+		c.hits.Add(1)
+	case outEmpty:
+		c.empty.Add(1)
+	case outRejected:
+		c.rejects.Add(1)
+	case outLoaded:
+		c.misses.Add(1)
+	case outLocalHit:
+		c.localHits.Add(1)
+	}
+	if coalesced {
+		c.coalesced.Add(1)
+	}
+}
+
+// answered counts how one Get was answered, in Stats and, with
+// OpenTelemetry on, on the gets counter and the Get's span: every count of
+// an answer goes through here (or answeredMany). coalesced: from another
+// caller's flight; through: loaded without Redis (the outage policy).
+func (g *Engine) answered(ctx context.Context, o outcome, coalesced, through bool) {
+	g.stats.count(o, coalesced)
+	g.tel.settled(ctx, o, coalesced, through)
+}
+
+// answeredMany is answered for one ID of a GetMany: its span is the
+// GetMany's, which gets no per-ID outcome.
+func (g *Engine) answeredMany(ctx context.Context, o outcome, through bool) {
+	g.stats.count(o, false)
+	g.tel.counted(ctx, o, through)
+}
+
+// loaded counts n IDs asked of a load function, and their failure if err
+// is one (ErrNotFound is an answer, not a failure): every load of every
+// entry point is counted here.
+func (g *Engine) loaded(n int, err error) {
+	g.stats.loads.Add(uint64(n))
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		g.stats.loadErrors.Add(uint64(n))
+	}
+}
+
+// Stats returns a snapshot of the Guard's counters.
+func (g *Engine) Stats() Stats {
+	c := &g.stats
+	cs := g.coord.Stats()
+	return Stats{
+		StaleWrites: cs.StaleWrites, LockWaits: cs.Waits, LockTimeouts: cs.Timeouts, Wakeups: cs.Wakeups,
+		Hits: c.hits.Load(), LocalHits: c.localHits.Load(), EmptyHits: c.empty.Load(), BloomRejects: c.rejects.Load(),
+		Misses: c.misses.Load(), Coalesced: c.coalesced.Load(),
+		Loads: c.loads.Load(), LoadErrors: c.loadErrors.Load(), RedisErrors: c.redisErrors.Load(),
+		CorruptValues: c.corrupt.Load(), SchemaMisses: c.schemaMisses.Load(), BloomBypasses: c.bypasses.Load(),
+		LoadThroughs: c.loadThroughs.Load(), Shed: c.shed.Load(), BreakerOpens: c.breakerOpens.Load(),
+		AbandonedLoads: c.abandonedLoads.Load(), Refreshes: c.refreshes.Load(),
+		Unwritten: uint64(g.unw.n.Load()), WritesLost: c.writesLost.Load(),
+		FilterNotReady: g.bf.bypassing.Load(),
+	}
+}
+
+// striped is a counter that parallel hits update without sharing a cache
+// line (see stripes). Load is exact once the adds have returned.
+type striped struct{ s stripes }
+
+func (c *striped) Add(n uint64) { c.s.add(c.s.pick(), int64(n)) }
+
+func (c *striped) Load() uint64 { return uint64(c.s.sum()) }

@@ -16,10 +16,10 @@ import (
 
 	"github.com/cacheguard/cacheguard/codec"
 	"github.com/cacheguard/cacheguard/guard"
-	"github.com/cacheguard/cacheguard/lock"
 	"github.com/cacheguard/cacheguard/internal/redisserver"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 	"github.com/cacheguard/cacheguard/loader"
+	"github.com/cacheguard/cacheguard/lock"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m, childRoles) }

@@ -56,7 +56,7 @@ type call[T any] struct {
 	load     LoadFunc[T]
 
 	held      *lock.Lock // the key's lock, taken by the caller's read (see lockWithRead), or nil
-	heldClaim int32           // who uses held, the first to claim it (claimHeld; an int32 because join copies a prototype call)
+	heldClaim int32      // who uses held, the first to claim it (claimHeld; an int32 because join copies a prototype call)
 
 	waiter   coord.Waiter // told when the Coordinator waits for another holder (GetMany's batch), or nil
 	refresh  bool         // a refresh ahead of expiry: an entry past its refresh-at time does not answer

@@ -30,8 +30,8 @@ import (
 	"github.com/cacheguard/cacheguard/internal/batch"
 	"github.com/cacheguard/cacheguard/internal/coord"
 	"github.com/cacheguard/cacheguard/internal/keyspace"
-	"github.com/cacheguard/cacheguard/lock"
 	"github.com/cacheguard/cacheguard/loader"
+	"github.com/cacheguard/cacheguard/lock"
 )
 
 // Guard guards the reads of one kind of entity. It is safe for concurrent use.

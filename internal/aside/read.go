@@ -24,7 +24,7 @@ type reader struct {
 	calls    sync.Pool                 // of *batch.Call[readReq], reused by read
 	shared   readGroup                 // with Local: one Redis read per value key at a time (see readShared)
 	credit   atomic.Int64              // > 0: recent reads missed: send the bloom probe with the HGET (see read)
-	locks    *lock.Client         // the locks reads take (see lockWithRead)
+	locks    *lock.Client              // the locks reads take (see lockWithRead)
 	lockBias atomic.Int64              // > 0: reads that found nothing mostly loaded, and their locks were used (see Lock bias)
 	seen     atomic.Pointer[seenTable] // the IDs read lately, once a miss opened the gate (see lockWithRead)
 	ctxBound bool                      // the client bounds socket reads by ctx deadlines (see sendRead)
@@ -42,8 +42,8 @@ const (
 type readResult struct {
 	verdict verdict
 	raw     []byte
-	ttl     time.Duration   // the entry's remaining TTL in Redis, read with it when Local is on (0: unknown)
-	held    *lock.Lock // a miss's lock, taken with the read (see lockWithRead); the Get's flight uses it or gives it back
+	ttl     time.Duration // the entry's remaining TTL in Redis, read with it when Local is on (0: unknown)
+	held    *lock.Lock    // a miss's lock, taken with the read (see lockWithRead); the Get's flight uses it or gives it back
 }
 
 // read is the one round trip of every Get (step 3): the HGET of this

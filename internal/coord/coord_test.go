@@ -12,8 +12,8 @@ import (
 
 	"github.com/cacheguard/cacheguard/internal/coord"
 	"github.com/cacheguard/cacheguard/internal/keyspace"
-	"github.com/cacheguard/cacheguard/lock"
 	"github.com/cacheguard/cacheguard/internal/redistest"
+	"github.com/cacheguard/cacheguard/lock"
 )
 
 // filler answers from any cached bytes and loads with load.

@@ -7,14 +7,12 @@
 // ID source, or call [Guard.Rebuild]), read with [Get] or a typed handle
 // from [For], and after each committed write call [Set] for an upsert (it
 // adds the ID to the filter too), [Guard.Delete] for a delete, or
-// [Guard.Invalidate]. A Get takes five steps: (1) the ID is checked, (2)
-// with [LocalOptions] process memory answers, (3) one round trip reads the
-// bloom filter, the value and any "not found" marker, (4) a value, a reject
-// or a marker answers, (5) a miss joins the ID's flight, which loads under a
-// per-key Redis lock and writes before it answers. When Redis cannot answer
-// it loads through; every error Redis causes wraps [ErrUnavailable].
-//
-// This package is the API; the engine behind it is internal/aside.
+// [Guard.Invalidate]. A Get (the engine: internal/aside) takes five steps:
+// (1) the ID is checked, (2) with [LocalOptions] memory answers, (3) one
+// round trip reads the filter, the value and any "not found" marker, (4) a
+// value, a reject or a marker answers, (5) a miss joins the ID's flight,
+// which loads under a per-key Redis lock and writes before it answers. When
+// Redis cannot answer it loads through; Redis errors wrap [ErrUnavailable].
 package guard
 
 import (

@@ -99,11 +99,11 @@ func (b *batchLoad[T]) fireLocked() {
 	}
 	b.fired = true
 	ids := b.asked // each member's Load counts its ID
-	// Owned by the batch; ends when load returns (its members stop waiting
+	// The supervisor's; ends when load returns (its members stop waiting
 	// at their LoadTimeout). A panic in load fails the batch.
-	go func() {
+	if !b.g.sup.goRun(func(ctx context.Context) {
 		growstack.Grow() // the batch load is usually a database driver's deep calls: see package growstack
-		ctx, cancel := context.WithTimeout(context.Background(), b.g.opts.LoadTimeout)
+		ctx, cancel := context.WithTimeout(ctx, b.g.opts.LoadTimeout)
 		defer cancel()
 		defer close(b.done)
 		ctx, record := b.g.tel.load(ctx) // a span of its own: the batch serves several GetMany flights
@@ -114,7 +114,10 @@ func (b *batchLoad[T]) fireLocked() {
 			record(b.err)
 		}()
 		b.values, b.err = b.load(ctx, ids)
-	}()
+	}) {
+		b.values, b.err = nil, ErrClosed
+		close(b.done)
+	}
 }
 
 // dedupe returns ids without repeats, in their first order.

@@ -121,26 +121,15 @@ func (g *Engine) filter(ctx context.Context) (*bloom.Filter, error) {
 // filter fails open), without the local cache, or load through while Redis
 // stays down.
 func (g *Engine) connectLater() {
-	g.bg.wg.Add(1)
-	go func() {
-		defer g.bg.wg.Done()
-		t := time.NewTicker(time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-g.bg.closing:
-				return
-			case <-t.C:
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), g.opts.Tuning.RedisTimeout)
-			err := g.connect(ctx)
-			cancel()
-			if err == nil {
-				g.log.Info("cacheguard: connected to redis")
-				return
-			}
+	g.retry(func(ctx context.Context) bool {
+		ctx, cancel := context.WithTimeout(ctx, g.opts.Tuning.RedisTimeout)
+		defer cancel()
+		if g.connect(ctx) != nil {
+			return ctx.Err() != nil && g.sup.ctx.Err() != nil // closing
 		}
-	}()
+		g.log.Info("cacheguard: connected to redis")
+		return true
+	}, func() {}, nil)
 }
 
 // checkClient warns (once, at New) about client settings under which ctx
@@ -191,23 +180,26 @@ const (
 // wait short. It is the one retry loop of the Guard's background work.
 // Call it from inside the gate (or from New), so that Close, which shuts
 // the gate before it waits, cannot miss one.
-func (g *Engine) retry(attempt func() bool, end func(), wake <-chan struct{}) {
-	g.bg.wg.Add(1)
-	go func() {
-		defer g.bg.wg.Done()
+func (g *Engine) retry(attempt func(ctx context.Context) bool, end func(), wake <-chan struct{}) {
+	if !g.sup.goLoop(func(ctx context.Context) {
 		defer end()
 		for wait := retryMin; ; wait = min(2*wait, retryMax) {
-			if attempt() {
+			if attempt(ctx) {
 				return
 			}
+			t := time.NewTimer(wait)
 			select {
-			case <-g.bg.closing:
+			case <-ctx.Done():
+				t.Stop()
 				return
 			case <-wake:
-			case <-time.After(wait):
+				t.Stop()
+			case <-t.C:
 			}
 		}
-	}()
+	}) {
+		end()
+	}
 }
 
 // Automatic rebuilds back off: after one starts, the next waits autoMin,
@@ -228,14 +220,12 @@ func (g *Engine) autoRebuild(cause string) {
 	if g.opts.Filter.IDs == nil || !g.bf.rebuilding.CompareAndSwap(false, true) {
 		return
 	}
-	g.retry(func() bool { return g.rebuildOnce(cause) }, func() { g.bf.rebuilding.Store(false) }, nil)
+	g.retry(func(ctx context.Context) bool { return g.rebuildOnce(ctx, cause) }, func() { g.bf.rebuilding.Store(false) }, nil)
 }
 
 // rebuildOnce makes one attempt: it reports whether the filter is ready now
 // (rebuilt here or by another process) or there is nothing to do.
-func (g *Engine) rebuildOnce(cause string) (done bool) {
-	ctx, cancel := context.WithCancel(g.bg.ctx) // Close cancels it
-	defer cancel()
+func (g *Engine) rebuildOnce(ctx context.Context, cause string) (done bool) {
 	defer func() { // Filter.IDs is the application's code: a panic fails this attempt only
 		if p := recover(); p != nil {
 			g.log.Error("cacheguard: automatic bloom rebuild: Filter.IDs panicked", "panic", p)

@@ -80,7 +80,11 @@ func (c *call[T]) fly(ctx context.Context) (flight, error) {
 		return flight{outcome: outFailed}, err
 	}
 	defer g.gate.leave(pass)
-	defer g.pending.add()()
+	end, ok := g.sup.hold() // Close and flush wait for the flight
+	if !ok {
+		return flight{outcome: outFailed}, ErrClosed
+	}
+	defer end()
 	started := g.starts.Add(1)
 	if g.local != nil {
 		c.epoch = g.local.epoch.Load() // before the reads: see local.put
@@ -269,14 +273,14 @@ type loaded[T any] struct {
 // bounded calls the load function and waits for it at most LoadTimeout,
 // even if it ignores its ctx: the load runs in a goroutine of its own, and a
 // result that comes later is dropped (never cached: nothing waits for it).
-// The goroutine ends when the load function returns; a panic in it is
-// carried back and raised again here, in the flight, where loader.Group
-// turns it into ErrLoaderPanic.
+// The goroutine is the supervisor's (Close waits for it) and ends when the
+// load function returns; a panic in it is carried back and raised again
+// here, in the flight, where loader.Group turns it into ErrLoaderPanic.
 func (c *call[T]) bounded(ctx context.Context) (T, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.g.opts.LoadTimeout)
 	defer cancel()
 	done := make(chan loaded[T], 1)
-	go func() {
+	if !c.g.sup.goRun(func(context.Context) {
 		growstack.Grow() // the load is usually a database driver's deep calls: see package growstack
 		var r loaded[T]
 		defer func() {
@@ -286,7 +290,10 @@ func (c *call[T]) bounded(ctx context.Context) (T, error) {
 			done <- r
 		}()
 		r.v, r.err = c.load(ctx, c.id)
-	}()
+	}) {
+		var zero T
+		return zero, ErrClosed
+	}
 	select {
 	case r := <-done:
 		if r.panic != nil {

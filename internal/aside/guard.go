@@ -49,7 +49,6 @@ type Engine struct {
 	local        *local                      // the in-process cache, or nil
 	flights      loader.Group[flight]        // one flight per value key in this process
 	coord        *coord.Coordinator          // one load per value key across processes
-	pending      pending                     // the fill flights under way (flush)
 	bf           filterState                 // the bloom filter, once opened (connect.go)
 	outage       *outage                     // what Get does when Redis cannot answer
 	stats        counters
@@ -57,21 +56,10 @@ type Engine struct {
 	marks        *marks      // this Guard's writes in Redis, to notice those Redis lost (lost.go)
 	schemaWarned warnedPairs // the pairs of schema versions warned of (otherSchemas)
 	tel          *telemetry  // OpenTelemetry instruments, or nil (off)
-	bg           background  // the Guard's own goroutines, ended by Close
+	sup          *supervisor // every goroutine and flight of the Engine, stopped and waited for by Close
 	refreshing   sync.Map    // value key → struct{}: the refreshes ahead running in this process
-}
-
-// background is the Guard's own work (automatic rebuilds, connecting after
-// a New without Redis, giving back read locks): each runs in a goroutine
-// tracked by wg; Close closes closing and cancels ctx, which end them, and
-// waits.
-type background struct {
-	wg        sync.WaitGroup
-	closing   chan struct{}
-	ctx       context.Context
-	cancel    context.CancelFunc
-	closeOnce sync.Once
-	closeErr  error // set once by Close
+	closeOnce    sync.Once
+	closeErr     error // set once by Close
 }
 
 // New opens the Guard called name (letters, digits, '_', '-', '.') on rdb,
@@ -104,12 +92,11 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 		log:  slog.New(newRateLimited(o.Logger.Handler())).With("guard", name),
 	}
 	g.marks = newMarks(ctx, rdb)
-	g.bg.closing = make(chan struct{})
 	g.unw.wake = make(chan struct{}, 1)
-	g.bg.ctx, g.bg.cancel = context.WithCancel(context.Background())
-	g.rd.batch = batch.New(o.Tuning.ReadsInFlight, readBatchMax, g.runReads)
+	g.sup = newSupervisor(ctx)
+	g.rd.batch = batch.New(o.Tuning.ReadsInFlight, readBatchMax, g.runReads, g.sup.spawn)
 	if o.Tuning.ReadsInFlight < 0 { // off: every read alone, at once
-		g.rd.batch = batch.New(math.MaxInt, 1, g.runReads)
+		g.rd.batch = batch.New(math.MaxInt, 1, g.runReads, g.sup.spawn)
 	}
 	g.rd.calls.New = func() any { return new(batch.Call[readReq]) }
 	g.gate.drained, g.gate.left = make(chan struct{}), make(chan struct{}, 1)
@@ -151,9 +138,10 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 			g.log.Warn("cacheguard: load lock lost while loading (a write voided the load, or the lock expired); its result will not be cached", "key", key, "err", err)
 		},
 		OnOtherFields: g.otherSchemas,
+		Spawn:         g.sup.spawn,
 		OnWriteFailed: func(key string, err error) {
 			// The load's result is good and served; only caching it failed.
-			_ = g.fail(context.Background(), "write", key, err)
+			_ = g.fail(g.sup.ctx, "write", key, err)
 		},
 	})
 	g.checkClient(ctx)
@@ -169,7 +157,7 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 		}
 		_ = g.tel.close()
 		_ = g.coord.Close()
-		g.bg.cancel()
+		g.sup.stop()
 		if errors.Is(err, bloom.ErrInvalid) {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 		}
@@ -196,17 +184,15 @@ func (g *Engine) Logger() *slog.Logger { return g.log }
 // rebuild and ends the Guard's pub/sub subscriptions. Closing again returns
 // the first Close's result.
 func (g *Engine) Close() error {
-	g.bg.closeOnce.Do(func() {
+	g.closeOnce.Do(func() {
 		g.gate.close()
-		close(g.bg.closing)
-		g.bg.cancel()
-		g.bg.wg.Wait()
+		g.sup.stop()
 		var errs []error
 		if g.local != nil {
 			errs = append(errs, g.local.close())
 		}
 		errs = append(errs, g.coord.Close(), g.tel.close())
-		g.bg.closeErr = errors.Join(errs...)
+		g.closeErr = errors.Join(errs...)
 	})
-	return g.bg.closeErr
+	return g.closeErr
 }

@@ -243,9 +243,9 @@ func fillMany[T any](ctx context.Context, g *Engine, ids, keys []string, load Ba
 	answers := make(chan answer, len(ids))
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.flights.Timeout)
 	for i := range ids {
-		// Owned by this GetMany; passes the gate itself (it can outlive the
-		// call when ctx ends first) and ends with its Coordinator run.
-		go func() {
+		// The supervisor's; passes the gate itself (it can outlive the call
+		// when ctx ends first) and ends with its Coordinator run.
+		g.sup.spawn(func() {
 			growstack.Grow() // a Coordinator run makes deep calls: see package growstack
 			m := &member[T]{b: b}
 			a := answer{id: ids[i], found: flight{outcome: outFailed}}
@@ -267,7 +267,7 @@ func fillMany[T any](ctx context.Context, g *Engine, ids, keys []string, load Ba
 			if err == nil {
 				a.err = c.err
 			}
-		}()
+		})
 	}
 	var errs []error
 	for received := range len(ids) {
@@ -275,12 +275,12 @@ func fillMany[T any](ctx context.Context, g *Engine, ids, keys []string, load Ba
 		select {
 		case a = <-answers:
 		case <-ctx.Done():
-			go func() { // waits for the runs (bounded by the flight bound), then releases their ctx
+			g.sup.spawn(func() { // waits for the runs (bounded by the flight bound), then releases their ctx
 				for range len(ids) - received {
 					<-answers
 				}
 				cancel()
-			}()
+			})
 			return ctx.Err()
 		}
 		g.answeredMany(ctx, a.found.outcome, false)

@@ -129,14 +129,15 @@ func (g *Engine) read(ctx context.Context, id, vkey string, lockable bool) (read
 // hold the caller until the client's ReadTimeout and retries, past its
 // deadline: a read under a deadline then runs in a goroutine of its own,
 // and the caller waits for it at most half the time it has left, keeping
-// the rest to load through (the goroutine ends when the client gives up).
+// the rest to load through (the supervisor's goroutine ends when the client
+// gives up).
 func (g *Engine) sendRead(ctx context.Context, c *batch.Call[readReq]) error {
 	deadline, ok := ctx.Deadline()
 	if g.rd.ctxBound || !ok {
 		return g.rd.batch.Do(ctx, c)
 	}
 	done := make(chan error, 1)
-	go func() { done <- g.rd.batch.Do(ctx, c) }()
+	g.sup.spawn(func() { done <- g.rd.batch.Do(ctx, c) })
 	t := time.NewTimer(time.Until(deadline) / 2)
 	defer t.Stop()
 	select {

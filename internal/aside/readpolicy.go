@@ -126,21 +126,17 @@ func (g *Engine) lockUseless() {
 }
 
 // giveBack releases a lock that a read took and its Get did not use, in a
-// goroutine of the Guard's: the Get does not wait for it. Close waits for
-// it (and cancels it: the lock then lapses); flush too.
+// goroutine of the supervisor's: the Get does not wait for it. Close
+// waits for it (and cancels it: the lock then lapses); flush too.
 func (g *Engine) giveBack(l *lock.Lock, vkey string) {
 	if l == nil {
 		return
 	}
-	g.bg.wg.Add(1)
-	end := g.pending.add()
-	go func() {
-		defer g.bg.wg.Done()
-		defer end()
-		if err := g.coord.Release(g.bg.ctx, l, vkey); err != nil && g.bg.ctx.Err() == nil {
-			_ = g.fail(context.Background(), "release", "", err) // counted and logged; the lock lapses
+	g.sup.goRun(func(ctx context.Context) {
+		if err := g.coord.Release(ctx, l, vkey); err != nil && ctx.Err() == nil {
+			_ = g.fail(ctx, "release", "", err) // counted and logged; the lock lapses
 		}
-	}()
+	})
 }
 
 // Probe order. While reads mostly hit, the HGET goes alone: a hit is one

@@ -39,9 +39,9 @@ func stale(raw []byte) bool {
 
 // refresh starts the background refresh of a hit that is past its
 // refresh-at time, unless one runs for the key in this process. The
-// goroutine belongs to the Guard (tracked by background, cancelled by
-// Close; flush waits for it too); it is started from inside the gate, so
-// Close cannot miss it.
+// goroutine is the supervisor's (cancelled and waited for by Close; flush
+// waits for it too); it is started from inside the gate, so Close cannot
+// miss it.
 func refresh[T any](g *Engine, id, vkey string, raw []byte, load LoadFunc[T]) {
 	if !stale(raw) {
 		return
@@ -49,26 +49,24 @@ func refresh[T any](g *Engine, id, vkey string, raw []byte, load LoadFunc[T]) {
 	if _, running := g.refreshing.LoadOrStore(vkey, struct{}{}); running {
 		return
 	}
-	g.bg.wg.Add(1)
-	end := g.pending.add() // flush waits for it
-	go func() {
+	if !g.sup.goRun(func(ctx context.Context) {
 		growstack.Grow() // a Coordinator run makes deep calls: see package growstack
-		defer g.bg.wg.Done()
-		defer end()
 		defer g.refreshing.Delete(vkey)
 		defer func() { // a panic in the load (raised again here by bounded): the value expires at its TTL
 			if p := recover(); p != nil {
 				g.log.Error("cacheguard: refresh ahead: load panicked", "id", id, "panic", p)
 			}
 		}()
-		ctx, cancel := context.WithTimeout(g.bg.ctx, g.flights.Timeout)
+		ctx, cancel := context.WithTimeout(ctx, g.flights.Timeout)
 		defer cancel()
 		c := &call[T]{g: g, id: id, vkey: vkey, load: load, refresh: true}
 		g.stats.refreshes.Add(1)
-		if err := g.coord.TryRun(ctx, vkey, g.field(), c); err != nil {
+		if err := g.coord.TryRun(ctx, vkey, g.field(), c); err != nil && g.sup.ctx.Err() == nil { // not Close
 			g.log.Warn("cacheguard: refresh ahead failed; the value expires at its TTL", "id", id, "err", g.fail(ctx, "refresh", id, err))
 		}
-	}()
+	}) {
+		g.refreshing.Delete(vkey)
+	}
 }
 
 func resolveRefresh(r *RefreshOptions) (*RefreshOptions, error) {

@@ -124,7 +124,7 @@ func b2i(b bool) int64 {
 // reports done when none is left; it then ends the replay under the mutex,
 // so an ID kept after that starts a new one. A failed round trip returns
 // false: retry waits, then calls it again.
-func (g *Engine) replayOnce() (done bool) {
+func (g *Engine) replayOnce(ctx context.Context) (done bool) {
 	u := &g.unw
 	for {
 		u.mu.Lock()
@@ -143,7 +143,7 @@ func (g *Engine) replayOnce() (done bool) {
 			return true
 		}
 		u.mu.Unlock()
-		if !g.replayBatch(batch, dropAll) {
+		if !g.replayBatch(ctx, batch, dropAll) {
 			return false
 		}
 		u.mu.Lock()
@@ -163,8 +163,8 @@ func (g *Engine) replayOnce() (done bool) {
 
 // replayBatch replays batch's IDs and, with dropAll, deletes every entry of
 // the Guard; it reports whether all of it reached Redis.
-func (g *Engine) replayBatch(batch map[string]uint64, dropAll bool) bool {
-	ctx, cancel := context.WithTimeout(g.bg.ctx, 4*g.opts.Tuning.RedisTimeout)
+func (g *Engine) replayBatch(ctx context.Context, batch map[string]uint64, dropAll bool) bool {
+	ctx, cancel := context.WithTimeout(ctx, 4*g.opts.Tuning.RedisTimeout)
 	defer cancel()
 	if err := g.rewrite(ctx, slices.Collect(maps.Keys(batch))); err != nil {
 		return false

@@ -51,6 +51,7 @@ type Batcher[Q any] struct {
 	run   func(ctx context.Context, calls []*Call[Q]) // answers every call's Req
 	limit int                                         // batches in flight at most
 	max   int                                         // calls per batch at most
+	spawn func(func())                                // starts the goroutine of a shared batch (its owner's: see New)
 
 	mu       sync.Mutex // guards inflight, pending, and the state of calls in pending
 	inflight int        // batches running
@@ -62,8 +63,14 @@ type Batcher[Q any] struct {
 // should bound its work by the ctx it is given (for a batch of several
 // calls it is the leading caller's, without its cancellation: see Do):
 // the batch holds its place in flight until run returns.
-func New[Q any](limit, max int, run func(ctx context.Context, calls []*Call[Q])) *Batcher[Q] {
-	return &Batcher[Q]{run: run, limit: max1(limit), max: max1(max)}
+//
+// spawn starts the goroutine a shared batch runs in, so that its owner can
+// wait for it (nil: a plain go statement).
+func New[Q any](limit, max int, run func(ctx context.Context, calls []*Call[Q]), spawn func(func())) *Batcher[Q] {
+	if spawn == nil {
+		spawn = func(f func()) { go f() }
+	}
+	return &Batcher[Q]{run: run, limit: max1(limit), max: max1(max), spawn: spawn}
 }
 
 func max1(n int) int { return max(n, 1) }
@@ -108,7 +115,7 @@ func (b *Batcher[Q]) Do(ctx context.Context, c *Call[Q]) error {
 			if len(c.lead) == 1 {
 				b.handOff()
 			} else {
-				go b.runShared(context.WithoutCancel(ctx), c.lead, nil)
+				b.spawn(func() { b.runShared(context.WithoutCancel(ctx), c.lead, nil) })
 			}
 			return ctx.Err()
 		default: // batched: answered by its batch, into nothing
@@ -140,7 +147,7 @@ func (b *Batcher[Q]) lead(ctx context.Context, batch []*Call[Q], self *Call[Q]) 
 		self.done = make(chan struct{}, 1)
 	}
 	self.state = batched
-	go b.runShared(context.WithoutCancel(ctx), batch, self)
+	b.spawn(func() { b.runShared(context.WithoutCancel(ctx), batch, self) })
 	select {
 	case <-self.done:
 	case <-ctx.Done():

@@ -30,7 +30,7 @@ func (d *double) run(_ context.Context, calls []*batch.Call[req]) {
 
 func TestAloneRunsAtOnceInTheCallersGoroutine(t *testing.T) {
 	var d double
-	b := batch.New(1, 16, d.run)
+	b := batch.New(1, 16, d.run, nil)
 	c := &batch.Call[req]{}
 	for i := range 5 {
 		c.Req = req{in: i}
@@ -85,7 +85,7 @@ func waitPending(t *testing.T, b *batch.Batcher[req], n int) {
 
 func TestWaitersGoTogetherInTheNextBatch(t *testing.T) {
 	g := newGated()
-	b := batch.New(1, 16, g.run)
+	b := batch.New(1, 16, g.run, nil)
 	first := &batch.Call[req]{Req: req{in: 100}}
 	errs := make(chan error, 8)
 	go func() { errs <- b.Do(context.Background(), first) }()
@@ -117,7 +117,7 @@ func TestWaitersGoTogetherInTheNextBatch(t *testing.T) {
 
 func TestBatchesHoldAtMostMax(t *testing.T) {
 	g := newGated()
-	b := batch.New(1, 4, g.run)
+	b := batch.New(1, 4, g.run, nil)
 	errs := make(chan error, 16)
 	go func() { errs <- b.Do(context.Background(), &batch.Call[req]{}) }()
 	<-g.entered
@@ -156,7 +156,7 @@ func TestLimitBatchesRunAtOnce(t *testing.T) {
 		}
 		<-release
 		running.Add(-1)
-	})
+	}, nil)
 	var wg sync.WaitGroup
 	for range 20 {
 		wg.Go(func() {
@@ -179,7 +179,7 @@ func TestLimitBatchesRunAtOnce(t *testing.T) {
 
 func TestWaiterLeavesWhenItsContextEnds(t *testing.T) {
 	g := newGated()
-	b := batch.New(1, 16, g.run)
+	b := batch.New(1, 16, g.run, nil)
 	done := make(chan error, 1)
 	go func() { done <- b.Do(context.Background(), &batch.Call[req]{}) }()
 	<-g.entered
@@ -218,7 +218,7 @@ func TestPanicAnswersTheOthersAndTheBatcherGoesOn(t *testing.T) {
 			panic("run failed")
 		}
 		g.run(ctx, calls)
-	})
+	}, nil)
 	errs := make(chan error, 8)
 	go func() { errs <- b.Do(context.Background(), &batch.Call[req]{}) }()
 	<-g.entered
@@ -255,7 +255,7 @@ func TestPanicAnswersTheOthersAndTheBatcherGoesOn(t *testing.T) {
 
 func TestManyCallersEachGetTheirOwnAnswer(t *testing.T) {
 	var d double
-	b := batch.New(2, 32, d.run)
+	b := batch.New(2, 32, d.run, nil)
 	var wg sync.WaitGroup
 	for w := range 64 {
 		wg.Go(func() {
@@ -306,7 +306,7 @@ func TestLeaderLeavesWithItsContext(t *testing.T) {
 			return
 		}
 		g.run(ctx, calls)
-	})
+	}, nil)
 	first := make(chan error, 1)
 	go func() { first <- b.Do(context.Background(), &batch.Call[req]{}) }()
 	<-g.entered

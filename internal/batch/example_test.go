@@ -15,7 +15,7 @@ func ExampleBatcher_Do() {
 		for _, c := range calls {
 			c.Req.out = strings.ToUpper(c.Req.in)
 		}
-	})
+	}, nil)
 	c := &batch.Call[upper]{Req: upper{in: "sku-1"}}
 	if err := b.Do(context.Background(), c); err != nil {
 		fmt.Println(err)

@@ -72,6 +72,9 @@ type Options struct {
 	// found in the hash: entries of other schema versions, which its
 	// re-check did not read.
 	OnOtherFields func(key, field string, others []string)
+	// Spawn, if set, starts the goroutines of shared round trips, so that
+	// their owner waits for them (nil: a plain go statement).
+	Spawn func(func())
 }
 
 // Filler is what a Coordinator fills a key for: it judges what the cache
@@ -165,7 +168,7 @@ func New(rdb redis.UniversalClient, channel string, opts *Options) *Coordinator 
 		opts:    o,
 		channel: channel,
 	}
-	c.trips = batch.New(tripsInFlight, tripBatchMax, c.runTrips)
+	c.trips = batch.New(tripsInFlight, tripBatchMax, c.runTrips, o.Spawn)
 	return c
 }
 

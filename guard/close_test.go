@@ -1,0 +1,157 @@
+package guard_test
+
+import (
+	"context"
+	"iter"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/cacheguard/cacheguard/guard"
+	"github.com/cacheguard/cacheguard/internal/redistest"
+)
+
+// parked is a job of the Guard's held in the application's code until
+// Close has begun (it sees its ctx cancelled) and the test lets it go.
+type parked struct {
+	entered, in, proceed chan struct{}
+}
+
+func newParked() *parked {
+	return &parked{entered: make(chan struct{}), in: make(chan struct{}), proceed: make(chan struct{})}
+}
+
+// hold blocks the job until its ctx is cancelled (Close began), then until
+// the test lets it go.
+func (p *parked) hold(ctx context.Context) {
+	close(p.entered)
+	<-ctx.Done()
+	close(p.in)
+	<-p.proceed
+}
+
+// closeWaits closes g while p holds one of its jobs, and checks that Close
+// returns only after the job has ended and that no goroutine the Guard
+// started is left (before: goroutines that ran before New).
+func closeWaits(t *testing.T, g *guard.Guard, p *parked, before goleak.Option) {
+	t.Helper()
+	<-p.entered
+	closed := make(chan struct{})
+	go func() { _ = g.Close(); close(closed) }()
+	<-p.in // Close has cancelled the job's ctx
+	select {
+	case <-closed:
+		t.Fatal("Close returned while a job of the Guard still ran")
+	default:
+	}
+	close(p.proceed)
+	<-closed
+	noneLeft(t, before)
+}
+
+// noneLeft fails if a goroutine started after before is still there.
+func noneLeft(t *testing.T, before goleak.Option) {
+	t.Helper()
+	if err := goleak.Find(before,
+		goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial")); err != nil {
+		t.Fatalf("goroutines left after Close: %v", err)
+	}
+}
+
+// TestCloseWaitsForEveryJob: Close cancels and waits for each kind of
+// background job the Guard runs: a refresh ahead, an automatic rebuild,
+// a load past LoadTimeout, the replay of a failed write, connecting after
+// a New without Redis, and the local cache's invalidation subscription.
+func TestCloseWaitsForEveryJob(t *testing.T) {
+	ctx := context.Background()
+	t.Run("refresh", func(t *testing.T) {
+		c := redistest.Connect(t)
+		before := goleak.IgnoreCurrent()
+		p := newParked()
+		g := openRebuilt(t, c, guard.Options{KeyPrefix: c.Prefix, TTL: time.Minute, RefreshAhead: &guard.RefreshOptions{At: 1e-9}}, 1000, 10)
+		loads := 0
+		load := func(ctx context.Context, id string) (product, error) {
+			if loads++; loads > 1 { // the refresh (flights of one ID run one at a time)
+				p.hold(ctx)
+			}
+			return product{ID: id}, nil
+		}
+		if _, err := guard.Get(ctx, g, "p1", load); err != nil { // the miss
+			t.Fatal(err)
+		}
+		flush(t, g)
+		if _, err := guard.Get(ctx, g, "p1", load); err != nil { // past its refresh-at time (60 ns in): starts the refresh
+			t.Fatal(err)
+		}
+		closeWaits(t, g, p, before)
+	})
+	t.Run("rebuild", func(t *testing.T) {
+		c := redistest.Connect(t)
+		before := goleak.IgnoreCurrent()
+		p := newParked()
+		src := func(ctx context.Context) iter.Seq2[string, error] {
+			return func(yield func(string, error) bool) {
+				p.hold(ctx)
+				yield("", ctx.Err())
+			}
+		}
+		g, err := guard.New(ctx, c, "product", &guard.Options{KeyPrefix: c.Prefix, Filter: guard.FilterOptions{ExpectedItems: 1000, IDs: src}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		closeWaits(t, g, p, before)
+	})
+	t.Run("abandoned load", func(t *testing.T) {
+		c := redistest.Connect(t)
+		before := goleak.IgnoreCurrent()
+		p := newParked()
+		g := openRebuilt(t, c, guard.Options{KeyPrefix: c.Prefix, LoadTimeout: time.Millisecond}, 1000, 10)
+		load := func(context.Context, string) (product, error) {
+			close(p.entered)
+			<-p.proceed // ignores its ctx, past LoadTimeout: the Get gives up on it
+			return product{}, nil
+		}
+		if _, err := guard.Get(ctx, g, "p1", load); err == nil {
+			t.Fatal("a load past LoadTimeout answered")
+		}
+		closed := make(chan struct{})
+		go func() { _ = g.Close(); close(closed) }()
+		// Nothing tells the load that Close began (its ctx ended before):
+		// a Close that did not wait for it returns in microseconds.
+		select {
+		case <-closed:
+			t.Fatal("Close returned while the abandoned load ran")
+		case <-time.After(100 * time.Millisecond):
+		}
+		close(p.proceed)
+		<-closed
+		noneLeft(t, before)
+	})
+	t.Run("replay, connect, local", func(t *testing.T) {
+		srv, rdb := redistest.Private(t)
+		before := goleak.IgnoreCurrent()
+		g, err := guard.New(ctx, rdb, "product", &guard.Options{Local: &guard.LocalOptions{}, Filter: guard.FilterOptions{ExpectedItems: 1000}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := srv.Stop(); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.Invalidate(ctx, "p1"); err == nil { // its replay starts
+			t.Fatal("Invalidate with Redis down returned nil")
+		}
+		g2, err := guard.New(ctx, rdb, "other", nil) // Redis down: connects later
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g.Stats().Unwritten != 1 {
+			t.Fatalf("Unwritten = %d, want 1", g.Stats().Unwritten)
+		}
+		if err := g.Close(); err != nil {
+			t.Logf("Close: %v", err)
+		}
+		_ = g2.Close()
+		noneLeft(t, before)
+	})
+}

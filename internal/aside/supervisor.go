@@ -1,0 +1,115 @@
+package aside
+
+import (
+	"context"
+	"sync"
+)
+
+// supervisor owns every goroutine an Engine starts and every flight under
+// way: each runs through go (or holds a place with hold) on the
+// supervisor's ctx, which stop cancels before it waits for all of them.
+// Close stops it after the gate has drained, so no call can start one
+// afterwards; one that tries anyway runs nothing (goRun reports false).
+// idle lets tests wait until the work counted as busy has ended (every
+// goroutine but the loops that wait for Redis: retry), instead of sleeping.
+type supervisor struct {
+	ctx    context.Context // the Engine's own: New's values, not its cancellation; cancelled by stop
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // one per goroutine or hold
+
+	mu      sync.Mutex    // guards the fields below, and orders wg.Add before stop's Wait
+	stopped bool          // stop has begun: go and hold refuse
+	running int           // busy goroutines and holds not yet ended (the loops of retry are not counted)
+	quiet   chan struct{} // closed when running falls to 0 (a new one is made on the next start)
+}
+
+func newSupervisor(ctx context.Context) *supervisor {
+	s := &supervisor{quiet: make(chan struct{})}
+	s.ctx, s.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	close(s.quiet)
+	return s
+}
+
+// hold counts one more piece of busy work until the returned func is
+// called; ok is false (and nothing is counted) once stop has begun.
+func (s *supervisor) hold() (end func(), ok bool) { return s.add(true) }
+
+func (s *supervisor) add(busy bool) (end func(), ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopped {
+		return func() {}, false
+	}
+	s.wg.Add(1)
+	if !busy {
+		return s.wg.Done, true
+	}
+	if s.running == 0 {
+		s.quiet = make(chan struct{})
+	}
+	s.running++
+	return s.end, true
+}
+
+func (s *supervisor) end() {
+	s.mu.Lock()
+	if s.running--; s.running == 0 {
+		close(s.quiet)
+	}
+	s.mu.Unlock()
+	s.wg.Done()
+}
+
+// goRun runs fn in a busy goroutine of the supervisor's on its ctx, and
+// reports whether it did (not once stop has begun).
+func (s *supervisor) goRun(fn func(ctx context.Context)) bool { return s.start(true, fn) }
+
+// goLoop is goRun for a loop that waits for Redis (retry): idle does not
+// wait for it.
+func (s *supervisor) goLoop(fn func(ctx context.Context)) bool { return s.start(false, fn) }
+
+func (s *supervisor) start(busy bool, fn func(ctx context.Context)) bool {
+	end, ok := s.add(busy)
+	if ok {
+		go func() {
+			defer end()
+			fn(s.ctx)
+		}()
+	}
+	return ok
+}
+
+// spawn is goRun for work that must run whatever happens (a shared round
+// trip that callers wait for): after stop it runs fn in the caller's
+// goroutine instead.
+func (s *supervisor) spawn(fn func()) {
+	if !s.goRun(func(context.Context) { fn() }) {
+		fn()
+	}
+}
+
+// stop cancels the supervisor's ctx and waits for every goroutine and hold.
+func (s *supervisor) stop() {
+	s.mu.Lock()
+	s.stopped = true
+	s.mu.Unlock()
+	s.cancel()
+	s.wg.Wait()
+}
+
+// idle waits until nothing the supervisor counts runs, or ctx ends.
+func (s *supervisor) idle(ctx context.Context) error {
+	for {
+		s.mu.Lock()
+		n, quiet := s.running, s.quiet
+		s.mu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-quiet:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}

@@ -383,6 +383,7 @@ func runChecker(t *testing.T, mode string, local, outage bool) checked {
 // operations in 3 processes, with the write-through calls (Add, Set, Delete)
 // and with Add + Invalidate.
 func TestConsistencyChecker(t *testing.T) {
+	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	for _, mode := range []string{"set", "invalidate"} {
 		t.Run(mode, func(t *testing.T) {
 			res := runChecker(t, mode, false, false)
@@ -398,6 +399,7 @@ func TestConsistencyChecker(t *testing.T) {
 // invalidation message arrives, so stale reads from them are measured and
 // reported, not asserted (see LocalOptions).
 func TestConsistencyCheckerLocal(t *testing.T) {
+	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	res := runChecker(t, "set", true, false)
 	if res.Failed != 0 || res.OwnStale != 0 || res.Reads < 10_000 {
 		t.Fatalf("%+v", res)
@@ -444,6 +446,7 @@ func stopAndRestore(t *testing.T, srv *redisserver.Server, cache redis.Universal
 // stale reads, asserted. The other processes read stale entries until the
 // writer's replay lands: counted and reported.
 func TestConsistencyCheckerOutage(t *testing.T) {
+	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	if redistest.ClusterMode() {
 		t.Skip("stops a private standalone server; the standalone run covers it")
 	}

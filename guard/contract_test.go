@@ -21,6 +21,7 @@ import (
 // none says ErrNotFound. New itself works without Redis, and the operations
 // of the Guard it returns report ErrUnavailable alike.
 func TestErrUnavailableFromEveryOperation(t *testing.T) {
+	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	ctx := context.Background()
 	failFast := &guard.Options{Outage: &guard.OutageOptions{FailFast: true}}
 	srv, rdb, g := privateGuard(t, failFast)

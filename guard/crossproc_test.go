@@ -126,6 +126,7 @@ func printJSON(v any) int {
 // TestStampedeAcrossProcesses: 4 processes × 100 goroutines on one cold key
 // at the same instant, over 20 keys: exactly one loader call per key.
 func TestStampedeAcrossProcesses(t *testing.T) {
+	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	const procs, rounds, goroutines = 4, 20, 100
 	c, _, _ := setup(t, rounds, nil)
 	env := []string{"PREFIX=" + c.Prefix, fmt.Sprintf("PROCS=%d", procs),
@@ -232,6 +233,7 @@ func childCrashWaiter(rdb redis.UniversalClient) int {
 // TestHolderCrash: the process holding the lock is SIGKILLed mid-load; the
 // others get the value about one lock TTL later, with one more loader call.
 func TestHolderCrash(t *testing.T) {
+	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	const lockTTL = time.Second
 	ctx := context.Background()
 	c, _, _ := setup(t, 10, nil)
@@ -348,6 +350,7 @@ func childStale(rdb redis.UniversalClient) int {
 // processes; afterwards every key's cache entry holds the source's final
 // value or nothing, never an older one.
 func TestStaleSetRace(t *testing.T) {
+	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	const procs, rounds, keys = 4, 250, 8
 	ctx := context.Background()
 	c, _, _ := setup(t, keys, nil)

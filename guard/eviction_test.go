@@ -29,6 +29,7 @@ import (
 // policy is warned about at New, a volatile-* one is not.
 // docs/operations.md (Eviction) quotes the figures it logs.
 func TestEvictingRedis(t *testing.T) {
+	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	if redistest.ClusterMode() {
 		t.Skip("runs on private standalone servers; the standalone run covers it")
 	}

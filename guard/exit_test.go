@@ -86,6 +86,7 @@ func childSpin(redis.UniversalClient) int {
 // value, no error, no caller waiting out a lock's lease, and no lock left
 // behind once every process has exited.
 func TestStampedeOfExitingProcesses(t *testing.T) {
+	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	if redistest.ClusterMode() {
 		t.Skip("runs against a private standalone server; the cluster run covers TestStampedeAcrossProcesses")
 	}

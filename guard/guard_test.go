@@ -302,6 +302,7 @@ func TestRejectFloodAfterHits(t *testing.T) {
 // 10,000 known IDs at p = 1%: only false positives reach the loader, and none
 // of them a second time (empty markers).
 func TestPenetration(t *testing.T) {
+	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	ctx := context.Background()
 	_, g, d := setup(t, 10_000, &guard.Options{Filter: guard.FilterOptions{ExpectedItems: 10_000, FalsePositiveRate: 0.01}})
 	round := func() int64 {

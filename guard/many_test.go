@@ -89,6 +89,7 @@ func TestGetMany(t *testing.T) {
 // same 50 cold IDs at once: each ID is loaded once in all, and no batch
 // waits for another (no deadlock between batches holding each other's IDs).
 func TestGetManyAcrossProcesses(t *testing.T) {
+	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	ctx := context.Background()
 	c, g0, d := setup(t, 100, nil)
 	d.delay = 20 * time.Millisecond
@@ -175,6 +176,7 @@ func TestGetManyLoaderPanic(t *testing.T) {
 // through in one batch call (the outage policy), and each ID counts as a
 // Get answered by a load.
 func TestGetManyWhenRedisIsDown(t *testing.T) {
+	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	ctx := context.Background()
 	srv, _, g := privateGuard(t, &guard.Options{})
 	if err := srv.Kill(); err != nil {

@@ -24,6 +24,7 @@ import (
 // of an ID into one load; the breaker opens, after which Gets do not ask
 // Redis at all.
 func TestLoadThroughWhenRedisIsDown(t *testing.T) {
+	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	ctx := context.Background()
 	srv, _, g := privateGuard(t, &guard.Options{})
 	d := newDB(10)
@@ -80,6 +81,7 @@ func TestLoadThroughWhenRedisIsDown(t *testing.T) {
 // TestLoadThroughIsCapped: the loads that an outage sends to the source of
 // truth are capped across IDs; the rest get ErrUnavailable at once.
 func TestLoadThroughIsCapped(t *testing.T) {
+	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	ctx := context.Background()
 	srv, rdb := redistest.Private(t)
 	g, err := guard.New(ctx, rdb, "product", &guard.Options{Outage: &guard.OutageOptions{MaxLoads: 2}, Filter: guard.FilterOptions{ExpectedItems: 1000}})
@@ -151,6 +153,7 @@ func TestLoadThroughWhenRedisRefusesWrites(t *testing.T) {
 // TestNewWithoutRedis: a Guard made while Redis is down serves through the
 // loader, and starts caching by itself when Redis comes back.
 func TestNewWithoutRedis(t *testing.T) {
+	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	ctx := context.Background()
 	srv, rdb := redistest.Private(t)
 	if err := srv.Kill(); err != nil {
@@ -270,6 +273,7 @@ func (s *syncBuffer) String() string {
 // every Get is answered from the database, the first warning is written
 // at once, and the whole outage writes at most 10 lines.
 func TestOutageLogsAFewLines(t *testing.T) {
+	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	var logs syncBuffer
 	srv, _, g := privateGuard(t, &guard.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	d := newDB(10)

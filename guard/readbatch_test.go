@@ -178,6 +178,7 @@ func TestReadBatchingOff(t *testing.T) {
 // reads fails, each of them gets ErrUnavailable (and loads through), never
 // ErrNotFound.
 func TestSharedRoundTripFails(t *testing.T) {
+	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	ctx := context.Background()
 	srv, rdb, g := privateGuard(t, &guard.Options{Outage: &guard.OutageOptions{FailFast: true}, Tuning: guard.Tuning{ReadsInFlight: 1}})
 	d := newDB(10)

@@ -146,6 +146,7 @@ func TestIDSourceReadAfterAnnounce(t *testing.T) {
 // through Rebuild (ErrShortSource) or the automatic rebuild (refused with
 // an ERROR; Gets fail open meanwhile); with Force a rebuild goes through.
 func TestShortSourceKeepsTheFilter(t *testing.T) {
+	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	ctx := context.Background()
 	c := redistest.Connect(t)
 	d := newDB(100)

@@ -15,6 +15,7 @@ import (
 // no caller is answered by a load it waited for (every Get is a hit), and
 // the loads stay at most 1.2 per TTL.
 func TestRefreshAheadHotKey(t *testing.T) {
+	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	for _, local := range []*guard.LocalOptions{nil, {TTL: time.Minute}} {
 		name := "redis"
 		if local != nil {
@@ -80,6 +81,7 @@ func refreshAheadHotKey(t *testing.T, local *guard.LocalOptions) {
 // hot, every Get that starts after an Invalidate or a Set returned gets that
 // write's value or a later one: a refresh never brings back older data.
 func TestRefreshAheadNeverServesOverAWrite(t *testing.T) {
+	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	ctx := context.Background()
 	_, g, d := setup(t, 10, &guard.Options{TTL: 200 * time.Millisecond, RefreshAhead: &guard.RefreshOptions{At: 0.3}})
 	d.delay = 5 * time.Millisecond

@@ -26,6 +26,7 @@ import (
 // Guard here) reads the new rows. No acknowledged write was lost: the
 // restart is not counted as losing any.
 func TestFailedWritesAreReplayed(t *testing.T) {
+	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	ctx := context.Background()
 	srv, rdb := redistest.Private(t)
 	d := newDB(100)
@@ -244,6 +245,7 @@ func TestUnwrittenOverflow(t *testing.T) {
 // serves the entry the Set replaced, and after the replay neither does any
 // other process.
 func TestAcknowledgedWriteLostInARestart(t *testing.T) {
+	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	ctx := context.Background()
 	srv, rdb := redistest.Private(t)
 	d := newDB(10)

@@ -25,6 +25,7 @@ import (
 // unknown IDs again once the filter is rebuilt: by hand for one Guard, by
 // itself (RebuildFrom) for another.
 func TestRedisRestartWithoutPersistence(t *testing.T) {
+	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	ctx := context.Background()
 	port, err := redisserver.FreePort(false)
 	if err != nil {
@@ -258,6 +259,7 @@ func TestResizeDoesNotBreakStarts(t *testing.T) {
 // filter is gone, and are rejected again once the Guard has rebuilt it by
 // itself (the time it took is logged; docs/incidents.md quotes it).
 func TestFilterHealsAfterRestart(t *testing.T) {
+	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	ctx := context.Background()
 	srv, rdb := redistest.Private(t) // a client at go-redis's defaults but MaxRetries (off)
 	d := newDB(100)

@@ -266,6 +266,7 @@ func TestOpenTelemetryOffRecordsNothing(t *testing.T) {
 // flight, and a load-through while Redis is down, each on its span and the
 // counter.
 func TestOpenTelemetryOtherOutcomes(t *testing.T) {
+	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	ctx := context.Background()
 	rig := newOtelRig(t)
 	srv, _, g := privateGuard(t, &guard.Options{

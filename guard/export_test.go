@@ -24,3 +24,16 @@ func AgeWrites(g *Guard, d time.Duration) { aside.AgeWrites(g.e, d) }
 
 // SetAfterRead runs f between each Get's read and its answer until restore.
 func SetAfterRead(f func(id string)) (restore func()) { return aside.SetAfterRead(f) }
+
+// Joins returns a channel that receives the value key of each caller that
+// joins a flight under way on g, until restore: tests wait for callers to
+// reach a flight instead of sleeping.
+func Joins(g *Guard, n int) (joins <-chan string, restore func()) {
+	ch := make(chan string, n)
+	return ch, aside.SetJoined(g.e, func(key string) {
+		select {
+		case ch <- key:
+		default: // more joins than the test waits for
+		}
+	})
+}

@@ -162,11 +162,10 @@ func TestLocalLateCallerSharesTheLoad(t *testing.T) {
 			go func() { _, err := guard.Get(ctx, g, "p1", load); errs <- err }()
 			<-entered // the first caller's flight is loading
 			c.Counter.Reset()
+			joins, restore := guard.Joins(g, 1)
+			defer restore()
 			go func() { _, err := guard.Get(ctx, g, "p1", load); errs <- err }()
-			for c.Counter.RoundTrips() == 0 {
-				time.Sleep(time.Millisecond) // until the late caller has read
-			}
-			time.Sleep(20 * time.Millisecond) // and joined the flight (checked below)
+			<-joins // the late caller has read and joined the flight (checked below)
 			close(release)
 			for range 2 {
 				if err := <-errs; err != nil {
@@ -427,6 +426,8 @@ func TestLateCallersShareTheirReadAgain(t *testing.T) {
 	<-entered // the first caller's flight is loading
 	c.Counter.Reset()
 	const late = 20
+	joins, restore := guard.Joins(g, late)
+	defer restore()
 	for range late {
 		go func() {
 			p, err := guard.Get(ctx, g, "p1", load)
@@ -436,10 +437,9 @@ func TestLateCallersShareTheirReadAgain(t *testing.T) {
 			errs <- err
 		}()
 	}
-	for c.Counter.Names()["hget"] < late {
-		time.Sleep(time.Millisecond) // until every late caller has read (and missed)
+	for range late {
+		<-joins // every late caller has read (and missed) and joined the flight
 	}
-	time.Sleep(20 * time.Millisecond) // and joined the flight
 	close(release)
 	for range late + 1 {
 		if err := <-errs; err != nil {

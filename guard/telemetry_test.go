@@ -285,7 +285,9 @@ func TestOpenTelemetryOtherOutcomes(t *testing.T) {
 	// after it run the next flight (see join), so the split is counted, not
 	// assumed: every Get is a miss (it ran a load) or coalesced.
 	release := make(chan struct{})
+	loading := make(chan string, 8)
 	slow := func(ctx context.Context, id string) (product, error) {
+		loading <- id
 		<-release
 		return d.load(ctx, id)
 	}
@@ -301,8 +303,15 @@ func TestOpenTelemetryOtherOutcomes(t *testing.T) {
 			errs <- err
 		}()
 	}
+	joins, restore := guard.Joins(g, 8)
+	defer restore()
 	close(start)
-	time.Sleep(50 * time.Millisecond) // let them reach the flight (a late one only runs a later flight)
+	for range 8 { // each caller loads (the flight) or joins it
+		select {
+		case <-loading:
+		case <-joins:
+		}
+	}
 	close(release)
 	wg.Wait()
 	close(errs)

@@ -36,10 +36,14 @@ func join[T any](ctx context.Context, g *Engine, key string, from since, proto c
 			g.giveBack(c.held, c.vkey)
 		}
 	}
+	onJoin := giveBack
+	if hook := g.joinedHook.Load(); hook != nil {
+		onJoin = func() { giveBack(); (*hook)(key) }
+	}
 	var err error
 	j.fl, j.shared, err = g.flights.DoOnJoin(ctx, key, func(ctx context.Context) (flight, error) {
 		return fly(c, ctx)
-	}, giveBack)
+	}, onJoin)
 	giveBack()                 // or it left before its own flight took the lock
 	j.mine = j.fl.by == any(c) // this caller's function ran the flight
 	answered := err == nil || errors.Is(err, ErrNotFound)

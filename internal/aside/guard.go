@@ -52,12 +52,13 @@ type Engine struct {
 	bf           filterState                 // the bloom filter, once opened (connect.go)
 	outage       *outage                     // what Get does when Redis cannot answer
 	stats        counters
-	unw          unwritten   // the IDs whose writes failed, until replayed (replay.go)
-	marks        *marks      // this Guard's writes in Redis, to notice those Redis lost (lost.go)
-	schemaWarned warnedPairs // the pairs of schema versions warned of (otherSchemas)
-	tel          *telemetry  // OpenTelemetry instruments, or nil (off)
-	sup          *supervisor // every goroutine and flight of the Engine, stopped and waited for by Close
-	refreshing   sync.Map    // value key → struct{}: the refreshes ahead running in this process
+	unw          unwritten                        // the IDs whose writes failed, until replayed (replay.go)
+	marks        *marks                           // this Guard's writes in Redis, to notice those Redis lost (lost.go)
+	schemaWarned warnedPairs                      // the pairs of schema versions warned of (otherSchemas)
+	tel          *telemetry                       // OpenTelemetry instruments, or nil (off)
+	sup          *supervisor                      // every goroutine and flight of the Engine, stopped and waited for by Close
+	refreshing   sync.Map                         // value key → struct{}: the refreshes ahead running in this process
+	joinedHook   atomic.Pointer[func(key string)] // set by tests alone: told of each caller that joins a flight (hooks.go)
 	closeOnce    sync.Once
 	closeErr     error // set once by Close
 }

@@ -37,3 +37,10 @@ func SetAfterRead(f func(id string)) (restore func()) {
 	afterRead = f
 	return func() { afterRead = nil }
 }
+
+// SetJoined tells f of each caller that joins a flight under way on e (its
+// value key), until restore.
+func SetJoined(e *Engine, f func(key string)) (restore func()) {
+	e.joinedHook.Store(&f)
+	return func() { e.joinedHook.Store(nil) }
+}

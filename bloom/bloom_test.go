@@ -284,6 +284,7 @@ func TestRebuildRefusesASaturatedFilter(t *testing.T) {
 // dead server with an error wrapping ErrUnavailable, never ErrNotReady (which
 // means "the filter cannot answer", not "Redis cannot").
 func TestRedisDownIsErrUnavailable(t *testing.T) {
+	t.Parallel() // its own server: runs beside the other slow one
 	ctx := context.Background()
 	srv, rdb := redistest.Private(t)
 	f, err := bloom.Open(ctx, rdb, "bf", &bloom.Options{ExpectedItems: 1000})

@@ -20,6 +20,7 @@ import (
 // false-positive rate within [0.7%, 1.3%] over 1,000,000 absent IDs, no false
 // negative, and each probe one command.
 func TestMillionItemsSharded(t *testing.T) {
+	t.Parallel() // its own keys: runs beside the other slow one
 	ctx := context.Background()
 	c := redistest.Connect(t)
 	opts := &bloom.Options{ExpectedItems: 1_000_000, FalsePositiveRate: 0.01, MaxShardBytes: 256 << 10}

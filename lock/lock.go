@@ -22,7 +22,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"math/rand/v2"
+	"github.com/cacheguard/cacheguard/internal/backoff"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -109,7 +109,7 @@ func (c *Client) Obtain(ctx context.Context, key string, ttl time.Duration, opts
 		return nil, err
 	}
 	deadline := time.Now().Add(o.Wait)
-	backoff := o.MinBackoff
+	pause := backoff.New(o.MinBackoff, o.MaxBackoff, true)
 	for {
 		pipe := c.rdb.Pipeline()
 		q := c.queue(ctx, pipe, key, ttl, token, true)
@@ -123,18 +123,12 @@ func (c *Client) Obtain(ctx context.Context, key string, ttl time.Duration, opts
 		if left <= 0 {
 			return nil, held
 		}
-		pause := time.Duration(rand.Int64N(int64(backoff)) + 1)
+		bound := left // and never past the holder's remaining lease
 		if held.TTL > 0 {
-			pause = min(pause, held.TTL)
+			bound = min(bound, held.TTL)
 		}
-		pause = min(pause, left)
-		backoff = min(2*backoff, o.MaxBackoff)
-		t := time.NewTimer(pause)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, ctx.Err()
-		case <-t.C:
+		if err := pause.Wait(ctx, bound, nil); err != nil {
+			return nil, err
 		}
 	}
 }

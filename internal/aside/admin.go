@@ -70,11 +70,11 @@ func (g *Engine) Add(ctx context.Context, ids ...string) error {
 // that cannot reach Redis wraps ErrUnavailable and is replayed (as an
 // Invalidate; see Stats.Unwritten).
 func Set[T any](ctx context.Context, g *Engine, id string, v T) error {
-	pass, err := g.gate.enter()
+	pass, err := g.sup.enter()
 	if err != nil {
 		return err
 	}
-	defer g.gate.leave(pass)
+	defer g.sup.leave(pass)
 	if err := Bind[T](g); err != nil {
 		return err
 	}
@@ -161,11 +161,11 @@ func (g *Engine) forget(keys []string, copy *localEntry) {
 // write runs a write of ids inside the gate, with their value keys (none:
 // nothing to do; a malformed ID: ErrInvalidKey before any Redis command).
 func (g *Engine) write(ctx context.Context, ids []string, fn func(keys []string) error) error {
-	pass, err := g.gate.enter()
+	pass, err := g.sup.enter()
 	if err != nil {
 		return err
 	}
-	defer g.gate.leave(pass)
+	defer g.sup.leave(pass)
 	keys, err := g.valueKeys(ids)
 	if err != nil || len(keys) == 0 {
 		return err
@@ -246,11 +246,11 @@ func (g *Engine) queueInvalidate(ctx context.Context, pipe redis.Pipeliner, keys
 // rebuild, if one runs; if it fails and Filter.IDs is set, the Guard goes
 // on trying in the background. opts may be nil.
 func (g *Engine) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts *bloom.RebuildOptions) (int, error) {
-	pass, err := g.gate.enter()
+	pass, err := g.sup.enter()
 	if err != nil {
 		return 0, err
 	}
-	defer g.gate.leave(pass)
+	defer g.sup.leave(pass)
 	f, err := g.filter(ctx)
 	if err != nil {
 		g.autoRebuild("a Rebuild failed")
@@ -268,11 +268,11 @@ func (g *Engine) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts
 // Info describes the Guard's bloom filter as it is in Redis (see bloom.Info;
 // it counts bits, so keep it off the request path).
 func (g *Engine) Info(ctx context.Context) (bloom.Info, error) {
-	pass, err := g.gate.enter()
+	pass, err := g.sup.enter()
 	if err != nil {
 		return bloom.Info{}, err
 	}
-	defer g.gate.leave(pass)
+	defer g.sup.leave(pass)
 	f, err := g.filter(ctx)
 	if err != nil {
 		return bloom.Info{}, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	_ "embed"
 	"errors"
+	"github.com/cacheguard/cacheguard/internal/backoff"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -183,18 +184,10 @@ const (
 func (g *Engine) retry(attempt func(ctx context.Context) bool, end func(), wake <-chan struct{}) {
 	if !g.sup.goLoop(func(ctx context.Context) {
 		defer end()
-		for wait := retryMin; ; wait = min(2*wait, retryMax) {
-			if attempt(ctx) {
+		pause := backoff.New(retryMin, retryMax, false)
+		for !attempt(ctx) {
+			if pause.Wait(ctx, 0, wake) != nil {
 				return
-			}
-			t := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return
-			case <-wake:
-				t.Stop()
-			case <-t.C:
 			}
 		}
 	}) {

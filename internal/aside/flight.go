@@ -3,6 +3,15 @@ package aside
 import (
 	"context"
 	"errors"
+	"fmt"
+	"runtime/debug"
+	"sync/atomic"
+	"time"
+
+	"github.com/cacheguard/cacheguard/codec"
+	"github.com/cacheguard/cacheguard/internal/coord"
+	"github.com/cacheguard/cacheguard/internal/growstack"
+	"github.com/cacheguard/cacheguard/lock"
 )
 
 // joined is a caller's part in a flight: the call that ran it, what it
@@ -85,4 +94,297 @@ func answerJoined[T any](ctx context.Context, g *Engine, id string, j joined[T],
 // read before the subscription never equals one read after it).
 func (g *Engine) noWriteHeard(then, now uint64) bool {
 	return g.local != nil && then != 0 && then == now && g.local.sub.Load() != nil
+}
+
+// fill runs a miss (step 5) through a flight shared with the other callers
+// of the ID in this process (see join). held is the key's lock if the
+// caller's read took it (see lockWithRead): the flight the caller starts
+// loads under it; if the caller joins a flight already under way instead,
+// it gives the lock back.
+func fill[T any](ctx context.Context, g *Engine, id, vkey string, load LoadFunc[T], from since, held *lock.Lock) (T, error) {
+	// Between rounds: the flight that ended has written its answer (or
+	// another's write deleted it), and a read that starts now usually finds
+	// it, one round trip where a flight would take two. The callers in this
+	// case share it (they all started before that flight ended), with no
+	// lock: the next join attempts it.
+	var early struct {
+		v   T
+		ok  bool
+		err error
+	}
+	reread := func() bool {
+		if r, err := g.readShared(ctx, id, vkey, from, false); err == nil {
+			early.v, early.ok, early.err = answerRead(ctx, g, id, vkey, r, load, from)
+		}
+		return early.ok
+	}
+	j, err := joinServed(ctx, g, vkey, from, call[T]{g: g, id: id, vkey: vkey, load: load, held: held}, (*call[T]).fly, reread)
+	switch {
+	case early.ok:
+		return early.v, early.err
+	case downOrRefusing(err): // the lock or the re-check failed: Redis cannot fill
+		return loadThrough(ctx, g, id, vkey, load, from, err)
+	}
+	return answerJoined(ctx, g, id, j, err, false)
+}
+
+// call is the state of one fill flight. Only the flight writes it (fly and
+// the Filler methods, which the Coordinator calls from the flight's
+// goroutine), and the caller that started it reads it after the flight
+// returned, so it needs no lock.
+type call[T any] struct {
+	g        *Engine
+	id, vkey string
+	load     LoadFunc[T]
+
+	held      *lock.Lock // the key's lock, taken by the caller's read (see lockWithRead), or nil
+	heldClaim int32      // who uses held, the first to claim it (claimHeld; an int32 because join copies a prototype call)
+
+	waiter   coord.Waiter // told when the Coordinator waits for another holder (GetMany's batch), or nil
+	refresh  bool         // a refresh ahead of expiry: an entry past its refresh-at time does not answer
+	epoch    uint64       // the local cache's epoch when the flight began (0 without Options.Local)
+	loadedAt uint64       // the last load's number from Guard.starts, taken as it began (0: no load)
+
+	found   flight // what the re-check or the load found
+	err     error  // the answer's error: ErrNotFound after a marker, or the load's failure
+	v       T      // the value decoded from found.frame: on a hit, or by keep when the local cache keeps values decoded
+	decoded bool   // v holds it
+	kept    bool   // the current load's answer is in the local cache (keep)
+}
+
+// fly is the flight: step 5 of the package doc, once for the callers of the
+// ID in this process. It passes the gate itself: it can outlive the caller
+// that started it.
+func (c *call[T]) fly(ctx context.Context) (flight, error) {
+	g := c.g
+	pass, err := g.sup.enter()
+	if err != nil {
+		return flight{outcome: outFailed}, err
+	}
+	defer g.sup.leave(pass)
+	end, ok := g.sup.hold() // Close and flush wait for the flight
+	if !ok {
+		return flight{outcome: outFailed}, ErrClosed
+	}
+	defer end()
+	started := g.starts.Add(1)
+	if g.local != nil {
+		c.epoch = g.local.epoch.Load() // before the reads: see local.put
+	}
+	fl, err := c.coordinate(ctx)
+	if c.loadedAt != 0 {
+		// The answer was read from the source of truth after this number
+		// was taken: it serves every caller that started before (see join).
+		started = c.loadedAt
+	}
+	fl.epoch, fl.started, fl.by = c.epoch, started, c
+	if g.local != nil && err == nil && !c.kept {
+		c.keep(fl)
+	}
+	return fl, err
+}
+
+// keep puts what the flight loaded in the local cache while the flight is
+// still the ID's, after its write. A caller
+// that arrives before the end of the flight joins it (see join) instead of
+// finding the expired copy (see goneGrace) and starting a flight of its
+// own, a lock attempt and a release. A type that can be handed out without
+// a decode is kept decoded (see kept). An entry the lock attempt's re-check
+// found is kept too, for the TTL the re-check read with it (see keeping);
+// a marker is not (as on the read path).
+func (c *call[T]) keep(fl flight) {
+	g := c.g
+	if fl.ttl <= 0 {
+		return
+	}
+	var value any
+	if g.keepsDecoded() {
+		if !c.decoded { // decoded once: the caller that started the flight takes it too (fill)
+			var v T
+			if codec.Decode(g.opts.Codec, fl.frame, &v) != nil {
+				return
+			}
+			c.v, c.decoded = v, true
+		}
+		value = kept(g, c.v) // c.v goes to the caller that started the flight
+	}
+	g.local.put(c.id, fl.frame, value, fl.ttl, fl.epoch)
+	c.kept = true
+}
+
+// Claims on call.held: the caller's read took the key's lock, and either
+// the flight the caller started loads under it, or the caller gives it back
+// once join returns (it joined another flight, or left before its own
+// began). Whichever claims it first.
+const (
+	heldByFlight = 1 + iota
+	heldByCaller
+)
+
+// claimHeld claims c.held for who, and reports whether who got it.
+func (c *call[T]) claimHeld(who int32) bool {
+	return c.held != nil && atomic.CompareAndSwapInt32(&c.heldClaim, 0, who)
+}
+
+// coordinate runs the miss through the Coordinator (see coord.Coordinator):
+// one load per ID across processes, written only while its lock is its own.
+// Under the lock the caller's read took, it starts at the load (RunHeld).
+func (c *call[T]) coordinate(ctx context.Context) (flight, error) {
+	var f coord.Filler = c
+	if c.g.local != nil {
+		f = keeping[T]{c}
+	}
+	var err error
+	if c.claimHeld(heldByFlight) {
+		err = c.g.coord.RunHeld(ctx, c.held, c.vkey, c.g.field(), f)
+	} else {
+		err = c.g.coord.Run(ctx, c.vkey, c.g.field(), f)
+	}
+	switch {
+	case err == nil:
+		return c.found, c.err // c.err is ErrNotFound after a marker
+	case errors.Is(err, coord.ErrBusy):
+		return flight{outcome: outFailed}, fmt.Errorf("cacheguard: %s %q: %w", c.g.name, c.id, ErrBusy)
+	case errors.Is(err, ErrUnavailable):
+		return flight{outcome: outFailed}, c.g.fail(ctx, "fill", c.id, err)
+	}
+	return flight{outcome: outFailed}, err
+}
+
+// Waiting passes the Coordinator's news on to the call's waiter
+// (coord.Waiter).
+func (c *call[T]) Waiting() {
+	if c.waiter != nil {
+		c.waiter.Waiting()
+	}
+}
+
+// Cached judges a cache entry (coord.Filler): see decodeEntry.
+func (c *call[T]) Cached(ctx context.Context, raw []byte) bool {
+	if c.refresh && stale(raw) {
+		return false // still the value to refresh: load it
+	}
+	e := decodeEntry[T](ctx, c.g, c.vkey, raw)
+	if e.ok {
+		c.found, c.err, c.v, c.decoded = e.found, e.err, e.v, e.err == nil
+	}
+	return e.ok
+}
+
+// keeping is a call whose flight keeps what it finds in the local cache
+// (Options.Local): a coord.TTLFiller, so that the lock attempt's re-check
+// reads the entry's TTL too and the flight can keep what it found (see
+// keep). Without it, a copy that expired in memory before its entry did
+// in Redis (the flight that loaded it kept it as the load returned, before
+// its write reached Redis) sent every Get of the key to a flight of its
+// own until the entry expired there too: on the hot key of table 4b, up to
+// 33 lock attempts and releases in a row at one expiry.
+type keeping[T any] struct{ *call[T] }
+
+// CachedTTL is Cached for an entry that expires in ttl
+// (coord.TTLFiller): the flight then keeps it for that long at most.
+func (k keeping[T]) CachedTTL(ctx context.Context, raw []byte, ttl time.Duration) bool {
+	if !k.Cached(ctx, raw) {
+		return false
+	}
+	if k.err == nil {
+		k.found.ttl = ttl
+	}
+	return true
+}
+
+// Load calls the load function (coord.Filler) under LoadTimeout and returns
+// the frame to cache: the value's, or an empty marker when it said
+// ErrNotFound.
+func (c *call[T]) Load(ctx context.Context) (_ []byte, _ time.Duration, err error) {
+	g := c.g
+	defer func() {
+		if p := recover(); p != nil { // a panicking load is a failed one: counted so, then raised again
+			g.loaded(1, ErrLoaderPanic)
+			panic(p)
+		}
+		g.loaded(1, err)
+	}()
+	c.decoded, c.kept = false, false
+	c.loadedAt = g.starts.Add(1) // before the load reads: see join
+	done := func(error) {}
+	if c.waiter == nil && g.tel != nil { // a batch records its own call
+		ctx, done = g.tel.load(ctx)
+	}
+	val, err := c.bounded(ctx)
+	done(err)
+	if errors.Is(err, ErrNotFound) {
+		c.found, c.err = flight{outcome: outLoaded}, ErrNotFound
+		return codec.Empty(), g.jitter(g.opts.EmptyTTL), nil
+	}
+	if err != nil {
+		c.found, c.err = flight{outcome: outFailed}, fmt.Errorf("cacheguard: %s %q: load: %w", g.name, c.id, err)
+		return nil, 0, c.err
+	}
+	frame, ttl, err := g.valueFrame(val)
+	if err != nil {
+		c.found, c.err = flight{outcome: outFailed}, fmt.Errorf("cacheguard: %s %q: %w", g.name, c.id, err)
+		return nil, 0, c.err
+	}
+	c.found, c.err = flight{frame: frame, outcome: outLoaded, ttl: ttl}, nil
+	return frame, ttl, nil
+}
+
+// Waited records a wait on another process's load (coord.WaitObserver).
+func (c *call[T]) Waited(ctx context.Context, began time.Time, result string) {
+	c.g.tel.waited(ctx, began, result)
+}
+
+// loadPanic is a load's panic, raised again in the flight with the stack of
+// the load's goroutine, which loader.Group reports instead of its own.
+type loadPanic struct {
+	value any
+	stack []byte
+}
+
+func (p loadPanic) String() string     { return fmt.Sprint(p.value) }
+func (p loadPanic) PanicStack() []byte { return p.stack }
+
+// loaded is what one call of the load function returned (or its panic).
+type loaded[T any] struct {
+	v     T
+	err   error
+	panic any
+}
+
+// bounded calls the load function and waits for it at most LoadTimeout,
+// even if it ignores its ctx: the load runs in a goroutine of its own, and a
+// result that comes later is dropped (never cached: nothing waits for it).
+// The goroutine is the supervisor's (Close waits for it) and ends when the
+// load function returns; a panic in it is carried back and raised again
+// here, in the flight, where loader.Group turns it into ErrLoaderPanic.
+func (c *call[T]) bounded(ctx context.Context) (T, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.g.opts.LoadTimeout)
+	defer cancel()
+	done := make(chan loaded[T], 1)
+	if !c.g.sup.goRun(func(context.Context) {
+		growstack.Grow() // the load is usually a database driver's deep calls: see package growstack
+		var r loaded[T]
+		defer func() {
+			if p := recover(); p != nil {
+				r.panic = loadPanic{value: p, stack: debug.Stack()}
+			}
+			done <- r
+		}()
+		r.v, r.err = c.load(ctx, c.id)
+	}) {
+		var zero T
+		return zero, ErrClosed
+	}
+	select {
+	case r := <-done:
+		if r.panic != nil {
+			panic(r.panic)
+		}
+		return r.v, r.err
+	case <-ctx.Done():
+		c.g.stats.abandonedLoads.Add(1)
+		var zero T
+		return zero, fmt.Errorf("load did not return within LoadTimeout (%v): %w", c.g.opts.LoadTimeout, ctx.Err())
+	}
 }

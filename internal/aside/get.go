@@ -57,11 +57,11 @@ func get[T any](ctx context.Context, g *Engine, id string, load LoadFunc[T]) (T,
 		}
 		gone = st == localGone
 	}
-	pass, err := g.gate.enter()
+	pass, err := g.sup.enter()
 	if err != nil {
 		return zero, err
 	}
-	defer g.gate.leave(pass)
+	defer g.sup.leave(pass)
 	vkey, err := g.keys.Value(id)
 	if err != nil {
 		return zero, err
@@ -121,12 +121,12 @@ var afterRead func(id string)
 // from the load function alone, as in an outage, until the write is
 // replayed (replay.go).
 func getUnwritten[T any](ctx context.Context, g *Engine, id string, load LoadFunc[T]) (T, error) {
-	pass, err := g.gate.enter()
+	pass, err := g.sup.enter()
 	if err != nil {
 		var zero T
 		return zero, err
 	}
-	defer g.gate.leave(pass)
+	defer g.sup.leave(pass)
 	vkey, err := g.keys.Value(id)
 	if err != nil {
 		var zero T
@@ -192,7 +192,7 @@ func answerRead[T any](ctx context.Context, g *Engine, id, vkey string, r readRe
 // reports ErrClosed. IDs are not checked here: a malformed one was never
 // stored, so it misses and Get refuses it afterwards.
 func localHit[T any](ctx context.Context, g *Engine, id string) (T, localState) {
-	if g.gate.closed.Load() {
+	if g.sup.closed.Load() {
 		var zero T
 		return zero, localNone
 	}

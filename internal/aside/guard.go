@@ -42,7 +42,6 @@ type Engine struct {
 	keys keyspace.Guard
 	log  *slog.Logger
 
-	gate         gate                        // every entry point passes it; Close shuts it
 	bound        atomic.Pointer[typeBinding] // the type values decode into, set by the first Get or For
 	starts       atomic.Uint64               // counts flights and shared reads as they start (see since)
 	rd           reader                      // the read of step 3 (read.go)
@@ -100,7 +99,6 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 		g.rd.batch = batch.New(math.MaxInt, 1, g.runReads, g.sup.spawn)
 	}
 	g.rd.calls.New = func() any { return new(batch.Call[readReq]) }
-	g.gate.drained, g.gate.left = make(chan struct{}), make(chan struct{}, 1)
 	// A new Guard's first reads are likely misses (a cold cache, or a
 	// flood of unknown IDs already under way): they send the bloom probe
 	// with the HGET until hits have paid the credit back (see read).
@@ -177,17 +175,11 @@ func (g *Engine) Name() string { return g.name }
 // minute whatever the entry point.
 func (g *Engine) Logger() *slog.Logger { return g.log }
 
-// Close shuts the Guard: every call that starts afterwards, of every method
-// and of Get (values held in process memory included), fails with ErrClosed.
-// Close waits for the calls in progress and the flights they started (each
-// bounded by LoadTimeout and LockWait), so that their cache writes land
-// before the caller closes the Redis client; then it cancels any background
-// rebuild and ends the Guard's pub/sub subscriptions. Closing again returns
-// the first Close's result.
+// Close shuts the supervisor (the gate, then every goroutine), then the
+// subscriptions and instruments: see guard.Guard.Close.
 func (g *Engine) Close() error {
 	g.closeOnce.Do(func() {
-		g.gate.close()
-		g.sup.stop()
+		g.sup.close()
 		var errs []error
 		if g.local != nil {
 			errs = append(errs, g.local.close())

@@ -42,11 +42,11 @@ func GetMany[T any](ctx context.Context, g *Engine, ids []string, load BatchLoad
 
 // getMany is GetMany without its span.
 func getMany[T any](ctx context.Context, g *Engine, ids []string, load BatchLoadFunc[T]) (map[string]T, error) {
-	pass, err := g.gate.enter()
+	pass, err := g.sup.enter()
 	if err != nil {
 		return nil, err
 	}
-	defer g.gate.leave(pass)
+	defer g.sup.leave(pass)
 	if err := Bind[T](g); err != nil {
 		return nil, err
 	}
@@ -252,10 +252,10 @@ func fillMany[T any](ctx context.Context, g *Engine, ids, keys []string, load Ba
 			defer func() { answers <- a }()
 			defer m.Waiting() // answered, loaded, failed or panicked: no longer undecided
 			var pass gatePass
-			if pass, a.err = g.gate.enter(); a.err != nil {
+			if pass, a.err = g.sup.enter(); a.err != nil {
 				return
 			}
-			defer g.gate.leave(pass)
+			defer g.sup.leave(pass)
 			defer func() {
 				if p := recover(); p != nil { // a panic in the load, raised again here by bounded
 					a = answer{id: ids[i], found: flight{outcome: outFailed}, err: fmt.Errorf("%w: %v", ErrLoaderPanic, p)}

@@ -160,11 +160,11 @@ func loadThrough[T any](ctx context.Context, g *Engine, id, vkey string, load Lo
 // loadThrough is the flight of a load-through: one load, no Redis.
 func (c *call[T]) loadThrough(ctx context.Context) (flight, error) {
 	g := c.g
-	pass, err := g.gate.enter()
+	pass, err := g.sup.enter()
 	if err != nil {
 		return flight{outcome: outFailed}, err
 	}
-	defer g.gate.leave(pass)
+	defer g.sup.leave(pass)
 	started := g.starts.Add(1)
 	if err := g.outage.admit(g, fmt.Sprintf(" %q", c.id)); err != nil {
 		return flight{outcome: outFailed, started: started, by: c}, err

@@ -3,6 +3,7 @@ package aside
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 )
 
 // supervisor owns every goroutine an Engine starts and every flight under
@@ -13,6 +14,7 @@ import (
 // idle lets tests wait until the work counted as busy has ended (every
 // goroutine but the loops that wait for Redis: retry), instead of sleeping.
 type supervisor struct {
+	gate                   // every entry point and flight passes it; close shuts it before stop
 	ctx    context.Context // the Engine's own: New's values, not its cancellation; cancelled by stop
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // one per goroutine or hold
@@ -25,6 +27,7 @@ type supervisor struct {
 
 func newSupervisor(ctx context.Context) *supervisor {
 	s := &supervisor{quiet: make(chan struct{})}
+	s.gate.drained, s.gate.left = make(chan struct{}), make(chan struct{}, 1)
 	s.ctx, s.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	close(s.quiet)
 	return s
@@ -88,6 +91,13 @@ func (s *supervisor) spawn(fn func()) {
 	}
 }
 
+// close shuts the gate (new calls get ErrClosed), waits for the calls
+// inside, then stops: no call is left to start a goroutine.
+func (s *supervisor) close() {
+	s.gate.close()
+	s.stop()
+}
+
 // stop cancels the supervisor's ctx and waits for every goroutine and hold.
 func (s *supervisor) stop() {
 	s.mu.Lock()
@@ -112,4 +122,62 @@ func (s *supervisor) idle(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
+}
+
+// gate lets calls in until it is closed, then waits for those inside. Every
+// exported entry point and every flight passes it (enter, then leave with
+// the pass enter gave). Calls inside are counted on stripes, one cache line
+// each (see pick): one atomic add on the way in and one on the way out, on
+// a line that two cores rarely share. A call leaves on the stripe it
+// entered, so no stripe goes negative and a stripe's count is exact.
+//
+// Close sets closed, then sums the stripes until they read zero, woken by
+// each leave that sees closed. A call that entered before closed was set is
+// seen by that sum (its add precedes its read of closed, which precedes the
+// store, which precedes the sum's read); a call that enters after sees
+// closed and leaves at once.
+type gate struct {
+	inside  stripes // calls inside, each counted on the stripe it entered on
+	closed  atomic.Bool
+	left    chan struct{} // made by New, buffer 1: a call left after closed was set
+	once    sync.Once     // closes drained
+	drained chan struct{} // made by New; closed once the gate is closed and empty
+}
+
+// gatePass is the stripe a call entered on.
+type gatePass uint32
+
+// enter lets a call in, or reports ErrClosed. A call let in must leave with
+// the pass.
+func (gt *gate) enter() (gatePass, error) {
+	p := gatePass(gt.inside.pick())
+	gt.inside.add(int(p), 1)
+	if gt.closed.Load() {
+		gt.leave(p)
+		return 0, ErrClosed
+	}
+	return p, nil
+}
+
+func (gt *gate) leave(p gatePass) {
+	gt.inside.add(int(p), -1)
+	if gt.closed.Load() {
+		select {
+		case gt.left <- struct{}{}:
+		default: // a wake-up is already pending
+		}
+	}
+}
+
+// close refuses new calls and waits for the calls inside to leave. Several
+// callers may close; all return once the gate is empty.
+func (gt *gate) close() {
+	gt.closed.Store(true)
+	gt.once.Do(func() {
+		for gt.inside.sum() != 0 {
+			<-gt.left
+		}
+		close(gt.drained)
+	})
+	<-gt.drained
 }

@@ -343,3 +343,136 @@ func (c *Coordinator) attempt(ctx context.Context, key, field string, f Filler) 
 func (c *Coordinator) op(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, c.opts.OpTimeout)
 }
+
+// reading is a read of a key's field, with the key's PTTL when the attempt
+// asked for it (pttl nil: not asked).
+type reading struct {
+	get  *redis.StringCmd
+	pttl *redis.DurationCmd
+}
+
+// cached reads a reading's reply: done when f accepts what the cache holds.
+// A TTLFiller is given the entry's TTL when the reading carries one.
+func (c *Coordinator) cached(ctx context.Context, r reading, f Filler) (done bool, err error) {
+	raw, err := r.get.Bytes()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return false, nil
+	case err != nil:
+		return true, fmt.Errorf("coord: read: %w", redisfail.Wrap(err))
+	}
+	if tf, ok := f.(TTLFiller); ok && r.pttl != nil {
+		if ttl, err := r.pttl.Result(); err == nil && ttl > 0 {
+			return tf.CachedTTL(ctx, raw, ttl), nil
+		}
+	}
+	return f.Cached(ctx, raw), nil
+}
+
+// hold runs steps 2 to 4 with the lock held: the re-check's answer, the load,
+// and the write with the release and publish, or the release and publish
+// alone when it did not get that far (also when the load panics). It
+// returns errOvertaken when the write was refused.
+func (c *Coordinator) hold(ctx context.Context, l *lock.Lock, key, field string, get reading, f Filler) error {
+	stop := l.KeepAlive(ctx, c.opts.LockTTL, func(err error) {
+		if c.opts.OnLockLost != nil {
+			c.opts.OnLockLost(key, err)
+		}
+	})
+	released := false
+	defer func() {
+		stop()
+		if released {
+			return
+		}
+		_ = c.Release(context.WithoutCancel(ctx), l, key)
+	}()
+	if done, err := c.cached(ctx, get, f); done || err != nil {
+		return err
+	}
+	frame, ttl, err := f.Load(ctx)
+	if err != nil {
+		return err
+	}
+	stop() // before the release: the watchdog must not renew a lock it no longer holds
+	opCtx, cancel := c.op(ctx)
+	defer cancel()
+	keys := []string{key, keyspace.Lock(key), keyspace.Waiting(key)}
+	args := []any{field, frame, max(ttl.Milliseconds(), 1), l.Token(), c.channel}
+	var cmd *redis.Cmd
+	err = c.send(opCtx, func(ctx context.Context, pipe redis.Pipeliner) {
+		cmd = writeRelease.EvalSha(ctx, pipe, keys, args...)
+	})
+	var reply any
+	if err == nil {
+		reply, err = cmd.Result()
+		if redis.HasErrorPrefix(err, "NOSCRIPT") { // not run: send the script itself
+			reply, err = writeRelease.Eval(opCtx, c.rdb, keys, args...).Result()
+		}
+	}
+	released = err == nil
+	written, _ := reply.([]any) // 1 then other fields; a plain 1 when there were none
+	switch {
+	case err != nil:
+		if c.opts.OnWriteFailed != nil {
+			c.opts.OnWriteFailed(key, redisfail.Wrap(err))
+		}
+	case written == nil && reply != int64(1):
+		c.staleWrites.Add(1)
+		return errOvertaken
+	case len(written) > 1 && c.opts.OnOtherFields != nil:
+		others := make([]string, 0, len(written)-1)
+		for _, f := range written[1:] {
+			if s, ok := f.(string); ok && s != field {
+				others = append(others, s)
+			}
+		}
+		c.opts.OnOtherFields(key, field, others)
+	}
+	return nil
+}
+
+// Trip batching. The lock attempts (with their re-checks) and the
+// writes of concurrent flights go through a group commit (package batch):
+// while tripsInFlight of those round trips are under way, the next ones
+// wait and go together in one pipeline. Each stays its own commands, so
+// the protocol is unchanged; what falls is the system calls and Redis
+// event-loop turns per miss when many keys miss at once (a cold cache).
+const (
+	tripsInFlight = 2
+	tripBatchMax  = 128
+)
+
+// queueFunc is one flight's part of a round trip: it adds its commands to
+// the pipeline and keeps them to read after it ran.
+type queueFunc func(ctx context.Context, pipe redis.Pipeliner)
+
+// runTrips sends calls' commands in one pipeline. One carrying other
+// flights' commands runs on the leading flight's ctx without its
+// cancellation (they wait for it), bounded by OpTimeout.
+func (c *Coordinator) runTrips(ctx context.Context, calls []*batch.Call[queueFunc]) {
+	if len(calls) > 1 {
+		var cancel context.CancelFunc
+		ctx, cancel = c.op(ctx)
+		defer cancel()
+	}
+	pipe := c.rdb.Pipeline()
+	for _, call := range calls {
+		call.Req(ctx, pipe)
+	}
+	_, _ = pipe.Exec(ctx) // errors are read per command
+}
+
+// send runs queue's commands in a round trip, perhaps shared with other
+// flights'. If ctx ends first it returns the error wrapping
+// redisfail.ErrUnavailable, and queue's commands may still be sent later:
+// the caller must not read what queue keeps then (the scripts are safe to
+// run late: a write whose lock is gone is refused, a release checks
+// its token).
+func (c *Coordinator) send(ctx context.Context, queue queueFunc) error {
+	call := &batch.Call[queueFunc]{Req: queue}
+	if err := c.trips.Do(ctx, call); err != nil {
+		return redisfail.Wrap(err)
+	}
+	return nil
+}

@@ -162,11 +162,10 @@ func (c *call[T]) fly(ctx context.Context) (flight, error) {
 		return flight{outcome: outFailed}, err
 	}
 	defer g.sup.leave(pass)
-	end, ok := g.sup.hold() // Close and flush wait for the flight
-	if !ok {
+	if !g.sup.hold() { // Close and flush wait for the flight
 		return flight{outcome: outFailed}, ErrClosed
 	}
-	defer end()
+	defer g.sup.end()
 	started := g.starts.Add(1)
 	if g.local != nil {
 		c.epoch = g.local.epoch.Load() // before the reads: see local.put

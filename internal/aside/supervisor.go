@@ -33,27 +33,27 @@ func newSupervisor(ctx context.Context) *supervisor {
 	return s
 }
 
-// hold counts one more piece of busy work until the returned func is
-// called; ok is false (and nothing is counted) once stop has begun.
-func (s *supervisor) hold() (end func(), ok bool) { return s.add(true) }
+// hold counts one more piece of busy work until the caller calls end; it
+// reports false (and counts nothing) once stop has begun.
+func (s *supervisor) hold() bool { return s.add(true) }
 
-func (s *supervisor) add(busy bool) (end func(), ok bool) {
+func (s *supervisor) add(busy bool) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.stopped {
-		return func() {}, false
+		return false
 	}
 	s.wg.Add(1)
-	if !busy {
-		return s.wg.Done, true
+	if busy {
+		if s.running == 0 {
+			s.quiet = make(chan struct{})
+		}
+		s.running++
 	}
-	if s.running == 0 {
-		s.quiet = make(chan struct{})
-	}
-	s.running++
-	return s.end, true
+	return true
 }
 
+// end ends a hold, or a busy goroutine.
 func (s *supervisor) end() {
 	s.mu.Lock()
 	if s.running--; s.running == 0 {
@@ -72,14 +72,18 @@ func (s *supervisor) goRun(fn func(ctx context.Context)) bool { return s.start(t
 func (s *supervisor) goLoop(fn func(ctx context.Context)) bool { return s.start(false, fn) }
 
 func (s *supervisor) start(busy bool, fn func(ctx context.Context)) bool {
-	end, ok := s.add(busy)
-	if ok {
-		go func() {
-			defer end()
-			fn(s.ctx)
-		}()
+	if !s.add(busy) {
+		return false
 	}
-	return ok
+	go func() {
+		if busy {
+			defer s.end()
+		} else {
+			defer s.wg.Done()
+		}
+		fn(s.ctx)
+	}()
+	return true
 }
 
 // spawn is goRun for work that must run whatever happens (a shared round

@@ -25,16 +25,7 @@ var (
 	replace      = redis.NewScript(replaceLua)
 )
 
-// Add makes newly created IDs servable at once, in every process. Call it
-// after the source of truth has committed them. It registers them in the
-// bloom filter, drops their empty markers (an ID asked for before it
-// existed, a bloom false positive, a deleted and re-created ID), and voids
-// any load in flight that read "absent" before the create and would write a
-// marker after it (it deletes the ID's load lock, as Invalidate does). A
-// cached value is never dropped. One round trip for any number of IDs (two
-// while a filter rebuild runs; see bloom.Filter.AddMany). Malformed IDs make
-// Add fail before any Redis command; Redis failures wrap ErrUnavailable,
-// and the write is replayed (see Stats.Unwritten).
+// Add is guard.Guard.Add (documented there).
 func (g *Engine) Add(ctx context.Context, ids ...string) error {
 	return g.write(ctx, ids, func(keys []string) error {
 		f, err := g.filter(ctx)
@@ -56,19 +47,7 @@ func (g *Engine) Add(ctx context.Context, ids ...string) error {
 	})
 }
 
-// Set writes v as the cached value of id: write-through, after the source of
-// truth committed it. In one round trip it replaces the ID's entry (all
-// schema versions) with v for TTL ± Jitter, registers the ID in the bloom
-// filter, and voids every load in flight, so that no slower load that read
-// older data can overwrite it; every process's in-memory copy
-// (Options.Local) is replaced here and dropped elsewhere.
-//
-// Two Sets of one ID racing each other: the last to reach Redis wins. Make
-// sure that is also the order of their commits (for example, Set inside the
-// same critical section or row lock as the database write), or call
-// Invalidate instead, which never caches anything it did not read. A Set
-// that cannot reach Redis wraps ErrUnavailable and is replayed (as an
-// Invalidate; see Stats.Unwritten).
+// Set is guard.Set (documented there).
 func Set[T any](ctx context.Context, g *Engine, id string, v T) error {
 	pass, err := g.sup.enter()
 	if err != nil {
@@ -91,13 +70,7 @@ func Set[T any](ctx context.Context, g *Engine, id string, v T) error {
 	return g.unwrittenAfter(ctx, []string{id}, err)
 }
 
-// Delete records that ids no longer exist, after the source of truth deleted
-// them: in one round trip each ID's entry (all schema versions) becomes an
-// empty marker for EmptyTTL ± Jitter, loads in flight are voided, and
-// in-memory copies (Options.Local) are dropped in every process. The next Get
-// of a deleted ID, in any process, answers ErrNotFound without calling the
-// loader. A re-created ID is servable again after its Add. A Delete that
-// cannot reach Redis wraps ErrUnavailable and is replayed (as an Invalidate).
+// Delete is guard.Guard.Delete (documented there).
 func (g *Engine) Delete(ctx context.Context, ids ...string) error {
 	return g.write(ctx, ids, func(keys []string) error {
 		return g.replace(ctx, "delete", nil, ids, keys, codec.Empty(), func() time.Duration { return g.jitter(g.opts.EmptyTTL) }, nil)
@@ -200,19 +173,7 @@ func firstErr(err error, cmds []*redis.Cmd) error {
 	return nil
 }
 
-// Invalidate drops the cached values and empty markers of ids (all schema
-// versions), so the next Get loads them again. Call it after the source of
-// truth has changed them (or use Set to write the new value through, or
-// Delete for deleted IDs).
-//
-// It also deletes each ID's load lock, so a load that read the old data
-// before the change and is still running cannot write it afterwards: its
-// write checks that the lock still holds its token, is refused, and it
-// loads again (or waits for a load that started after the change). New
-// callers in this process start a new flight instead of joining one that
-// may have read the old data, and every process's in-memory copy
-// (Options.Local) is dropped. One round trip. An Invalidate that cannot
-// reach Redis wraps ErrUnavailable and is replayed (see Stats.Unwritten).
+// Invalidate is guard.Guard.Invalidate (documented there).
 func (g *Engine) Invalidate(ctx context.Context, ids ...string) error {
 	return g.write(ctx, ids, func(keys []string) error {
 		// One DEL per ID (value and lock share a slot; IDs do not),
@@ -237,14 +198,7 @@ func (g *Engine) queueInvalidate(ctx context.Context, pipe redis.Pipeliner, keys
 	}
 }
 
-// Rebuild replaces the bloom filter with one built from every existing ID of
-// the source of truth, and lets it answer "absent". With Options.Filter.IDs
-// the Guard does it by itself whenever the filter is not ready; call it to
-// resize the filter, to clear the bits of deleted IDs, or without an ID
-// source. Until then Get fails open (Stats.BloomBypasses). No existing ID is
-// reported absent during a rebuild. It waits for this Guard's automatic
-// rebuild, if one runs; if it fails and Filter.IDs is set, the Guard goes
-// on trying in the background. opts may be nil.
+// Rebuild is guard.Guard.Rebuild (documented there).
 func (g *Engine) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts *bloom.RebuildOptions) (int, error) {
 	pass, err := g.sup.enter()
 	if err != nil {
@@ -265,8 +219,7 @@ func (g *Engine) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts
 	return n, g.fail(ctx, "rebuild", "", err)
 }
 
-// Info describes the Guard's bloom filter as it is in Redis (see bloom.Info;
-// it counts bits, so keep it off the request path).
+// Info is guard.Guard.Info.
 func (g *Engine) Info(ctx context.Context) (bloom.Info, error) {
 	pass, err := g.sup.enter()
 	if err != nil {
@@ -286,15 +239,4 @@ func (g *Engine) Info(ctx context.Context) (bloom.Info, error) {
 // of vkey in flight (a holder's write checks its token there).
 func voids(vkey string) []string {
 	return []string{vkey, keyspace.Lock(vkey)}
-}
-
-// IDs makes a slice a source for Rebuild (and Options' ID source).
-func IDs(ids []string) iter.Seq2[string, error] {
-	return func(yield func(string, error) bool) {
-		for _, id := range ids {
-			if !yield(id, nil) {
-				return
-			}
-		}
-	}
 }

@@ -9,21 +9,10 @@ import (
 	"github.com/cacheguard/cacheguard/codec"
 )
 
-// LoadFunc loads the value of id from the source of truth. It reports an ID
-// that does not exist with an error wrapping ErrNotFound (for example
-// fmt.Errorf("%w: %w", guard.ErrNotFound, sql.ErrNoRows)); any other error
-// fails the Get and is not cached.
+// LoadFunc is guard.LoadFunc.
 type LoadFunc[T any] func(ctx context.Context, id string) (T, error)
 
-// Get returns the value of id: from the cache, or from load on a miss (see
-// the package doc for the steps). It returns ErrNotFound (test with
-// errors.Is) when the ID does not exist, ErrInvalidKey for a malformed ID,
-// the load's error wrapped when load fails, ErrBusy, ErrClosed, ErrWrongType
-// when g is bound to another type, and errors wrapping ErrUnavailable when
-// Redis fails (never ErrNotFound). load runs on a context detached from ctx
-// and bounded by LoadTimeout, shared by every caller of id in this process
-// whose Get started before the load did; Get itself returns as soon as ctx
-// is done.
+// Get is guard.Get (documented there): the five steps of a Get, top-down.
 func Get[T any](ctx context.Context, g *Engine, id string, load LoadFunc[T]) (T, error) {
 	if g == nil || load == nil {
 		var zero T

@@ -12,21 +12,10 @@ import (
 	"github.com/cacheguard/cacheguard/internal/redisfail"
 )
 
-// BatchLoadFunc loads the values of ids from the source of truth, for
-// GetMany. An ID missing from the map does not exist (it gets an empty
-// marker); an error fails every ID of the call and nothing is cached.
+// BatchLoadFunc is guard.BatchLoadFunc.
 type BatchLoadFunc[T any] func(ctx context.Context, ids []string) (map[string]T, error)
 
-// GetMany returns the values of the ids that exist, in a map (an ID that
-// does not exist is not in it), for list pages and joins. One round trip
-// reads every ID's entry (with the bloom probes while reads miss; on a
-// cluster, each node its share in parallel): a warm page costs that alone.
-// The misses go to the Coordinator each (one load per ID across processes),
-// and those whose lock this call takes load together in one call of load;
-// IDs it does not return get "not found" markers. With Options.Local, memory
-// answers first. Malformed IDs fail the call with ErrInvalidKey; if some IDs
-// fail, the map holds the others and the error joins the failures. When
-// Redis cannot answer, the misses load through in one call.
+// GetMany is guard.GetMany (documented there).
 func GetMany[T any](ctx context.Context, g *Engine, ids []string, load BatchLoadFunc[T]) (map[string]T, error) {
 	if g == nil || load == nil {
 		return nil, errors.New("cacheguard: GetMany needs a non-nil Guard and load function")

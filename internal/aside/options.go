@@ -15,35 +15,17 @@ import (
 	"github.com/cacheguard/cacheguard/internal/keyspace"
 )
 
-// Options configures a Guard. A nil *Options means all defaults; a zero field
-// means that field's default. The common settings come first; the rest are
-// grouped by concern. docs/behaviour.md explains each in full.
+// Options is guard.Options (documented there); resolve fills in its
+// defaults.
 type Options struct {
-	// KeyPrefix starts every Redis key and channel of the Guard (an ACL of
-	// "~<KeyPrefix>:* &<KeyPrefix>:*" covers them). Default "cg".
-	KeyPrefix string
-	// TTL of a cached value, before jitter. Default 10 minutes.
-	TTL time.Duration
-	// EmptyTTL of a "not found" marker, before jitter. Default 1 minute.
-	EmptyTTL time.Duration
-	// Jitter spreads TTLs over ±Jitter·TTL. Default 0.10; negative: none.
-	Jitter float64
-	// Codec encodes cached values. Default codec.Msgpack. Each shape of
-	// the value type (its fields, their types and tags) has its own entries
-	// (codec.Shape); a codec may opt out (codec.Shaper).
-	Codec codec.Codec
-	// Version names what the values mean: bump it when a field keeps its
-	// name and type but changes meaning (Price now in cents). Each version
-	// has its own entries, so two releases can share a Redis. Default "1".
-	Version string
-	// Logger receives warnings (Redis failures, a filter that is off,
-	// corrupt entries), each cause once per 10 s with a count. Default
-	// slog.Default(); pass slog.New(slog.DiscardHandler) for none.
-	Logger *slog.Logger
-	// LoadTimeout bounds a load even if it ignores its ctx; a late result
-	// is dropped. Default 10 seconds.
-	LoadTimeout time.Duration
-
+	KeyPrefix    string
+	TTL          time.Duration
+	EmptyTTL     time.Duration
+	Jitter       float64
+	Codec        codec.Codec
+	Version      string
+	Logger       *slog.Logger
+	LoadTimeout  time.Duration
 	Filter       FilterOptions    // the bloom filter: sizing and its ID source
 	Outage       *OutageOptions   // what Get does when Redis cannot answer (nil: load through)
 	RefreshAhead *RefreshOptions  // reload hot values before they expire (nil: off)
@@ -52,48 +34,27 @@ type Options struct {
 	Tuning       Tuning           // knobs that rarely need turning
 }
 
-// FilterOptions sizes the bloom filter and names where its IDs come from.
+// FilterOptions is guard.FilterOptions.
 type FilterOptions struct {
-	// ExpectedItems sizes the filter when this Guard creates it. Default
-	// 1,000,000. A filter that exists keeps its stored sizing (a WARN says
-	// so when these fields ask for another); Rebuild resizes it.
-	ExpectedItems uint64
-	// FalsePositiveRate is the target at ExpectedItems, in (0, 0.5].
-	// Default 0.01.
+	ExpectedItems     uint64
 	FalsePositiveRate float64
-	// IDs lists every existing ID from the source of truth: a filter that
-	// is not ready (never built, lost by Redis) is rebuilt from it in the
-	// background. Without it, call Rebuild yourself.
-	IDs func(ctx context.Context) iter.Seq2[string, error]
+	IDs               func(ctx context.Context) iter.Seq2[string, error]
 }
 
-// TelemetryOptions turns on OpenTelemetry spans and cacheguard.* metrics.
-// The application brings the SDK; nil providers record nothing, at no cost.
+// TelemetryOptions is guard.TelemetryOptions.
 type TelemetryOptions struct {
 	TracerProvider trace.TracerProvider
 	MeterProvider  metric.MeterProvider
 }
 
-// Tuning holds knobs that the defaults serve well; docs/behaviour.md says
-// when to turn them.
+// Tuning is guard.Tuning.
 type Tuning struct {
-	// LockTTL is the lease of an ID's load lock (renewed while the load
-	// runs): when a loader dies, others take over after it. Default 5s.
-	LockTTL time.Duration
-	// LockWait bounds a wait for another process's load before ErrBusy.
-	// Default LoadTimeout + LockTTL.
-	LockWait time.Duration
-	// LoadOnBusy loads (uncached) instead of returning ErrBusy.
-	LoadOnBusy bool
-	// RedisTimeout bounds each Redis round trip a flight makes on its
-	// own. Default 1 second.
-	RedisTimeout time.Duration
-	// ReadsInFlight caps concurrent read round trips; reads that wait go
-	// together in one pipeline. Default 2; negative: no batching.
+	LockTTL       time.Duration
+	LockWait      time.Duration
+	LoadOnBusy    bool
+	RedisTimeout  time.Duration
 	ReadsInFlight int
-	// MaxKeyLen caps an ID's length in bytes (the HTTP adapters follow
-	// it). Default 128; at most 4096.
-	MaxKeyLen int
+	MaxKeyLen     int
 }
 
 // resolve fills in the defaults: the one place where a Guard's defaults are

@@ -12,23 +12,9 @@ import (
 	"golang.org/x/sync/semaphore"
 )
 
-// OutageOptions says what Get does when Redis cannot answer: it is down,
-// times out, refuses writes under maxmemory, or an ACL refuses a command.
-//
-// By default Get loads through: it calls the load function directly and
-// returns its value (or ErrNotFound) uncached, merged per ID in the process
-// and capped across IDs by MaxLoads; a Get beyond the cap gets ErrUnavailable
-// at once. Load-through is the default because the cache exists to spare the
-// database, not to refuse its readers (the HTTP adapters fail open too). The
-// filter is in Redis as well, so unknown IDs reach the loader, within the
-// cap. A circuit breaker (sony/gobreaker) opens after 5 failed reads in a
-// row, keeps Gets off Redis for a second, then lets one probe.
+// OutageOptions is guard.OutageOptions (documented there).
 type OutageOptions struct {
-	// FailFast makes Get return ErrUnavailable (wrapped) instead of loading
-	// through.
 	FailFast bool
-	// MaxLoads caps the load-through calls in flight at once, across all
-	// IDs of the Guard, per process. Default 16.
 	MaxLoads int
 }
 

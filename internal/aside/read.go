@@ -224,16 +224,7 @@ func peekedFor(ctx context.Context, g *Engine, id string) (r readResult, ok, ans
 	return p.r, true, p.answered
 }
 
-// Peek does Get's read round trip (bloom probe and cache GET) without
-// loading, and reports whether id may exist: false when the filter has never
-// seen it or an empty marker is cached. It returns a context that carries
-// what it read, so that the next Get of the same id on this Guard with that
-// context (or one derived from it) skips its own read: HTTP middleware built
-// on Peek costs no extra round trip. Only that one Get uses it; any later Get
-// reads afresh (say, after the handler wrote and invalidated). A malformed id
-// gives ErrInvalidKey without a Redis command; Redis failures wrap
-// ErrUnavailable; after Close, ErrClosed. A filter that is not ready answers
-// true (fail open). Before the Guard's first Get it asks the filter alone.
+// Peek is guard.Guard.Peek (documented there).
 func (g *Engine) Peek(ctx context.Context, id string) (context.Context, bool, error) {
 	pass, err := g.sup.enter()
 	if err != nil {
@@ -274,12 +265,7 @@ func (g *Engine) Peek(ctx context.Context, id string) (context.Context, bool, er
 	return context.WithValue(ctx, peekKey{}, &peeked{g: g, id: id, r: r, answered: !exists}), exists, nil
 }
 
-// MayExist asks only the bloom filter whether id may exist: false means the
-// ID certainly does not (one GETRANGE). HTTP middleware uses Peek instead,
-// which also reads the cache for the handler's Get. A malformed ID gives
-// ErrInvalidKey without a Redis command; a filter that is not ready answers
-// true (fail open); Redis failures wrap ErrUnavailable; after Close,
-// ErrClosed.
+// MayExist is guard.Guard.MayExist (documented there).
 func (g *Engine) MayExist(ctx context.Context, id string) (bool, error) {
 	pass, err := g.sup.enter()
 	if err != nil {

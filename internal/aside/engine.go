@@ -1,18 +1,11 @@
-// Package guard puts a guard in front of cache-aside reads on Redis: floods
-// of unknown IDs never reach the database (penetration), a hot key that
-// expires is loaded once across all processes (stampede), and TTLs are spread
-// so keys loaded together do not expire together (avalanche).
-//
-// Open one [Guard] per kind of entity with [New] (give [FilterOptions] an
-// ID source, or call [Guard.Rebuild]), read with [Get] or a typed handle
-// from [For], and after each committed write call [Set] for an upsert (it
-// adds the ID to the filter too), [Guard.Delete] for a delete, or
-// [Guard.Invalidate]. A Get takes five steps: (1) the ID is checked, (2)
-// with [LocalOptions] process memory answers, (3) one round trip reads the
-// bloom filter, the value and any "not found" marker, (4) a value, a reject
-// or a marker answers, (5) a miss joins the ID's flight, which loads under a
-// per-key Redis lock and writes before it answers. When Redis cannot answer
-// it loads through; every error Redis causes wraps [ErrUnavailable].
+// Package aside is the engine behind package guard: one Engine per Guard.
+// A Get runs top-down through get.go (check, local copy, read, answer),
+// read.go (the one round trip, shared by concurrent Gets, with the probe
+// and lock rules of readpolicy.go), entry.go (decoding), and on a miss
+// flight.go (one flight per key in the process, run through internal/coord
+// across processes); outage.go decides what to do when Redis cannot
+// answer, lost.go and replay.go keep writes Redis did not take. Every
+// goroutine belongs to the supervisor (supervisor.go), which Close stops.
 package aside
 
 import (
@@ -62,17 +55,8 @@ type Engine struct {
 	closeErr     error // set once by Close
 }
 
-// New opens the Guard called name (letters, digits, '_', '-', '.') on rdb,
-// creating its bloom filter in Redis if needed (a process sized otherwise
-// adopts the stored layout and logs it).
-//
-// New does not need Redis up: if it cannot reach Redis, it returns a working
-// Guard that connects by itself when Redis is back (Gets meanwhile follow
-// the outage policy, OutageOptions), and logs it. It fails when Redis
-// answers with an error that waiting will not mend (an ACL's NOPERM),
-// wrapping ErrUnavailable.
-// Close the Guard when done with it: it may hold a pub/sub subscription and
-// a goroutine.
+// New is guard.New (documented there): it resolves opts and opens the
+// Engine called name on rdb.
 func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Options) (*Engine, error) {
 	if rdb == nil {
 		return nil, fmt.Errorf("%w: nil redis client", ErrInvalidOptions)
@@ -169,10 +153,7 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 // Name returns the Guard's name.
 func (g *Engine) Name() string { return g.name }
 
-// Logger returns the Guard's logger: Options.Logger with the Guard's name,
-// writing each cause at most once per 10 s (with a count of those held
-// back). The adapters log through it, so an outage writes a few lines a
-// minute whatever the entry point.
+// Logger is guard.Guard.Logger.
 func (g *Engine) Logger() *slog.Logger { return g.log }
 
 // Close shuts the supervisor (the gate, then every goroutine), then the

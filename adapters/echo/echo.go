@@ -20,6 +20,7 @@ import (
 	labecho "github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
 
+	"github.com/cacheguard/cacheguard/adapters"
 	"github.com/cacheguard/cacheguard/adapters/internal/core"
 	"github.com/cacheguard/cacheguard/guard"
 )
@@ -34,30 +35,15 @@ type Config struct {
 	// on a route with path parameters that is logged (once per route) and
 	// counted (OnUnfiltered), since the filter is then not filtering it.
 	ID func(c labecho.Context) string
-	// Valid says whether an ID is well-formed; others get 400 before any
-	// Redis command. Default: URL-unreserved characters (letters, digits,
-	// '-', '.', '_', '~') plus ExtraIDChars. The Guard's MaxKeyLen bounds
-	// the length either way.
-	Valid func(id string) bool
-	// ExtraIDChars widens the default rule: "@+" for emails, ":" for
-	// "user:1" (UUIDs, ULIDs, numbers and slugs need nothing).
-	ExtraIDChars string
-	// FailClosed answers 503 when Redis is unavailable instead of passing
-	// the request through.
-	FailClosed bool
-	// RetryAfter is sent with every 503 that ErrorHandler renders for a
-	// request that went through this middleware. Default 1 second.
-	RetryAfter time.Duration
-	// OnUnfiltered, if set, is called for every request that reached a
-	// route with path parameters without an ID the middleware could read.
-	OnUnfiltered func(route string)
+	// Rules: which IDs pass, and what a 503 says (see adapters.Rules).
+	adapters.Rules
 }
 
 // DefaultConfig is the configuration Middleware uses.
 var DefaultConfig = Config{
-	Skipper:    middleware.DefaultSkipper,
-	Param:      "id",
-	RetryAfter: time.Second,
+	Skipper: middleware.DefaultSkipper,
+	Param:   "id",
+	Rules:   adapters.Rules{RetryAfter: time.Second},
 }
 
 // Problem is an RFC 9457 problem details object, the Message of the
@@ -140,8 +126,7 @@ func MiddlewareWithConfig(g *guard.Guard, cfg Config) labecho.MiddlewareFunc {
 	if cfg.RetryAfter <= 0 {
 		cfg.RetryAfter = DefaultConfig.RetryAfter
 	}
-	cr := core.New(g, core.Options{Valid: cfg.Valid, ExtraIDChars: cfg.ExtraIDChars, FailClosed: cfg.FailClosed,
-		RetryAfter: cfg.RetryAfter, OnUnfiltered: cfg.OnUnfiltered})
+	cr := core.New(g, cfg.Rules)
 	return func(next labecho.HandlerFunc) labecho.HandlerFunc {
 		return func(c labecho.Context) error {
 			if cfg.Skipper(c) {

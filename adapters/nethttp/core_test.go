@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cacheguard/cacheguard/adapters"
 	"github.com/cacheguard/cacheguard/adapters/nethttp"
 	"github.com/cacheguard/cacheguard/guard"
 	"github.com/cacheguard/cacheguard/internal/redistest"
@@ -30,7 +31,7 @@ func TestRetryAfterIsTheConfiguredValue(t *testing.T) {
 	if err := srv.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	opts := &nethttp.Options{RetryAfter: 5 * time.Second}
+	opts := &nethttp.Options{Rules: adapters.Rules{RetryAfter: 5 * time.Second}}
 	mux := http.NewServeMux()
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, err := guard.Get(r.Context(), a.g, r.PathValue("id"), func(context.Context, string) (user, error) { return user{}, nil })
@@ -68,7 +69,7 @@ func TestUnfilteredRouteIsReported(t *testing.T) {
 	a := newAppWith(t, c, &guard.Options{KeyPrefix: c.Prefix, Filter: guard.FilterOptions{ExpectedItems: 1000},
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	var unfiltered atomic.Int32
-	mw := nethttp.Middleware(a.g, &nethttp.Options{OnUnfiltered: func(route string) { unfiltered.Add(1) }})
+	mw := nethttp.Middleware(a.g, &nethttp.Options{Rules: adapters.Rules{OnUnfiltered: func(route string) { unfiltered.Add(1) }}})
 	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})
 	mux := http.NewServeMux()
 	mux.Handle("GET /users/{uid}", mw(ok))
@@ -116,7 +117,7 @@ func TestIDRuleFollowsTheGuard(t *testing.T) {
 	mux := http.NewServeMux()
 	mux.Handle(
 		"GET /users/{id}",
-		nethttp.Middleware(g, &nethttp.Options{ExtraIDChars: "@+:"})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})),
+		nethttp.Middleware(g, &nethttp.Options{Rules: adapters.Rules{ExtraIDChars: "@+:"}})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})),
 	)
 	for _, id := range known {
 		if rec := get(t, mux, "/users/"+id); rec.Code != 200 {

@@ -18,8 +18,8 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
 
+	"github.com/cacheguard/cacheguard/adapters"
 	"github.com/cacheguard/cacheguard/adapters/internal/core"
 	"github.com/cacheguard/cacheguard/guard"
 )
@@ -33,23 +33,8 @@ type Options struct {
 	// per route) and counted (OnUnfiltered), since it means the filter is
 	// not filtering that route.
 	ID func(r *http.Request) string
-	// Valid says whether an ID is well-formed; others get 400 before any
-	// Redis command. Default: URL-unreserved characters (letters, digits,
-	// '-', '.', '_', '~') plus ExtraIDChars. The Guard's MaxKeyLen bounds
-	// the length either way.
-	Valid func(id string) bool
-	// ExtraIDChars widens the default rule: "@+" for emails, ":" for
-	// "user:1" (UUIDs, ULIDs, numbers and slugs need nothing).
-	ExtraIDChars string
-	// FailClosed answers 503 when Redis is unavailable, instead of passing
-	// the request through to the handler.
-	FailClosed bool
-	// RetryAfter is sent with every 503, from the middleware and from Error
-	// behind it. Default 1 second.
-	RetryAfter time.Duration
-	// OnUnfiltered, if set, is called for every request that reached a
-	// route with path wildcards without an ID the middleware could read.
-	OnUnfiltered func(route string)
+	// Rules: which IDs pass, and what a 503 says (see adapters.Rules).
+	adapters.Rules
 }
 
 // Middleware returns net/http middleware that rejects unknown and malformed
@@ -66,8 +51,7 @@ func Middleware(g *guard.Guard, opts *Options) func(http.Handler) http.Handler {
 		param := o.Param
 		o.ID = func(r *http.Request) string { return r.PathValue(param) }
 	}
-	c := core.New(g, core.Options{Valid: o.Valid, ExtraIDChars: o.ExtraIDChars, FailClosed: o.FailClosed,
-		RetryAfter: o.RetryAfter, OnUnfiltered: o.OnUnfiltered})
+	c := core.New(g, o.Rules)
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			v := c.Decide(r.Context(), o.ID(r), r.Pattern, strings.Contains(r.Pattern, "{"))

@@ -14,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/cacheguard/cacheguard/adapters"
 	"github.com/cacheguard/cacheguard/adapters/nethttp"
 	"github.com/cacheguard/cacheguard/guard"
 	"github.com/cacheguard/cacheguard/internal/redistest"
@@ -154,7 +155,7 @@ func TestRedisDownFailOpenAndClosed(t *testing.T) {
 		t.Fatalf("fail open: %d %q", rec.Code, rec.Body)
 	}
 	closed := http.NewServeMux()
-	closed.Handle("GET /users/{id}", nethttp.Middleware(a.g, &nethttp.Options{FailClosed: true})(handler))
+	closed.Handle("GET /users/{id}", nethttp.Middleware(a.g, &nethttp.Options{Rules: adapters.Rules{FailClosed: true}})(handler))
 	rec := get(t, closed, "/users/1")
 	if rec.Code != 503 || rec.Header().Get("Retry-After") != "1" || ran.Load() != 1 {
 		t.Fatalf("fail closed: %d %v, handler ran %d", rec.Code, rec.Header(), ran.Load())

@@ -17,33 +17,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cacheguard/cacheguard/adapters"
 	"github.com/cacheguard/cacheguard/guard"
 )
-
-// Options are the settings both adapters share; each adapter documents them
-// in its own Options or Config.
-type Options struct {
-	// Valid says whether an ID is well-formed; others get 400 before any
-	// Redis command. Default: ValidChars(ExtraIDChars). Either way the
-	// Guard's MaxKeyLen bounds the length (longer IDs get 400 too).
-	Valid func(id string) bool
-	// ExtraIDChars are accepted in IDs besides the URL-unreserved ones
-	// (letters, digits, '-', '.', '_', '~'): "@+" for emails, ":" for
-	// "user:1". Ignored when Valid is set.
-	ExtraIDChars string
-	// FailClosed answers 503 when Redis is unavailable, instead of passing
-	// the request through to the handler.
-	FailClosed bool
-	// RetryAfter is sent with every 503. Default 1 second; whole seconds,
-	// at least 1.
-	RetryAfter time.Duration
-	// OnUnfiltered, if set, is called for every request that reached a
-	// route with path wildcards but carried no ID (the wildcard is named
-	// otherwise than the adapter's Param, or the extractor found nothing):
-	// such requests pass unfiltered. A warning is also logged the first
-	// time per route.
-	OnUnfiltered func(route string)
-}
 
 // Decision is what to do with a request.
 type Decision uint8
@@ -81,7 +57,7 @@ type Core struct {
 }
 
 // New returns the Core of a middleware on g.
-func New(g *guard.Guard, o Options) *Core {
+func New(g *guard.Guard, o adapters.Rules) *Core {
 	if o.Valid == nil {
 		o.Valid = ValidChars(o.ExtraIDChars)
 	}

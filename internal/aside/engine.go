@@ -39,7 +39,7 @@ type Engine struct {
 	starts       atomic.Uint64               // counts flights and shared reads as they start (see since)
 	rd           reader                      // the read of step 3 (read.go)
 	local        *local                      // the in-process cache, or nil
-	flights      loader.Group[flight]        // one flight per value key in this process
+	flights      loader.Group[flightResult]  // one flight per value key in this process
 	coord        *coord.Coordinator          // one load per value key across processes
 	bf           filterState                 // the bloom filter, once opened (connect.go)
 	outage       *outage                     // what Get does when Redis cannot answer

@@ -150,22 +150,22 @@ const (
 	outLocalHit // answered from process memory (Options.Local); never a flight's
 )
 
-// flight is what one fill flight hands to all its callers: the frame to
+// flightResult is what one flight hands to all its callers: the frame to
 // decode (each caller decodes its own copy, so no two callers share a T),
 // and how it ended.
-type flight struct {
+type flightResult struct {
 	frame   []byte
 	outcome outcome
 	ttl     time.Duration // the TTL it wrote the frame with, or the re-check found it with (0: unknown)
 	epoch   uint64        // the local cache's epoch when the flight began
 	started uint64        // its number from Guard.starts, taken before the reads it answers from (see since)
-	by      any           // the *call[T] whose flight this was
+	by      any           // the *flight[T] that ran
 }
 
 // entry is a cache entry judged.
 type entry[T any] struct {
 	v     T
-	found flight
+	found flightResult
 	err   error // ErrNotFound for a marker
 	ok    bool  // false: the entry was corrupt (and dropped): load
 }
@@ -179,9 +179,9 @@ func decodeEntry[T any](ctx context.Context, g *Engine, vkey string, raw []byte)
 	v := new(T) // the value alone escapes to the codec, not the whole entry
 	switch err := codec.Decode(g.opts.Codec, raw, v); {
 	case err == nil:
-		e.v, e.found, e.ok = *v, flight{frame: raw, outcome: outHit}, true
+		e.v, e.found, e.ok = *v, flightResult{frame: raw, outcome: outHit}, true
 	case errors.Is(err, codec.ErrEmpty):
-		e.found, e.err, e.ok = flight{outcome: outEmpty}, ErrNotFound, true
+		e.found, e.err, e.ok = flightResult{outcome: outEmpty}, ErrNotFound, true
 	default: // no field of the failed decode survives: e.v stays zero
 		g.dropCorrupt(ctx, vkey, raw, err)
 	}

@@ -17,8 +17,8 @@ import (
 // joined is a caller's part in a flight: the call that ran it, what it
 // found, and how the caller stood to it.
 type joined[T any] struct {
-	c      *call[T]
-	fl     flight
+	c      *flight[T]
+	fl     flightResult
 	shared bool // the answer went to more than one caller
 	mine   bool // this caller's function ran the flight
 	older  bool // the flight started before the caller: its answer may predate a write
@@ -32,13 +32,13 @@ type joined[T any] struct {
 // (no write made or heard since). Every caller is answered when the flight
 // ends, after its write, release and publish ran in Redis: a process may
 // exit as soon as its Gets return, and must not leave the lock behind.
-func join[T any](ctx context.Context, g *Engine, key string, from since, proto call[T],
-	fly func(c *call[T], ctx context.Context) (flight, error),
+func join[T any](ctx context.Context, g *Engine, key string, from since, proto flight[T],
+	run func(c *flight[T], ctx context.Context) (flightResult, error),
 ) (joined[T], error) {
-	serves := func(fl flight) bool { // the rule above
+	serves := func(fl flightResult) bool { // the rule above
 		return !from.startedBefore(fl.started) || g.noWriteHeard(fl.epoch, from.epoch)
 	}
-	j := joined[T]{c: &call[T]{g: proto.g, id: proto.id, vkey: proto.vkey, load: proto.load, held: proto.held}}
+	j := joined[T]{c: &flight[T]{g: proto.g, id: proto.id, vkey: proto.vkey, load: proto.load, held: proto.held}}
 	c := j.c
 	giveBack := func() { // a flight under way may wait for the lock this caller's read took
 		if c.claimHeld(heldByCaller) {
@@ -50,8 +50,8 @@ func join[T any](ctx context.Context, g *Engine, key string, from since, proto c
 		onJoin = func() { giveBack(); (*hook)(key) }
 	}
 	var err error
-	j.fl, j.shared, err = g.flights.DoOnJoin(ctx, key, func(ctx context.Context) (flight, error) {
-		return fly(c, ctx)
+	j.fl, j.shared, err = g.flights.DoOnJoin(ctx, key, func(ctx context.Context) (flightResult, error) {
+		return run(c, ctx)
 	}, onJoin)
 	giveBack()                 // or it left before its own flight took the lock
 	j.mine = j.fl.by == any(c) // this caller's function ran the flight
@@ -63,11 +63,11 @@ func join[T any](ctx context.Context, g *Engine, key string, from since, proto c
 // joinServed joins flights of key until one serves the caller (join), four
 // times at most: the one retry loop of fill and loadThrough. Between two
 // rounds reread, if set, may answer instead (it reports whether it did).
-func joinServed[T any](ctx context.Context, g *Engine, key string, from since, proto call[T],
-	fly func(c *call[T], ctx context.Context) (flight, error), reread func() bool,
+func joinServed[T any](ctx context.Context, g *Engine, key string, from since, proto flight[T],
+	run func(c *flight[T], ctx context.Context) (flightResult, error), reread func() bool,
 ) (j joined[T], err error) {
 	for attempt := 0; ; attempt++ {
-		j, err = join(ctx, g, key, from, proto, fly)
+		j, err = join(ctx, g, key, from, proto, run)
 		proto.held = nil // join gave it to the flight or back; a later round attempts as usual
 		if !j.older || attempt == 3 || reread != nil && reread() {
 			return j, err
@@ -118,7 +118,7 @@ func fill[T any](ctx context.Context, g *Engine, id, vkey string, load LoadFunc[
 		}
 		return early.ok
 	}
-	j, err := joinServed(ctx, g, vkey, from, call[T]{g: g, id: id, vkey: vkey, load: load, held: held}, (*call[T]).fly, reread)
+	j, err := joinServed(ctx, g, vkey, from, flight[T]{g: g, id: id, vkey: vkey, load: load, held: held}, (*flight[T]).run, reread)
 	switch {
 	case early.ok:
 		return early.v, early.err
@@ -128,11 +128,11 @@ func fill[T any](ctx context.Context, g *Engine, id, vkey string, load LoadFunc[
 	return answerJoined(ctx, g, id, j, err, false)
 }
 
-// call is the state of one fill flight. Only the flight writes it (fly and
-// the Filler methods, which the Coordinator calls from the flight's
-// goroutine), and the caller that started it reads it after the flight
-// returned, so it needs no lock.
-type call[T any] struct {
+// flight is the state of one flight (a fill, a load-through, a refresh, or
+// a GetMany member). Only the flight writes it (run and the Filler methods,
+// which the Coordinator calls from the flight's goroutine), and the caller
+// that started it reads it after the flight returned: it needs no lock.
+type flight[T any] struct {
 	g        *Engine
 	id, vkey string
 	load     LoadFunc[T]
@@ -145,25 +145,25 @@ type call[T any] struct {
 	epoch    uint64       // the local cache's epoch when the flight began (0 without Options.Local)
 	loadedAt uint64       // the last load's number from Guard.starts, taken as it began (0: no load)
 
-	found   flight // what the re-check or the load found
-	err     error  // the answer's error: ErrNotFound after a marker, or the load's failure
-	v       T      // the value decoded from found.frame: on a hit, or by keep when the local cache keeps values decoded
-	decoded bool   // v holds it
-	kept    bool   // the current load's answer is in the local cache (keep)
+	found   flightResult // what the re-check or the load found
+	err     error        // the answer's error: ErrNotFound after a marker, or the load's failure
+	v       T            // the value decoded from found.frame: on a hit, or by keep when the local cache keeps values decoded
+	decoded bool         // v holds it
+	kept    bool         // the current load's answer is in the local cache (keep)
 }
 
-// fly is the flight: step 5 of the package doc, once for the callers of the
+// run is the flight: step 5 of the package doc, once for the callers of the
 // ID in this process. It passes the gate itself: it can outlive the caller
 // that started it.
-func (c *call[T]) fly(ctx context.Context) (flight, error) {
+func (c *flight[T]) run(ctx context.Context) (flightResult, error) {
 	g := c.g
 	pass, err := g.sup.enter()
 	if err != nil {
-		return flight{outcome: outFailed}, err
+		return flightResult{outcome: outFailed}, err
 	}
 	defer g.sup.leave(pass)
 	if !g.sup.hold() { // Close and flush wait for the flight
-		return flight{outcome: outFailed}, ErrClosed
+		return flightResult{outcome: outFailed}, ErrClosed
 	}
 	defer g.sup.end()
 	started := g.starts.Add(1)
@@ -191,7 +191,7 @@ func (c *call[T]) fly(ctx context.Context) (flight, error) {
 // a decode is kept decoded (see kept). An entry the lock attempt's re-check
 // found is kept too, for the TTL the re-check read with it (see keeping);
 // a marker is not (as on the read path).
-func (c *call[T]) keep(fl flight) {
+func (c *flight[T]) keep(fl flightResult) {
 	g := c.g
 	if fl.ttl <= 0 {
 		return
@@ -221,14 +221,14 @@ const (
 )
 
 // claimHeld claims c.held for who, and reports whether who got it.
-func (c *call[T]) claimHeld(who int32) bool {
+func (c *flight[T]) claimHeld(who int32) bool {
 	return c.held != nil && atomic.CompareAndSwapInt32(&c.heldClaim, 0, who)
 }
 
 // coordinate runs the miss through the Coordinator (see coord.Coordinator):
 // one load per ID across processes, written only while its lock is its own.
 // Under the lock the caller's read took, it starts at the load (RunHeld).
-func (c *call[T]) coordinate(ctx context.Context) (flight, error) {
+func (c *flight[T]) coordinate(ctx context.Context) (flightResult, error) {
 	var f coord.Filler = c
 	if c.g.local != nil {
 		f = keeping[T]{c}
@@ -243,24 +243,24 @@ func (c *call[T]) coordinate(ctx context.Context) (flight, error) {
 	case err == nil:
 		return c.found, c.err // c.err is ErrNotFound after a marker
 	case errors.Is(err, coord.ErrBusy):
-		return flight{outcome: outFailed}, fmt.Errorf("cacheguard: %s %q: %w", c.g.name, c.id, ErrBusy)
+		return flightResult{outcome: outFailed}, fmt.Errorf("cacheguard: %s %q: %w", c.g.name, c.id, ErrBusy)
 	case errors.Is(err, ErrUnavailable):
-		return flight{outcome: outFailed}, c.g.fail(ctx, "fill", c.id, err)
+		return flightResult{outcome: outFailed}, c.g.fail(ctx, "fill", c.id, err)
 	}
-	return flight{outcome: outFailed}, err
+	return flightResult{outcome: outFailed}, err
 }
 
 // Waiting passes the Coordinator's news on to the call's waiter
 // (coord.Waiter).
-func (c *call[T]) Waiting() {
+func (c *flight[T]) Waiting() {
 	if c.waiter != nil {
 		c.waiter.Waiting()
 	}
 }
 
 // Cached judges a cache entry (coord.Filler): see decodeEntry.
-func (c *call[T]) Cached(ctx context.Context, raw []byte) bool {
-	if c.refresh && stale(raw) {
+func (c *flight[T]) Cached(ctx context.Context, raw []byte) bool {
+	if c.refresh && pastRefreshAt(raw) {
 		return false // still the value to refresh: load it
 	}
 	e := decodeEntry[T](ctx, c.g, c.vkey, raw)
@@ -278,7 +278,7 @@ func (c *call[T]) Cached(ctx context.Context, raw []byte) bool {
 // its write reached Redis) sent every Get of the key to a flight of its
 // own until the entry expired there too: on the hot key of table 4b, up to
 // 33 lock attempts and releases in a row at one expiry.
-type keeping[T any] struct{ *call[T] }
+type keeping[T any] struct{ *flight[T] }
 
 // CachedTTL is Cached for an entry that expires in ttl
 // (coord.TTLFiller): the flight then keeps it for that long at most.
@@ -295,7 +295,7 @@ func (k keeping[T]) CachedTTL(ctx context.Context, raw []byte, ttl time.Duration
 // Load calls the load function (coord.Filler) under LoadTimeout and returns
 // the frame to cache: the value's, or an empty marker when it said
 // ErrNotFound.
-func (c *call[T]) Load(ctx context.Context) (_ []byte, _ time.Duration, err error) {
+func (c *flight[T]) Load(ctx context.Context) (_ []byte, _ time.Duration, err error) {
 	g := c.g
 	defer func() {
 		if p := recover(); p != nil { // a panicking load is a failed one: counted so, then raised again
@@ -313,24 +313,24 @@ func (c *call[T]) Load(ctx context.Context) (_ []byte, _ time.Duration, err erro
 	val, err := c.bounded(ctx)
 	done(err)
 	if errors.Is(err, ErrNotFound) {
-		c.found, c.err = flight{outcome: outLoaded}, ErrNotFound
+		c.found, c.err = flightResult{outcome: outLoaded}, ErrNotFound
 		return codec.Empty(), g.jitter(g.opts.EmptyTTL), nil
 	}
 	if err != nil {
-		c.found, c.err = flight{outcome: outFailed}, fmt.Errorf("cacheguard: %s %q: load: %w", g.name, c.id, err)
+		c.found, c.err = flightResult{outcome: outFailed}, fmt.Errorf("cacheguard: %s %q: load: %w", g.name, c.id, err)
 		return nil, 0, c.err
 	}
 	frame, ttl, err := g.valueFrame(val)
 	if err != nil {
-		c.found, c.err = flight{outcome: outFailed}, fmt.Errorf("cacheguard: %s %q: %w", g.name, c.id, err)
+		c.found, c.err = flightResult{outcome: outFailed}, fmt.Errorf("cacheguard: %s %q: %w", g.name, c.id, err)
 		return nil, 0, c.err
 	}
-	c.found, c.err = flight{frame: frame, outcome: outLoaded, ttl: ttl}, nil
+	c.found, c.err = flightResult{frame: frame, outcome: outLoaded, ttl: ttl}, nil
 	return frame, ttl, nil
 }
 
 // Waited records a wait on another process's load (coord.WaitObserver).
-func (c *call[T]) Waited(ctx context.Context, began time.Time, result string) {
+func (c *flight[T]) Waited(ctx context.Context, began time.Time, result string) {
 	c.g.tel.waited(ctx, began, result)
 }
 
@@ -357,7 +357,7 @@ type loaded[T any] struct {
 // The goroutine is the supervisor's (Close waits for it) and ends when the
 // load function returns; a panic in it is carried back and raised again
 // here, in the flight, where loader.Group turns it into ErrLoaderPanic.
-func (c *call[T]) bounded(ctx context.Context) (T, error) {
+func (c *flight[T]) bounded(ctx context.Context) (T, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.g.opts.LoadTimeout)
 	defer cancel()
 	done := make(chan loaded[T], 1)

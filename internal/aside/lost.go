@@ -335,7 +335,7 @@ func (g *Engine) writesLost(ids []string, overflow bool) {
 	g.log.Warn("cacheguard: redis lost acknowledged writes (a restart from an older dump, or a failover to a lagging "+
 		"replica): they are replayed, and the filter rebuilt", "ids", len(ids), "all_entries", overflow,
 		"filter_ids", g.opts.Filter.IDs != nil)
-	g.keep(ids, overflow, "cacheguard: writes lost by redis are replayed", nil)
+	g.rememberUnwritten(ids, overflow, "cacheguard: writes lost by redis are replayed", nil)
 	g.bf.stale.Store(true)
 	g.autoRebuild("redis lost writes")
 }

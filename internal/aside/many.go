@@ -224,7 +224,7 @@ func fillMany[T any](ctx context.Context, g *Engine, ids, keys []string, load Ba
 	b := newBatch(g, load, len(ids))
 	type answer struct {
 		id    string
-		found flight
+		found flightResult
 		v     T
 		ok    bool
 		err   error
@@ -237,7 +237,7 @@ func fillMany[T any](ctx context.Context, g *Engine, ids, keys []string, load Ba
 		g.sup.spawn(func() {
 			growstack.Grow() // a Coordinator run makes deep calls: see package growstack
 			m := &member[T]{b: b}
-			a := answer{id: ids[i], found: flight{outcome: outFailed}}
+			a := answer{id: ids[i], found: flightResult{outcome: outFailed}}
 			defer func() { answers <- a }()
 			defer m.Waiting() // answered, loaded, failed or panicked: no longer undecided
 			var pass gatePass
@@ -247,10 +247,10 @@ func fillMany[T any](ctx context.Context, g *Engine, ids, keys []string, load Ba
 			defer g.sup.leave(pass)
 			defer func() {
 				if p := recover(); p != nil { // a panic in the load, raised again here by bounded
-					a = answer{id: ids[i], found: flight{outcome: outFailed}, err: fmt.Errorf("%w: %v", ErrLoaderPanic, p)}
+					a = answer{id: ids[i], found: flightResult{outcome: outFailed}, err: fmt.Errorf("%w: %v", ErrLoaderPanic, p)}
 				}
 			}()
-			c := &call[T]{g: g, id: ids[i], vkey: keys[i], load: m.load, waiter: m}
+			c := &flight[T]{g: g, id: ids[i], vkey: keys[i], load: m.load, waiter: m}
 			err := g.coord.Run(fctx, keys[i], g.field(), c)
 			a = answer{id: ids[i], found: c.found, v: c.v, ok: c.decoded, err: err}
 			if err == nil {

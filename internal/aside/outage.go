@@ -139,28 +139,28 @@ func loadThrough[T any](ctx context.Context, g *Engine, id, vkey string, load Lo
 	if g.outage.failFast || ctx.Err() != nil { // a caller whose ctx ended (its read timed out) gets nothing from a load
 		return zero, cause
 	}
-	j, err := joinServed(ctx, g, "\x00through:"+vkey, from, call[T]{g: g, id: id, vkey: vkey, load: load}, (*call[T]).loadThrough, nil)
+	j, err := joinServed(ctx, g, "\x00through:"+vkey, from, flight[T]{g: g, id: id, vkey: vkey, load: load}, (*flight[T]).runThrough, nil)
 	return answerJoined(ctx, g, id, j, err, true)
 }
 
-// loadThrough is the flight of a load-through: one load, no Redis.
-func (c *call[T]) loadThrough(ctx context.Context) (flight, error) {
+// runThrough is the flight of a load-through: one load, no Redis.
+func (c *flight[T]) runThrough(ctx context.Context) (flightResult, error) {
 	g := c.g
 	pass, err := g.sup.enter()
 	if err != nil {
-		return flight{outcome: outFailed}, err
+		return flightResult{outcome: outFailed}, err
 	}
 	defer g.sup.leave(pass)
 	started := g.starts.Add(1)
 	if err := g.outage.admit(g, fmt.Sprintf(" %q", c.id)); err != nil {
-		return flight{outcome: outFailed, started: started, by: c}, err
+		return flightResult{outcome: outFailed, started: started, by: c}, err
 	}
 	defer g.outage.slots.Release(1)
 	g.stats.loadThroughs.Add(1)
 	_, _, err = c.Load(ctx)
 	fl := c.found
 	if err != nil {
-		fl = flight{outcome: outFailed}
+		fl = flightResult{outcome: outFailed}
 	}
 	fl.started, fl.by = started, c
 	if errors.Is(c.err, ErrNotFound) {

@@ -207,7 +207,7 @@ func TestReadGroupForgetAndPanic(t *testing.T) {
 // RedisTimeout (zero).
 func TestLatestDeadline(t *testing.T) {
 	now := time.Now()
-	call := func(d time.Time) *batch.Call[readReq] {
+	flight := func(d time.Time) *batch.Call[readReq] {
 		return &batch.Call[readReq]{Req: readReq{deadline: d}}
 	}
 	for _, tc := range []struct {
@@ -215,10 +215,10 @@ func TestLatestDeadline(t *testing.T) {
 		calls []*batch.Call[readReq]
 		want  time.Time
 	}{
-		{"one", []*batch.Call[readReq]{call(now)}, now},
-		{"latest wins", []*batch.Call[readReq]{call(now), call(now.Add(time.Second)), call(now.Add(-time.Second))}, now.Add(time.Second)},
-		{"one without", []*batch.Call[readReq]{call(now), call(time.Time{}), call(now.Add(time.Second))}, time.Time{}},
-		{"first without", []*batch.Call[readReq]{call(time.Time{}), call(now)}, time.Time{}},
+		{"one", []*batch.Call[readReq]{flight(now)}, now},
+		{"latest wins", []*batch.Call[readReq]{flight(now), flight(now.Add(time.Second)), flight(now.Add(-time.Second))}, now.Add(time.Second)},
+		{"one without", []*batch.Call[readReq]{flight(now), flight(time.Time{}), flight(now.Add(time.Second))}, time.Time{}},
+		{"first without", []*batch.Call[readReq]{flight(time.Time{}), flight(now)}, time.Time{}},
 	} {
 		if got := latestDeadline(tc.calls); !got.Equal(tc.want) {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)

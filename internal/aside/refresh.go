@@ -14,8 +14,8 @@ type RefreshOptions struct {
 	At float64
 }
 
-// stale reports whether a cached frame is past its refresh-at time.
-func stale(raw []byte) bool {
+// pastRefreshAt reports whether a cached frame is past its refresh-at time.
+func pastRefreshAt(raw []byte) bool {
 	at, ok := codec.RefreshAt(raw)
 	return ok && !time.Now().Before(at)
 }
@@ -26,7 +26,7 @@ func stale(raw []byte) bool {
 // waits for it too); it is started from inside the gate, so Close cannot
 // miss it.
 func refresh[T any](g *Engine, id, vkey string, raw []byte, load LoadFunc[T]) {
-	if !stale(raw) {
+	if !pastRefreshAt(raw) {
 		return
 	}
 	if _, running := g.refreshing.LoadOrStore(vkey, struct{}{}); running {
@@ -42,7 +42,7 @@ func refresh[T any](g *Engine, id, vkey string, raw []byte, load LoadFunc[T]) {
 		}()
 		ctx, cancel := context.WithTimeout(ctx, g.flights.Timeout)
 		defer cancel()
-		c := &call[T]{g: g, id: id, vkey: vkey, load: load, refresh: true}
+		c := &flight[T]{g: g, id: id, vkey: vkey, load: load, refresh: true}
 		g.stats.refreshes.Add(1)
 		if err := g.coord.TryRun(ctx, vkey, g.field(), c); err != nil && g.sup.ctx.Err() == nil { // not Close
 			g.log.Warn("cacheguard: refresh ahead failed; the value expires at its TTL", "id", id, "err", g.fail(ctx, "refresh", id, err))

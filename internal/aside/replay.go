@@ -75,15 +75,15 @@ func (u *unwritten) wakeReplay() {
 // lost.go). It returns err.
 func (g *Engine) unwrittenAfter(ctx context.Context, ids []string, err error) error {
 	if errors.Is(err, ErrUnavailable) && ctx.Err() == nil {
-		g.keep(ids, false, "cacheguard: a write did not reach redis; this process loads those IDs through until it is replayed", err)
+		g.rememberUnwritten(ids, false, "cacheguard: a write did not reach redis; this process loads those IDs through until it is replayed", err)
 	}
 	return err
 }
 
-// keep adds ids to the unwritten set (with overflow, every ID: the Guard's
+// rememberUnwritten adds ids to the unwritten set (with overflow, every ID: the Guard's
 // entries are dropped) and starts the replay if it is not running (logging
 // why, once per replay).
-func (g *Engine) keep(ids []string, overflow bool, why string, err error) {
+func (g *Engine) rememberUnwritten(ids []string, overflow bool, why string, err error) {
 	u := &g.unw
 	u.mu.Lock()
 	if u.ids == nil {

@@ -270,14 +270,12 @@ func (c *flight[T]) Cached(ctx context.Context, raw []byte) bool {
 	return e.ok
 }
 
-// keeping is a call whose flight keeps what it finds in the local cache
+// keeping is a flight that keeps what it finds in the local cache
 // (Options.Local): a coord.TTLFiller, so that the lock attempt's re-check
 // reads the entry's TTL too and the flight can keep what it found (see
-// keep). Without it, a copy that expired in memory before its entry did
-// in Redis (the flight that loaded it kept it as the load returned, before
-// its write reached Redis) sent every Get of the key to a flight of its
-// own until the entry expired there too: on the hot key of table 4b, up to
-// 33 lock attempts and releases in a row at one expiry.
+// keep). Without it, a copy that expired in memory before its entry did in
+// Redis sent every Get of the key to a flight of its own until the entry
+// expired there too (docs/design-notes.md has the figures).
 type keeping[T any] struct{ *flight[T] }
 
 // CachedTTL is Cached for an entry that expires in ttl

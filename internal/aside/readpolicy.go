@@ -28,10 +28,9 @@ const readLockLease = 500 * time.Millisecond
 // ID hashes (256 KB). An ID goes into a free way of its set, or else one
 // picked at random: in a table of one way per set, two IDs read often
 // whose hashes met in a slot pushed each other out between their reads,
-// and each read of either took a lock for nothing (in a demo run, ID 188
-// 17 times). A false "not seen" costs a lock taken and given back; a
-// false "seen" (two IDs with one 64-bit hash) costs the usual lock
-// attempt.
+// and each read of either took a lock for nothing. A false "not seen"
+// costs a lock taken and given back; a false "seen" (two IDs with one
+// 64-bit hash) costs the usual lock attempt.
 type seenTable struct {
 	seed maphash.Seed
 	sets [1 << 13][4]atomic.Uint64

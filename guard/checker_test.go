@@ -419,14 +419,10 @@ const outageFor = time.Second
 func stopAndRestore(t *testing.T, srv *redisserver.Server, cache redis.UniversalClient, barrierKey string, procs int) {
 	t.Helper()
 	ctx := context.Background()
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		if n, _ := cache.Get(ctx, barrierKey).Int(); n >= procs {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the checker's processes did not start")
-		}
-	}
+	eventually(t, 30*time.Second, "the checker's processes started", func() bool {
+		n, _ := cache.Get(ctx, barrierKey).Int()
+		return n >= procs
+	})
 	time.Sleep(500 * time.Millisecond)
 	if err := cache.ShutdownSave(ctx).Err(); err != nil && !errors.Is(err, redis.ErrClosed) {
 		t.Logf("shutdown: %v", err) // the connection drops as Redis exits

@@ -274,17 +274,6 @@ func TestHolderCrash(t *testing.T) {
 	t.Logf("holder SIGKILLed; all 40 waiters in 2 processes had the value %v later (lock TTL %v)", latest, lockTTL)
 }
 
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached in 20s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 type staleResult struct {
 	Rounds int
 	Stats  guard.Stats

@@ -54,20 +54,13 @@ func TestLocalCache(t *testing.T) {
 	if err := other.Invalidate(ctx, "p1"); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	eventually(t, 5*time.Second, "the other process's Invalidate reached the local copy", func() bool {
 		p, err := guard.Get(ctx, g, "p1", d.load)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if p.Price == 10 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the other process's Invalidate never reached the local copy")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return p.Price == 10
+	})
 }
 
 // TestLocalCacheTTLAndSize: an entry is served from memory for TTL at most,
@@ -253,26 +246,25 @@ func TestLocalExpiredCopySkipsTheRead(t *testing.T) {
 	const ttl = 300 * time.Millisecond
 	opts := &guard.Options{TTL: ttl, Jitter: -1, Local: &guard.LocalOptions{TTL: time.Minute}}
 	c, g, d := setup(t, 10, opts)
-	// untilLoaded asks id through get every millisecond (a local hit costs
+	// untilLoaded asks id through get every few milliseconds (a local hit costs
 	// no round trip) until a Get loads, and returns that Get's round trips.
-	untilLoaded := func(get func() (product, error)) (product, int64) {
+	untilLoaded := func(get func() (product, error)) (p product, trips int64) {
 		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
-		for calls := d.calls.Load(); ; {
+		calls := d.calls.Load()
+		eventually(t, 5*time.Second, "the entry expired", func() bool {
 			c.Counter.Reset()
-			p, err := get()
-			if err != nil {
+			var err error
+			if p, err = get(); err != nil {
 				t.Fatal(err)
 			}
-			if d.calls.Load() != calls {
-				flush(t, g) // the Get answered as the load returned; g's write follows
-				return p, c.Counter.RoundTrips()
+			if d.calls.Load() == calls {
+				return false
 			}
-			if time.Now().After(deadline) {
-				t.Fatal("the entry never expired")
-			}
-			time.Sleep(time.Millisecond)
-		}
+			flush(t, g) // the Get answered as the load returned; g's write follows
+			trips = c.Counter.RoundTrips()
+			return true
+		})
+		return p, trips
 	}
 	mine := func() (product, error) { return guard.Get(ctx, g, "p1", d.load) }
 	if _, err := mine(); err != nil { // loads: the copy lives as long as the entry
@@ -390,16 +382,7 @@ func TestLocalKeepsWhatTheFlightLoaded(t *testing.T) {
 		t.Fatalf("the caller that left: %v", err)
 	}
 	close(release)
-	vkey := c.Prefix + ":product:{p1}"
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		if n, err := c.Exists(context.Background(), vkey).Result(); err != nil || n == 1 {
-			break // written: the flight keeps its copy right after, before it ends
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the flight never wrote p1")
-		}
-	}
-	time.Sleep(50 * time.Millisecond)
+	flush(t, g) // the flight wrote p1 and kept its copy
 	c.Counter.Reset()
 	hits := g.Stats().LocalHits
 	if p, err := guard.Get(context.Background(), g, "p1", d.load); err != nil || p.ID != "p1" {

@@ -81,13 +81,7 @@ func stale(t *testing.T, g *guard.Guard, d *db, n int, ids ...string) int {
 // waitReplayed waits until g holds no unwritten ID.
 func waitReplayed(t *testing.T, g *guard.Guard) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for g.Stats().Unwritten > 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("not replayed in 10 s: %+v", g.Stats())
-		}
-		time.Sleep(5 * time.Millisecond) // the replay's goroutine: nothing to wait on from here
-	}
+	eventually(t, 10*time.Second, "replayed", func() bool { return g.Stats().Unwritten == 0 })
 }
 
 // TestQuickRestartFromADump: a Set returns nil, then Redis is killed and

@@ -246,18 +246,11 @@ func TestGetManyLocal(t *testing.T) {
 	if err := other.Invalidate(ctx, "p2"); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	eventually(t, 5*time.Second, "the other process's Invalidate reached GetMany's copy", func() bool {
 		got, err := guard.GetMany(ctx, g, ids, b.loadMany)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got["p2"].Price == 20 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the other process's Invalidate never reached GetMany's copy")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return got["p2"].Price == 20
+	})
 }

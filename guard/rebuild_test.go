@@ -65,17 +65,13 @@ func (w *logWatch) wait(t *testing.T, s string) {
 // waitReady waits until g's filter is ready at a generation after gen.
 func waitReady(t *testing.T, g *guard.Guard, after int64) bloom.Info {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		in, err := g.Info(context.Background())
-		if err == nil && in.Ready && in.Generation > after {
-			return in
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("filter not rebuilt past generation %d in 20 s: %+v, %v", after, in, err)
-		}
-		time.Sleep(10 * time.Millisecond) // Info reads Redis: nothing to wait on in between
-	}
+	var in bloom.Info
+	eventually(t, 20*time.Second, fmt.Sprintf("filter rebuilt past generation %d", after), func() bool {
+		var err error
+		in, err = g.Info(context.Background())
+		return err == nil && in.Ready && in.Generation > after
+	})
+	return in
 }
 
 // TestIDSourceReadAfterAnnounce replays the race step by step: the

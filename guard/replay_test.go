@@ -78,13 +78,10 @@ func TestFailedWritesAreReplayed(t *testing.T) {
 			stale++
 		}
 	}
-	for deadline := time.Now().Add(10 * time.Second); writer.Stats().Unwritten > 0; {
-		if time.Now().After(deadline) {
-			t.Fatalf("the writes were not replayed within 10 s: %+v", writer.Stats())
-		}
+	eventually(t, 10*time.Second, "the writes replayed", func() bool {
 		check()
-		time.Sleep(time.Millisecond)
-	}
+		return writer.Stats().Unwritten == 0
+	})
 	for range 50 {
 		check()
 	}
@@ -174,11 +171,7 @@ func TestUnwrittenIDsLoadThrough(t *testing.T) {
 		t.Fatalf("%d of 200 answers stale in the writing process; stats %+v", stale, st)
 	}
 	cut.on.Store(false)
-	for deadline := time.Now().Add(10 * time.Second); writer.Stats().Unwritten > 0; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("not replayed within 10 s after the partition healed: %+v", writer.Stats())
-		}
-	}
+	eventually(t, 10*time.Second, "replayed after the partition healed", func() bool { return writer.Stats().Unwritten == 0 })
 	if p, err := guard.Get(ctx, other, "p6", d.load); err != nil || p.Price != updated.Price {
 		t.Fatalf("the other process after the replay: %+v, %v; want the updated row", p, err)
 	}
@@ -218,11 +211,7 @@ func TestUnwrittenOverflow(t *testing.T) {
 		t.Fatalf("a Get during the overflow: %d load-throughs, want 1", n)
 	}
 	cut.on.Store(false)
-	for deadline := time.Now().Add(20 * time.Second); writer.Stats().Unwritten > 0; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("not replayed within 20 s: %+v", writer.Stats())
-		}
-	}
+	eventually(t, 20*time.Second, "replayed", func() bool { return writer.Stats().Unwritten == 0 })
 	if n := c.Exists(ctx, c.Prefix+":product:{p1}").Val(); n != 0 {
 		t.Fatal("the Guard's entries were not dropped after the overflow")
 	}

@@ -108,18 +108,11 @@ func TestRedisRestartWithoutPersistence(t *testing.T) {
 	// connections still failing).
 	noticed := time.Now()
 	readAll(auto)
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	eventually(t, 20*time.Second, "the filter rebuilt automatically", func() bool {
 		in, err := auto.Info(ctx)
-		if err == nil && in.Ready {
-			t.Logf("auto-rebuilt filter %v after the first Get found it gone: %+v", time.Since(noticed), in)
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("filter not rebuilt automatically: %+v, %v", in, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err == nil && in.Ready
+	})
+	t.Logf("auto-rebuilt filter %v after the first Get found it gone", time.Since(noticed))
 	calls = d.calls.Load()
 	if _, err := guard.Get(ctx, auto, "unknown-3", d.load); !errors.Is(err, guard.ErrNotFound) || d.calls.Load() != calls {
 		t.Fatalf("after the automatic rebuild an unknown ID must be rejected: %v", err)
@@ -285,12 +278,11 @@ func TestFilterHealsAfterRestart(t *testing.T) {
 			t.Fatal(err)
 		}
 		back := time.Now()
-		for i := 0; !rejected(fmt.Sprintf("unknown-%d-%d", round, i)); i++ {
-			if time.Since(back) > 20*time.Second {
-				t.Fatalf("round %d: unknown IDs still reach the loader 20s after Redis came back; stats %+v", round, g.Stats())
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		i := 0
+		eventually(t, 20*time.Second, fmt.Sprintf("round %d: unknown IDs rejected after Redis came back", round), func() bool {
+			i++
+			return rejected(fmt.Sprintf("unknown-%d-%d", round, i))
+		})
 		t.Logf("round %d: unknown IDs rejected again %v after Redis came back empty", round, time.Since(back).Round(time.Millisecond))
 		if p, err := guard.Get(ctx, g, "p7", d.load); err != nil || p.Price != 7 {
 			t.Fatalf("round %d: known ID after the heal: %+v, %v", round, p, err)

@@ -127,11 +127,7 @@ func TestOpenTelemetryReadsBack(t *testing.T) {
 		_, err := guard.Get(ctx, g2, "p3", d.load)
 		second <- err
 	}()
-	for deadline := time.Now().Add(10 * time.Second); g2.Stats().LockWaits == 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the second process never waited")
-		}
-	}
+	eventually(t, 10*time.Second, "the second process waits", func() bool { return g2.Stats().LockWaits > 0 })
 	close(release)
 	if err := <-first; err != nil {
 		t.Fatal(err)

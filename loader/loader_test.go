@@ -3,7 +3,6 @@ package loader_test
 import (
 	"context"
 	"errors"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -22,27 +21,27 @@ func TestOneFlightManyCallers(t *testing.T) {
 	release := make(chan struct{})
 	var wg sync.WaitGroup
 	results := make([]int, 100)
+	joined := make(chan struct{}, len(results))
 	for i := range results {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			v, _, err := g.Do(ctx, "k", func(context.Context) (int, error) {
+			v, _, err := g.DoOnJoin(ctx, "k", func(context.Context) (int, error) {
 				calls.Add(1)
 				<-release
 				return 7, nil
-			})
+			}, func() { joined <- struct{}{} })
 			if err != nil {
 				t.Error(err)
 			}
 			results[i] = v
 		}()
 	}
-	for calls.Load() == 0 {
-		runtime.Gosched()
+	for range len(results) - 1 {
+		<-joined // the rest joined the flight
 	}
-	time.Sleep(20 * time.Millisecond) // let the rest join the flight
 	close(release)
 	wg.Wait()
 	if calls.Load() != 1 {
@@ -60,22 +59,26 @@ func TestPanicBecomesErrorForEveryCaller(t *testing.T) {
 	start := make(chan struct{})
 	var wg sync.WaitGroup
 	var errs atomic.Int32
+	arrived := make(chan struct{}, 50)
 	for range 50 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			_, _, err := g.Do(ctx, "k", func(context.Context) (int, error) {
+			_, _, err := g.DoOnJoin(ctx, "k", func(context.Context) (int, error) {
+				arrived <- struct{}{}
 				<-start
 				panic("boom")
-			})
+			}, func() { arrived <- struct{}{} })
 			if errors.Is(err, loader.ErrPanic) {
 				errs.Add(1)
 			}
 		}()
 	}
-	time.Sleep(20 * time.Millisecond)
+	for range 50 {
+		<-arrived // each caller runs the flight or joined it
+	}
 	close(start)
 	wg.Wait()
 	if errs.Load() != 50 {
@@ -91,7 +94,10 @@ func TestCallerLeavesOnItsOwnCtxFlightContinues(t *testing.T) {
 	g := loader.Group[string]{Timeout: 5 * time.Second}
 	release := make(chan struct{})
 	var sawCancel atomic.Bool
+	started := make(chan struct{})
+	var once sync.Once
 	fn := func(ctx context.Context) (string, error) {
+		once.Do(func() { close(started) })
 		select {
 		case <-release:
 			return "v", nil
@@ -103,9 +109,10 @@ func TestCallerLeavesOnItsOwnCtxFlightContinues(t *testing.T) {
 	short, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
 	defer cancel()
 	patient := make(chan string)
+	joined := make(chan struct{})
 	go func() {
-		time.Sleep(5 * time.Millisecond)
-		v, _, err := g.Do(context.Background(), "k", fn)
+		<-started // the impatient caller's flight runs: this one joins it
+		v, _, err := g.DoOnJoin(context.Background(), "k", fn, func() { close(joined) })
 		if err != nil {
 			t.Error(err)
 		}
@@ -114,6 +121,7 @@ func TestCallerLeavesOnItsOwnCtxFlightContinues(t *testing.T) {
 	if _, _, err := g.Do(short, "k", fn); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("impatient caller: err = %v, want DeadlineExceeded", err)
 	}
+	<-joined
 	close(release)
 	if v := <-patient; v != "v" {
 		t.Fatalf("patient caller got %q", v)

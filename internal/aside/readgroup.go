@@ -16,8 +16,9 @@ import (
 // timed context, which a read bounded by the Redis client's own timeouts
 // does not need, at 8 allocations and a timer per read.
 type readGroup struct {
-	mu    sync.Mutex // guards calls
-	calls map[string]*readCall
+	mu     sync.Mutex // guards calls
+	calls  map[string]*readCall
+	joined func() // set by tests alone, before any do: told of each caller that waits for a read under way
 }
 
 // readCall is one read under way; done is closed when sr and err are set.
@@ -34,6 +35,9 @@ func (rg *readGroup) do(ctx context.Context, key string, fn func(context.Context
 		rg.mu.Lock()
 		if c, ok := rg.calls[key]; ok {
 			rg.mu.Unlock()
+			if rg.joined != nil {
+				rg.joined()
+			}
 			select {
 			case <-c.done:
 			case <-ctx.Done():

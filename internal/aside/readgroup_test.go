@@ -33,11 +33,13 @@ type reads struct {
 	calls   atomic.Int32
 	started chan struct{}
 	release chan sharedRead
+	joins   chan struct{} // a caller waits for the read under way
 	fn      func(context.Context) (sharedRead, error)
 }
 
 func newReads() *reads {
-	r := &reads{started: make(chan struct{}, 4), release: make(chan sharedRead, 4)}
+	r := &reads{started: make(chan struct{}, 4), release: make(chan sharedRead, 4), joins: make(chan struct{}, 8)}
+	r.rg.joined = func() { r.joins <- struct{}{} }
 	r.fn = readingUntil(&r.calls, r.started, r.release)
 	return r
 }
@@ -62,10 +64,13 @@ func within[T any](t *testing.T, ch <-chan T, what string) T {
 	}
 }
 
-// waitJoined waits until n callers wait on key's read under way (the
-// group holds no count, so it polls the read's done channel's waiters
-// indirectly: a short sleep after the callers were started).
-func waitJoined() { time.Sleep(20 * time.Millisecond) }
+// waitJoined waits until n callers of r wait for a read under way.
+func (r *reads) waitJoined(t *testing.T, n int) {
+	t.Helper()
+	for range n {
+		within(t, r.joins, "a caller joining the read")
+	}
+}
 
 // TestReadGroupShares: callers that arrive while a read of their key is
 // under way get its result (one read), and a caller of another key reads
@@ -86,7 +91,7 @@ func TestReadGroupShares(t *testing.T) {
 		}()
 	}
 	within(t, started, "the read")
-	waitJoined()
+	r.waitJoined(t, 2)
 	release <- sharedRead{epoch: 7}
 	sharedN := 0
 	for range 3 {
@@ -144,7 +149,7 @@ func TestReadGroupLeaderGivesUp(t *testing.T) {
 		}
 		second <- err
 	}()
-	waitJoined()
+	r.waitJoined(t, 1)
 	cancel()
 	if err := within(t, first, "the first caller"); !errors.Is(err, context.Canceled) {
 		t.Fatalf("first caller: %v, want canceled", err)
@@ -192,7 +197,7 @@ func TestReadGroupForgetAndPanic(t *testing.T) {
 		}
 		waiter <- err
 	}()
-	waitJoined()
+	r.waitJoined(t, 1)
 	close(unblock)
 	if p := within(t, panicked, "the panicking caller"); p != "boom" {
 		t.Fatalf("the panic did not reach its caller: %v", p)

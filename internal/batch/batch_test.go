@@ -74,12 +74,17 @@ func (g *gated) run(ctx context.Context, calls []*batch.Call[req]) {
 // waitPending blocks until n calls of b wait for a batch.
 func waitPending(t *testing.T, b *batch.Batcher[req], n int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for b.Waiting() != n {
+	until(t, func() bool { return b.Waiting() == n })
+}
+
+// until waits for state the Batcher sends no word of, asking every
+// millisecond for 10 s.
+func until(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d calls wait, want %d", b.Waiting(), n)
+			t.Fatal("state not reached in 10 s")
 		}
-		time.Sleep(time.Millisecond)
 	}
 }
 
@@ -165,11 +170,8 @@ func TestLimitBatchesRunAtOnce(t *testing.T) {
 			}
 		})
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for running.Load() < 3 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
-	time.Sleep(20 * time.Millisecond)
+	until(t, func() bool { return running.Load() == 3 })
+	time.Sleep(20 * time.Millisecond) // a fourth batch would start now: nothing to wait on for one that must not
 	close(release)
 	wg.Wait()
 	if most.Load() != 3 {

@@ -206,9 +206,7 @@ func TestCoordinatorPublishesOnlyWhenAwaited(t *testing.T) {
 	}}
 	holding := make(chan error, 1)
 	go func() { holding <- holder.Run(ctx, key, "1", slow) }()
-	for c.Exists(ctx, keyspace.Lock(key)).Val() == 0 && ctx.Err() == nil {
-		time.Sleep(time.Millisecond) // the holder's lock attempt
-	}
+	until(t, func() bool { return c.Exists(ctx, keyspace.Lock(key)).Val() == 1 }) // the holder's lock attempt
 	waiter := coord.New(redistest.Connect(t).UniversalClient, channel, nil)
 	defer waiter.Close()
 	waiting := make(chan error, 1)
@@ -216,9 +214,7 @@ func TestCoordinatorPublishesOnlyWhenAwaited(t *testing.T) {
 	go func() {
 		waiting <- waiter.Run(ctx, key, "1", cachedInto{&got})
 	}()
-	for c.Exists(ctx, keyspace.Waiting(key)).Val() == 0 && ctx.Err() == nil {
-		time.Sleep(time.Millisecond)
-	}
+	until(t, func() bool { return c.Exists(ctx, keyspace.Waiting(key)).Val() == 1 })
 	close(marked)
 	if err := <-holding; err != nil {
 		t.Fatal(err)
@@ -344,13 +340,7 @@ func TestCoordinatorFlightsShareRoundTrips(t *testing.T) {
 	for i := 2; i < 22; i++ {
 		run(i)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for coord.TripsWaiting(co) != 20 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d lock attempts wait, want 20", coord.TripsWaiting(co))
-		}
-		time.Sleep(time.Millisecond)
-	}
+	until(t, func() bool { return coord.TripsWaiting(co) == 20 })
 	close(h.release)
 	wg.Wait()
 	names := c.Counter.Names()
@@ -434,9 +424,7 @@ func TestRunHeld(t *testing.T) {
 	l = take(key)
 	waited = make(chan error, 1)
 	go func() { waited <- other.Run(ctx, key, "1", f) }()
-	for c.Exists(ctx, keyspace.Waiting(key)).Val() == 0 { // subscribed and marked: a publish reaches it
-		time.Sleep(time.Millisecond)
-	}
+	until(t, func() bool { return c.Exists(ctx, keyspace.Waiting(key)).Val() == 1 }) // subscribed and marked: a publish reaches it
 	if err := co.Release(ctx, l, key); err != nil {
 		t.Fatal(err)
 	}
@@ -498,5 +486,16 @@ func TestWaitSeesALockReleasedUnwritten(t *testing.T) {
 	}
 	if n, st := loads.Load(), co.Stats(); n != 1 || st.Waits != 1 {
 		t.Fatalf("%d loads, %+v: want one load after one wait", n, st)
+	}
+}
+
+// until waits for state the Coordinator sends no word of (a key in Redis,
+// a count of waiting round trips), asking every millisecond for 10 s.
+func until(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("state not reached in 10 s")
+		}
 	}
 }

@@ -10,10 +10,11 @@
 #             the table and keeps serving until Ctrl-C
 #             (make demo DEMO_ARGS=-exit stops after the table).
 # make bench: the benchmarks, with allocations.
+# make miss-files: the library files one plain miss runs through (coverage).
 GO ?= go
 PKGS := ./...
 
-.PHONY: test demo quickstart bench deps deps-demo fmt-check source-check release-check vet fuzz
+.PHONY: test demo quickstart bench deps deps-demo fmt-check source-check release-check vet fuzz miss-files
 
 # What each target needs, and nothing more: the demo, quickstart and bench
 # need redis-server; make test also PostgreSQL and chromium.
@@ -71,6 +72,11 @@ demo: deps-demo
 quickstart: deps-demo
 	@echo "quickstart: building (a first run downloads Go modules)"
 	$(GO) run ./examples/quickstart
+
+# The files a plain miss runs through, by coverage (scripts/miss-files.sh);
+# MAX=n fails above n files.
+miss-files: deps-demo
+	@./scripts/miss-files.sh
 
 # The side-by-side run against the peers (benchmarks/, its own module), then
 # the library's own go test benchmarks (one iteration of the 10M-ID rebuild).

@@ -31,6 +31,9 @@ func Get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 		var zero T
 		return zero, errNil("Get")
 	}
+	if g.e.Traced() {
+		return aside.GetTraced(ctx, g.e, id, aside.LoadFunc[T](load))
+	}
 	return aside.Get(ctx, g.e, id, aside.LoadFunc[T](load))
 }
 

@@ -3,7 +3,6 @@ package aside
 import (
 	"context"
 	_ "embed"
-	"errors"
 	"fmt"
 
 	"github.com/cacheguard/cacheguard/codec"
@@ -12,23 +11,21 @@ import (
 // LoadFunc is guard.LoadFunc.
 type LoadFunc[T any] func(ctx context.Context, id string) (T, error)
 
-// Get is guard.Get (documented there): the five steps of a Get, top-down.
-func Get[T any](ctx context.Context, g *Engine, id string, load LoadFunc[T]) (T, error) {
-	if g == nil || load == nil {
-		var zero T
-		return zero, errors.New("cacheguard: Get needs a non-nil Guard and load function")
-	}
-	if g.tel == nil {
-		return get(ctx, g, id, load)
-	}
+// Traced reports whether Gets run in spans (OpenTelemetry is on): guard.Get
+// then calls GetTraced, else Get, one call deep either way.
+func (g *Engine) Traced() bool { return g.tel != nil }
+
+// GetTraced is Get inside the Get's span.
+func GetTraced[T any](ctx context.Context, g *Engine, id string, load LoadFunc[T]) (T, error) {
 	ctx, span := g.tel.start(ctx, "cacheguard.Get")
-	v, err := get(ctx, g, id, load)
+	v, err := Get(ctx, g, id, load)
 	g.tel.end(ctx, span, err)
 	return v, err
 }
 
-// get is Get without its span.
-func get[T any](ctx context.Context, g *Engine, id string, load LoadFunc[T]) (T, error) {
+// Get is guard.Get (documented there): the five steps of a Get, top-down
+// (g and load are not nil: guard checked them).
+func Get[T any](ctx context.Context, g *Engine, id string, load LoadFunc[T]) (T, error) {
 	var zero T
 	if err := Bind[T](g); err != nil {
 		return zero, err

@@ -34,6 +34,10 @@ var ErrPanic = errors.New("loader: load panicked")
 type Group[R any] struct {
 	// Timeout bounds each flight (0: none). Read-only after first use.
 	Timeout time.Duration
+	// Spawn, if set, starts the goroutine a flight runs in, so that its
+	// owner can stop and wait for it (nil: a go statement). Read-only
+	// after first use.
+	Spawn func(func())
 
 	mu      sync.Mutex            // guards flights and each flight's callers
 	flights map[string]*flight[R] // the flight under way per key
@@ -84,10 +88,14 @@ func (g *Group[R]) DoOnJoin(ctx context.Context, key string, fn func(ctx context
 			g.run(ctx, key, f, fn)
 			return f.res, g.shared(f), f.err
 		}
-		go func() {
+		start := g.Spawn
+		if start == nil {
+			start = func(run func()) { go run() }
+		}
+		start(func() {
 			growstack.Grow() // a flight makes deep calls (go-redis, the load): see package growstack
 			g.run(ctx, key, f, fn)
-		}()
+		})
 	}
 	select {
 	case <-f.done:

@@ -187,3 +187,22 @@ func TestDoOnJoin(t *testing.T) {
 		t.Fatal("onJoin ran for the caller that started the flight")
 	}
 }
+
+// TestSpawnStartsTheFlight: with Spawn set, the flight's goroutine is
+// started through it (its owner can wait for it), and the callers get the
+// flight's result as before.
+func TestSpawnStartsTheFlight(t *testing.T) {
+	var spawned atomic.Int32
+	var wg sync.WaitGroup
+	g := loader.Group[int]{Spawn: func(run func()) {
+		spawned.Add(1)
+		wg.Go(run)
+	}}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	v, _, err := g.Do(ctx, "k", func(context.Context) (int, error) { return 7, nil })
+	wg.Wait() // the owner waits for the flight's goroutine
+	if err != nil || v != 7 || spawned.Load() != 1 {
+		t.Fatalf("Do = %d, %v with %d goroutines spawned, want 7, nil and 1", v, err, spawned.Load())
+	}
+}

@@ -92,6 +92,7 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 	}
 	// A flight's life is bounded: see Options.RedisTimeout.
 	g.flights.Timeout = o.Tuning.LockWait + o.LoadTimeout + 4*o.Tuning.RedisTimeout
+	g.flights.Spawn = g.sup.spawn // the flights' goroutines are the supervisor's
 	g.bf.opts = &bloom.Options{
 		ExpectedItems: o.Filter.ExpectedItems, FalsePositiveRate: o.Filter.FalsePositiveRate,
 		OnSaturated: func(s bloom.Saturation) {

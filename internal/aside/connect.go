@@ -116,17 +116,16 @@ func (g *Engine) filter(ctx context.Context) (*bloom.Filter, error) {
 	return g.bf.f.Load(), nil
 }
 
-// connectLater keeps trying connect, once a second, until it succeeds or
-// the Guard closes. Its goroutine belongs to the Guard (tracked by
-// background; Close ends it). Until then Gets read the value alone (the
-// filter fails open), without the local cache, or load through while Redis
-// stays down.
+// connectLater keeps trying connect (retry's back-off: 100 ms doubling to
+// 2 s) until it succeeds or the Guard closes, in a goroutine of the
+// supervisor's. Until then Gets read the value alone (the filter fails
+// open), without the local cache, or load through while Redis stays down.
 func (g *Engine) connectLater() {
 	g.retry(func(ctx context.Context) bool {
 		ctx, cancel := context.WithTimeout(ctx, g.opts.Tuning.RedisTimeout)
 		defer cancel()
 		if g.connect(ctx) != nil {
-			return ctx.Err() != nil && g.sup.ctx.Err() != nil // closing
+			return false // retry ends the loop itself once Close cancelled ctx
 		}
 		g.log.Info("cacheguard: connected to redis")
 		return true

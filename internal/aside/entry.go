@@ -158,7 +158,7 @@ type flightResult struct {
 	outcome outcome
 	ttl     time.Duration // the TTL it wrote the frame with, or the re-check found it with (0: unknown)
 	epoch   uint64        // the local cache's epoch when the flight began
-	started uint64        // its number from Guard.starts, taken before the reads it answers from (see since)
+	started uint64        // its number from Engine.starts, taken before the reads it answers from (see since)
 	by      any           // the *flight[T] that ran
 }
 

@@ -143,7 +143,7 @@ type flight[T any] struct {
 	waiter   coord.Waiter // told when the Coordinator waits for another holder (GetMany's batch), or nil
 	refresh  bool         // a refresh ahead of expiry: an entry past its refresh-at time does not answer
 	epoch    uint64       // the local cache's epoch when the flight began (0 without Options.Local)
-	loadedAt uint64       // the last load's number from Guard.starts, taken as it began (0: no load)
+	loadedAt uint64       // the last load's number from Engine.starts, taken as it began (0: no load)
 
 	found   flightResult // what the re-check or the load found
 	err     error        // the answer's error: ErrNotFound after a marker, or the load's failure

@@ -122,7 +122,7 @@ func getUnwritten[T any](ctx context.Context, g *Engine, id string, load LoadFun
 	return loadThrough(ctx, g, id, vkey, load, since{at: g.starts.Load()}, cause)
 }
 
-// since is when a caller started: Guard.starts then, and the local cache's
+// since is when a caller started: Engine.starts then, and the local cache's
 // epoch then (0 without Options.Local). A flight or shared read takes its
 // number with starts.Add(1) as it starts, so it started after the caller
 // exactly when its number is greater than the caller's at: the atomic

@@ -85,7 +85,7 @@ func (rg *readGroup) forget(key string, c *readCall) {
 // sharedRead is one read shared by the callers of a value key (readShared).
 type sharedRead struct {
 	r       readResult
-	started uint64 // its number from Guard.starts, before the read (see since)
+	started uint64 // its number from Engine.starts, before the read (see since)
 	epoch   uint64 // the local cache's epoch then
 }
 

@@ -17,8 +17,6 @@ import (
 	"runtime/debug"
 	"sync"
 	"time"
-
-	"github.com/cacheguard/cacheguard/internal/growstack"
 )
 
 // ErrPanic is wrapped by the error every caller gets when a flight panicked.
@@ -93,7 +91,6 @@ func (g *Group[R]) DoOnJoin(ctx context.Context, key string, fn func(ctx context
 			start = func(run func()) { go run() }
 		}
 		start(func() {
-			growstack.Grow() // a flight makes deep calls (go-redis, the load): see package growstack
 			g.run(ctx, key, f, fn)
 		})
 	}

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"runtime/debug"
 	"sync"
-
-	"github.com/cacheguard/cacheguard/internal/growstack"
 )
 
 // batchLoad gathers the loads of one GetMany into one call of its load
@@ -102,7 +100,6 @@ func (b *batchLoad[T]) fireLocked() {
 	// The supervisor's; ends when load returns (its members stop waiting
 	// at their LoadTimeout). A panic in load fails the batch.
 	if !b.g.sup.goRun(func(ctx context.Context) {
-		growstack.Grow() // the batch load is usually a database driver's deep calls: see package growstack
 		ctx, cancel := context.WithTimeout(ctx, b.g.opts.LoadTimeout)
 		defer cancel()
 		defer close(b.done)

@@ -10,7 +10,6 @@ import (
 
 	"github.com/cacheguard/cacheguard/codec"
 	"github.com/cacheguard/cacheguard/internal/coord"
-	"github.com/cacheguard/cacheguard/internal/growstack"
 	"github.com/cacheguard/cacheguard/lock"
 )
 
@@ -360,7 +359,6 @@ func (c *flight[T]) bounded(ctx context.Context) (T, error) {
 	defer cancel()
 	done := make(chan loaded[T], 1)
 	if !c.g.sup.goRun(func(context.Context) {
-		growstack.Grow() // the load is usually a database driver's deep calls: see package growstack
 		var r loaded[T]
 		defer func() {
 			if p := recover(); p != nil {

@@ -8,7 +8,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cacheguard/cacheguard/bloom"
-	"github.com/cacheguard/cacheguard/internal/growstack"
 	"github.com/cacheguard/cacheguard/internal/redisfail"
 )
 
@@ -235,7 +234,6 @@ func fillMany[T any](ctx context.Context, g *Engine, ids, keys []string, load Ba
 		// The supervisor's; passes the gate itself (it can outlive the call
 		// when ctx ends first) and ends with its Coordinator run.
 		g.sup.spawn(func() {
-			growstack.Grow() // a Coordinator run makes deep calls: see package growstack
 			m := &member[T]{b: b}
 			a := answer{id: ids[i], found: flightResult{outcome: outFailed}}
 			defer func() { answers <- a }()

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/cacheguard/cacheguard/codec"
-	"github.com/cacheguard/cacheguard/internal/growstack"
 )
 
 // RefreshOptions is guard.RefreshOptions (documented there).
@@ -33,7 +32,6 @@ func refresh[T any](g *Engine, id, vkey string, raw []byte, load LoadFunc[T]) {
 		return
 	}
 	if !g.sup.goRun(func(ctx context.Context) {
-		growstack.Grow() // a Coordinator run makes deep calls: see package growstack
 		defer g.refreshing.Delete(vkey)
 		defer func() { // a panic in the load (raised again here by bounded): the value expires at its TTL
 			if p := recover(); p != nil {

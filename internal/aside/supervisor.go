@@ -76,6 +76,7 @@ func (s *supervisor) start(busy bool, fn func(ctx context.Context)) bool {
 		return false
 	}
 	go func() {
+		grow() // its work makes deep calls (go-redis, the load): see grow
 		if busy {
 			defer s.end()
 		} else {
@@ -127,6 +128,28 @@ func (s *supervisor) idle(ctx context.Context) error {
 		}
 	}
 }
+
+// growFrame is grow's frame: with the caller's frames and the stack guard
+// on top, the runtime grows a 2 KB stack straight to 16 KB, the largest size
+// its per-P cache of free stacks keeps.
+const growFrame = 12 << 10
+
+// grow grows a new goroutine's stack to 16 KB in one copy of one small
+// frame, before deep calls (a go-redis pipeline, a database driver) would
+// make the runtime double it two or three times, copying a deep stack each
+// time (CockroachDB's pkg/util/growstack; docs/design-notes.md has the
+// figures). Every goroutine of the supervisor's runs it first.
+//
+//go:noinline
+func grow() {
+	var buf [growFrame]byte
+	keepFrame(buf[:])
+}
+
+// keepFrame keeps buf, and so grow's frame, from being optimised away.
+//
+//go:noinline
+func keepFrame([]byte) {}
 
 // gate lets calls in until it is closed, then waits for those inside. Every
 // exported entry point and every flight passes it (enter, then leave with

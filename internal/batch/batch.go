@@ -13,8 +13,6 @@ import (
 	"context"
 	"errors"
 	"sync"
-
-	"github.com/cacheguard/cacheguard/internal/growstack"
 )
 
 // ErrPanicked is what Do returns to the requests of a batch whose run
@@ -165,7 +163,6 @@ func (b *Batcher[Q]) lead(ctx context.Context, batch []*Call[Q], self *Call[Q]) 
 // ErrPanicked; the batcher goes on. It is the goroutine that lead starts
 // and it ends here.
 func (b *Batcher[Q]) runShared(ctx context.Context, batch []*Call[Q], leader *Call[Q]) {
-	growstack.Grow() // run makes deep calls (a go-redis pipeline): see package growstack
 	defer b.handOff()
 	p := b.runRecovering(ctx, batch)
 	for _, c := range batch {

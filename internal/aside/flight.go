@@ -383,3 +383,42 @@ func (c *flight[T]) bounded(ctx context.Context) (T, error) {
 		return zero, fmt.Errorf("load did not return within LoadTimeout (%v): %w", c.g.opts.LoadTimeout, ctx.Err())
 	}
 }
+
+// loadThrough answers a Get from the load function alone, without Redis:
+// the outage policy. cause is the Redis failure that sent it here. Loads are
+// merged per ID in this process (a flight keyed apart from the fill flights)
+// under the same started-after rule as fill (join), and capped by MaxLoads.
+func loadThrough[T any](ctx context.Context, g *Engine, id, vkey string, load LoadFunc[T], from since, cause error) (T, error) {
+	var zero T
+	if g.outage.failFast || ctx.Err() != nil { // a caller whose ctx ended (its read timed out) gets nothing from a load
+		return zero, cause
+	}
+	j, err := joinServed(ctx, g, "\x00through:"+vkey, from, flight[T]{g: g, id: id, vkey: vkey, load: load}, (*flight[T]).runThrough, nil)
+	return answerJoined(ctx, g, id, j, err, true)
+}
+
+// runThrough is the flight of a load-through: one load, no Redis.
+func (c *flight[T]) runThrough(ctx context.Context) (flightResult, error) {
+	g := c.g
+	pass, err := g.sup.enter()
+	if err != nil {
+		return flightResult{outcome: outFailed}, err
+	}
+	defer g.sup.leave(pass)
+	started := g.starts.Add(1)
+	if err := g.outage.admit(g, fmt.Sprintf(" %q", c.id)); err != nil {
+		return flightResult{outcome: outFailed, started: started, by: c}, err
+	}
+	defer g.outage.slots.Release(1)
+	g.stats.loadThroughs.Add(1)
+	_, _, err = c.Load(ctx)
+	fl := c.found
+	if err != nil {
+		fl = flightResult{outcome: outFailed}
+	}
+	fl.started, fl.by = started, c
+	if errors.Is(c.err, ErrNotFound) {
+		return fl, ErrNotFound
+	}
+	return fl, err
+}

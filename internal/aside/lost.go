@@ -4,10 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
-	"maps"
 	"net"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -80,10 +77,6 @@ func newMarks(ctx context.Context, rdb redis.UniversalClient) *marks {
 	return &marks{token: hex.EncodeToString(b[:]), cluster: cluster, dials: countDials(ctx, rdb),
 		given: map[markOf]struct{}{}, high: map[uint16]int64{}, dropped: map[uint16]int64{}}
 }
-
-// due reports whether a check of the marks is due: a write landed, and a
-// connection was dialed since the last check.
-func (m *marks) due() bool { return m.wrote.Load() && m.dials.Load() != m.checked.Load() }
 
 // slot is the slot of key's mark.
 func (m *marks) slot(key string) uint16 {
@@ -236,95 +229,6 @@ func (m *marks) lostLocked(slot uint16, at, hi int64) (ids []string, overflow bo
 	}
 	m.high[slot] = high
 	return ids, overflow
-}
-
-// A check reads every mark this Guard advanced and replays what Redis
-// lost. It is due once a connection was dialed since the last one, and
-// rides in the next read's round trip (queueCheck, then endCheck, before
-// the read answers); a read that finds another's check in flight waits for
-// it, and one whose check failed tries again alone.
-type check struct {
-	dials uint64
-	seen  map[uint16]int64 // the marks as the Guard saw them before it asked
-	gets  []*redis.StringCmd
-	slots []uint16
-}
-
-// queueCheck queues a due check into pipe if no other is in flight (it
-// then holds m.check until endCheck); nil otherwise.
-func (g *Engine) queueCheck(ctx context.Context, pipe redis.Pipeliner) *check {
-	m := g.marks
-	if !m.due() || !m.check.TryLock() {
-		return nil
-	}
-	c := &check{dials: m.dials.Load()}
-	if c.dials == m.checked.Load() {
-		m.check.Unlock()
-		return nil
-	}
-	m.mu.Lock()
-	c.seen = maps.Clone(m.high) // every write these count ran in Redis before the GETs
-	m.mu.Unlock()
-	if len(c.seen) == 0 { // nothing written yet: nothing Redis could have lost
-		m.checked.Store(c.dials)
-		m.check.Unlock()
-		return nil
-	}
-	c.slots = slices.Sorted(maps.Keys(c.seen))
-	c.gets = make([]*redis.StringCmd, len(c.slots))
-	for i, s := range c.slots {
-		c.gets[i] = pipe.Get(ctx, g.keys.Mark(m.token, s, m.cluster))
-	}
-	return c
-}
-
-// endCheck finishes c after its round trip (nil: none rode in it): it
-// replays what Redis lost. Without c, a due check is waited for, or made
-// now in a round trip of its own. A failed check is tried by the next read.
-func (g *Engine) endCheck(ctx context.Context, c *check) {
-	m := g.marks
-	if c == nil {
-		if !m.due() {
-			return
-		}
-		m.check.Lock() // another read's check in flight: wait for it
-		if m.dials.Load() == m.checked.Load() {
-			m.check.Unlock()
-			return
-		}
-		pipe := g.rdb.Pipeline()
-		m.check.Unlock()
-		if c = g.queueCheck(ctx, pipe); c == nil {
-			return
-		}
-		_, _ = pipe.Exec(ctx)
-	}
-	defer m.check.Unlock()
-	var lost []string
-	overflow := false
-	m.mu.Lock()
-	for i, s := range c.slots {
-		at, err := c.gets[i].Int64() // a mark gone (a restart without it, eviction) reads 0
-		switch {
-		case reply(err) && !errors.Is(err, redis.Nil):
-			m.mu.Unlock()
-			m.refusedOnce.Do(func() { g.refused(ctx, "noticing writes Redis lost", err) })
-			m.checked.Store(c.dials) // an ACL that refuses them: no check will pass
-			return
-		case err != nil && !errors.Is(err, redis.Nil):
-			m.mu.Unlock()
-			return
-		}
-		if at < c.seen[s] {
-			l, o := m.lostLocked(s, at, c.seen[s])
-			lost, overflow = append(lost, l...), overflow || o
-		}
-	}
-	m.mu.Unlock()
-	if len(lost) > 0 || overflow {
-		g.writesLost(lost, overflow)
-	}
-	m.checked.Store(c.dials) // a dial during the check: the next read checks again
 }
 
 // writesLost replays the writes Redis lost (all the Guard's entries, with

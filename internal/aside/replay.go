@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"sync"
-	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
 
@@ -33,42 +31,6 @@ const (
 	maxUnwritten = 10_000
 	replayBatch  = 1_000
 )
-
-// unwritten is the set of IDs whose writes failed.
-type unwritten struct {
-	n          atomic.Int64      // len(ids), +1 while overflowed: Gets check it first, without the mutex
-	mu         sync.Mutex        // guards the fields below
-	ids        map[string]uint64 // ID → the number of its last failure, so a replay does not clear a newer one
-	seq        uint64
-	overflowed bool   // IDs were dropped: every ID counts as unwritten (see has)
-	overflows  uint64 // IDs dropped so far: a drop of the entries clears overflowed only if none was since
-	replaying  bool   // the replay goroutine runs (started by keep, ended by replayOnce)
-	// wake, made by New (buffer 1), starts a replay attempt now: reads
-	// succeed again, so the replay need not wait out its backoff.
-	wake chan struct{}
-	// replayed counts the replays that landed: a read that began before
-	// one and ended after may hold the entry it deleted (see get).
-	replayed atomic.Uint64
-}
-
-// has reports whether id's last write failed and was not yet replayed.
-func (u *unwritten) has(id string) bool {
-	if u.n.Load() == 0 {
-		return false
-	}
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	_, ok := u.ids[id]
-	return ok || u.overflowed
-}
-
-// wakeReplay cuts the replay's backoff short: Redis may answer again.
-func (u *unwritten) wakeReplay() {
-	select {
-	case u.wake <- struct{}{}:
-	default: // a wake-up is pending
-	}
-}
 
 // unwrittenAfter keeps ids if err says their write did not reach Redis,
 // and starts the replay (a write that landed is remembered by its mark:

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"iter"
 	"testing"
+	"time"
 
 	"github.com/cacheguard/cacheguard/bloom"
 	"github.com/cacheguard/cacheguard/internal/keyspace"
@@ -318,4 +319,12 @@ func TestRedisDownIsErrUnavailable(t *testing.T) {
 			t.Errorf("%s with Redis down: %v, want ErrUnavailable", name, err)
 		}
 	}
+}
+
+// eventually waits until cond holds, failing after within with what: for
+// state that sends no word of its change (a reader's next reload of the
+// meta, a count of probes). See redistest.Eventually.
+func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	redistest.Eventually(t, within, what, cond)
 }

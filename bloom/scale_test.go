@@ -184,15 +184,23 @@ func TestRebuildUnderLoad(t *testing.T) {
 			}
 		}()
 	}
+	// Between rebuilds, until the readers have probed 2,000 more IDs and the
+	// writer added 100 more: each rebuild runs under live reads and Adds.
+	running := func() {
+		p, a := probes.Load(), added.Load()
+		eventually(t, 10*time.Second, "reads and Adds under way", func() bool {
+			return probes.Load() >= p+2000 && added.Load() >= a+100 || len(fail) > 0
+		})
+	}
 	for i, ro := range []*bloom.RebuildOptions{nil, {ExpectedItems: 200_000}, nil} {
-		time.Sleep(50 * time.Millisecond)
+		running()
 		n, err := builder.Rebuild(ctx, d.scan(), ro)
 		if err != nil {
 			t.Fatalf("rebuild %d: %v", i, err)
 		}
 		t.Logf("rebuild %d: %d IDs, layout now %+v", i, n, builder.Config())
 	}
-	time.Sleep(50 * time.Millisecond)
+	running()
 	close(stop)
 	wg.Wait()
 	close(fail)
@@ -201,11 +209,12 @@ func TestRebuildUnderLoad(t *testing.T) {
 	}
 	// Everything added, checked once more after the last switch.
 	final := d.snapshot()
-	got, err := reader.TestMany(ctx, final)
-	for deadline := time.Now().Add(5 * time.Second); errors.Is(err, bloom.ErrNotReady) && time.Now().Before(deadline); {
-		time.Sleep(20 * time.Millisecond) // the reader follows the last switch on its next reload
+	var got []bool
+	var err error
+	eventually(t, 5*time.Second, "the reader to follow the last switch (its next reload)", func() bool {
 		got, err = reader.TestMany(ctx, final)
-	}
+		return !errors.Is(err, bloom.ErrNotReady)
+	})
 	if err != nil {
 		t.Fatal(err)
 	}

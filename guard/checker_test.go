@@ -161,7 +161,7 @@ func childChecker(rdb redis.UniversalClient) int {
 			hot := rand.NewZipf(r, 1.1, 4, uint64(ids-1))
 			var rec []op
 			for range ops {
-				time.Sleep(pace)
+				time.Sleep(pace) // the workload's rate: a pace, not a state
 				o := op{Proc: proc}
 				var err error
 				if r.IntN(10) < 3 && len(mine) > 0 {
@@ -423,12 +423,12 @@ func stopAndRestore(t *testing.T, srv *redisserver.Server, cache redis.Universal
 		n, _ := cache.Get(ctx, barrierKey).Int()
 		return n >= procs
 	})
-	time.Sleep(500 * time.Millisecond)
+	time.Sleep(500 * time.Millisecond) // the workload runs a while before the fault: a period, not a state
 	if err := cache.ShutdownSave(ctx).Err(); err != nil && !errors.Is(err, redis.ErrClosed) {
 		t.Logf("shutdown: %v", err) // the connection drops as Redis exits
 	}
 	began := time.Now()
-	time.Sleep(outageFor)
+	time.Sleep(outageFor) // the outage is a period: nothing to wait on
 	if err := srv.Restart(ctx); err != nil {
 		t.Fatal(err)
 	}

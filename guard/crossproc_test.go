@@ -48,16 +48,18 @@ func childGuard(rdb redis.UniversalClient) *guard.Guard {
 	return g
 }
 
-// barrier waits until n processes have reached it.
+// barrier waits until n processes have reached it: the last to arrive
+// pushes a token for each, and each waits for one (BLPOP, no polling).
 func barrier(rdb redis.UniversalClient, name string, n int64) {
 	ctx := context.Background()
-	rdb.Incr(ctx, name)
-	for {
-		if v, _ := rdb.Get(ctx, name).Int64(); v >= n {
-			return
+	if rdb.Incr(ctx, name).Val() == n {
+		tokens := make([]any, n)
+		for i := range tokens {
+			tokens[i] = "go"
 		}
-		time.Sleep(time.Millisecond)
+		rdb.RPush(ctx, name+":go", tokens...)
 	}
+	rdb.BLPop(ctx, 0, name+":go")
 }
 
 type stampedeResult struct {
@@ -80,7 +82,7 @@ func childStampede(rdb redis.UniversalClient) int {
 	defer g.Close()
 	load := func(ctx context.Context, id string) (string, error) {
 		rdb.Incr(ctx, prefix+":calls:"+id)
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // a slow query (the test's subject: no state to wait on)
 		return "value of " + id, nil
 	}
 	res := stampedeResult{Values: map[string]int{}}
@@ -185,8 +187,7 @@ func childCrashHolder(rdb redis.UniversalClient) int {
 	_, err := guard.Get(ctx, g, "p1", func(ctx context.Context, id string) (string, error) {
 		rdb.Incr(ctx, prefix+":calls")
 		rdb.Set(ctx, prefix+":loading", "1", 0)
-		time.Sleep(time.Hour) // killed before this ends
-		return "never", nil
+		select {} // killed before this ends
 	})
 	fmt.Fprintln(os.Stderr, "holder returned:", err)
 	return 1
@@ -207,6 +208,8 @@ func childCrashWaiter(rdb redis.UniversalClient) int {
 	var res crashResult
 	var mu sync.Mutex
 	var wg sync.WaitGroup
+	joins, restore := guard.Joins(g, 19)
+	defer restore()
 	for range 20 {
 		wg.Add(1)
 		go func() {
@@ -224,7 +227,9 @@ func childCrashWaiter(rdb redis.UniversalClient) int {
 			res.AtNano = append(res.AtNano, time.Now().UnixNano())
 		}()
 	}
-	time.Sleep(20 * time.Millisecond)
+	for range 19 { // one runs the flight, which waits on the holder's lock; the others join it
+		<-joins
+	}
 	rdb.Incr(ctx, prefix+":waiting") // all 20 are in Get, waiting on the lock
 	wg.Wait()
 	return printJSON(res)
@@ -242,7 +247,7 @@ func TestHolderCrash(t *testing.T) {
 	waitFor(t, func() bool { return c.Exists(ctx, c.Prefix+":loading").Val() == 1 })
 	waiters := []*redistest.Child{redistest.Spawn(t, "crash-waiter", env...), redistest.Spawn(t, "crash-waiter", env...)}
 	waitFor(t, func() bool { n, _ := c.Get(ctx, c.Prefix+":waiting").Int(); return n == 2 })
-	time.Sleep(3 * lockTTL / 2) // the watchdog keeps the live holder's lock
+	time.Sleep(3 * lockTTL / 2) // the watchdog keeps the live holder's lock: the time is the subject
 	if n, _ := c.Get(ctx, c.Prefix+":calls").Int(); n != 1 {
 		t.Fatalf("%d loader calls while the holder was alive, want 1", n)
 	}

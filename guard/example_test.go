@@ -259,7 +259,7 @@ func ExampleNew() {
 	}
 	defer g.Close()
 	for !filterReady(ctx, g) {
-		time.Sleep(10 * time.Millisecond) // built in the background
+		time.Sleep(10 * time.Millisecond) // built in the background; an example has no test helper to poll with
 	}
 	ok, _ := g.MayExist(ctx, "zz")
 	fmt.Println("zz may exist:", ok)

@@ -38,7 +38,7 @@ func childStampedeExit(rdb redis.UniversalClient) int {
 	g := childGuard(rdb) // never closed: the process just ends
 	load := func(ctx context.Context, id string) (string, error) {
 		rdb.Incr(ctx, prefix+":calls:"+id)
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // a slow query (the test's subject: no state to wait on)
 		return "value of " + id, nil
 	}
 	barrier(rdb, prefix+":barrier", procs)

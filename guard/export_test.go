@@ -37,3 +37,7 @@ func Joins(g *Guard, n int) (joins <-chan string, restore func()) {
 		}
 	})
 }
+
+// LocalCopy is what g's local cache holds for id: "none", "fresh" or
+// "gone" (its entry expired in Redis).
+func LocalCopy(g *Guard, id string) string { return aside.LocalCopy(g.e, id) }

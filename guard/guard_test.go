@@ -584,6 +584,8 @@ func TestLoaderPanic(t *testing.T) {
 	var wg sync.WaitGroup
 	var got atomic.Int32
 	var msg atomic.Value
+	joins, restore := guard.Joins(g, 49)
+	defer restore()
 	for range 50 {
 		wg.Add(1)
 		go func() {
@@ -598,7 +600,9 @@ func TestLoaderPanic(t *testing.T) {
 			}
 		}()
 	}
-	time.Sleep(50 * time.Millisecond)
+	for range 49 { // one caller runs the flight, blocked on start; the others join it
+		<-joins
+	}
 	close(start)
 	wg.Wait()
 	if got.Load() != 50 {

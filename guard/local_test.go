@@ -72,7 +72,7 @@ func TestLocalCacheTTLAndSize(t *testing.T) {
 		t.Fatal(err)
 	}
 	flush(t, g) // the Get answered as the load returned; the write follows
-	time.Sleep(80 * time.Millisecond)
+	eventually(t, 5*time.Second, "the copy's local TTL to pass", func() bool { return guard.LocalCopy(g, "p1") == "none" })
 	c.Counter.Reset()
 	if _, err := guard.Get(ctx, g, "p1", d.load); err != nil {
 		t.Fatal(err)
@@ -103,21 +103,22 @@ func TestLocalCacheTTLAndSize(t *testing.T) {
 // next Get after that loads again.
 func TestLocalCopyNeverOutlivesRedis(t *testing.T) {
 	ctx := context.Background()
-	_, g, d := setup(t, 10, &guard.Options{TTL: 300 * time.Millisecond, Jitter: -1, Local: &guard.LocalOptions{TTL: time.Minute}})
+	c, g, d := setup(t, 10, &guard.Options{TTL: 300 * time.Millisecond, Jitter: -1, Local: &guard.LocalOptions{TTL: time.Minute}})
 	if _, err := guard.Get(ctx, g, "p1", d.load); err != nil { // loads; the copy lives as long as the entry
 		t.Fatal(err)
 	}
 	if _, err := guard.Get(ctx, g, "p2", d.load); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(100 * time.Millisecond)
 	if _, err := guard.Get(ctx, g, "p2", d.load); err != nil { // the copy from a Redis hit: its PTTL bounds it
 		t.Fatal(err)
 	}
 	if st := g.Stats(); st.LocalHits != 1 {
 		t.Fatalf("stats %+v: want the second Get of p2 from memory", st)
 	}
-	time.Sleep(300 * time.Millisecond) // both entries expired in Redis
+	eventually(t, 5*time.Second, "both entries to expire in Redis", func() bool {
+		return c.Exists(ctx, c.Prefix+":product:{p1}", c.Prefix+":product:{p2}").Val() == 0
+	})
 	calls := d.calls.Load()
 	for _, id := range []string{"p1", "p2"} {
 		if _, err := guard.Get(ctx, g, id, d.load); err != nil {
@@ -281,7 +282,7 @@ func TestLocalExpiredCopySkipsTheRead(t *testing.T) {
 	// this process's next Get finds it in the re-check and loads nothing.
 	// First make sure this process holds a copy: its own load's publish
 	// may have dropped the one it kept (it cannot tell its own message).
-	time.Sleep(20 * time.Millisecond)
+	eventually(t, 5*time.Second, "its own publish to drop the copy", func() bool { return guard.LocalCopy(g, "p1") == "none" })
 	if _, err := mine(); err != nil {
 		t.Fatal(err)
 	}
@@ -333,7 +334,7 @@ func TestLocalKeepsWhatTheRecheckFound(t *testing.T) {
 	if err := c.PExpire(ctx, vkey, time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(ttl + 20*time.Millisecond) // the copy has expired; goneGrace keeps it known
+	eventually(t, 5*time.Second, "the copy to expire (goneGrace keeps it known)", func() bool { return guard.LocalCopy(g, "p1") == "gone" })
 	calls := d.calls.Load()
 	c.Counter.Reset()
 	if p, err := guard.Get(ctx, g, "p1", d.load); err != nil || p.ID != "p1" {

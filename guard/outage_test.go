@@ -202,18 +202,19 @@ func TestNewWithoutRedis(t *testing.T) {
 func TestLoadTimeoutIsHard(t *testing.T) {
 	ctx := context.Background()
 	c, g, _ := setup(t, 10, &guard.Options{LoadTimeout: 100 * time.Millisecond})
-	finished := make(chan struct{})
+	finished, release := make(chan struct{}), make(chan struct{})
 	stubborn := func(context.Context, string) (product, error) {
 		defer close(finished)
-		time.Sleep(400 * time.Millisecond) // ignores ctx
+		<-release // ignores ctx: returns only once the Get has given up on it
 		return product{ID: "p1", Price: 1}, nil
 	}
 	_, err := guard.Get(ctx, g, "p1", stubborn)
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("err = %v, want one wrapping context.DeadlineExceeded", err)
 	}
+	close(release)
 	<-finished
-	time.Sleep(50 * time.Millisecond)
+	flush(t, g) // the load's goroutine has ended, and anything it would write with it
 	if n := c.Exists(ctx, c.Prefix+":product:{p1}").Val(); n != 0 {
 		t.Fatal("the late result was cached")
 	}

@@ -2,12 +2,15 @@ package guard_test
 
 import (
 	"context"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/cacheguard/cacheguard/codec"
 	"github.com/cacheguard/cacheguard/guard"
+	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
 // TestRefreshAheadHotKey: 16 goroutines on one key for 2.5 s, TTL 500 ms,
@@ -47,7 +50,7 @@ func refreshAheadHotKey(t *testing.T, local *guard.LocalOptions) {
 					wrong.Add(1)
 				}
 				if local != nil {
-					time.Sleep(50 * time.Microsecond) // memory hits would starve the refresh goroutine of the 2 cores
+					runtime.Gosched() // memory hits never block: let the refresh goroutine have a core
 				}
 			}
 		}()
@@ -121,7 +124,10 @@ func TestRefreshAheadNeverServesOverAWrite(t *testing.T) {
 	}
 	var writes []write
 	for i := 1; i <= 15; i++ {
-		time.Sleep(100 * time.Millisecond) // past the refresh-at time (60ms): refreshes run between writes
+		// A refresh runs between two writes (the readers hit past the
+		// refresh-at time, 60ms after the entry's write).
+		n := g.Stats().Refreshes
+		eventually(t, 10*time.Second, "a refresh", func() bool { return g.Stats().Refreshes > n })
 		price := 1000 + i
 		d.set(product{ID: "p4", Name: "product p4", Price: price})
 		var err error
@@ -158,17 +164,17 @@ func TestRefreshAheadNeverServesOverAWrite(t *testing.T) {
 // take the process down; the value is served until it expires.
 func TestRefreshAheadLoaderPanic(t *testing.T) {
 	ctx := context.Background()
-	_, g, d := setup(t, 10, &guard.Options{TTL: 300 * time.Millisecond, Jitter: -1, RefreshAhead: &guard.RefreshOptions{At: 0.2}})
+	c, g, d := setup(t, 10, &guard.Options{TTL: 300 * time.Millisecond, Jitter: -1, RefreshAhead: &guard.RefreshOptions{At: 0.2}})
 	if _, err := guard.Get(ctx, g, "p5", d.load); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(100 * time.Millisecond) // past the refresh-at time
+	refreshDue(t, c, g, "p5")
 	panics := func(context.Context, string) (product, error) { panic("boom") }
 	if p, err := guard.Get(ctx, g, "p5", panics); err != nil || p.Price != 5 {
 		t.Fatalf("the stale value: %+v, %v", p, err)
 	}
 	waitFor(t, func() bool { return g.Stats().Refreshes == 1 })
-	time.Sleep(50 * time.Millisecond)
+	flush(t, g) // the refresh that panicked has ended
 	if p, err := guard.Get(ctx, g, "p5", d.load); err != nil || p.Price != 5 {
 		t.Fatalf("after the panicked refresh: %+v, %v", p, err)
 	}
@@ -179,12 +185,12 @@ func TestRefreshAheadLoaderPanic(t *testing.T) {
 // reload, and then the new value is in Redis (the next Get calls no loader).
 func TestFlushWaitsForRefresh(t *testing.T) {
 	ctx := context.Background()
-	_, g, d := setup(t, 10, &guard.Options{TTL: time.Minute, Jitter: -1, RefreshAhead: &guard.RefreshOptions{At: 0.001}})
+	c, g, d := setup(t, 10, &guard.Options{TTL: time.Minute, Jitter: -1, RefreshAhead: &guard.RefreshOptions{At: 0.001}})
 	if _, err := guard.Get(ctx, g, "p3", d.load); err != nil {
 		t.Fatal(err)
 	}
 	flush(t, g)
-	time.Sleep(100 * time.Millisecond) // past the refresh-at time (60ms)
+	refreshDue(t, c, g, "p3")
 	d.set(product{ID: "p3", Name: "product p3", Price: 3003})
 	gate := make(chan struct{})
 	var opened sync.Once
@@ -215,4 +221,19 @@ func TestFlushWaitsForRefresh(t *testing.T) {
 	if n := d.calls.Load() - calls; n != 0 {
 		t.Fatalf("the Get after Flush called the loader %d times; the reload should have written the value", n)
 	}
+}
+
+// refreshDue waits until id's entry in Redis is past its refresh-at time
+// (read from the entry itself), so that the next hit starts a refresh.
+func refreshDue(t *testing.T, c *redistest.Conn, g *guard.Guard, id string) {
+	t.Helper()
+	key := c.Prefix + ":product:{" + id + "}"
+	eventually(t, 5*time.Second, "the entry's refresh-at time", func() bool {
+		raw, err := c.HGet(context.Background(), key, guard.Field(g)).Bytes()
+		if err != nil {
+			return false
+		}
+		at, ok := codec.RefreshAt(raw)
+		return ok && !time.Now().Before(at)
+	})
 }

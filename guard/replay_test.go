@@ -266,12 +266,18 @@ func TestAcknowledgedWriteLostInARestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	hits := writer.Stats().Hits
-	for end := time.Now().Add(2500 * time.Millisecond); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
-		// past the breaker's second: reads go to Redis again
+	// Until the replay has landed and reads hit Redis again (past the
+	// breaker's second), and 100 Gets more: none may serve the old entry.
+	more := 0
+	eventually(t, 10*time.Second, "the replay, then 100 Gets from Redis", func() bool {
 		if p, err := guard.Get(ctx, writer, "p3", d.load); err == nil && p.Price != updated.Price {
 			stale++
 		}
-	}
+		if st := writer.Stats(); st.Unwritten == 0 && st.Hits > hits {
+			more++
+		}
+		return more >= 100
+	})
 	if st := writer.Stats(); stale > 0 || st.Unwritten > 0 || st.Hits == hits {
 		t.Fatalf("%d answers in the writing process served the entry its acknowledged Set replaced; stats %+v", stale, st)
 	}

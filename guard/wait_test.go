@@ -3,21 +3,16 @@ package guard_test
 import (
 	"testing"
 	"time"
+
+	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
-// eventually waits until cond holds, failing after within with what. It is
-// for state the engine sends no word of (a counter of Stats, a key in
-// Redis, a filter's meta): it asks again every 5 ms, the one sleep of the
-// waits on state.
+// eventually waits until cond holds, failing after within with what: for
+// state the engine sends no word of (a counter of Stats, a key in Redis,
+// a filter's meta). See redistest.Eventually.
 func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, within)
-		}
-		time.Sleep(5 * time.Millisecond) // polls state that sends no word of its change
-	}
+	redistest.Eventually(t, within, what, cond)
 }
 
 // waitFor is eventually with 20 s.

@@ -448,8 +448,8 @@ func TestMissAnswersAfterItsWrite(t *testing.T) {
 	defer release() // before Close, which waits for the held flight
 	got := make(chan product, 1)
 	go func() { p, _ := guard.Get(ctx, g, "p7", d.load); got <- p }()
-	<-h.held // the flight's write is held before it was sent
-	time.Sleep(50 * time.Millisecond)
+	<-h.held                          // the flight's write is held before it was sent
+	time.Sleep(50 * time.Millisecond) // room for an answer that must not come: nothing to wait on
 	select {
 	case p := <-got:
 		t.Fatalf("the miss answered %+v before its write was sent", p)

@@ -60,7 +60,7 @@ func ExampleLock_Refresh() {
 	defer rdb.Close()
 	l, _ := lock.New(rdb).Obtain(ctx, "example:{report-9}:lock", time.Second, nil)
 	fmt.Println(l.Refresh(ctx, 300*time.Millisecond)) // held: its TTL is now 300ms
-	time.Sleep(600 * time.Millisecond)
+	time.Sleep(600 * time.Millisecond)                // past the 300ms TTL: an example shows expiry by waiting it out
 	fmt.Println(errors.Is(l.Refresh(ctx, time.Second), lock.ErrNotHeld))
 	_, err := lock.New(rdb).Obtain(ctx, "", time.Second, nil)
 	fmt.Println(errors.Is(err, lock.ErrInvalid), errors.Is(err, lock.ErrUnavailable))

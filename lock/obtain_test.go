@@ -27,7 +27,9 @@ func TestReleaseAndRefreshNeedTheToken(t *testing.T) {
 	if ttl := c.PTTL(ctx, key).Val(); ttl <= 0 || ttl > 50*time.Millisecond {
 		t.Fatalf("PTTL = %v", ttl)
 	}
-	time.Sleep(80 * time.Millisecond) // expired
+	if err := c.Del(ctx, key).Err(); err != nil { // expired: the key is gone, as its TTL would make it
+		t.Fatal(err)
+	}
 	if err := l.Refresh(ctx, time.Second); !errors.Is(err, lock.ErrNotHeld) {
 		t.Fatalf("refresh after expiry: %v", err)
 	}
@@ -102,9 +104,12 @@ func TestWatchdogOutlivesTTL(t *testing.T) {
 	}
 	var lost atomic.Bool
 	stop := l.KeepAlive(ctx, ttl, func(error) { lost.Store(true) })
-	time.Sleep(3 * ttl) // a load three times longer than the TTL
+	time.Sleep(3 * ttl) // a load three times longer than the TTL: the time is the subject
 	if _, err := lc.Obtain(ctx, key, ttl, nil); !errors.Is(err, lock.ErrNotObtained) {
 		t.Fatalf("lock lost during the watchdog: %v", err)
+	}
+	if got := c.Get(ctx, key).Val(); got != l.Token() {
+		t.Fatalf("after 3 TTLs the key holds %q, want the holder's token", got)
 	}
 	stop()
 	if lost.Load() {
@@ -148,7 +153,7 @@ func TestKeepAliveShortLease(t *testing.T) {
 	}
 	stop := l.KeepAlive(ctx, ttl, func(err error) { t.Errorf("onLost(%v)", err) })
 	defer stop()
-	time.Sleep(3 * lease) // a load three times longer than the lease
+	time.Sleep(3 * lease) // a load three times longer than the lease: the time is the subject
 	if _, err := lc.Obtain(ctx, key, lease, nil); !errors.Is(err, lock.ErrNotObtained) {
 		t.Fatalf("the lock expired with its first lease: %v", err)
 	}
@@ -184,7 +189,7 @@ func TestKeepAliveShortHold(t *testing.T) {
 	// ctx ends while the watchdog runs: it stops, and stop returns.
 	cctx, cancel := context.WithCancel(ctx)
 	stop = l.KeepAlive(cctx, 30*time.Millisecond, nil)
-	time.Sleep(50 * time.Millisecond) // a refresh or two
+	time.Sleep(50 * time.Millisecond) // a refresh or two (the watchdog's goroutine starts with its first): nothing tells when
 	cancel()
 	stop()
 	if err := l.Release(ctx); err != nil {

@@ -44,3 +44,14 @@ func SetJoined(e *Engine, f func(key string)) (restore func()) {
 	e.joinedHook.Store(&f)
 	return func() { e.joinedHook.Store(nil) }
 }
+
+// LocalCopy reports what e's local cache holds for id: "none", "fresh" (a
+// copy to serve) or "gone" (a copy whose Redis entry has expired), for tests
+// that wait for a copy to expire instead of sleeping past its TTL.
+func LocalCopy(e *Engine, id string) string {
+	if e.local == nil {
+		return "none"
+	}
+	_, st := e.local.get(id)
+	return [...]string{localNone: "none", localFresh: "fresh", localGone: "gone"}[st]
+}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cacheguard/cacheguard/internal/batch"
+	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
 type req struct{ in, out int }
@@ -77,15 +78,10 @@ func waitPending(t *testing.T, b *batch.Batcher[req], n int) {
 	until(t, func() bool { return b.Waiting() == n })
 }
 
-// until waits for state the Batcher sends no word of, asking every
-// millisecond for 10 s.
+// until waits for state the Batcher sends no word of, for 10 s.
 func until(t *testing.T, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("state not reached in 10 s")
-		}
-	}
+	redistest.Eventually(t, 10*time.Second, "state", cond)
 }
 
 func TestWaitersGoTogetherInTheNextBatch(t *testing.T) {

@@ -64,11 +64,8 @@ func TestCoordinatorOneLoadManyCoordinators(t *testing.T) {
 		// Until a waiter has subscribed and left its mark: then the publish
 		// must wake it, however slow the machine (a fixed sleep could end
 		// before any waiter subscribed).
-		for end := time.Now().Add(10 * time.Second); c.Exists(ctx, keyspace.Waiting(key)).Val() == 0; {
-			if time.Now().After(end) {
-				return nil, 0, errors.New("no waiter left its mark in 10s")
-			}
-			time.Sleep(time.Millisecond)
+		if !poll(func() bool { return c.Exists(ctx, keyspace.Waiting(key)).Val() == 1 }) {
+			return nil, 0, errors.New("no waiter left its mark in 10s")
 		}
 		return []byte("v"), time.Minute, nil
 	}}
@@ -392,15 +389,18 @@ func TestRunHeld(t *testing.T) {
 	}
 	var loads atomic.Int32
 	loaded := make(chan struct{})
+	var key string
 	f := filler{load: func(ctx context.Context) ([]byte, time.Duration, error) {
 		if loads.Add(1) == 1 {
 			close(loaded)
+			// Until the other has subscribed and left its mark: the publish
+			// must then wake it (the load runs in the test's goroutine).
+			until(t, func() bool { return c.Exists(ctx, keyspace.Waiting(key)).Val() == 1 })
 		}
-		time.Sleep(50 * time.Millisecond)
 		return []byte("v"), time.Minute, nil
 	}}
 
-	key := c.Prefix + ":{held}"
+	key = c.Prefix + ":{held}"
 	l := take(key)
 	waited := make(chan error, 1)
 	go func() {
@@ -490,12 +490,12 @@ func TestWaitSeesALockReleasedUnwritten(t *testing.T) {
 }
 
 // until waits for state the Coordinator sends no word of (a key in Redis,
-// a count of waiting round trips), asking every millisecond for 10 s.
+// a count of waiting round trips), for 10 s.
 func until(t *testing.T, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("state not reached in 10 s")
-		}
-	}
+	redistest.Eventually(t, 10*time.Second, "state", cond)
 }
+
+// poll is until for a goroutine other than the test's: it reports whether
+// cond held within 10 s.
+func poll(cond func() bool) bool { return redistest.Poll(10*time.Second, cond) }

@@ -45,17 +45,10 @@ func TestDeliversInOrderAfterSubscribe(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The server drops the subscriber when it sees the connection close.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	redistest.Eventually(t, 5*time.Second, "no subscriber left after Close", func() bool {
 		n, err := c.Publish(ctx, c.Prefix+":ch", "late").Result()
-		if err == nil && n == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after Close the channel still has %d subscribers (%v)", n, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return err == nil && n == 0
+	})
 }
 
 func TestSubscribeWithRedisDown(t *testing.T) {

@@ -86,13 +86,7 @@ func (g *Group[R]) DoOnJoin(ctx context.Context, key string, fn func(ctx context
 			g.run(ctx, key, f, fn)
 			return f.res, g.shared(f), f.err
 		}
-		start := g.Spawn
-		if start == nil {
-			start = func(run func()) { go run() }
-		}
-		start(func() {
-			g.run(ctx, key, f, fn)
-		})
+		g.start(ctx, key, f, fn)
 	}
 	select {
 	case <-f.done:
@@ -101,6 +95,36 @@ func (g *Group[R]) DoOnJoin(ctx context.Context, key string, fn func(ctx context
 		var zero R
 		return zero, false, ctx.Err()
 	}
+}
+
+// Go starts fn as key's flight unless one is under way, and returns at
+// once: it reports whether it started one. Nobody waits for that flight (a
+// refresh ahead of expiry, say); callers of Do that arrive while it runs
+// join it. It runs as Do's flights do: on ctx without its cancellation,
+// bounded by Timeout, in a goroutine of Spawn's.
+func (g *Group[R]) Go(ctx context.Context, key string, fn func(ctx context.Context) (R, error)) bool {
+	g.mu.Lock()
+	if _, ok := g.flights[key]; ok {
+		g.mu.Unlock()
+		return false
+	}
+	f := &flight[R]{done: make(chan struct{}), callers: 1} // its starter counts as a caller: a joiner shares
+	if g.flights == nil {
+		g.flights = make(map[string]*flight[R])
+	}
+	g.flights[key] = f
+	g.mu.Unlock()
+	g.start(ctx, key, f, fn)
+	return true
+}
+
+// start runs flight f of key in a goroutine of Spawn's (or a go statement).
+func (g *Group[R]) start(ctx context.Context, key string, f *flight[R], fn func(ctx context.Context) (R, error)) {
+	spawn := g.Spawn
+	if spawn == nil {
+		spawn = func(run func()) { go run() }
+	}
+	spawn(func() { g.run(ctx, key, f, fn) })
 }
 
 // shared reports whether f had more than one caller so far.

@@ -206,3 +206,50 @@ func TestSpawnStartsTheFlight(t *testing.T) {
 		t.Fatalf("Do = %d, %v with %d goroutines spawned, want 7, nil and 1", v, err, spawned.Load())
 	}
 }
+
+// TestGo: Go starts a flight nobody waits for, once per key while it runs;
+// a Do that arrives meanwhile joins it (shared), and once it ended the next
+// Go starts another. A panic in it reaches nobody and crashes nothing.
+func TestGo(t *testing.T) {
+	var g loader.Group[int]
+	release := make(chan struct{})
+	ran := make(chan int, 4)
+	fn := func(n int) func(context.Context) (int, error) {
+		return func(context.Context) (int, error) {
+			<-release
+			ran <- n
+			return n, nil
+		}
+	}
+	if !g.Go(context.Background(), "k", fn(1)) {
+		t.Fatal("Go did not start a flight")
+	}
+	if g.Go(context.Background(), "k", fn(2)) {
+		t.Fatal("a second Go started a flight while the first ran")
+	}
+	got := make(chan int, 1)
+	joined := make(chan struct{})
+	go func() {
+		v, shared, err := g.DoOnJoin(context.Background(), "k", fn(3), func() { close(joined) })
+		if err != nil || !shared {
+			t.Errorf("Do after Go: %v, shared %v; want the Go's flight, shared", err, shared)
+		}
+		got <- v
+	}()
+	<-joined
+	close(release)
+	if v := <-got; v != 1 {
+		t.Fatalf("Do joined and got %d, want the Go's 1", v)
+	}
+	if n := <-ran; n != 1 {
+		t.Fatalf("flight %d ran, want 1", n)
+	}
+	done := make(chan struct{})
+	if !g.Go(context.Background(), "k", func(context.Context) (int, error) { defer close(done); panic("boom") }) {
+		t.Fatal("Go did not start a flight once the first had answered")
+	}
+	<-done
+	if len(ran) != 0 {
+		t.Fatalf("%d more flights ran", len(ran))
+	}
+}

@@ -49,7 +49,6 @@ type Engine struct {
 	schemaWarned warnedPairs                      // the pairs of schema versions warned of (otherSchemas)
 	tel          *telemetry                       // OpenTelemetry instruments, or nil (off)
 	sup          *supervisor                      // every goroutine and flight of the Engine, stopped and waited for by Close
-	refreshing   sync.Map                         // value key → struct{}: the refreshes ahead running in this process
 	joinedHook   atomic.Pointer[func(key string)] // set by tests alone: told of each caller that joins a flight (hooks.go)
 	closeOnce    sync.Once
 	closeErr     error // set once by Close

@@ -20,34 +20,30 @@ func pastRefreshAt(raw []byte) bool {
 }
 
 // refresh starts the background refresh of a hit that is past its
-// refresh-at time, unless one runs for the key in this process. The
-// goroutine is the supervisor's (cancelled and waited for by Close; flush
-// waits for it too); it is started from inside the gate, so Close cannot
-// miss it.
+// refresh-at time, as a flight of its own key (one per ID in this process;
+// a fill of the ID does not join it). Its goroutine is the supervisor's
+// (flush waits for it), started from inside the gate, so Close cannot miss
+// it; Close cancels it too, and waits for it.
 func refresh[T any](g *Engine, id, vkey string, raw []byte, load LoadFunc[T]) {
 	if !pastRefreshAt(raw) {
 		return
 	}
-	if _, running := g.refreshing.LoadOrStore(vkey, struct{}{}); running {
-		return
-	}
-	if !g.sup.goRun(func(ctx context.Context) {
-		defer g.refreshing.Delete(vkey)
+	g.flights.Go(g.sup.ctx, "\x00refresh:"+vkey, func(ctx context.Context) (flightResult, error) {
+		ctx, cancel := context.WithCancel(ctx)
+		defer context.AfterFunc(g.sup.ctx, cancel)() // Close cancels it
+		defer cancel()
 		defer func() { // a panic in the load (raised again here by bounded): the value expires at its TTL
 			if p := recover(); p != nil {
 				g.log.Error("cacheguard: refresh ahead: load panicked", "id", id, "panic", p)
 			}
 		}()
-		ctx, cancel := context.WithTimeout(ctx, g.flights.Timeout)
-		defer cancel()
 		c := &flight[T]{g: g, id: id, vkey: vkey, load: load, refresh: true}
 		g.stats.refreshes.Add(1)
 		if err := g.coord.TryRun(ctx, vkey, g.field(), c); err != nil && g.sup.ctx.Err() == nil { // not Close
 			g.log.Warn("cacheguard: refresh ahead failed; the value expires at its TTL", "id", id, "err", g.fail(ctx, "refresh", id, err))
 		}
-	}) {
-		g.refreshing.Delete(vkey)
-	}
+		return flightResult{}, nil
+	})
 }
 
 func resolveRefresh(r *RefreshOptions) (*RefreshOptions, error) {

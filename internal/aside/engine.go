@@ -1,11 +1,11 @@
 // Package aside is the engine behind package guard: one Engine per Guard.
-// A Get runs top-down through get.go (check, local copy, read, answer),
-// read.go (the one round trip, shared by concurrent Gets, with the probe
-// and lock rules of readpolicy.go), entry.go (decoding), and on a miss
-// flight.go (one flight per key in the process, run through internal/coord
-// across processes); outage.go decides what to do when Redis cannot
-// answer, lost.go and replay.go keep writes Redis did not take. Every
-// goroutine belongs to the supervisor (supervisor.go), which Close stops.
+// A Get runs top-down through get.go (check, local copy, the read plan,
+// answer), read.go (the one round trip, shared by concurrent Gets),
+// entry.go (decoding), and on a miss flight.go (one flight per key in the
+// process, run through internal/coord across processes); health.go decides
+// whether Redis answers and what to do when it does not, lost.go and
+// replay.go keep writes Redis did not take. Every goroutine belongs to the
+// supervisor (supervisor.go), which Close stops.
 package aside
 
 import (

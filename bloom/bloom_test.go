@@ -3,8 +3,8 @@ package bloom_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"iter"
+	"strconv"
 	"testing"
 	"time"
 
@@ -18,7 +18,7 @@ func TestMain(m *testing.M) { redistest.Main(m) }
 func seq(prefix string, n int) iter.Seq2[string, error] {
 	return func(yield func(string, error) bool) {
 		for i := range n {
-			if !yield(fmt.Sprintf("%s%d", prefix, i), nil) {
+			if !yield(prefix+strconv.Itoa(i), nil) {
 				return
 			}
 		}
@@ -28,7 +28,7 @@ func seq(prefix string, n int) iter.Seq2[string, error] {
 func ids(prefix string, from, to int) []string {
 	out := make([]string, 0, to-from)
 	for i := from; i < to; i++ {
-		out = append(out, fmt.Sprintf("%s%d", prefix, i))
+		out = append(out, prefix+strconv.Itoa(i))
 	}
 	return out
 }

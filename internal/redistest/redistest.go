@@ -267,6 +267,22 @@ func (c *Conn) AllKeys(ctx context.Context, pattern string) ([]string, error) {
 	return out, each(ctx, c.UniversalClient.(*redis.Client))
 }
 
+// DropOwn deletes every key under c.Prefix, on every master: what a test
+// that uses only its own keys sees when Redis loses everything, without
+// touching the keys of the tests that run beside it.
+func (c *Conn) DropOwn(ctx context.Context) error {
+	keys, err := c.AllKeys(ctx, c.Prefix+"*")
+	if err != nil {
+		return err
+	}
+	for _, k := range keys { // one by one: in a cluster they are in many slots
+		if err := c.Del(ctx, k).Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // FlushMasters empties every master.
 func (c *Conn) FlushMasters(ctx context.Context) error {
 	if cc, ok := c.UniversalClient.(*redis.ClusterClient); ok {

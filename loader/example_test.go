@@ -79,3 +79,22 @@ func ExampleGroup_DoOnJoin() {
 	fmt.Println(v, shared, <-done)
 	// Output: shared true shared
 }
+
+// Go starts a flight nobody waits for, as a refresh ahead of expiry does: a
+// second Go of the key while it runs starts nothing, and a Do joins it.
+func ExampleGroup_Go() {
+	var g loader.Group[string]
+	release := make(chan struct{})
+	refresh := func(ctx context.Context) (string, error) {
+		<-release
+		return "fresh", nil
+	}
+	fmt.Println(g.Go(context.Background(), "user:42", refresh))
+	fmt.Println(g.Go(context.Background(), "user:42", refresh))
+	v, shared, _ := g.DoOnJoin(context.Background(), "user:42", refresh, func() { close(release) })
+	fmt.Println(v, shared)
+	// Output:
+	// true
+	// false
+	// fresh true
+}

@@ -36,6 +36,12 @@ type Group[R any] struct {
 	// owner can stop and wait for it (nil: a go statement). Read-only
 	// after first use.
 	Spawn func(func())
+	// InCaller runs each flight in its first caller's goroutine, on that
+	// caller's ctx (Timeout does not apply): for a short call, a Redis read
+	// say, that needs no goroutine of its own. A flight that failed because
+	// its caller's ctx ended answers nobody else: they run it again.
+	// Read-only after first use.
+	InCaller bool
 
 	mu      sync.Mutex            // guards flights and each flight's callers
 	flights map[string]*flight[R] // the flight under way per key
@@ -54,8 +60,9 @@ type flight[R any] struct {
 // each. shared reports whether the result went to more than one caller. If
 // ctx ends first, Do returns ctx.Err() at once; the flight goes on (bounded
 // by Timeout) for the other callers. The goroutine that runs a flight is
-// started by its first caller (unless that caller's ctx cannot end, and it
-// runs fn itself) and ends when fn returns.
+// started by its first caller (unless that caller's ctx cannot end, or the
+// Group runs flights InCaller, and it runs fn itself) and ends when fn
+// returns.
 func (g *Group[R]) Do(ctx context.Context, key string, fn func(ctx context.Context) (R, error)) (res R, shared bool, err error) {
 	return g.DoOnJoin(ctx, key, fn, nil)
 }
@@ -67,33 +74,38 @@ func (g *Group[R]) Do(ctx context.Context, key string, fn func(ctx context.Conte
 func (g *Group[R]) DoOnJoin(ctx context.Context, key string, fn func(ctx context.Context) (R, error), onJoin func()) (
 	res R, shared bool, err error,
 ) {
-	g.mu.Lock()
-	f, joined := g.flights[key]
-	if !joined {
-		f = &flight[R]{done: make(chan struct{})}
-		if g.flights == nil {
-			g.flights = make(map[string]*flight[R])
+	for {
+		g.mu.Lock()
+		f, joined := g.flights[key]
+		if !joined {
+			f = &flight[R]{done: make(chan struct{})}
+			if g.flights == nil {
+				g.flights = make(map[string]*flight[R])
+			}
+			g.flights[key] = f
 		}
-		g.flights[key] = f
-	}
-	f.callers++
-	g.mu.Unlock()
-	if joined && onJoin != nil {
-		onJoin()
-	}
-	if !joined {
-		if ctx.Done() == nil { // nobody can leave before the end: run it here
-			g.run(ctx, key, f, fn)
-			return f.res, g.shared(f), f.err
+		f.callers++
+		g.mu.Unlock()
+		if joined && onJoin != nil {
+			onJoin()
 		}
-		g.start(ctx, key, f, fn)
-	}
-	select {
-	case <-f.done:
+		if !joined {
+			if g.InCaller || ctx.Done() == nil { // (or nobody can leave before the end): run it here
+				g.run(ctx, key, f, fn)
+				return f.res, g.shared(f), f.err
+			}
+			g.start(ctx, key, f, fn)
+		}
+		select {
+		case <-f.done:
+		case <-ctx.Done():
+			var zero R
+			return zero, false, ctx.Err()
+		}
+		if g.InCaller && (errors.Is(f.err, context.Canceled) || errors.Is(f.err, context.DeadlineExceeded)) {
+			continue // its caller gave up: run it again
+		}
 		return f.res, g.shared(f), f.err
-	case <-ctx.Done():
-		var zero R
-		return zero, false, ctx.Err()
 	}
 }
 
@@ -135,11 +147,14 @@ func (g *Group[R]) shared(f *flight[R]) bool {
 }
 
 // run runs fn for flight f of key on a context detached from the first
-// caller's, records its result (a panic becomes an error wrapping ErrPanic)
+// caller's (InCaller: on that ctx), records its result (a panic becomes an error wrapping ErrPanic)
 // and ends the flight: the key's next caller starts a new one.
 func (g *Group[R]) run(ctx context.Context, key string, f *flight[R], fn func(ctx context.Context) (R, error)) {
-	fctx := context.WithoutCancel(ctx)
-	if g.Timeout > 0 {
+	fctx := ctx // InCaller: the caller's own
+	if !g.InCaller {
+		fctx = context.WithoutCancel(ctx)
+	}
+	if g.Timeout > 0 && !g.InCaller {
 		var cancel context.CancelFunc
 		fctx, cancel = context.WithTimeout(fctx, g.Timeout)
 		defer cancel()

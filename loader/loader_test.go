@@ -253,3 +253,100 @@ func TestGo(t *testing.T) {
 		t.Fatalf("%d more flights ran", len(ran))
 	}
 }
+
+// inCaller drives a Group that runs flights InCaller: fn counts its runs,
+// says it started and returns what release sends (or its ctx's error).
+type inCaller struct {
+	g       loader.Group[int]
+	runs    atomic.Int32
+	started chan struct{}
+	release chan int
+	joins   chan struct{}
+}
+
+func newInCaller() *inCaller {
+	r := &inCaller{started: make(chan struct{}, 4), release: make(chan int, 4), joins: make(chan struct{}, 8)}
+	r.g.InCaller = true
+	return r
+}
+
+func (r *inCaller) fn(ctx context.Context) (int, error) {
+	r.runs.Add(1)
+	r.started <- struct{}{}
+	select {
+	case v := <-r.release:
+		return v, nil
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+}
+
+// do calls the Group for key "k" in a goroutine and returns its answer.
+func (r *inCaller) do(ctx context.Context) <-chan error {
+	errc := make(chan error, 1)
+	go func() {
+		_, _, err := r.g.DoOnJoin(ctx, "k", r.fn, func() { r.joins <- struct{}{} })
+		errc <- err
+	}()
+	return errc
+}
+
+// TestInCallerShares: callers that arrive while an InCaller flight runs
+// get its result (one run), which ran in the first caller's goroutine on
+// its own ctx (not a detached one).
+func TestInCallerShares(t *testing.T) {
+	r := newInCaller()
+	type key struct{}
+	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), key{}, "mine"))
+	defer cancel()
+	var sameCtx atomic.Bool
+	first := make(chan int, 1)
+	go func() {
+		v, _, _ := r.g.Do(ctx, "k", func(fctx context.Context) (int, error) {
+			sameCtx.Store(fctx == ctx)
+			return r.fn(fctx)
+		})
+		first <- v
+	}()
+	<-r.started
+	errs := []<-chan error{r.do(context.Background()), r.do(context.Background())}
+	<-r.joins
+	<-r.joins
+	r.release <- 7
+	for _, e := range errs {
+		if err := <-e; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if v := <-first; v != 7 || r.runs.Load() != 1 || !sameCtx.Load() {
+		t.Fatalf("first caller %d after %d runs (its own ctx: %v); want 7 after 1, on its ctx", v, r.runs.Load(), sameCtx.Load())
+	}
+}
+
+// TestInCallerLeaderGivesUp: when the caller running the flight gives up
+// (its ctx ends), the callers waiting for it run it again instead of
+// taking its error; a waiter whose own ctx ends leaves at once.
+func TestInCallerLeaderGivesUp(t *testing.T) {
+	r := newInCaller()
+	ctx, cancel := context.WithCancel(context.Background())
+	first := r.do(ctx)
+	<-r.started
+	second := r.do(context.Background())
+	<-r.joins
+	short, cancelShort := context.WithCancel(context.Background())
+	third := r.do(short)
+	<-r.joins
+	cancelShort()
+	if err := <-third; !errors.Is(err, context.Canceled) {
+		t.Fatalf("a waiter whose ctx ended: %v, want canceled", err)
+	}
+	cancel()
+	if err := <-first; !errors.Is(err, context.Canceled) {
+		t.Fatalf("first caller: %v, want canceled", err)
+	}
+	<-r.started // the waiter's own run
+	r.release <- 9
+	if err := <-second; err != nil || r.runs.Load() != 2 {
+		t.Fatalf("waiter: %v after %d runs, want its own run's result after 2", err, r.runs.Load())
+	}
+}

@@ -119,7 +119,7 @@ func (g *Engine) forget(keys []string, copy *localEntry) {
 	for _, k := range keys {
 		g.flights.Forget(k)
 		if g.local != nil {
-			g.rd.shared.forget(k, nil)
+			g.rd.shared.Forget(k)
 			g.local.epoch.Add(1)
 			if id, ok := g.keys.ID(k); ok {
 				g.local.drop(id)

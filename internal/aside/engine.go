@@ -86,6 +86,7 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 	// flood of unknown IDs already under way): they send the bloom probe
 	// with the HGET until hits have paid the credit back (see read).
 	g.rd.credit.Store(missCredit)
+	g.rd.shared.InCaller = true // a read is bounded by the client's own timeouts: no goroutine, no timer
 	if g.outage, err = newOutage(*o.Outage, g); err != nil {
 		return nil, err
 	}

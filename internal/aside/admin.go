@@ -42,7 +42,7 @@ func (g *Engine) Add(ctx context.Context, ids ...string) error {
 		marks := g.queueMarks(ctx, pipe, ids, keys)
 		_, _ = pipe.Exec(ctx) // errors are read per command
 		g.landed(ctx, marks)
-		g.forget(keys, nil)
+		g.forget(keys, nil, time.Time{})
 		return g.fail(ctx, "add", "", firstErr(added.Result(ctx), cleared))
 	})
 }
@@ -92,7 +92,8 @@ func (g *Engine) replace(ctx context.Context, op string, add, ids, keys []string
 		added = f.QueueAdd(ctx, pipe, add)
 	}
 	cmds := make([]*redis.Cmd, len(keys))
-	marker := "0" // a value: the writer's version alone
+	sent := time.Now() // before the write: its TTL counts from later (see local.put)
+	marker := "0"      // a value: the writer's version alone
 	if len(frame) == 1 && frame[0] == codec.KindEmpty {
 		marker = "1" // every version's entry becomes the marker
 	}
@@ -103,7 +104,7 @@ func (g *Engine) replace(ctx context.Context, op string, add, ids, keys []string
 	marks := g.queueMarks(ctx, pipe, ids, keys)
 	_, _ = pipe.Exec(ctx) // errors are read per command
 	g.landed(ctx, marks)
-	g.forget(keys, localCopy)
+	g.forget(keys, localCopy, sent)
 	var err error
 	if added != nil {
 		err = added.Result(ctx)
@@ -115,7 +116,7 @@ func (g *Engine) replace(ctx context.Context, op string, add, ids, keys []string
 // joins a flight that may have read older data, and the in-memory copies
 // are dropped (or replaced by copy) under a new epoch, so that a read made
 // before the write cannot store its copy after it.
-func (g *Engine) forget(keys []string, copy *localEntry) {
+func (g *Engine) forget(keys []string, copy *localEntry, sent time.Time) {
 	for _, k := range keys {
 		g.flights.Forget(k)
 		if g.local != nil {
@@ -124,7 +125,7 @@ func (g *Engine) forget(keys []string, copy *localEntry) {
 			if id, ok := g.keys.ID(k); ok {
 				g.local.drop(id)
 				if copy != nil {
-					g.local.put(id, copy.frame, copy.value, copy.life, g.local.epoch.Load())
+					g.local.put(id, copy.frame, copy.value, copy.life, sent, g.local.epoch.Load())
 				}
 			}
 		}
@@ -184,7 +185,7 @@ func (g *Engine) Invalidate(ctx context.Context, ids ...string) error {
 		marks := g.queueMarks(ctx, pipe, ids, keys)
 		_, err := pipe.Exec(ctx)
 		g.landed(ctx, marks)
-		g.forget(keys, nil)
+		g.forget(keys, nil, time.Time{})
 		return g.fail(ctx, "invalidate", "", redisfail.Wrap(err))
 	})
 }

@@ -4,11 +4,12 @@ import (
 	"context"
 	_ "embed"
 	"errors"
-	"github.com/cacheguard/cacheguard/internal/backoff"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/cacheguard/cacheguard/internal/backoff"
 
 	"github.com/redis/go-redis/v9"
 

@@ -157,6 +157,7 @@ type flightResult struct {
 	frame   []byte
 	outcome outcome
 	ttl     time.Duration // the TTL it wrote the frame with, or the re-check found it with (0: unknown)
+	sent    time.Time     // with ttl: a clock read before the round trip that wrote or read it (see local.put)
 	epoch   uint64        // the local cache's epoch when the flight began
 	started uint64        // its number from Engine.starts, taken before the reads it answers from (see since)
 	by      any           // the *flight[T] that ran

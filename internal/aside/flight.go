@@ -142,6 +142,7 @@ type flight[T any] struct {
 	waiter   coord.Waiter // told when the Coordinator waits for another holder (GetMany's batch), or nil
 	refresh  bool         // a refresh ahead of expiry: an entry past its refresh-at time does not answer
 	epoch    uint64       // the local cache's epoch when the flight began (0 without Options.Local)
+	began    time.Time    // with Options.Local: a clock read before the lock attempt and its re-check (see local.put)
 	loadedAt uint64       // the last load's number from Engine.starts, taken as it began (0: no load)
 
 	found   flightResult // what the re-check or the load found
@@ -206,7 +207,7 @@ func (c *flight[T]) keep(fl flightResult) {
 		}
 		value = kept(g, c.v) // c.v goes to the caller that started the flight
 	}
-	g.local.put(c.id, fl.frame, value, fl.ttl, fl.epoch)
+	g.local.put(c.id, fl.frame, value, fl.ttl, fl.sent, fl.epoch)
 	c.kept = true
 }
 
@@ -231,6 +232,9 @@ func (c *flight[T]) coordinate(ctx context.Context) (flightResult, error) {
 	var f coord.Filler = c
 	if c.g.local != nil {
 		f = keeping[T]{c}
+	}
+	if c.g.local != nil {
+		c.began = time.Now()
 	}
 	var err error
 	if c.claimHeld(heldByFlight) {
@@ -284,7 +288,7 @@ func (k keeping[T]) CachedTTL(ctx context.Context, raw []byte, ttl time.Duration
 		return false
 	}
 	if k.err == nil {
-		k.found.ttl = ttl
+		k.found.ttl, k.found.sent = ttl, k.began
 	}
 	return true
 }
@@ -323,6 +327,9 @@ func (c *flight[T]) Load(ctx context.Context) (_ []byte, _ time.Duration, err er
 		return nil, 0, c.err
 	}
 	c.found, c.err = flightResult{frame: frame, outcome: outLoaded, ttl: ttl}, nil
+	if g.local != nil {
+		c.found.sent = time.Now() // before the write: its TTL counts from later (see local.put)
+	}
 	return frame, ttl, nil
 }
 

@@ -164,7 +164,7 @@ func answerRead[T any](ctx context.Context, g *Engine, id, vkey string, r readRe
 		if e := decodeEntry[T](ctx, g, vkey, r.raw); e.ok {
 			g.answered(ctx, e.found.outcome, false, false)
 			if e.err == nil && g.local != nil {
-				g.local.put(id, r.raw, kept(g, e.v), r.ttl, from.epoch)
+				g.local.put(id, r.raw, kept(g, e.v), r.ttl, r.sent, from.epoch)
 			}
 			if e.err == nil && g.opts.RefreshAhead != nil {
 				refresh(g, id, vkey, r.raw, load)

@@ -152,13 +152,20 @@ func (l *local) get(id string) (localEntry, localState) {
 	return e, localFresh
 }
 
-// put keeps a copy for min(TTL, redisTTL), unless an invalidation arrived
-// since epoch was read (before the read that found frame). otter takes no
+// put keeps a copy for min(TTL, what is left of redisTTL), unless an
+// invalidation arrived since epoch was read (before the read that found
+// frame). redisTTL is counted from since, a clock read before the round
+// trip that wrote or read it: Redis counts it from later, so the copy never
+// outlives its entry. otter takes no
 // lock that the invalidation also takes, so put checks the epoch again after
 // storing and takes the copy back if an invalidation came in between: an
 // invalidation that raised the epoch before that check is seen there, and
 // one that raised it after removes the copy itself.
-func (l *local) put(id string, frame []byte, value any, redisTTL time.Duration, epoch uint64) {
+func (l *local) put(id string, frame []byte, value any, redisTTL time.Duration, since time.Time, epoch uint64) {
+	now := time.Now() // one reading: the copy ends by since + redisTTL
+	if redisTTL > 0 {
+		redisTTL -= now.Sub(since)
+	}
 	if l.sub.Load() == nil || redisTTL <= 0 || l.epoch.Load() != epoch {
 		return
 	}
@@ -170,7 +177,7 @@ func (l *local) put(id string, frame []byte, value any, redisTTL time.Duration, 
 	// the refreshed value arrives through Redis.
 	gone := redisTTL <= l.ttl // it dies with its entry (unless refresh-at comes first)
 	if at, ok := codec.RefreshAt(frame); ok {
-		if until := time.Until(at); until < life {
+		if until := at.Sub(now); until < life {
 			life, gone = until, false
 		}
 	}
@@ -179,7 +186,7 @@ func (l *local) put(id string, frame []byte, value any, redisTTL time.Duration, 
 	}
 	e := localEntry{frame: frame, value: value, life: life, gone: gone}
 	if gone {
-		e.until = time.Now().Add(life).UnixNano()
+		e.until = now.Add(life).UnixNano()
 	}
 	l.c.Set(id, e)
 	if l.epoch.Load() != epoch {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -81,7 +82,7 @@ func getMany[T any](ctx context.Context, g *Engine, ids []string, load BatchLoad
 				if e.err == nil {
 					out[ids[i]] = e.v
 					if g.local != nil {
-						g.local.put(ids[i], r.raw, kept(g, e.v), r.ttl, epoch)
+						g.local.put(ids[i], r.raw, kept(g, e.v), r.ttl, r.sent, epoch)
 					}
 				}
 				continue
@@ -158,6 +159,7 @@ func (g *Engine) readManyOnce(ctx context.Context, ids, keys []string) ([]readRe
 	local := g.local != nil
 	probeNow := f != nil && g.rd.probing(local)
 	pipe := g.rdb.Pipeline()
+	sent := time.Now()             // before the round trip: the PTTLs count from later (see local.put)
 	chk := g.queueCheck(ctx, pipe) // a connection dialed since the last check: did Redis lose writes? (lost.go)
 	probes := make([]bloom.Probe, len(ids))
 	gets := make([]*redis.StringCmd, len(ids))
@@ -184,7 +186,7 @@ func (g *Engine) readManyOnce(ctx context.Context, ids, keys []string) ([]readRe
 		case err == nil:
 			out[i] = readResult{verdict: verdictEntry, raw: raw}
 			if pttls != nil {
-				out[i].ttl = max(pttls[i].Val(), 0)
+				out[i].ttl, out[i].sent = max(pttls[i].Val(), 0), sent
 			}
 		case errors.Is(err, redis.Nil):
 			missed = append(missed, i)
@@ -286,7 +288,7 @@ func fillMany[T any](ctx context.Context, g *Engine, ids, keys []string, load Ba
 			out[a.id] = v
 		}
 		if g.local != nil && a.err == nil { // kept for the TTL it was written with (0, unknown: not kept)
-			g.local.put(a.id, a.found.frame, kept(g, out[a.id]), a.found.ttl, epoch)
+			g.local.put(a.id, a.found.frame, kept(g, out[a.id]), a.found.ttl, a.found.sent, epoch)
 		}
 	}
 	cancel()

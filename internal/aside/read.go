@@ -44,6 +44,7 @@ type readResult struct {
 	verdict verdict
 	raw     []byte
 	ttl     time.Duration // the entry's remaining TTL in Redis, read with it when Local is on (0: unknown)
+	sent    time.Time     // with ttl: a clock read before the read was sent, which ttl counts from (see local.put)
 	held    *lock.Lock    // a miss's lock, taken with the read (see lockWithRead); the Get's flight uses it or gives it back
 }
 
@@ -71,6 +72,10 @@ func (g *Engine) read(ctx context.Context, id, vkey string, lockable bool) (read
 			r.lockKey = keyspace.Lock(vkey)
 		}
 	}
+	var sent time.Time
+	if withTTL {
+		sent = time.Now()
+	}
 	if err := g.sendRead(ctx, c); err != nil { // c may still be answered: not reused; a lock it took lapses
 		return readResult{}, g.readFailed(ctx, "read", id, err)
 	}
@@ -94,7 +99,7 @@ func (g *Engine) read(ctx context.Context, id, vkey string, lockable bool) (read
 		}
 		g.sawRead(id)
 		g.rd.settle(withTTL, probing, 1, 0)
-		return readResult{verdict: verdictEntry, raw: raw, ttl: ttl}, nil
+		return readResult{verdict: verdictEntry, raw: raw, ttl: ttl, sent: sent}, nil
 	case !errors.Is(err, redis.Nil):
 		g.giveBack(held, vkey)
 		return readResult{}, g.readFailed(ctx, "read", id, err)

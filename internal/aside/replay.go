@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -168,7 +169,7 @@ func (g *Engine) rewrite(ctx context.Context, ids []string) error {
 	marks := g.queueMarks(ctx, pipe, ids, keys)
 	_, err = pipe.Exec(ctx)
 	g.landed(ctx, marks)
-	g.forget(keys, nil)
+	g.forget(keys, nil, time.Time{})
 	if err == nil {
 		err = added.Result(ctx)
 	}

@@ -25,7 +25,9 @@ func TestLocalCopyCountsFromBeforeTheRoundTrip(t *testing.T) {
 	if st != localFresh {
 		t.Fatalf("state %v, want a fresh copy", st)
 	}
-	if latest := since.Add(300 * time.Millisecond).UnixNano(); !e.gone || e.until > latest {
+	// until is wall-clock nanoseconds, since's difference a monotonic one:
+	// the two clocks may drift by nanoseconds between readings, not by ms.
+	if latest := since.Add(300*time.Millisecond + time.Millisecond).UnixNano(); !e.gone || e.until > latest {
 		t.Fatalf("the copy lives until %v, past its entry's end %v (gone %v)", time.Unix(0, e.until), time.Unix(0, latest), e.gone)
 	}
 	l.put("p2", []byte("v"), nil, 300*time.Millisecond, time.Now().Add(-time.Second), l.epoch.Load())

@@ -92,8 +92,11 @@ func (g *Engine) replace(ctx context.Context, op string, add, ids, keys []string
 		added = f.QueueAdd(ctx, pipe, add)
 	}
 	cmds := make([]*redis.Cmd, len(keys))
-	sent := time.Now() // before the write: its TTL counts from later (see local.put)
-	marker := "0"      // a value: the writer's version alone
+	var sent time.Time // before the write: its TTL counts from later (see local.put)
+	if localCopy != nil {
+		sent = time.Now()
+	}
+	marker := "0" // a value: the writer's version alone
 	if len(frame) == 1 && frame[0] == codec.KindEmpty {
 		marker = "1" // every version's entry becomes the marker
 	}

@@ -159,7 +159,10 @@ func (g *Engine) readManyOnce(ctx context.Context, ids, keys []string) ([]readRe
 	local := g.local != nil
 	probeNow := f != nil && g.rd.probing(local)
 	pipe := g.rdb.Pipeline()
-	sent := time.Now()             // before the round trip: the PTTLs count from later (see local.put)
+	var sent time.Time // with Local: before the round trip, the PTTLs count from later (see local.put)
+	if local {
+		sent = time.Now()
+	}
 	chk := g.queueCheck(ctx, pipe) // a connection dialed since the last check: did Redis lose writes? (lost.go)
 	probes := make([]bloom.Probe, len(ids))
 	gets := make([]*redis.StringCmd, len(ids))

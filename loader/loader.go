@@ -91,7 +91,7 @@ func (g *Group[R]) DoOnJoin(ctx context.Context, key string, fn func(ctx context
 		}
 		if !joined {
 			if g.InCaller || ctx.Done() == nil { // (or nobody can leave before the end): run it here
-				g.run(ctx, key, f, fn)
+				g.run(ctx, key, f, fn, !g.InCaller)
 				return f.res, g.shared(f), f.err
 			}
 			g.start(ctx, key, f, fn)
@@ -112,8 +112,8 @@ func (g *Group[R]) DoOnJoin(ctx context.Context, key string, fn func(ctx context
 // Go starts fn as key's flight unless one is under way, and returns at
 // once: it reports whether it started one. Nobody waits for that flight (a
 // refresh ahead of expiry, say); callers of Do that arrive while it runs
-// join it. It runs as Do's flights do: on ctx without its cancellation,
-// bounded by Timeout, in a goroutine of Spawn's.
+// join it. It runs as Do's flights do, InCaller or not: on ctx without its
+// cancellation, bounded by Timeout, in a goroutine of Spawn's.
 func (g *Group[R]) Go(ctx context.Context, key string, fn func(ctx context.Context) (R, error)) bool {
 	g.mu.Lock()
 	if _, ok := g.flights[key]; ok {
@@ -136,7 +136,7 @@ func (g *Group[R]) start(ctx context.Context, key string, f *flight[R], fn func(
 	if spawn == nil {
 		spawn = func(run func()) { go run() }
 	}
-	spawn(func() { g.run(ctx, key, f, fn) })
+	spawn(func() { g.run(ctx, key, f, fn, true) })
 }
 
 // shared reports whether f had more than one caller so far.
@@ -147,14 +147,15 @@ func (g *Group[R]) shared(f *flight[R]) bool {
 }
 
 // run runs fn for flight f of key on a context detached from the first
-// caller's (InCaller: on that ctx), records its result (a panic becomes an error wrapping ErrPanic)
+// caller's and bounded by Timeout (unless detach is false: InCaller, on
+// that ctx), records its result (a panic becomes an error wrapping ErrPanic)
 // and ends the flight: the key's next caller starts a new one.
-func (g *Group[R]) run(ctx context.Context, key string, f *flight[R], fn func(ctx context.Context) (R, error)) {
+func (g *Group[R]) run(ctx context.Context, key string, f *flight[R], fn func(ctx context.Context) (R, error), detach bool) {
 	fctx := ctx // InCaller: the caller's own
-	if !g.InCaller {
+	if detach {
 		fctx = context.WithoutCancel(ctx)
 	}
-	if g.Timeout > 0 && !g.InCaller {
+	if g.Timeout > 0 && detach {
 		var cancel context.CancelFunc
 		fctx, cancel = context.WithTimeout(fctx, g.Timeout)
 		defer cancel()

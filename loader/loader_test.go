@@ -350,3 +350,21 @@ func TestInCallerLeaderGivesUp(t *testing.T) {
 		t.Fatalf("waiter: %v after %d runs, want its own run's result after 2", err, r.runs.Load())
 	}
 }
+
+// TestGoInCallerGroup: Go's flight runs detached in an InCaller Group too:
+// its starter's ctx ending does not end it.
+func TestGoInCallerGroup(t *testing.T) {
+	g := loader.Group[int]{InCaller: true}
+	ctx, cancel := context.WithCancel(context.Background())
+	release, ended := make(chan struct{}), make(chan error, 1)
+	g.Go(ctx, "k", func(fctx context.Context) (int, error) {
+		<-release
+		ended <- fctx.Err()
+		return 0, nil
+	})
+	cancel()
+	close(release)
+	if err := <-ended; err != nil {
+		t.Fatalf("Go's flight saw its starter's cancellation: %v", err)
+	}
+}

@@ -9,11 +9,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cacheguard/cacheguard/internal/backoff"
-
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cacheguard/cacheguard/bloom"
+	"github.com/cacheguard/cacheguard/internal/backoff"
 )
 
 // filterState is the Guard's bloom filter and what it knows of its health

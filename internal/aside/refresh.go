@@ -30,8 +30,9 @@ func refresh[T any](g *Engine, id, vkey string, raw []byte, load LoadFunc[T]) {
 	}
 	g.flights.Go(g.sup.ctx, "\x00refresh:"+vkey, func(ctx context.Context) (flightResult, error) {
 		ctx, cancel := context.WithCancel(ctx)
-		defer context.AfterFunc(g.sup.ctx, cancel)() // Close cancels it
 		defer cancel()
+		stop := context.AfterFunc(g.sup.ctx, cancel) // Close cancels it
+		defer stop()
 		defer func() { // a panic in the load (raised again here by bounded): the value expires at its TTL
 			if p := recover(); p != nil {
 				g.log.Error("cacheguard: refresh ahead: load panicked", "id", id, "panic", p)

@@ -254,3 +254,58 @@ func TestGetManyLocal(t *testing.T) {
 		return got["p2"].Price == 20
 	})
 }
+
+// TestGetManyJoinsGetsFlight: a GetMany of an ID whose Get is loading in
+// this process joins that Get's flight (one flight group for every entry
+// point) instead of waiting on its lock as another process would (the code
+// before did: LockWaits 1). The flight started before GetMany, so it does
+// not answer it (the started-after rule): GetMany's own flight then finds
+// the Get's value, and p1 is loaded once, by the Get.
+func TestGetManyJoinsGetsFlight(t *testing.T) {
+	ctx := context.Background()
+	_, g, d := setup(t, 10, nil)
+	started, release := make(chan struct{}), make(chan struct{})
+	slow := func(ctx context.Context, id string) (product, error) {
+		close(started)
+		<-release
+		return d.load(ctx, id)
+	}
+	got := make(chan error, 1)
+	go func() {
+		_, err := guard.Get(ctx, g, "p1", slow)
+		got <- err
+	}()
+	<-started // the Get's flight holds p1's lock and is loading
+	joins, restore := guard.Joins(g, 1)
+	defer restore()
+	b := &batchDB{db: d}
+	many := make(chan map[string]product, 1)
+	go func() {
+		m, err := guard.GetMany(ctx, g, []string{"p1", "p2"}, b.loadMany)
+		if err != nil {
+			t.Error(err)
+		}
+		many <- m
+	}()
+	select { // a bound for the failing case alone: the Get's load waits for this test
+	case <-joins: // GetMany's p1 joined the Get's flight
+	case <-time.After(10 * time.Second):
+		close(release)
+		t.Fatal("GetMany's p1 did not join the Get's flight")
+	}
+	close(release)
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	m := <-many
+	if len(m) != 2 || m["p1"].Price != 1 || m["p2"].Price != 2 {
+		t.Fatalf("GetMany: %v", m)
+	}
+	if len(b.calls) != 1 || !slices.Equal(b.calls[0], []string{"p2"}) {
+		t.Fatalf("batch calls %v, want one of p2 alone", b.calls)
+	}
+	if st := g.Stats(); st.LockWaits != 0 || st.Loads != 2 || st.Hits != 1 {
+		t.Fatalf("lock waits %d, loads %d, hits %d: want 0, 2 (p1 by the Get, p2 by GetMany) and 1 (GetMany's p1)",
+			st.LockWaits, st.Loads, st.Hits)
+	}
+}

@@ -46,7 +46,7 @@ func (m *member[T]) decideLocked() {
 }
 
 // Waiting is called by the Coordinator when the miss starts waiting for
-// another holder, and by fillMany when its run ended.
+// another holder, by join when it joins another flight, and when it ended.
 func (m *member[T]) Waiting() {
 	m.b.mu.Lock()
 	defer m.b.mu.Unlock()

@@ -37,12 +37,13 @@ func join[T any](ctx context.Context, g *Engine, key string, from since, proto f
 	serves := func(fl flightResult) bool { // the rule above
 		return !from.startedBefore(fl.started) || g.noWriteHeard(fl.epoch, from.epoch)
 	}
-	j := joined[T]{c: &flight[T]{g: proto.g, id: proto.id, vkey: proto.vkey, load: proto.load, held: proto.held}}
+	j := joined[T]{c: &flight[T]{g: proto.g, id: proto.id, vkey: proto.vkey, load: proto.load, held: proto.held, waiter: proto.waiter}}
 	c := j.c
 	giveBack := func() { // a flight under way may wait for the lock this caller's read took
 		if c.claimHeld(heldByCaller) {
 			g.giveBack(c.held, c.vkey)
 		}
+		c.Waiting() // a GetMany member that joins another flight does not load: its batch need not wait for it
 	}
 	onJoin := giveBack
 	if hook := g.joinedHook.Load(); hook != nil {
@@ -82,6 +83,11 @@ func answerJoined[T any](ctx context.Context, g *Engine, id string, j joined[T],
 		var zero T
 		return zero, panicked(g, id, err)
 	}
+	return joinedValue(g, id, j)
+}
+
+// joinedValue is a caller's own copy of the value its flight found.
+func joinedValue[T any](g *Engine, id string, j joined[T]) (T, error) {
 	if j.mine && j.c.decoded {
 		return j.c.v, nil // the flight has put its answer in the local cache (keep)
 	}

@@ -48,9 +48,9 @@ func getMany[T any](ctx context.Context, g *Engine, ids []string, load BatchLoad
 	if err := manyUnwritten(ctx, g, &ids, &keys, nil, load, out); err != nil { // before the local copies too: see get
 		return out, err
 	}
-	var epoch uint64
+	from := since{at: g.starts.Load()} // a flight that answers a miss must have started after this (join)
 	if g.local != nil {
-		epoch = g.local.epoch.Load() // before the local lookups and the read: see local.put
+		from.epoch = g.local.epoch.Load() // before the local lookups and the read: see local.put
 		ids, keys = localMany(ctx, g, ids, keys, out)
 	}
 	if len(ids) == 0 {
@@ -74,15 +74,15 @@ func getMany[T any](ctx context.Context, g *Engine, ids []string, load BatchLoad
 	for i, r := range reads {
 		switch r.verdict {
 		case verdictRejected:
-			g.answeredMany(ctx, outRejected, false)
+			g.answeredMany(ctx, outRejected, false, false)
 			continue
 		case verdictEntry:
 			if e := decodeEntry[T](ctx, g, keys[i], r.raw); e.ok {
-				g.answeredMany(ctx, e.found.outcome, false)
+				g.answeredMany(ctx, e.found.outcome, false, false)
 				if e.err == nil {
 					out[ids[i]] = e.v
 					if g.local != nil {
-						g.local.put(ids[i], r.raw, kept(g, e.v), r.ttl, r.sent, epoch)
+						g.local.put(ids[i], r.raw, kept(g, e.v), r.ttl, r.sent, from.epoch)
 					}
 				}
 				continue
@@ -93,7 +93,7 @@ func getMany[T any](ctx context.Context, g *Engine, ids []string, load BatchLoad
 	if len(missIDs) == 0 {
 		return out, nil
 	}
-	return out, fillMany(ctx, g, missIDs, missKeys, load, out, epoch)
+	return out, fillMany(ctx, g, missIDs, missKeys, load, out, from)
 }
 
 // manyUnwritten loads through (as in an outage) the IDs whose writes have
@@ -132,7 +132,7 @@ func localMany[T any](ctx context.Context, g *Engine, ids, keys []string, out ma
 	for i, id := range ids {
 		if v, st := fromLocal[T](g, id); st == localFresh {
 			out[id] = v
-			g.answeredMany(ctx, outLocalHit, false)
+			g.answeredMany(ctx, outLocalHit, false, false)
 			continue
 		}
 		restIDs, restKeys = append(restIDs, id), append(restKeys, keys[i])
@@ -221,80 +221,49 @@ func (g *Engine) readManyOnce(ctx context.Context, ids, keys []string) ([]readRe
 	return out, nil
 }
 
-// fillMany runs GetMany's misses through the Coordinator, one goroutine per
-// ID (each ends by the flight bound: see Options.RedisTimeout), their loads
-// batched, and adds what they found to out.
-func fillMany[T any](ctx context.Context, g *Engine, ids, keys []string, load BatchLoadFunc[T], out map[string]T, epoch uint64) error {
+// fillMany runs GetMany's misses as flights of the engine's one flight
+// group (join), one goroutine per ID, their loads gathered into one call
+// of load (batchLoad): a Get or GetMany of the same ID in this process
+// joins the flight, and the flight keeps what it loaded in the local
+// cache. It adds what the flights found to out.
+func fillMany[T any](ctx context.Context, g *Engine, ids, keys []string, load BatchLoadFunc[T], out map[string]T, from since) error {
 	b := newBatch(g, load, len(ids))
 	type answer struct {
-		id    string
-		found flightResult
-		v     T
-		ok    bool
-		err   error
+		id  string
+		j   joined[T]
+		err error
 	}
 	answers := make(chan answer, len(ids))
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.flights.Timeout)
 	for i := range ids {
-		// The supervisor's; passes the gate itself (it can outlive the call
-		// when ctx ends first) and ends with its Coordinator run.
+		// The supervisor's; ends with the flight it runs or joins, which
+		// its ctx cannot cut short (the flight bound, RedisTimeout, does).
 		g.sup.spawn(func() {
 			m := &member[T]{b: b}
-			a := answer{id: ids[i], found: flightResult{outcome: outFailed}}
-			defer func() { answers <- a }()
 			defer m.Waiting() // answered, loaded, failed or panicked: no longer undecided
-			var pass gatePass
-			if pass, a.err = g.sup.enter(); a.err != nil {
-				return
-			}
-			defer g.sup.leave(pass)
-			defer func() {
-				if p := recover(); p != nil { // a panic in the load, raised again here by bounded
-					a = answer{id: ids[i], found: flightResult{outcome: outFailed}, err: fmt.Errorf("%w: %v", ErrLoaderPanic, p)}
-				}
-			}()
-			c := &flight[T]{g: g, id: ids[i], vkey: keys[i], load: m.load, waiter: m}
-			err := g.coord.Run(fctx, keys[i], g.field(), c)
-			a = answer{id: ids[i], found: c.found, v: c.v, ok: c.decoded, err: err}
-			if err == nil {
-				a.err = c.err
-			}
+			proto := flight[T]{g: g, id: ids[i], vkey: keys[i], load: m.load, waiter: m}
+			j, err := joinServed(context.WithoutCancel(ctx), g, keys[i], from, proto, (*flight[T]).run, nil)
+			answers <- answer{id: ids[i], j: j, err: err}
 		})
 	}
 	var errs []error
-	for received := range len(ids) {
+	for range len(ids) {
 		var a answer
 		select {
 		case a = <-answers:
 		case <-ctx.Done():
-			g.sup.spawn(func() { // waits for the runs (bounded by the flight bound), then releases their ctx
-				for range len(ids) - received {
-					<-answers
-				}
-				cancel()
-			})
-			return ctx.Err()
+			return ctx.Err() // the flights go on, bounded, and answer into the buffer
 		}
-		g.answeredMany(ctx, a.found.outcome, false)
-		switch {
-		case errors.Is(a.err, ErrNotFound):
-		case a.err != nil:
-			errs = append(errs, fmt.Errorf("cacheguard: %s %q: %w", g.name, a.id, panicked(g, a.id, a.err)))
-		case a.ok:
-			out[a.id] = a.v
-		default:
-			v, err := decodeFrame[T](g, a.id, a.found.frame)
-			if err != nil {
-				errs = append(errs, err)
-				continue
+		g.answeredMany(ctx, a.j.fl.outcome, a.j.shared && !a.j.mine, false)
+		if a.err == nil {
+			var v T
+			if v, a.err = joinedValue(g, a.id, a.j); a.err == nil {
+				out[a.id] = v
 			}
-			out[a.id] = v
 		}
-		if g.local != nil && a.err == nil { // kept for the TTL it was written with (0, unknown: not kept)
-			g.local.put(a.id, a.found.frame, kept(g, out[a.id]), a.found.ttl, a.found.sent, epoch)
+		if a.err != nil && !errors.Is(a.err, ErrNotFound) {
+			errs = append(errs, panicked(g, a.id, a.err))
 		}
 	}
-	cancel()
 	return errors.Join(errs...)
 }
 
@@ -320,7 +289,7 @@ func loadManyThrough[T any](ctx context.Context, g *Engine, ids []string, load B
 		o = outFailed
 	}
 	for range ids {
-		g.answeredMany(ctx, o, true)
+		g.answeredMany(ctx, o, false, true)
 	}
 	if err != nil {
 		return fmt.Errorf("cacheguard: %s: load: %w", g.name, err)

@@ -77,8 +77,8 @@ func (g *Engine) answered(ctx context.Context, o outcome, coalesced, through boo
 
 // answeredMany is answered for one ID of a GetMany: its span is the
 // GetMany's, which gets no per-ID outcome.
-func (g *Engine) answeredMany(ctx context.Context, o outcome, through bool) {
-	g.stats.count(o, false)
+func (g *Engine) answeredMany(ctx context.Context, o outcome, coalesced, through bool) {
+	g.stats.count(o, coalesced)
 	if g.tel != nil {
 		g.tel.counted(ctx, o, through)
 	}

@@ -2,118 +2,97 @@ package aside
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"runtime/debug"
-	"sync"
+	"sync/atomic"
+
+	"github.com/cacheguard/cacheguard/internal/batch"
 )
 
-// batchLoad gathers the loads of one GetMany into one call of its load
-// function. Each miss is undecided until it takes its lock and asks to load,
-// starts waiting for another holder, or ends; once no miss is undecided, the
-// batch loads the IDs that asked, in one call. A miss that asks after that
-// (it waited, then took over from a holder that died) loads on its own.
+// batchLoad gathers the loads of one GetMany's miss flights into one call
+// of its load function, as a batch (package batch) whose one place in
+// flight the GetMany holds while a miss is undecided: it has neither asked
+// to load, started waiting for another holder, joined another flight, nor
+// ended. The misses that ask queue meanwhile; the last decision releases
+// the place and the first of them loads them all in one call. A miss that
+// asks later (it waited, then took over from a holder that died) loads on
+// its own.
 type batchLoad[T any] struct {
-	g    *Engine
-	load BatchLoadFunc[T]
+	g         *Engine
+	load      BatchLoadFunc[T]
+	loads     *batch.Batcher[loadReq[T]]
+	undecided atomic.Int64 // misses not decided yet; the last to decide releases the place
+}
 
-	mu        sync.Mutex    // guards the fields below, and every member's decided
-	undecided int           // misses that have neither asked nor waited nor ended
-	asked     []string      // IDs waiting for the batch
-	fired     bool          // the batch load has started
-	done      chan struct{} // closed when the batch load returned; values and err are set before
-	values    map[string]T
-	err       error
+// loadReq is one miss's part of a batch load: its ID, then its answer.
+type loadReq[T any] struct {
+	id  string
+	v   T
+	err error
 }
 
 // member is one miss of a batch.
 type member[T any] struct {
 	b       *batchLoad[T]
-	decided bool // guarded by b.mu
+	decided atomic.Bool
 }
 
 func newBatch[T any](g *Engine, load BatchLoadFunc[T], n int) *batchLoad[T] {
-	return &batchLoad[T]{g: g, load: load, undecided: n, done: make(chan struct{})}
+	b := &batchLoad[T]{g: g, load: load}
+	b.undecided.Store(int64(n))
+	b.loads = batch.New(1, n, b.run, g.sup.spawn)
+	b.loads.Hold()
+	return b
 }
 
-// decide records that the miss is no longer undecided (once), and fires
-// the batch if it was the last. Callers hold b.mu.
-func (m *member[T]) decideLocked() {
-	if !m.decided {
-		m.decided = true
-		m.b.undecided--
-	}
-	m.b.fireLocked()
-}
-
-// Waiting is called by the Coordinator when the miss starts waiting for
-// another holder, by join when it joins another flight, and when it ended.
+// Waiting records that the miss is decided (once): called by the
+// Coordinator when the miss starts waiting for another holder, by join when
+// it joins another flight, when it asks to load, and when it ended.
 func (m *member[T]) Waiting() {
-	m.b.mu.Lock()
-	defer m.b.mu.Unlock()
-	m.decideLocked()
+	if m.decided.CompareAndSwap(false, true) && m.b.undecided.Add(-1) == 0 {
+		m.b.loads.Release()
+	}
 }
 
-// load is the miss's load function: it asks the batch and waits for the
-// batch load, or loads on its own if the batch already fired.
+// load is the miss's load function: it queues its ID for the batch load
+// and waits for its answer (or loads on its own once the batch has run).
 func (m *member[T]) load(ctx context.Context, id string) (T, error) {
-	var zero T
-	b := m.b
-	b.mu.Lock()
-	if b.fired {
-		b.mu.Unlock()
-		ctx, done := b.g.tel.load(ctx)
-		values, err := b.load(ctx, []string{id})
-		done(err)
-		return pick(values, err, id)
-	}
-	b.asked = append(b.asked, id)
-	m.decideLocked()
-	b.mu.Unlock()
-	select {
-	case <-b.done:
-		return pick(b.values, b.err, id)
-	case <-ctx.Done():
-		return zero, ctx.Err()
-	}
-}
-
-// pick is id's answer from a batch load.
-func pick[T any](values map[string]T, err error, id string) (T, error) {
-	var zero T
-	if err != nil {
+	c := &batch.Call[loadReq[T]]{Req: loadReq[T]{id: id}, Queued: m.Waiting}
+	if err := m.b.loads.Do(ctx, c); err != nil {
+		var zero T
+		if errors.Is(err, batch.ErrPanicked) {
+			return zero, fmt.Errorf("%w: the batch load of %q panicked", ErrLoaderPanic, id)
+		}
 		return zero, err
 	}
-	if v, ok := values[id]; ok {
-		return v, nil
-	}
-	return zero, ErrNotFound
+	return c.Req.v, c.Req.err
 }
 
-// fireLocked starts the batch load once no miss is undecided and some asked.
-// Callers hold b.mu.
-func (b *batchLoad[T]) fireLocked() {
-	if b.fired || b.undecided > 0 || len(b.asked) == 0 {
-		return
+// run is one call of the load function for calls' IDs, bounded by
+// LoadTimeout (a batch of several runs on its leader's ctx without its
+// deadline), with a span of its own: it serves several flights.
+func (b *batchLoad[T]) run(ctx context.Context, calls []*batch.Call[loadReq[T]]) {
+	ctx, cancel := context.WithTimeout(ctx, b.g.opts.LoadTimeout)
+	defer cancel()
+	ids := make([]string, len(calls)) // each member's Load counts its ID
+	for i, c := range calls {
+		ids[i] = c.Req.id
 	}
-	b.fired = true
-	ids := b.asked // each member's Load counts its ID
-	// The supervisor's; ends when load returns (its members stop waiting
-	// at their LoadTimeout). A panic in load fails the batch.
-	if !b.g.sup.goRun(func(ctx context.Context) {
-		ctx, cancel := context.WithTimeout(ctx, b.g.opts.LoadTimeout)
-		defer cancel()
-		defer close(b.done)
-		ctx, record := b.g.tel.load(ctx) // a span of its own: the batch serves several GetMany flights
-		defer func() {
-			if p := recover(); p != nil {
-				b.values, b.err = nil, fmt.Errorf("%w: %v\n%s", ErrLoaderPanic, p, debug.Stack())
-			}
-			record(b.err)
-		}()
-		b.values, b.err = b.load(ctx, ids)
-	}) {
-		b.values, b.err = nil, ErrClosed
-		close(b.done)
+	ctx, record := b.g.tel.load(ctx)
+	var values map[string]T
+	var err error
+	defer func() { record(err) }() // a panic too: it goes on up (see member.load)
+	values, err = b.load(ctx, ids)
+	for _, c := range calls {
+		r := &c.Req
+		switch v, ok := values[r.id]; {
+		case err != nil:
+			r.err = err
+		case ok:
+			r.v = v
+		default:
+			r.err = ErrNotFound
+		}
 	}
 }
 

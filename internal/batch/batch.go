@@ -35,6 +35,9 @@ const (
 // after Do returned an error, when a batch may still write to it.
 type Call[Q any] struct {
 	Req Q
+	// Queued, if set, is called when the call starts waiting for a batch
+	// (after it is in the queue, outside the batcher's lock).
+	Queued func()
 
 	done     chan struct{} // buffered (1): sent once when the call is answered or must lead; made on first wait
 	lead     []*Call[Q]    // the batch this call must run (state leading)
@@ -96,6 +99,9 @@ func (b *Batcher[Q]) Do(ctx context.Context, c *Call[Q]) error {
 	c.state = waiting
 	b.pending = append(b.pending, c)
 	b.mu.Unlock()
+	if c.Queued != nil {
+		c.Queued()
+	}
 	select {
 	case <-c.done:
 	case <-ctx.Done():
@@ -237,6 +243,19 @@ func (b *Batcher[Q]) removeLocked(c *Call[Q]) {
 		}
 	}
 }
+
+// Hold takes a place in flight without a call, until Release: the calls
+// that come meanwhile queue and, once it is given back, run together (a
+// caller that knows which requests are coming gathers them so).
+func (b *Batcher[Q]) Hold() {
+	b.mu.Lock()
+	b.inflight++
+	b.mu.Unlock()
+}
+
+// Release gives back a place taken by Hold: the oldest waiting call leads
+// the others (as many as a batch takes) as the next batch.
+func (b *Batcher[Q]) Release() { b.handOff() }
 
 // handOff passes a batch's place in flight to the oldest waiting call, or
 // gives it back.

@@ -343,3 +343,38 @@ func TestLeaderLeavesWithItsContext(t *testing.T) {
 		t.Fatalf("shared batches %v, want one of 3 (the leader's request too)", d.sizes)
 	}
 }
+
+// TestHoldGathersUntilRelease: while a place is held, calls queue (each is
+// told through Queued) and, once it is released, run as one batch.
+func TestHoldGathersUntilRelease(t *testing.T) {
+	var d double
+	b := batch.New(1, 16, d.run, nil)
+	b.Hold()
+	var queued atomic.Int32
+	var wg sync.WaitGroup
+	calls := make([]*batch.Call[req], 5)
+	for i := range calls {
+		calls[i] = &batch.Call[req]{Req: req{in: i}, Queued: func() { queued.Add(1) }}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := b.Do(context.Background(), calls[i]); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	redistest.Eventually(t, 5*time.Second, "5 calls queue behind the held place", func() bool { return queued.Load() == 5 })
+	if b.Waiting() != 5 || len(d.sizes) != 0 {
+		t.Fatalf("%d waiting, batches %v: want 5 waiting and none run while held", b.Waiting(), d.sizes)
+	}
+	b.Release()
+	wg.Wait()
+	if len(d.sizes) != 1 || d.sizes[0] != 5 {
+		t.Fatalf("batches %v, want one of 5", d.sizes)
+	}
+	for i, c := range calls {
+		if c.Req.out != 2*i {
+			t.Fatalf("call %d: %d", i, c.Req.out)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package guard
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/cacheguard/cacheguard/internal/aside"
@@ -35,6 +36,33 @@ func Joins(g *Guard, n int) (joins <-chan string, restore func()) {
 		case ch <- key:
 		default: // more joins than the test waits for
 		}
+	})
+}
+
+// HoldSharedRead makes the first shared read on g (readShared) wait, before
+// it reads, until n other callers have joined it, until restore: a test of
+// callers that share one read does not depend on when each arrives.
+func HoldSharedRead(g *Guard, n int) (restore func()) {
+	joined := make(chan struct{}, n)
+	var once sync.Once
+	return aside.SetShared(g.e, func(first bool) {
+		if !first {
+			select {
+			case joined <- struct{}{}:
+			default:
+			}
+			return
+		}
+		once.Do(func() {
+			give := time.After(10 * time.Second) // callers that never join: the test fails on its counts, not by hanging
+			for range n {
+				select {
+				case <-joined:
+				case <-give:
+					return
+				}
+			}
+		})
 	})
 }
 

@@ -45,6 +45,14 @@ func SetJoined(e *Engine, f func(key string)) (restore func()) {
 	return func() { e.joinedHook.Store(nil) }
 }
 
+// SetShared tells f of each caller of a shared read on e (see readShared):
+// first before the read of the caller that makes it, and each caller that
+// joins it, until restore. f may block the first to hold the read.
+func SetShared(e *Engine, f func(first bool)) (restore func()) {
+	e.sharedHook.Store(&f)
+	return func() { e.sharedHook.Store(nil) }
+}
+
 // LocalCopy reports what e's local cache holds for id: "none", "fresh" (a
 // copy to serve) or "gone" (a copy whose Redis entry has expired), for tests
 // that wait for a copy to expire instead of sleeping past its TTL.

@@ -401,8 +401,15 @@ type sharedRead struct {
 func (g *Engine) readShared(ctx context.Context, id, vkey string, from since, lockable bool) (readResult, error) {
 	for range 3 { // a second read already starts after this caller: see below
 		mine := false // this caller's function read (InCaller: in this goroutine)
-		sr, _, err := g.rd.shared.Do(ctx, vkey, func(ctx context.Context) (sharedRead, error) {
+		hook, onJoin := g.sharedHook.Load(), func() {}
+		if hook != nil {
+			onJoin = func() { (*hook)(false) }
+		}
+		sr, _, err := g.rd.shared.DoOnJoin(ctx, vkey, func(ctx context.Context) (sharedRead, error) {
 			mine = true
+			if hook != nil {
+				(*hook)(true)
+			}
 			sr := sharedRead{started: g.starts.Add(1)}
 			if g.local != nil {
 				sr.epoch = g.local.epoch.Load()
@@ -410,7 +417,7 @@ func (g *Engine) readShared(ctx context.Context, id, vkey string, from since, lo
 			var err error
 			sr.r, err = g.read(ctx, id, vkey, lockable)
 			return sr, err
-		})
+		}, onJoin)
 		if err != nil {
 			return readResult{}, err
 		}

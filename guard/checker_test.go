@@ -443,9 +443,7 @@ func stopAndRestore(t *testing.T, srv *redisserver.Server, cache redis.Universal
 // writer's replay lands: counted and reported.
 func TestConsistencyCheckerOutage(t *testing.T) {
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
-	if redistest.ClusterMode() {
-		t.Skip("stops a private standalone server; the standalone run covers it")
-	}
+	standaloneOnly(t)
 	res := runChecker(t, "set", false, true)
 	if res.OwnStale != 0 || res.Failed != 0 || res.Reads < 10_000 || res.Unwritten == 0 {
 		t.Fatalf("%+v", res)

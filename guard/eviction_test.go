@@ -30,9 +30,7 @@ import (
 // docs/operations.md (Eviction) quotes the figures it logs.
 func TestEvictingRedis(t *testing.T) {
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
-	if redistest.ClusterMode() {
-		t.Skip("runs on private standalone servers; the standalone run covers it")
-	}
+	standaloneOnly(t)
 	for _, policy := range []string{"allkeys-lru", "allkeys-lfu", "volatile-lru", "allkeys-random"} {
 		t.Run(policy, func(t *testing.T) {
 			_, rdb := redistest.Private(t)

@@ -95,6 +95,15 @@ func setup(t *testing.T, n int, opts *guard.Options) (*redistest.Conn, *guard.Gu
 	return c, g, newDB(n)
 }
 
+// standaloneOnly skips t in the cluster pass (CG_TEST_CLUSTER): t runs on
+// private standalone servers alone, so that pass would repeat the
+// standalone run exactly.
+func standaloneOnly(t *testing.T) {
+	if redistest.ClusterMode() {
+		t.Skip("runs on private standalone servers alone; the standalone run covers it")
+	}
+}
+
 // privateGuard opens a Guard (opts; ExpectedItems 1000 unless set) on a
 // redis-server of the test's own, which the test may kill or reconfigure,
 // and fills its filter with p0..p9.

@@ -18,9 +18,7 @@ import (
 // a writer and another Guard that both cached p0..p9 as loaded from d.
 func lostWrites(t *testing.T) (*redisserver.Server, *db, *guard.Guard, *guard.Guard) {
 	t.Helper()
-	if redistest.ClusterMode() {
-		t.Skip("kills a private standalone server; the standalone run covers it")
-	}
+	standaloneOnly(t)
 	srv, _ := redistest.Private(t)
 	d := newDB(10)
 	var gs []*guard.Guard

@@ -177,6 +177,7 @@ func TestGetManyLoaderPanic(t *testing.T) {
 // Get answered by a load.
 func TestGetManyWhenRedisIsDown(t *testing.T) {
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
+	standaloneOnly(t)
 	ctx := context.Background()
 	srv, _, g := privateGuard(t, &guard.Options{})
 	if err := srv.Kill(); err != nil {

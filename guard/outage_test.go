@@ -25,6 +25,7 @@ import (
 // Redis at all.
 func TestLoadThroughWhenRedisIsDown(t *testing.T) {
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
+	standaloneOnly(t)
 	ctx := context.Background()
 	srv, _, g := privateGuard(t, &guard.Options{})
 	d := newDB(10)
@@ -82,6 +83,7 @@ func TestLoadThroughWhenRedisIsDown(t *testing.T) {
 // truth are capped across IDs; the rest get ErrUnavailable at once.
 func TestLoadThroughIsCapped(t *testing.T) {
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
+	standaloneOnly(t)
 	ctx := context.Background()
 	srv, rdb := redistest.Private(t)
 	g, err := guard.New(ctx, rdb, "product", &guard.Options{Outage: &guard.OutageOptions{MaxLoads: 2}, Filter: guard.FilterOptions{ExpectedItems: 1000}})
@@ -130,6 +132,7 @@ func TestLoadThroughIsCapped(t *testing.T) {
 // TestLoadThroughWhenRedisRefusesWrites: under maxmemory with noeviction the
 // lock cannot be taken; a known, uncached ID is served from the loader.
 func TestLoadThroughWhenRedisRefusesWrites(t *testing.T) {
+	standaloneOnly(t)
 	ctx := context.Background()
 	_, rdb, g := privateGuard(t, &guard.Options{})
 	d := newDB(10)
@@ -154,6 +157,7 @@ func TestLoadThroughWhenRedisRefusesWrites(t *testing.T) {
 // loader, and starts caching by itself when Redis comes back.
 func TestNewWithoutRedis(t *testing.T) {
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
+	standaloneOnly(t)
 	ctx := context.Background()
 	srv, rdb := redistest.Private(t)
 	if err := srv.Kill(); err != nil {
@@ -275,6 +279,7 @@ func (s *syncBuffer) String() string {
 // at once, and the whole outage writes at most 10 lines.
 func TestOutageLogsAFewLines(t *testing.T) {
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
+	standaloneOnly(t)
 	var logs syncBuffer
 	srv, _, g := privateGuard(t, &guard.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	d := newDB(10)
@@ -316,6 +321,7 @@ func TestOutageLogsAFewLines(t *testing.T) {
 // its deadline, not the client's ReadTimeout, and most are answered from the
 // database within it.
 func TestDeadlinesHoldWithADefaultClient(t *testing.T) {
+	standaloneOnly(t)
 	srv, _, g := privateGuard(t, &guard.Options{Logger: slog.New(slog.DiscardHandler)})
 	d := newDB(10)
 	ctx := context.Background()

@@ -179,6 +179,7 @@ func TestReadBatchingOff(t *testing.T) {
 // ErrNotFound.
 func TestSharedRoundTripFails(t *testing.T) {
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
+	standaloneOnly(t)
 	ctx := context.Background()
 	srv, rdb, g := privateGuard(t, &guard.Options{Outage: &guard.OutageOptions{FailFast: true}, Tuning: guard.Tuning{ReadsInFlight: 1}})
 	d := newDB(10)

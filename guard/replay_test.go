@@ -27,6 +27,7 @@ import (
 // restart is not counted as losing any.
 func TestFailedWritesAreReplayed(t *testing.T) {
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
+	standaloneOnly(t)
 	ctx := context.Background()
 	srv, rdb := redistest.Private(t)
 	d := newDB(100)
@@ -235,6 +236,7 @@ func TestUnwrittenOverflow(t *testing.T) {
 // other process.
 func TestAcknowledgedWriteLostInARestart(t *testing.T) {
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
+	standaloneOnly(t)
 	ctx := context.Background()
 	srv, rdb := redistest.Private(t)
 	d := newDB(10)

@@ -253,6 +253,7 @@ func TestResizeDoesNotBreakStarts(t *testing.T) {
 // itself (the time it took is logged; docs/incidents.md quotes it).
 func TestFilterHealsAfterRestart(t *testing.T) {
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
+	standaloneOnly(t)
 	ctx := context.Background()
 	srv, rdb := redistest.Private(t) // a client at go-redis's defaults but MaxRetries (off)
 	d := newDB(100)

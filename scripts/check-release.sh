@@ -5,6 +5,8 @@
 # with its go.mod requiring the root at $V instead of the local replace),
 # and builds a program importing each side module from a fresh module.
 # Other modules come from the usual proxy. Release steps: docs/design.md.
+# It builds with -race, as make test compiles everything before it: the
+# dependencies come from that compile instead of being compiled once more.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 V=${V:-v1.0.0-rc.check}
@@ -46,7 +48,7 @@ for m in adapters/echo adapters/echov5 guardprometheus; do
 	pkg=$(cd "$m" && go list -f '{{.ImportPath}}' .)
 	(cd "$dir" && go mod init example.com/use >/dev/null 2>&1 &&
 		printf 'package main\n\nimport _ "%s"\n\nfunc main() {}\n' "$pkg" >main.go &&
-		go get "$pkg@$V" >/dev/null 2>&1 && go build ./...) ||
+		go get "$pkg@$V" >/dev/null 2>&1 && go build -race ./...) ||
 		{ echo "check-release: a module that requires only $pkg@$V does not build"; exit 1; }
 	echo "check-release: $pkg@$V builds on its own"
 done

@@ -41,6 +41,7 @@ func readSome(t *testing.T, g *guard.Guard, d *db, n int) (errs int) {
 
 func TestClusterFailover(t *testing.T) {
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
+	standaloneOnly(t)
 	ctx := context.Background()
 	cl, err := redisserver.StartCluster(ctx, 3, 1)
 	if err != nil {

@@ -96,11 +96,11 @@ func setup(t *testing.T, n int, opts *guard.Options) (*redistest.Conn, *guard.Gu
 }
 
 // standaloneOnly skips t in the cluster pass (CG_TEST_CLUSTER): t runs on
-// private standalone servers alone, so that pass would repeat the
-// standalone run exactly.
+// servers of its own alone (standalone ones, or a cluster it starts), so
+// that pass would repeat the standalone run exactly.
 func standaloneOnly(t *testing.T) {
 	if redistest.ClusterMode() {
-		t.Skip("runs on private standalone servers alone; the standalone run covers it")
+		t.Skip("runs on servers of its own alone; the standalone run covers it")
 	}
 }
 

@@ -401,7 +401,8 @@ type sharedRead struct {
 func (g *Engine) readShared(ctx context.Context, id, vkey string, from since, lockable bool) (readResult, error) {
 	for range 3 { // a second read already starts after this caller: see below
 		mine := false // this caller's function read (InCaller: in this goroutine)
-		hook, onJoin := g.sharedHook.Load(), func() {}
+		hook := g.sharedHook.Load()
+		var onJoin func() // nil: nothing to tell
 		if hook != nil {
 			onJoin = func() { (*hook)(false) }
 		}

@@ -66,6 +66,15 @@ func (g *Guard) Invalidate(ctx context.Context, ids ...string) error {
 	return g.e.Invalidate(ctx, ids...)
 }
 
+// InvalidateAll invalidates every ID of the Guard that has an entry or a
+// load in flight, in every process, as Invalidate does each: after a
+// TRUNCATE or a bulk change that no list of IDs describes. Two SCAN passes
+// on every master make sure that no load which read the old data before
+// the call caches it after. It returns how many IDs it invalidated and
+// leaves the filter as it is (see Rebuild). Redis failures wrap
+// ErrUnavailable and are not replayed: call it again.
+func (g *Guard) InvalidateAll(ctx context.Context) (int, error) { return g.e.InvalidateAll(ctx) }
+
 // Rebuild replaces the bloom filter with one built from every existing ID of
 // the source of truth, and lets it answer "absent". With Options.Filter.IDs
 // the Guard does it by itself whenever the filter is not ready; call it to

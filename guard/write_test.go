@@ -470,3 +470,50 @@ func TestMissAnswersAfterItsWrite(t *testing.T) {
 		t.Fatalf("stats %+v, want one load and no refused write", st)
 	}
 }
+
+// TestInvalidateAll: every entry and marker of the Guard goes in one call,
+// and a load that read the old row before the call cannot cache it after:
+// the scan finds its lock and deletes it. Another Guard's entries stay.
+// Control: with a scan of value keys alone (the lock not found), the
+// overtaken load caches the old row and the test fails.
+func TestInvalidateAll(t *testing.T) {
+	ctx := context.Background()
+	c, g, d := setup(t, 10, nil)
+	other, err := guard.New(ctx, c, "product2", &guard.Options{KeyPrefix: c.Prefix, Filter: guard.FilterOptions{ExpectedItems: 1000}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if _, err := other.Rebuild(ctx, ids("p", 10), nil); err != nil {
+		t.Fatal(err)
+	}
+	cache(t, g, d, "p0", "p1")
+	cache(t, other, d, "p0")
+	if _, err := guard.Get(ctx, g, "p9x", d.load); !errors.Is(err, guard.ErrNotFound) { // a marker, or rejected
+		t.Fatal(err)
+	}
+	slow := overtake(t, g, d, "p3") // its load has the old row, under the key's lock
+	for _, id := range []string{"p0", "p1", "p3"} {
+		d.set(product{ID: id, Name: "new", Price: 100})
+	}
+	n, err := g.InvalidateAll(ctx)
+	p := slow.finish()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Price != 100 {
+		t.Fatalf("the overtaken Get returned %+v, want the new row", p)
+	}
+	if n < 3 {
+		t.Fatalf("InvalidateAll dropped %d IDs, want p0, p1 and p3's lock at least", n)
+	}
+	flush(t, g)
+	for _, id := range []string{"p0", "p1", "p3"} {
+		if p, err := guard.Get(ctx, g, id, d.load); err != nil || p.Price != 100 {
+			t.Fatalf("%s after InvalidateAll: %+v, %v; want the new row", id, p, err)
+		}
+	}
+	if exists, err := c.Exists(ctx, c.Prefix+":product2:{p0}").Result(); err != nil || exists != 1 {
+		t.Fatalf("the other Guard's entry: %d, %v; want it kept", exists, err)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -180,17 +181,85 @@ func firstErr(err error, cmds []*redis.Cmd) error {
 // Invalidate is guard.Guard.Invalidate (documented there).
 func (g *Engine) Invalidate(ctx context.Context, ids ...string) error {
 	return g.write(ctx, ids, func(keys []string) error {
-		// One DEL per ID (value and lock share a slot; IDs do not),
-		// and a message per ID for the processes that keep values in memory
-		// (Local), in one round trip.
-		pipe := g.rdb.Pipeline()
-		g.queueInvalidate(ctx, pipe, keys)
-		marks := g.queueMarks(ctx, pipe, ids, keys)
-		_, err := pipe.Exec(ctx)
-		g.landed(ctx, marks)
-		g.forget(keys, nil, time.Time{})
-		return g.fail(ctx, "invalidate", "", redisfail.Wrap(err))
+		return g.fail(ctx, "invalidate", "", g.invalidate(ctx, ids, keys))
 	})
+}
+
+// invalidate drops the entries and load locks of ids (keys, their value
+// keys) in one round trip: one DEL per ID (value and lock share a slot; IDs
+// do not), and a message per ID for the processes that keep values in
+// memory (Local).
+func (g *Engine) invalidate(ctx context.Context, ids, keys []string) error {
+	pipe := g.rdb.Pipeline()
+	g.queueInvalidate(ctx, pipe, keys)
+	marks := g.queueMarks(ctx, pipe, ids, keys)
+	_, err := pipe.Exec(ctx)
+	g.landed(ctx, marks)
+	g.forget(keys, nil, time.Time{})
+	return redisfail.Wrap(err)
+}
+
+// InvalidateAll is guard.Guard.InvalidateAll (documented there).
+func (g *Engine) InvalidateAll(ctx context.Context) (int, error) {
+	pass, err := g.sup.enter()
+	if err != nil {
+		return 0, err
+	}
+	defer g.sup.leave(pass)
+	n, err := g.invalidateAll(ctx)
+	return n, g.fail(ctx, "invalidate all", "", err)
+}
+
+// invalidateAll invalidates every ID that has a key in Redis (a value, a
+// lock or a waiting mark), on every master, in two SCAN passes: a load that
+// read the source before the call holds its lock from before the first
+// pass until its write, so the first pass deletes that lock (and the write
+// is refused) or the second finds the entry it wrote. It returns how many
+// IDs it invalidated.
+func (g *Engine) invalidateAll(ctx context.Context) (int, error) {
+	var mu sync.Mutex // guards seen and pass: eachMaster runs fn on the masters at once
+	seen := make(map[string]struct{})
+	for range 2 {
+		pass := make(map[string]struct{}) // a value and its lock: one ID
+		err := eachMaster(ctx, g.rdb, func(ctx context.Context, c redis.Cmdable) error {
+			var ids, keys []string
+			flush := func() error {
+				err := g.invalidate(ctx, ids, keys)
+				ids, keys = ids[:0], keys[:0]
+				return err
+			}
+			it := c.Scan(ctx, 0, g.keys.IDKeys(), 1000).Iterator()
+			for it.Next(ctx) {
+				vkey, ok := g.keys.Owner(it.Val())
+				mu.Lock()
+				_, dup := pass[vkey]
+				id, _ := g.keys.ID(vkey)
+				if ok && !dup {
+					pass[vkey], seen[id] = struct{}{}, struct{}{}
+				}
+				mu.Unlock()
+				if !ok || dup {
+					continue
+				}
+				if ids, keys = append(ids, id), append(keys, vkey); len(keys) == 500 {
+					if err := flush(); err != nil {
+						return err
+					}
+				}
+			}
+			if err := it.Err(); err != nil {
+				return redisfail.Wrap(err)
+			}
+			if len(keys) == 0 {
+				return nil
+			}
+			return flush()
+		})
+		if err != nil {
+			return len(seen), err
+		}
+	}
+	return len(seen), nil
 }
 
 // queueInvalidate queues, for each key, the DEL of its entry and load lock

@@ -8,8 +8,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/cacheguard/cacheguard/internal/redisfail"
 )
 
@@ -133,7 +131,7 @@ func (g *Engine) replayBatch(ctx context.Context, batch map[string]uint64, dropA
 		return false
 	}
 	if dropAll {
-		switch err := g.dropEntries(ctx); {
+		switch _, err := g.invalidateAll(ctx); {
 		case reply(err): // refused (an ACL without +scan): waiting will not mend it
 			g.log.Error("cacheguard: cannot drop the Guard's entries after writes were dropped; they are left to their TTL",
 				"err", err)
@@ -174,32 +172,6 @@ func (g *Engine) rewrite(ctx context.Context, ids []string) error {
 		err = added.Result(ctx)
 	}
 	return redisfail.Wrap(err)
-}
-
-// dropEntries deletes every value key of the Guard, with its lock, on every
-// master: the writes that did not fit the unwritten set are replayed all at
-// once.
-func (g *Engine) dropEntries(ctx context.Context) error {
-	match := g.keys.Values()
-	return eachMaster(ctx, g.rdb, func(ctx context.Context, c redis.Cmdable) error {
-		it := c.Scan(ctx, 0, match, 1000).Iterator()
-		pipe := c.Pipeline()
-		for it.Next(ctx) {
-			if _, ok := g.keys.ID(it.Val()); ok {
-				pipe.Del(ctx, voids(it.Val())...) // a value key and its lock share a slot
-			}
-			if pipe.Len() == 1000 {
-				if _, err := pipe.Exec(ctx); err != nil {
-					return redisfail.Wrap(err)
-				}
-			}
-		}
-		if err := it.Err(); err != nil {
-			return redisfail.Wrap(err)
-		}
-		_, err := pipe.Exec(ctx)
-		return redisfail.Wrap(err)
-	})
 }
 
 var errUnwritten = fmt.Errorf("%w: this ID's last write did not reach redis and is not replayed yet", ErrUnavailable)

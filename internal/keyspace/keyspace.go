@@ -135,9 +135,19 @@ func (s Guard) scan(id string) (escapes int, err error) {
 // MaxKeyLen is the longest ID accepted, in bytes.
 func (s Guard) MaxKeyLen() int { return s.maxLen }
 
-// Values is a SCAN MATCH pattern of the Guard's value keys (and of no
-// other key of it; another Guard's may match: check each with ID).
-func (s Guard) Values() string { return s.base + "{*}" }
+// IDKeys is a SCAN MATCH pattern of the keys of the Guard's IDs (values,
+// locks and waiting marks; another Guard's may match: check each with
+// Owner).
+func (s Guard) IDKeys() string { return s.base + "{*" }
+
+// Owner is the value key of the ID that key (a value key, a lock or a
+// waiting mark) belongs to, or false if it is no such key of this Guard.
+func (s Guard) Owner(key string) (vkey string, ok bool) {
+	vkey, _ = strings.CutSuffix(key, ":lock")
+	vkey, _ = strings.CutSuffix(vkey, ":waiting")
+	_, ok = s.ID(vkey)
+	return vkey, ok
+}
 
 // Loaded is the channel on which a load's end is published (payload: the
 // value key).

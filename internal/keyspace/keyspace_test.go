@@ -113,3 +113,25 @@ func TestValidNameAndPrefix(t *testing.T) {
 		}
 	}
 }
+
+// TestOwner: values, locks and waiting marks name their ID's value key;
+// other keys of the Guard, and another Guard's, do not.
+func TestOwner(t *testing.T) {
+	ks := ForGuard("app", "product", 100)
+	vkey, err := ks.Value("a{b}%")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{vkey, Lock(vkey), Waiting(vkey)} {
+		if got, ok := ks.Owner(k); !ok || got != vkey {
+			t.Fatalf("Owner(%q) = %q, %v; want %q", k, got, ok, vkey)
+		}
+	}
+	other := ForGuard("app", "product2", 100)
+	ovkey, _ := other.Value("a")
+	for _, k := range []string{ks.Filter().Meta(), ks.Loaded(), ovkey, Lock(ovkey), vkey + ":other"} {
+		if got, ok := ks.Owner(k); ok {
+			t.Fatalf("Owner(%q) = %q, true; want false", k, got)
+		}
+	}
+}

@@ -59,11 +59,20 @@ const (
 // In a child process started by Spawn, Main instead calls roles[role] with
 // the parent's server and exits with its status: the tests do not run again.
 func Main(m *testing.M, roles ...map[string]func(rdb redis.UniversalClient) int) {
-	if role := os.Getenv(envRole); role != "" {
-		os.Exit(runChild(role, roles))
-	}
-	os.Exit(run(m))
+	os.Exit(Run(m, roles...))
 }
+
+// Run is Main returning the exit status instead of exiting, for a TestMain
+// that has servers of its own to stop afterwards.
+func Run(m *testing.M, roles ...map[string]func(rdb redis.UniversalClient) int) int {
+	if role := os.Getenv(envRole); role != "" {
+		return runChild(role, roles)
+	}
+	return run(m)
+}
+
+// IsChild reports whether this process is a child started by Spawn.
+func IsChild() bool { return os.Getenv(envRole) != "" }
 
 func runChild(role string, roles []map[string]func(redis.UniversalClient) int) int {
 	network, addr, ok := strings.Cut(os.Getenv(envRedis), "|")

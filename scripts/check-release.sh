@@ -38,11 +38,11 @@ def publish(moddir):
     open(os.path.join(d, v + ".info"), "w").write(json.dumps({"Version": v, "Time": "2026-12-01T00:00:00Z"}))
     open(os.path.join(d, "list"), "w").write(v + "\n")
 for m in mods:
-    if m == "" or m.startswith("adapters/") or m == "guardprometheus":
+    if m == "" or m.startswith("adapters/") or m in ("guardprometheus", "follow/postgres"):
         publish(m)
 PY
 export GOPROXY="file://$proxy,$(go env GOPROXY)" GONOSUMDB=$root GOFLAGS=-mod=mod
-for m in adapters/echo adapters/echov5 guardprometheus; do
+for m in adapters/echo adapters/echov5 guardprometheus follow/postgres; do
 	dir=$work/use-$(basename "$m")
 	mkdir -p "$dir"
 	pkg=$(cd "$m" && go list -f '{{.ImportPath}}' .)

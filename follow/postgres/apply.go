@@ -1,0 +1,205 @@
+package pgfollow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"strings"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/cacheguard/cacheguard/bloom"
+	"github.com/cacheguard/cacheguard/guard"
+)
+
+// txn is one committed transaction's changes to followed tables.
+type txn struct {
+	end     pglogrepl.LSN // the transaction's end: confirmed once it landed
+	commit  time.Time
+	changes []change
+}
+
+type op uint8
+
+const (
+	opInsert op = iota + 1
+	opUpdate
+	opDelete
+	opTruncate
+)
+
+// change is one row change (or a TRUNCATE, without a key).
+type change struct {
+	t   *Table
+	op  op
+	key string
+}
+
+// final is what a batch's changes say of one ID: the writes that make
+// the Guard agree with the row as the last of them left it.
+type final struct {
+	inserted bool // created in the batch: Add
+	changed  bool // updated or deleted in the batch: Invalidate
+	gone     bool // the last change deleted it: Delete instead
+}
+
+// writeChunk bounds the IDs of one write (one round trip each).
+const writeChunk = 1000
+
+// apply makes the Guards agree with txs, in commit order: the changes
+// between two TRUNCATEs are reduced to one final state per ID and written
+// in one Delete, one Invalidate and one Add per Guard (they commute: an
+// ID gets either Delete or the others, and Add never drops a value nor
+// Invalidate a filter bit). A TRUNCATE ends the run before it.
+func (f *Follower) apply(ctx context.Context, txs []txn) error {
+	var run []change
+	for _, tx := range txs {
+		for _, c := range tx.changes {
+			if c.op != opTruncate {
+				run = append(run, c)
+				continue
+			}
+			if err := f.write(ctx, run); err != nil {
+				return err
+			}
+			run = run[:0]
+			if err := f.truncate(ctx, c.t); err != nil {
+				return err
+			}
+		}
+	}
+	return f.write(ctx, run)
+}
+
+// write applies a run of row changes (no TRUNCATE).
+func (f *Follower) write(ctx context.Context, run []change) error {
+	byTable := map[*Table]map[string]*final{}
+	for _, c := range run {
+		ids := byTable[c.t]
+		if ids == nil {
+			ids = map[string]*final{}
+			byTable[c.t] = ids
+		}
+		st := ids[c.key]
+		if st == nil {
+			st = &final{}
+			ids[c.key] = st
+		}
+		switch c.op {
+		case opInsert:
+			st.inserted, st.gone = true, false
+		case opUpdate:
+			st.changed, st.gone = true, false
+		case opDelete:
+			st.changed, st.gone = true, true
+		}
+	}
+	for t, ids := range byTable {
+		var del, inv, add []string
+		for id, st := range ids {
+			switch {
+			case st.gone:
+				del = append(del, id)
+			default:
+				if st.changed {
+					inv = append(inv, id)
+				}
+				if st.inserted {
+					add = append(add, id)
+				}
+			}
+		}
+		for _, w := range []struct {
+			name string
+			fn   func(context.Context, ...string) error
+			ids  []string
+		}{{"delete", t.Guard.Delete, del}, {"invalidate", t.Guard.Invalidate, inv}, {"add", t.Guard.Add, add}} {
+			if err := f.writeIDs(ctx, t, w.name, w.fn, w.ids); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// writeIDs runs one write in chunks. An ID the Guard refuses (ErrInvalidKey:
+// empty, too long, a control byte) can never be cached, so nothing stale
+// can be served for it: it is logged and left out.
+func (f *Follower) writeIDs(ctx context.Context, t *Table, name string, fn func(context.Context, ...string) error, ids []string) error {
+	for len(ids) > 0 {
+		n := min(len(ids), writeChunk)
+		err := fn(ctx, ids[:n]...)
+		if errors.Is(err, guard.ErrInvalidKey) {
+			err = f.writeEach(ctx, t, fn, ids[:n])
+		}
+		if err != nil {
+			return fmt.Errorf("pgfollow: %s on table %s: %w", name, t.Name, err)
+		}
+		ids = ids[n:]
+	}
+	return nil
+}
+
+// writeEach writes ids one by one, leaving out those the Guard refuses.
+func (f *Follower) writeEach(ctx context.Context, t *Table, fn func(context.Context, ...string) error, ids []string) error {
+	for _, id := range ids {
+		switch err := fn(ctx, id); {
+		case errors.Is(err, guard.ErrInvalidKey):
+			f.log.Error("cacheguard: pgfollow: a key the Guard refuses as an ID: not applied", "table", t.Name, "err", err)
+		case err != nil:
+			return err
+		}
+	}
+	return nil
+}
+
+// truncate drops every entry of t's Guard and rebuilds its filter from the
+// table's keys as they are now (read on a connection of its own).
+func (f *Follower) truncate(ctx context.Context, t *Table) error {
+	n, err := t.Guard.InvalidateAll(ctx)
+	if err != nil {
+		return fmt.Errorf("pgfollow: TRUNCATE of %s: %w", t.Name, err)
+	}
+	// Force: the table is meant to be far smaller now (the check against a
+	// short source would keep the old generation).
+	if _, err := t.Guard.Rebuild(ctx, f.keysOf(ctx, t), &bloom.RebuildOptions{Force: true}); err != nil {
+		return fmt.Errorf("pgfollow: TRUNCATE of %s: rebuilding the filter: %w", t.Name, err)
+	}
+	f.log.Info("cacheguard: pgfollow: table truncated: entries dropped and the filter rebuilt", "table", t.Name, "ids", n)
+	return nil
+}
+
+// keysOf lists the key column of t.
+func (f *Follower) keysOf(ctx context.Context, t *Table) iter.Seq2[string, error] {
+	return func(yield func(string, error) bool) {
+		conn, err := pgx.Connect(ctx, f.conn)
+		if err != nil {
+			yield("", err)
+			return
+		}
+		defer conn.Close(context.WithoutCancel(ctx))
+		schema, table, _ := strings.Cut(t.Name, ".")
+		rows, err := conn.Query(ctx, fmt.Sprintf("SELECT %s::text FROM %s.%s", ident(f.keys[t.Name]), ident(schema), ident(table)))
+		if err != nil {
+			yield("", err)
+			return
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var id string
+			if err := rows.Scan(&id); err != nil {
+				yield("", err)
+				return
+			}
+			if !yield(id, nil) {
+				return
+			}
+		}
+		if err := rows.Err(); err != nil {
+			yield("", err)
+		}
+	}
+}

@@ -1,0 +1,200 @@
+// Command cacheguard-pgfollow runs a PostgreSQL follower (package pgfollow)
+// as a sidecar: every committed change of the named tables becomes the
+// writes of their Guards in Redis, whoever wrote it.
+//
+//	cacheguard-pgfollow -table products=product -table users=user:email -create
+//
+// Run it with -h for what PostgreSQL needs. SIGINT or SIGTERM stops it; the
+// slot keeps its position for the next run (or for a standby started with
+// the same flags, which takes over when this one ends).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+
+	pgfollow "github.com/cacheguard/cacheguard/follow/postgres"
+	"github.com/cacheguard/cacheguard/guard"
+)
+
+const usage = `usage: cacheguard-pgfollow [flags] -table TABLE=GUARD[:KEY] ...
+
+Follows a logical replication slot of PostgreSQL and turns each committed
+row change of TABLE into the writes of the Guard GUARD (under -prefix), by
+the column KEY (default: the table's one-column primary key): INSERT → Add,
+UPDATE → Invalidate (a changed key: Delete of the old, Add of the new),
+DELETE → Delete, TRUNCATE → every entry dropped and the filter rebuilt from
+SELECT KEY FROM TABLE. The slot's position advances only after the writes
+landed in Redis: a follower that dies resumes where it left off.
+
+PostgreSQL needs:
+  wal_level = logical          (postgresql.conf, or ALTER SYSTEM; then restart)
+  a role with REPLICATION      (ALTER ROLE <role> REPLICATION), owning the tables or superuser for -create
+  each KEY in the table's replica identity: the primary key by default,
+  or ALTER TABLE <table> REPLICA IDENTITY FULL (or USING INDEX)
+  the publication and the slot: -create makes them (CREATE PUBLICATION, and a
+  pgoutput slot)
+
+The slot's cost: while no follower consumes it, the server keeps all WAL
+written since, and its disk fills. The follower warns past -lag-warn; drop
+the slot with -drop-slot if you stop following for good.
+
+Flags:
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Getenv, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// tablesFlag collects -table values.
+type tablesFlag []string
+
+func (t *tablesFlag) String() string     { return strings.Join(*t, ",") }
+func (t *tablesFlag) Set(v string) error { *t = append(*t, v); return nil }
+
+func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("cacheguard-pgfollow", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usage)
+		fs.PrintDefaults()
+	}
+	var tables tablesFlag
+	fs.Var(&tables, "table", "TABLE=GUARD[:KEY], repeated")
+	pg := fs.String("pg", getenv("DATABASE_URL"), "PostgreSQL URL of a REPLICATION role (default $DATABASE_URL)")
+	redisURL := fs.String("redis", or(getenv("REDIS_URL"), "redis://localhost:6379"), "Redis URL (default $REDIS_URL)")
+	prefix := fs.String("prefix", "cg", "the Guards' KeyPrefix")
+	slot := fs.String("slot", "cacheguard", "the replication slot")
+	pub := fs.String("publication", "cacheguard", "the publication of the tables")
+	create := fs.Bool("create", false, "create the publication (or add missing tables to it) and the slot, then follow")
+	drop := fs.Bool("drop-slot", false, "drop the slot and exit (the server frees its WAL)")
+	lagWarn := fs.Uint64("lag-warn", 64<<20, "warn while the follower lags by more bytes of WAL than this")
+	metrics := fs.String("metrics", "", "serve Prometheus metrics on this address (e.g. :9187)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	fail := func(err error) int {
+		log.Error("cacheguard-pgfollow: " + err.Error())
+		return 1
+	}
+	if *pg == "" {
+		fmt.Fprintln(stderr, "cacheguard-pgfollow: -pg or DATABASE_URL is required")
+		return 2
+	}
+	if *drop {
+		if err := pgfollow.DropSlot(ctx, *pg, *slot); err != nil {
+			return fail(err)
+		}
+		log.Info("cacheguard-pgfollow: slot dropped", "slot", *slot)
+		return 0
+	}
+	if len(tables) == 0 {
+		fmt.Fprintln(stderr, "cacheguard-pgfollow: at least one -table TABLE=GUARD[:KEY] is required")
+		return 2
+	}
+	ropts, err := redis.ParseURL(*redisURL)
+	if err != nil {
+		fmt.Fprintf(stderr, "cacheguard-pgfollow: -redis: %v\n", err)
+		return 2
+	}
+	rdb := redis.NewClient(ropts)
+	defer rdb.Close()
+	var specs []pgfollow.Table
+	for _, t := range tables {
+		name, rest, ok := strings.Cut(t, "=")
+		gname, key, _ := strings.Cut(rest, ":")
+		if !ok || name == "" || gname == "" {
+			fmt.Fprintf(stderr, "cacheguard-pgfollow: -table %q: want TABLE=GUARD[:KEY]\n", t)
+			return 2
+		}
+		g, err := guard.New(ctx, rdb, gname, &guard.Options{KeyPrefix: *prefix, Logger: log})
+		if err != nil {
+			return fail(err)
+		}
+		defer g.Close()
+		specs = append(specs, pgfollow.Table{Name: name, Key: key, Guard: g})
+	}
+	opts := &pgfollow.Options{Slot: *slot, Publication: *pub, Logger: log, LagWarn: *lagWarn}
+	if *create {
+		names := make([]string, len(specs))
+		for i, s := range specs {
+			names[i] = s.Name
+		}
+		if err := pgfollow.Setup(ctx, *pg, opts, names...); err != nil {
+			return fail(err)
+		}
+	}
+	f, err := pgfollow.New(*pg, specs, opts)
+	if err != nil {
+		return fail(err)
+	}
+	if *metrics != "" {
+		srv := &http.Server{Addr: *metrics, Handler: metricsHandler(f), ReadHeaderTimeout: 5 * time.Second}
+		served := make(chan struct{})
+		go func() { // run's: ended by the Shutdown below, which run waits for
+			defer close(served)
+			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("cacheguard-pgfollow: metrics", "err", err)
+			}
+		}()
+		defer func() {
+			_ = srv.Shutdown(context.WithoutCancel(ctx))
+			<-served
+		}()
+	}
+	log.Info("cacheguard-pgfollow: following", "slot", *slot, "publication", *pub, "tables", len(specs))
+	if err := f.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return fail(err)
+	}
+	return 0
+}
+
+// metricsHandler serves the follower's lag and counters.
+func metricsHandler(f *pgfollow.Follower) http.Handler {
+	reg := prometheus.NewRegistry()
+	gauge := func(name, help string, v func(pgfollow.Stats) float64) {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "cacheguard_pgfollow_" + name, Help: help},
+			func() float64 { return v(f.Stats()) }))
+	}
+	gauge("lag_bytes", "Bytes of WAL between the server's position and the last applied change.", func(s pgfollow.Stats) float64 { return float64(s.LagBytes) })
+	gauge("lag_seconds", "Age of the oldest committed transaction not yet applied.", func(s pgfollow.Stats) float64 { return s.LagSeconds })
+	gauge("following", "1 while the follower consumes the slot.", func(s pgfollow.Stats) float64 { return b2f(s.Following) })
+	gauge("standby", "1 while another follower consumes the slot.", func(s pgfollow.Stats) float64 { return b2f(s.Standby) })
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "cacheguard_pgfollow_changes_total", Help: "Row changes applied."},
+		func() float64 { return float64(f.Stats().Changes) }))
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "cacheguard_pgfollow_retries_total", Help: "Batches tried again after Redis failed."},
+		func() float64 { return float64(f.Stats().Retries) }))
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func or(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}

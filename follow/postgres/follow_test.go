@@ -1,0 +1,286 @@
+package pgfollow_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	pgfollow "github.com/cacheguard/cacheguard/follow/postgres"
+	"github.com/cacheguard/cacheguard/guard"
+	"github.com/cacheguard/cacheguard/internal/redistest"
+)
+
+// newOn is newFixture on the package's PostgreSQL and Redis servers: the
+// follower and the reader each on a client of their own.
+func newOn(t *testing.T, rows int) *fixture {
+	t.Helper()
+	c := redistest.Connect(t)
+	return newFixture(t, os.Getenv(envPG), c, redistest.Connect(t), c.Prefix, rows)
+}
+
+// TestMapping: each kind of row change, written straight into the table
+// (outside any service), reaches a Guard in another process: INSERT → Add
+// (the filter, built before, would reject the new ID; a marker of a deleted
+// ID is cleared), UPDATE → Invalidate, DELETE → Delete (answered "not
+// found" without a load), a changed key → Delete of the old and Add of the
+// new, TRUNCATE → every entry dropped and the filter rebuilt from Table.IDs.
+func TestMapping(t *testing.T) {
+	t.Parallel()
+	fx := newOn(t, 10)
+	fx.warm(10)
+	f, _ := fx.follow(fx.guard(fx.rdb))
+	step := func(what, sql string) {
+		t.Helper()
+		fx.exec(strings.ReplaceAll(sql, "{t}", fx.name))
+		fx.caughtUp(f)
+		t.Log(what)
+	}
+	want := func(id string, v int) {
+		t.Helper()
+		if got, err := fx.get(id); err != nil || got != v {
+			t.Fatalf("Get %s = %d, %v; want %d", id, got, err, v)
+		}
+	}
+	gone := func(id string) {
+		t.Helper()
+		n, _ := fx.loads.Load(id)
+		before := int64(0)
+		if n != nil {
+			before = *n.(*int64)
+		}
+		if _, err := fx.get(id); !errors.Is(err, guard.ErrNotFound) {
+			t.Fatalf("Get %s: %v, want ErrNotFound", id, err)
+		}
+		if n, _ := fx.loads.Load(id); n != nil && *n.(*int64) != before {
+			t.Fatalf("Get %s loaded: want it answered from the marker or the filter", id)
+		}
+	}
+	if _, err := fx.get("id10"); !errors.Is(err, guard.ErrNotFound) {
+		t.Fatalf("Get id10 before its INSERT: %v", err)
+	}
+	step("INSERT", "INSERT INTO {t} VALUES ('id10', 10)")
+	want("id10", 10)
+	step("UPDATE", "UPDATE {t} SET v = 22 WHERE id = 'id2'")
+	want("id2", 22)
+	step("DELETE", "DELETE FROM {t} WHERE id = 'id3'")
+	gone("id3")
+	step("INSERT of a deleted ID", "INSERT INTO {t} VALUES ('id3', 33)")
+	want("id3", 33)
+	step("UPDATE of the key", "UPDATE {t} SET id = 'id4b', v = 44 WHERE id = 'id4'")
+	gone("id4")
+	want("id4b", 44)
+	step("changes in one transaction", "BEGIN; UPDATE {t} SET v = 5 WHERE id = 'id5'; DELETE FROM {t} WHERE id = 'id5'; "+
+		"INSERT INTO {t} VALUES ('id5', 55); COMMIT")
+	want("id5", 55)
+	step("TRUNCATE", "TRUNCATE {t}")
+	gone("id0")
+	gone("id10")
+	step("INSERT after TRUNCATE", "INSERT INTO {t} VALUES ('id0', 100)")
+	want("id0", 100)
+	if st := f.Stats(); st.Changes < 10 || st.LagBytes != 0 || !st.Following {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestFollowerOff is the control of the scenarios: the same burst of
+// UPDATEs with no follower leaves the reader serving old values, so the
+// stale count of the others can fail.
+func TestFollowerOff(t *testing.T) {
+	t.Parallel()
+	fx := newOn(t, 100)
+	fx.warm(100)
+	fx.burst(0, 100, nil)
+	if n := fx.stale(); n != 100 {
+		t.Fatalf("%d stale rows without a follower, want 100 (every cached row)", n)
+	}
+}
+
+// TestKilledMidBurst: a follower SIGKILLed in the middle of 10,000
+// UPDATEs (one per row), as its third batch is about to be applied (received, neither
+// applied nor confirmed), and another started after the rest of the
+// burst: once it has caught up no row is stale (no change lost). Control:
+// a follower that confirms each transaction as it receives it loses that
+// batch, and this test fails.
+func TestKilledMidBurst(t *testing.T) {
+	t.Parallel()
+	const rows = 10_000 // each updated once: a lost change is a stale row, never masked by a later one
+	fx := newOn(t, rows)
+	fx.warm(rows)
+	child := redistest.Spawn(t, "follow", "CG_TEST_TABLE="+fx.name, "CG_TEST_PREFIX="+fx.prefix, "CG_TEST_KILL_AT=3")
+	dead := make(chan struct{})
+	go func() {
+		_ = child.Cmd.Wait() // killed: an error
+		close(dead)
+	}()
+	fx.burst(0, rows, func(i int) {
+		if i == 5000 {
+			select {
+			case <-dead:
+			case <-time.After(30 * time.Second):
+				t.Fatal("the child did not kill itself at its third batch")
+			}
+		}
+	})
+	if got := child.Cmd.ProcessState.String(); got != "signal: killed" {
+		t.Fatalf("the child ended with %q, want SIGKILL", got)
+	}
+	f, _ := fx.follow(fx.guard(fx.rdb))
+	fx.caughtUp(f)
+	if n := fx.stale(); n != 0 {
+		t.Fatalf("%d of %d rows stale after the restart", n, rows)
+	}
+}
+
+// TestRedisFrozen: Redis stopped (SIGSTOP) for 3 s in the middle of a
+// burst: the follower holds its position (its lag grows) and retries, and
+// once Redis answers again every change lands.
+func TestRedisFrozen(t *testing.T) {
+	t.Parallel()
+	const rows = 3000
+	srv, rdb := redistest.Private(t)
+	readerRDB := redis.NewClient(srv.Options())
+	t.Cleanup(func() { _ = readerRDB.Close() })
+	fx := newFixture(t, os.Getenv(envPG), rdb, readerRDB, "frozen", rows)
+	fx.warm(rows)
+	f, _ := fx.follow(fx.guard(rdb))
+	fx.burst(0, rows, func(i int) {
+		if i != 1000 {
+			return
+		}
+		if err := syscall.Kill(srv.PID(), syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = syscall.Kill(srv.PID(), syscall.SIGCONT) }()
+		fx.exec("UPDATE " + fx.name + " SET v = v + 1 WHERE id = 'id0'")
+		waitFor(t, "the follower to lag", func() bool { return f.Stats().LagBytes > 0 && f.Stats().Retries > 0 })
+		time.Sleep(3 * time.Second) // the outage itself: Redis stays stopped this long
+	})
+	fx.caughtUp(f)
+	if n := fx.stale(); n != 0 {
+		t.Fatalf("%d of %d rows stale after Redis came back", n, rows)
+	}
+	if st := f.Stats(); st.Retries == 0 || st.LagBytes != 0 {
+		t.Fatalf("stats %+v: want retries, and no lag once caught up", st)
+	}
+}
+
+// TestPostgresRestart: PostgreSQL restarted in the middle of a burst; the
+// follower reconnects and resumes from its slot.
+func TestPostgresRestart(t *testing.T) {
+	t.Parallel()
+	const rows = 2000
+	srv, err := startLogical()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Remove)
+	c := redistest.Connect(t)
+	fx := newFixture(t, srv.URL("postgres"), c, redistest.Connect(t), c.Prefix, rows)
+	fx.warm(rows)
+	f, _ := fx.follow(fx.guard(c))
+	restarted := false
+	for i := range rows {
+		if i == 700 {
+			if err := srv.Restart(); err != nil {
+				t.Fatal(err)
+			}
+			restarted = true
+		}
+		// A connection the restart cut fails once; the pool makes a new one.
+		_, _ = fx.pool.Exec(context.Background(), "UPDATE "+fx.name+" SET v = v + 1 WHERE id = $1", fmt.Sprintf("id%d", i))
+	}
+	if !restarted {
+		t.Fatal("not restarted")
+	}
+	fx.caughtUp(f)
+	if n := fx.stale(); n != 0 {
+		t.Fatalf("%d of %d rows stale after PostgreSQL's restart", n, rows)
+	}
+}
+
+// TestStandby: a second follower of the slot waits while the first
+// consumes it, and takes over when the first stops.
+func TestStandby(t *testing.T) {
+	t.Parallel()
+	const rows = 400
+	fx := newOn(t, rows)
+	fx.warm(rows)
+	first, stopFirst := fx.follow(fx.guard(fx.rdb))
+	waitFor(t, "the first to follow", func() bool { return first.Stats().Following })
+	second, _ := fx.follow(fx.guard(fx.rdb))
+	waitFor(t, "the second to stand by", func() bool { return second.Stats().Standby })
+	fx.burst(0, 200, nil)
+	fx.caughtUp(first)
+	stopFirst()
+	fx.burst(200, 200, nil)
+	waitFor(t, "the second to take over", func() bool { return second.Stats().Following })
+	fx.caughtUp(second)
+	if n := fx.stale(); n != 0 {
+		t.Fatalf("%d of %d rows stale after the standby took over", n, rows)
+	}
+}
+
+// TestSetupErrors: a set-up that cannot work ends Run with ErrSetup and
+// says what to run.
+func TestSetupErrors(t *testing.T) {
+	t.Parallel()
+	fx := newOn(t, 1)
+	url := os.Getenv(envPG)
+	g := fx.guard(fx.rdb)
+	fx.exec("CREATE TABLE " + fx.name + "_nopk (id text, v int)")
+	fx.exec("CREATE ROLE " + fx.name + "_plain LOGIN")
+	cases := []struct {
+		name, url, table, slot, pub, want string
+	}{
+		{"missing slot", url, fx.name, "nosuchslot", fx.name, "-create"},
+		{"missing publication", url, fx.name, fx.name, "nosuchpub", "CREATE PUBLICATION"},
+		{"table not published", url, fx.name + "_nopk", fx.name, fx.name, "ALTER PUBLICATION"},
+		{"role without REPLICATION", strings.Replace(url, "postgres@", fx.name+"_plain@", 1), fx.name, fx.name, fx.name, "ALTER ROLE"},
+	}
+	for _, c := range cases {
+		f, err := pgfollow.New(c.url, []pgfollow.Table{{Name: c.table, Guard: g}}, &pgfollow.Options{Slot: c.slot, Publication: c.pub})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		err = f.Run(ctx)
+		cancel()
+		if !errors.Is(err, pgfollow.ErrSetup) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want ErrSetup saying %q", c.name, err, c.want)
+		}
+	}
+	fx.exec("ALTER PUBLICATION " + fx.name + " ADD TABLE " + fx.name + "_nopk")
+	f, _ := pgfollow.New(url, []pgfollow.Table{{Name: fx.name + "_nopk", Guard: g}}, &pgfollow.Options{Slot: fx.name, Publication: fx.name})
+	if err := f.Run(context.Background()); !errors.Is(err, pgfollow.ErrSetup) || !strings.Contains(err.Error(), "REPLICA IDENTITY") {
+		t.Errorf("a table without a primary key: %v, want ErrSetup saying REPLICA IDENTITY", err)
+	}
+	f, _ = pgfollow.New(url, []pgfollow.Table{{Name: fx.name + "_nopk", Key: "v", Guard: g}}, &pgfollow.Options{Slot: fx.name, Publication: fx.name})
+	if err := f.Run(context.Background()); !errors.Is(err, pgfollow.ErrSetup) || !strings.Contains(err.Error(), "replica identity") {
+		t.Errorf("a key outside the replica identity: %v", err)
+	}
+}
+
+// slotActive reports whether a follower consumes the fixture's slot.
+func (fx *fixture) slotActive() bool {
+	var active bool
+	err := fx.pool.QueryRow(context.Background(), "SELECT active FROM pg_replication_slots WHERE slot_name = $1", fx.name).Scan(&active)
+	return err == nil && active
+}
+
+// confirmed is the slot's confirmed position.
+func (fx *fixture) confirmed() uint64 {
+	var n uint64
+	err := fx.pool.QueryRow(context.Background(),
+		"SELECT (confirmed_flush_lsn - '0/0'::pg_lsn)::bigint FROM pg_replication_slots WHERE slot_name = $1", fx.name).Scan(&n)
+	if err != nil {
+		fx.t.Fatal(err)
+	}
+	return n
+}

@@ -1,0 +1,256 @@
+package pgfollow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// What PostgreSQL needs (Setup creates the last two):
+//
+//	wal_level = logical                  in postgresql.conf, then a restart
+//	ALTER ROLE <role> REPLICATION;       the follower's role
+//	CREATE PUBLICATION <pub> FOR TABLE <tables>;
+//	SELECT pg_create_logical_replication_slot('<slot>', 'pgoutput');
+//
+// Each followed table needs its key column in its replica identity (the
+// primary key by default, or REPLICA IDENTITY FULL / USING INDEX), so that
+// a DELETE sends the key.
+
+// connect opens a replication connection (replication=database). A role
+// without REPLICATION is an ErrSetup.
+func (f *Follower) connect(ctx context.Context) (*pgconn.PgConn, error) {
+	cfg, err := pgconn.ParseConfig(f.conn)
+	if err != nil {
+		return nil, fmt.Errorf("%w: connection string: %w", ErrSetup, err)
+	}
+	cfg.RuntimeParams["replication"] = "database"
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "42501" { // insufficient_privilege: no WAL sender for this role
+		return nil, fmt.Errorf("%w: role %s cannot replicate: ALTER ROLE %s REPLICATION (%s)", ErrSetup, cfg.User, cfg.User, pe.Message)
+	}
+	return conn, err
+}
+
+// check verifies the set-up and returns each table's key column.
+func (f *Follower) check(ctx context.Context, conn *pgconn.PgConn) (map[string]string, error) {
+	rows, err := query(ctx, conn, "SHOW wal_level")
+	if err != nil {
+		return nil, err
+	}
+	if len(rows) != 1 || rows[0][0] != "logical" {
+		return nil, fmt.Errorf("%w: wal_level is not logical (%v): ALTER SYSTEM SET wal_level = logical, then restart PostgreSQL", ErrSetup, rows)
+	}
+	slot, pub := f.opts.Slot, f.opts.Publication
+	if rows, err = query(ctx, conn, "SELECT plugin FROM pg_replication_slots WHERE slot_name = "+literal(slot)); err != nil {
+		return nil, err
+	}
+	if len(rows) == 0 {
+		return nil, fmt.Errorf("%w: no replication slot %s: run the follower's command with -create, or "+
+			"SELECT pg_create_logical_replication_slot('%s', 'pgoutput')", ErrSetup, slot, slot)
+	}
+	if rows[0][0] != "pgoutput" {
+		return nil, fmt.Errorf("%w: replication slot %s uses plugin %s, not pgoutput", ErrSetup, slot, rows[0][0])
+	}
+	if rows, err = query(ctx, conn, "SELECT pubinsert AND pubupdate AND pubdelete AND pubtruncate FROM pg_publication WHERE pubname = "+literal(pub)); err != nil {
+		return nil, err
+	}
+	if len(rows) == 0 {
+		return nil, fmt.Errorf("%w: no publication %s: run the follower's command with -create, or CREATE PUBLICATION %s FOR TABLE %s",
+			ErrSetup, pub, pub, strings.Join(f.names(), ", "))
+	}
+	if rows[0][0] != "t" {
+		return nil, fmt.Errorf("%w: publication %s does not publish every kind of change: "+
+			"ALTER PUBLICATION %s SET (publish = 'insert, update, delete, truncate')", ErrSetup, pub, pub)
+	}
+	keys := map[string]string{}
+	for _, name := range f.names() {
+		t := f.tables[name]
+		key, err := f.checkTable(ctx, conn, t)
+		if err != nil {
+			return nil, err
+		}
+		keys[name] = key
+	}
+	return keys, nil
+}
+
+// checkTable checks that t is published and that its key is in its replica
+// identity, and returns the key column.
+func (f *Follower) checkTable(ctx context.Context, conn *pgconn.PgConn, t *Table) (string, error) {
+	schema, table, _ := strings.Cut(t.Name, ".")
+	rows, err := query(ctx, conn, fmt.Sprintf(`SELECT c.oid, c.relreplident,
+		  (SELECT count(*) FROM pg_publication_tables p WHERE p.pubname = %s AND p.schemaname = n.nspname AND p.tablename = c.relname)
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')`, literal(f.opts.Publication), literal(schema), literal(table)))
+	if err != nil {
+		return "", err
+	}
+	if len(rows) == 0 {
+		return "", fmt.Errorf("%w: no table %s", ErrSetup, t.Name)
+	}
+	oid, ident, published := rows[0][0], rows[0][1], rows[0][2]
+	if published == "0" {
+		return "", fmt.Errorf("%w: table %s is not in publication %s: ALTER PUBLICATION %s ADD TABLE %s",
+			ErrSetup, t.Name, f.opts.Publication, f.opts.Publication, t.Name)
+	}
+	columns := func(where string) ([]string, error) {
+		rows, err := query(ctx, conn, "SELECT a.attname FROM pg_attribute a WHERE a.attrelid = "+oid+
+			" AND a.attnum > 0 AND NOT a.attisdropped"+where+" ORDER BY a.attnum")
+		names := make([]string, len(rows))
+		for i, r := range rows {
+			names[i] = r[0]
+		}
+		return names, err
+	}
+	inIndex := func(which string) string {
+		return " AND a.attnum = ANY (SELECT unnest(i.indkey) FROM pg_index i WHERE i.indrelid = " + oid + " AND i." + which + ")"
+	}
+	pk, err := columns(inIndex("indisprimary"))
+	if err != nil {
+		return "", err
+	}
+	key := t.Key
+	if key == "" {
+		if len(pk) != 1 {
+			return "", fmt.Errorf("%w: table %s has no one-column primary key (%v): set Table.Key to its key column, "+
+				"in its replica identity (ALTER TABLE %s REPLICA IDENTITY FULL, or USING INDEX)", ErrSetup, t.Name, pk, t.Name)
+		}
+		key = pk[0]
+	}
+	var identity []string
+	switch ident {
+	case "d":
+		identity = pk
+	case "i":
+		identity, err = columns(inIndex("indisreplident"))
+	case "f":
+		identity, err = columns("")
+	}
+	if err != nil {
+		return "", err
+	}
+	if !slices.Contains(identity, key) {
+		return "", fmt.Errorf("%w: column %s of table %s is not in its replica identity (%v), so a DELETE would not send it: "+
+			"ALTER TABLE %s REPLICA IDENTITY FULL (or USING INDEX an index on %s)", ErrSetup, key, t.Name, identity, t.Name, key)
+	}
+	return key, nil
+}
+
+// Setup creates the publication (or adds the missing tables to it) and
+// the replication slot, as a role that may (the table owner with
+// REPLICATION, or a superuser). Changes committed before the slot exists
+// are not followed.
+func Setup(ctx context.Context, conn string, opts *Options, tables ...string) error {
+	f := &Follower{conn: conn, tables: map[string]*Table{}}
+	if opts != nil {
+		f.opts = *opts
+	}
+	if err := f.opts.resolve(); err != nil {
+		return err
+	}
+	for _, t := range tables {
+		f.tables[qualified(t)] = nil
+	}
+	c, err := f.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close(context.WithoutCancel(ctx))
+	pub := f.opts.Publication
+	rows, err := query(ctx, c, "SELECT 1 FROM pg_publication WHERE pubname = "+literal(pub))
+	if err != nil {
+		return err
+	}
+	quoted := make([]string, 0, len(f.tables))
+	for _, name := range f.names() {
+		schema, table, _ := strings.Cut(name, ".")
+		quoted = append(quoted, ident(schema)+"."+ident(table))
+	}
+	if len(rows) == 0 {
+		_, err = query(ctx, c, "CREATE PUBLICATION "+pub+" FOR TABLE "+strings.Join(quoted, ", "))
+	} else {
+		for i, name := range f.names() {
+			schema, table, _ := strings.Cut(name, ".")
+			rows, err = query(ctx, c, fmt.Sprintf("SELECT 1 FROM pg_publication_tables WHERE pubname = %s AND schemaname = %s AND tablename = %s",
+				literal(pub), literal(schema), literal(table)))
+			if err == nil && len(rows) == 0 {
+				_, err = query(ctx, c, "ALTER PUBLICATION "+pub+" ADD TABLE "+quoted[i])
+			}
+			if err != nil {
+				break
+			}
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("pgfollow: publication %s: %w", pub, err)
+	}
+	if rows, err = query(ctx, c, "SELECT 1 FROM pg_replication_slots WHERE slot_name = "+literal(f.opts.Slot)); err != nil || len(rows) > 0 {
+		return err
+	}
+	_, err = pglogrepl.CreateReplicationSlot(ctx, c, f.opts.Slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{
+		Mode: pglogrepl.LogicalReplication, SnapshotAction: "NOEXPORT_SNAPSHOT",
+	})
+	if err != nil {
+		return fmt.Errorf("pgfollow: replication slot %s: %w", f.opts.Slot, err)
+	}
+	return nil
+}
+
+// DropSlot drops the replication slot, so the server stops keeping WAL
+// for it (a follower that stays down keeps it all). A follower started
+// afterwards needs a new slot, and misses the changes in between.
+func DropSlot(ctx context.Context, conn, slot string) error {
+	if !identifier(slot) {
+		return fmt.Errorf("%w: slot %q must be lower-case letters, digits and _", ErrOptions, slot)
+	}
+	c, err := (&Follower{conn: conn}).connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close(context.WithoutCancel(ctx))
+	return pglogrepl.DropReplicationSlot(ctx, c, slot, pglogrepl.DropReplicationSlotOptions{})
+}
+
+// names are the followed tables, sorted.
+func (f *Follower) names() []string {
+	names := make([]string, 0, len(f.tables))
+	for n := range f.tables {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// query runs sql (simple protocol: a replication connection takes no
+// parameters) and returns its rows as text.
+func query(ctx context.Context, conn *pgconn.PgConn, sql string) ([][]string, error) {
+	results, err := conn.Exec(ctx, sql).ReadAll()
+	if err != nil {
+		return nil, err
+	}
+	var rows [][]string
+	for _, r := range results {
+		for _, row := range r.Rows {
+			cols := make([]string, len(row))
+			for i, c := range row {
+				cols[i] = string(c)
+			}
+			rows = append(rows, cols)
+		}
+	}
+	return rows, nil
+}
+
+// literal quotes s as an SQL string (standard_conforming_strings, on by
+// default since PostgreSQL 9.1).
+func literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// ident quotes s as an SQL identifier.
+func ident(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }

@@ -1,0 +1,341 @@
+package pgfollow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/cacheguard/cacheguard/guard"
+	"github.com/cacheguard/cacheguard/internal/backoff"
+)
+
+// session is one replication connection's stream, read by one goroutine
+// (Run's): transactions are assembled from pgoutput's messages, applied
+// in batches, and confirmed to the server only after they landed.
+type session struct {
+	f       *Follower
+	conn    *pgconn.PgConn
+	keys    map[string]string    // followed table → its key column
+	rels    map[uint32]*relation // pgoutput's relation IDs, as announced
+	tx      *txn                 // the transaction being received (nil between Commit and Begin)
+	pending []txn                // committed, received, not yet applied
+	changes int                  // row changes in pending
+	first   time.Time            // when the first of pending was received
+	applied pglogrepl.LSN        // confirmed to the server: everything before it landed
+	status  time.Time            // when the last status update was sent
+	warned  time.Time            // when lag was last warned of
+}
+
+// relation is a table as pgoutput announced it.
+type relation struct {
+	t   *Table // nil: not followed
+	key int    // the key column's index in the tuples
+}
+
+// A batch is applied when the stream pauses for batchIdle, holds
+// batchChanges row changes, or its first transaction is batchAge old.
+const (
+	batchIdle    = 2 * time.Millisecond
+	batchChanges = 10_000
+	batchAge     = 100 * time.Millisecond
+	statusEvery  = 10 * time.Second // under wal_sender_timeout's default 60 s
+)
+
+// beforeApply, set by tests alone, runs as a batch is about to be applied:
+// received, not applied, not confirmed (a crash there must lose nothing).
+var beforeApply func()
+
+// errStandby means another follower consumes the slot.
+var errStandby = errors.New("pgfollow: the slot is in use by another follower")
+
+// follow runs one session: connect, check, stream until an error.
+func (f *Follower) follow(ctx context.Context) error {
+	conn, err := f.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
+	keys, err := f.check(ctx, conn)
+	if err != nil {
+		return err
+	}
+	f.keys = keys
+	err = pglogrepl.StartReplication(ctx, conn, f.opts.Slot, 0, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names '" + f.opts.Publication + "'"},
+	})
+	var pe *pgconn.PgError
+	switch {
+	case errors.As(err, &pe) && pe.Code == "55006": // object_in_use: another walsender has the slot
+		return fmt.Errorf("%w: %s", errStandby, pe.Message)
+	case err != nil:
+		return err
+	}
+	f.setState(true, false)
+	s := &session{f: f, conn: conn, keys: keys, rels: map[uint32]*relation{}, status: time.Now()}
+	return s.run(ctx)
+}
+
+func (s *session) run(ctx context.Context) error {
+	for {
+		deadline := s.status.Add(statusEvery)
+		if len(s.pending) > 0 {
+			deadline = time.Now().Add(batchIdle)
+		}
+		rctx, cancel := context.WithDeadline(ctx, deadline)
+		msg, err := s.conn.ReceiveMessage(rctx)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case err != nil && pgconn.Timeout(err): // the stream paused
+			if err := s.apply(ctx); err != nil {
+				return err
+			}
+			if time.Since(s.status) >= statusEvery {
+				if err := s.confirm(); err != nil {
+					return err
+				}
+			}
+			continue
+		case err != nil:
+			return err
+		}
+		if err := s.handle(msg); err != nil {
+			return err
+		}
+		if s.changes >= batchChanges || len(s.pending) > 0 && time.Since(s.first) >= batchAge {
+			if err := s.apply(ctx); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// handle takes one message of the stream.
+func (s *session) handle(msg pgproto3.BackendMessage) error {
+	var data []byte
+	switch m := msg.(type) {
+	case *pgproto3.CopyData:
+		data = m.Data
+	case *pgproto3.ErrorResponse:
+		return pgconn.ErrorResponseToPgError(m)
+	default:
+		return nil
+	}
+	if len(data) == 0 {
+		return nil
+	}
+	switch data[0] {
+	case pglogrepl.PrimaryKeepaliveMessageByteID:
+		k, err := pglogrepl.ParsePrimaryKeepaliveMessage(data[1:])
+		if err != nil {
+			return err
+		}
+		s.heard(k.ServerWALEnd)
+		// Everything the server decoded up to its position has been sent:
+		// with nothing received and unapplied, that position is applied.
+		// Confirmed at once: the server pings while the confirmed position
+		// is behind its own, and not again until it hears back.
+		if s.tx == nil && len(s.pending) == 0 && k.ServerWALEnd > s.applied {
+			s.applied = k.ServerWALEnd
+			s.f.mu.Lock()
+			s.f.st.AppliedLSN = uint64(s.applied)
+			s.f.mu.Unlock()
+			return s.confirm()
+		}
+		if k.ReplyRequested {
+			return s.confirm()
+		}
+	case pglogrepl.XLogDataByteID:
+		x, err := pglogrepl.ParseXLogData(data[1:])
+		if err != nil {
+			return err
+		}
+		s.heard(x.ServerWALEnd)
+		return s.decode(x.WALData)
+	}
+	return nil
+}
+
+// decode takes one pgoutput message.
+func (s *session) decode(data []byte) error {
+	m, err := pglogrepl.Parse(data)
+	if err != nil {
+		return err
+	}
+	switch m := m.(type) {
+	case *pglogrepl.RelationMessage:
+		return s.relation(m)
+	case *pglogrepl.BeginMessage:
+		s.tx = &txn{commit: m.CommitTime}
+	case *pglogrepl.CommitMessage:
+		if s.tx == nil {
+			return errors.New("pgfollow: COMMIT without BEGIN in the stream")
+		}
+		s.tx.end = m.TransactionEndLSN
+		if len(s.pending) == 0 {
+			s.first = time.Now()
+			s.f.mu.Lock()
+			s.f.oldest = s.tx.commit
+			s.f.mu.Unlock()
+		}
+		s.pending = append(s.pending, *s.tx)
+		s.changes += len(s.tx.changes)
+		s.tx = nil
+	case *pglogrepl.InsertMessage:
+		if r := s.rels[m.RelationID]; r != nil && r.t != nil {
+			s.add(r, opInsert, m.Tuple)
+		}
+	case *pglogrepl.UpdateMessage:
+		if r := s.rels[m.RelationID]; r != nil && r.t != nil {
+			s.update(r, m.OldTuple, m.NewTuple)
+		}
+	case *pglogrepl.DeleteMessage:
+		if r := s.rels[m.RelationID]; r != nil && r.t != nil {
+			s.add(r, opDelete, m.OldTuple)
+		}
+	case *pglogrepl.TruncateMessage:
+		for _, id := range m.RelationIDs {
+			if r := s.rels[id]; r != nil && r.t != nil && s.tx != nil {
+				s.tx.changes = append(s.tx.changes, change{t: r.t, op: opTruncate})
+			}
+		}
+	}
+	return nil
+}
+
+// relation records a table's layout; a followed table must still have its
+// key column.
+func (s *session) relation(m *pglogrepl.RelationMessage) error {
+	r := &relation{t: s.f.tables[m.Namespace+"."+m.RelationName], key: -1}
+	if r.t != nil {
+		for i, c := range m.Columns {
+			if c.Name == s.keys[r.t.Name] {
+				r.key = i
+			}
+		}
+		if r.key < 0 {
+			return fmt.Errorf("%w: table %s has no column %q any more", ErrSetup, r.t.Name, s.keys[r.t.Name])
+		}
+	}
+	s.rels[m.RelationID] = r
+	return nil
+}
+
+// add records a row change of the key in tuple.
+func (s *session) add(r *relation, o op, tuple *pglogrepl.TupleData) {
+	if key, ok := s.key(r, tuple); ok && s.tx != nil {
+		s.tx.changes = append(s.tx.changes, change{t: r.t, op: o, key: key})
+	}
+}
+
+// update records an UPDATE: with the key changed (the old key sent), the
+// old ID is gone and the new one created.
+func (s *session) update(r *relation, old, new *pglogrepl.TupleData) {
+	nk, ok := s.key(r, new)
+	switch {
+	case !ok && old != nil: // the key left out of the new tuple (TOASTed, unchanged): the old one has it
+		s.add(r, opUpdate, old)
+		return
+	case !ok:
+		s.f.log.Error("cacheguard: pgfollow: an UPDATE whose key was not sent: not applied", "table", r.t.Name)
+		return
+	}
+	if ok, found := s.key(r, old); found && ok != nk {
+		s.add(r, opDelete, old)
+		s.add(r, opInsert, new)
+	}
+	s.add(r, opUpdate, new)
+}
+
+// key is the key column's text in tuple.
+func (s *session) key(r *relation, tuple *pglogrepl.TupleData) (string, bool) {
+	if tuple == nil || r.key >= len(tuple.Columns) {
+		return "", false
+	}
+	switch c := tuple.Columns[r.key]; c.DataType {
+	case pglogrepl.TupleDataTypeText:
+		return string(c.Data), true
+	case pglogrepl.TupleDataTypeNull:
+		s.f.log.Warn("cacheguard: pgfollow: a row change with a NULL key: not applied", "table", r.t.Name)
+	}
+	return "", false
+}
+
+// heard records the server's WAL position, and warns (at most every
+// 10 s) while the follower lags past LagWarn.
+func (s *session) heard(end pglogrepl.LSN) {
+	s.f.mu.Lock()
+	s.f.st.ServerLSN = max(s.f.st.ServerLSN, uint64(end))
+	lag := s.f.st.ServerLSN - min(s.f.st.ServerLSN, uint64(s.applied))
+	s.f.mu.Unlock()
+	if lag > s.f.opts.LagWarn && time.Since(s.warned) >= 10*time.Second {
+		s.warned = time.Now()
+		s.f.log.Warn("cacheguard: pgfollow: lagging; the server keeps the WAL for the slot", "slot", s.f.opts.Slot, "lag_bytes", lag)
+	}
+}
+
+// apply applies pending until it lands, retrying with back-off while
+// Redis fails (the position held, the connection kept alive), then
+// confirms it.
+func (s *session) apply(ctx context.Context) error {
+	if len(s.pending) == 0 {
+		return nil
+	}
+	if beforeApply != nil {
+		beforeApply()
+	}
+	pause := backoff.New(50*time.Millisecond, 2*time.Second, true)
+	var warned time.Time
+	for {
+		err := s.f.apply(ctx, s.pending)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil || errors.Is(err, guard.ErrClosed) {
+			return err
+		}
+		s.f.mu.Lock()
+		s.f.st.Retries++
+		s.f.mu.Unlock()
+		if time.Since(warned) >= 10*time.Second {
+			warned = time.Now()
+			s.f.log.Warn("cacheguard: pgfollow: applying changes failed; holding the slot's position and retrying", "err", err)
+		}
+		if time.Since(s.status) >= statusEvery {
+			if err := s.confirm(); err != nil {
+				return err
+			}
+		}
+		if err := pause.Wait(ctx, 0, nil); err != nil {
+			return err
+		}
+	}
+	last := s.pending[len(s.pending)-1]
+	s.applied = last.end
+	s.f.mu.Lock()
+	s.f.st.AppliedLSN = uint64(s.applied)
+	s.f.st.Transactions += uint64(len(s.pending))
+	s.f.st.Changes += uint64(s.changes)
+	s.f.st.LastApplied = time.Now()
+	s.f.oldest = time.Time{}
+	s.f.mu.Unlock()
+	s.pending, s.changes = s.pending[:0], 0
+	return s.confirm()
+}
+
+// confirm sends the server the applied position: the slot may drop the
+// WAL before it, and a restart resumes there.
+func (s *session) confirm() error {
+	s.status = time.Now()
+	return pglogrepl.SendStandbyStatusUpdate(context.Background(), s.conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: s.applied})
+}

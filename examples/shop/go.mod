@@ -6,9 +6,11 @@ require (
 	github.com/cacheguard/cacheguard v0.0.0
 	github.com/cacheguard/cacheguard/adapters/echo v0.0.0
 	github.com/cacheguard/cacheguard/adapters/echov5 v0.0.0
+	github.com/cacheguard/cacheguard/follow/postgres v0.0.0
 	github.com/cacheguard/cacheguard/guardprometheus v0.0.0
 	github.com/chromedp/cdproto v0.159.0
 	github.com/chromedp/chromedp v0.23.0
+	github.com/jackc/pglogrepl v0.0.0-20251213150135-2e8d0df862c1
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/labstack/echo/v4 v4.16.0
 	github.com/labstack/echo/v5 v5.4.4
@@ -35,6 +37,7 @@ require (
 	github.com/go-logr/stdr v1.2.2 // indirect
 	github.com/golang/freetype v0.0.0-20170609003504-e2365dfdc4a0 // indirect
 	github.com/google/uuid v1.6.0 // indirect
+	github.com/jackc/pgio v1.0.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
@@ -81,3 +84,5 @@ replace github.com/cacheguard/cacheguard/adapters/echo => ../../adapters/echo
 replace github.com/cacheguard/cacheguard/adapters/echov5 => ../../adapters/echov5
 
 replace github.com/cacheguard/cacheguard/guardprometheus => ../../guardprometheus
+
+replace github.com/cacheguard/cacheguard/follow/postgres => ../../follow/postgres

@@ -71,7 +71,7 @@ func runServe(ctx context.Context, demo bool, args []string, stdout, stderr io.W
 		"",
 		"write a CPU profile of the process to this file; handler samples carry a path label (go tool pprof -tagfocus path=guard)",
 	)
-	only := fs.String("only", "", "demo: run only these scenarios (comma-separated: penetration, stampede, zipf)")
+	only := fs.String("only", "", "demo: run only these scenarios (comma-separated: penetration, stampede, zipf, outside)")
 	paths := fs.String(
 		"paths",
 		"",
@@ -81,10 +81,11 @@ func runServe(ctx context.Context, demo bool, args []string, stdout, stderr io.W
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	scenarios, err := nameList("only", "scenario", *only, scenarioNames)
+	scenarios, err := nameList("only", "scenario", *only, append(slices.Clone(scenarioNames), "outside"))
 	if err != nil {
 		return err
 	}
+	runs := func(name string) bool { return len(scenarios) == 0 || slices.Contains(scenarios, name) }
 	pathsRun, err := nameList("paths", "path", *paths, pathNames)
 	if err != nil {
 		return err
@@ -167,17 +168,28 @@ func runServe(ctx context.Context, demo bool, args []string, stdout, stderr io.W
 			*duration,
 			*dbLatency,
 		)
-		rows, err := attack(ctx, url, attackOptions{Duration: *duration, Workers: 32, Burst: 100, HotProduct: "1", Products: *zipfKeys,
-			Scenarios: scenarios, Paths: pathsRun, Progress: stderr, OnPhase: shop.live.setPhase})
-		if err != nil {
-			return err
+		var rows []result
+		if slices.ContainsFunc(scenarioNames, runs) {
+			if rows, err = attack(ctx, url, attackOptions{Duration: *duration, Workers: 32, Burst: 100, HotProduct: "1", Products: *zipfKeys,
+				Scenarios: scenarios, Paths: pathsRun, Progress: stderr, OnPhase: shop.live.setPhase}); err != nil {
+				return err
+			}
+			fmt.Fprintln(stdout)
+			fmt.Fprint(stdout, table(rows))
+			fmt.Fprintln(stdout, "\nCPU/request: the shop's process (the load generator runs in it too) and redis-server, over each run.")
+			fmt.Fprintln(stdout)
+			fmt.Fprint(stdout, summary(rows))
 		}
-		fmt.Fprintln(stdout)
-		fmt.Fprint(stdout, table(rows))
-		fmt.Fprintln(stdout, "\nCPU/request: the shop's process (the load generator runs in it too) and redis-server, over each run.")
-		fmt.Fprintln(stdout)
-		fmt.Fprint(stdout, summary(rows))
-		if *chart != "" {
+		if runs("outside") {
+			results, err := outside(ctx, stdout, log)
+			if err != nil {
+				return fmt.Errorf("writes from outside the service: %w", err)
+			}
+			if results != nil {
+				outsideTable(stdout, results)
+			}
+		}
+		if *chart != "" && rows != nil {
 			caption := fmt.Sprintf("make demo, %s, %d s per scenario and path", time.Now().UTC().Format("2006-01-02"), int(duration.Seconds()))
 			if err := writeChart(rows, *chart, caption); err != nil {
 				return err

@@ -54,7 +54,7 @@ func startLogical() (*pgserver.Server, error) {
 // publication (all named name), and a reader: a Guard in "another process"
 // (a client of its own) that loads from the table.
 type fixture struct {
-	t      *testing.T
+	t      testing.TB
 	name   string
 	url    string
 	pool   *pgxpool.Pool
@@ -66,7 +66,7 @@ type fixture struct {
 
 // newFixture creates a table of rows id0..id(rows-1), v 0, on the server at
 // url, with its publication and slot, and the reader on rdb's server.
-func newFixture(t *testing.T, url string, rdb, readerRDB redis.UniversalClient, prefix string, rows int) *fixture {
+func newFixture(t testing.TB, url string, rdb, readerRDB redis.UniversalClient, prefix string, rows int) *fixture {
 	t.Helper()
 	ctx := context.Background()
 	b := make([]byte, 6)
@@ -315,7 +315,7 @@ func (fx *fixture) burst(from, n int, at func(i int)) {
 }
 
 // waitFor polls cond (every 5 ms, up to 30 s): the state a test needs.
-func waitFor(t *testing.T, what string, cond func() bool) {
+func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for !cond() {

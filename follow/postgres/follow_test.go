@@ -14,6 +14,7 @@ import (
 
 	pgfollow "github.com/cacheguard/cacheguard/follow/postgres"
 	"github.com/cacheguard/cacheguard/guard"
+	"github.com/cacheguard/cacheguard/internal/pgserver"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
@@ -264,6 +265,15 @@ func TestSetupErrors(t *testing.T) {
 	f, _ = pgfollow.New(url, []pgfollow.Table{{Name: fx.name + "_nopk", Key: "v", Guard: g}}, &pgfollow.Options{Slot: fx.name, Publication: fx.name})
 	if err := f.Run(context.Background()); !errors.Is(err, pgfollow.ErrSetup) || !strings.Contains(err.Error(), "replica identity") {
 		t.Errorf("a key outside the replica identity: %v", err)
+	}
+	plain, err := pgserver.Start() // wal_level replica, the default
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Remove()
+	f, _ = pgfollow.New(plain.URL("postgres"), []pgfollow.Table{{Name: "t", Guard: g}}, nil)
+	if err := f.Run(context.Background()); !errors.Is(err, pgfollow.ErrSetup) || !strings.Contains(err.Error(), "wal_level = logical") {
+		t.Errorf("wal_level replica: %v, want ErrSetup saying wal_level = logical", err)
 	}
 }
 

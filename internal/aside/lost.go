@@ -251,10 +251,16 @@ func (g *Engine) refused(ctx context.Context, what string, err error) {
 		"(docs/operations.md, Redis ACL)", "err", redisfail.Wrap(err))
 }
 
-// eachMaster runs fn on every master of a cluster or ring, or on rdb.
+// eachMaster runs fn on every master of a cluster or ring, or on rdb. A
+// cluster is anything with ForEachMaster (a *redis.ClusterClient, or a
+// type that wraps one and says so), so that a wrapper is not taken for a
+// single server whose SCAN would see one master's keys.
 func eachMaster(ctx context.Context, rdb redis.UniversalClient, fn func(ctx context.Context, c redis.Cmdable) error) error {
+	type masters interface {
+		ForEachMaster(ctx context.Context, fn func(ctx context.Context, n *redis.Client) error) error
+	}
 	switch c := rdb.(type) {
-	case *redis.ClusterClient:
+	case masters:
 		return c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return fn(ctx, n) })
 	case *redis.Ring:
 		return c.ForEachShard(ctx, func(ctx context.Context, n *redis.Client) error { return fn(ctx, n) })

@@ -226,6 +226,16 @@ type Conn struct {
 	Prefix string
 }
 
+// ForEachMaster runs fn on every master (on the one server, standalone),
+// as a *redis.ClusterClient does: code that scans every master sees this
+// Conn as the cluster it wraps.
+func (c *Conn) ForEachMaster(ctx context.Context, fn func(ctx context.Context, n *redis.Client) error) error {
+	if cc, ok := c.UniversalClient.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, fn)
+	}
+	return fn(ctx, c.UniversalClient.(*redis.Client))
+}
+
 // Connect returns a new client on the server, closed when the test ends. The
 // client has answered a PING before the counter is reset, so the connection
 // hand-shake is not counted (a second connection dialed later would be).

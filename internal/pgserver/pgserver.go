@@ -35,7 +35,11 @@ func Start(settings ...string) (*Server, error) {
 	if len(bins) == 0 {
 		return nil, ErrNoServer
 	}
-	dir, err := os.MkdirTemp("", "cg-pg-")
+	base := "" // os.TempDir()
+	if os.Geteuid() == 0 {
+		base = "/tmp" // the postgres user must reach the directory: a TMPDIR private to root would refuse it
+	}
+	dir, err := os.MkdirTemp(base, "cg-pg-")
 	if err != nil {
 		return nil, err
 	}

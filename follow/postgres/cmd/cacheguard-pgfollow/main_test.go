@@ -23,7 +23,8 @@ func TestMain(m *testing.M) { os.Exit(redistest.Run(m)) }
 
 // TestCommand: the command creates the publication and the slot, follows
 // them, and an UPDATE made straight in the database reaches a Guard in
-// another process; its metrics show the lag; SIGTERM (ctx) ends it with 0.
+// another process; its metrics show the lag; SIGTERM (ctx) ends it with 0,
+// and -drop-slot drops the slot.
 func TestCommand(t *testing.T) {
 	ctx := context.Background()
 	srv, err := pgserver.Start("wal_level=logical")
@@ -70,6 +71,14 @@ func TestCommand(t *testing.T) {
 		stop()
 		if code := <-done; code != 0 {
 			t.Errorf("exit %d\n%s", code, stderr.String())
+		}
+		// -drop-slot: the server stops keeping WAL for it.
+		if code := run(ctx, []string{"-pg", srv.URL("postgres"), "-drop-slot"}, func(string) string { return "" }, &stderr); code != 0 {
+			t.Errorf("-drop-slot: exit %d\n%s", code, stderr.String())
+		}
+		var n int
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots").Scan(&n); err != nil || n != 0 {
+			t.Errorf("after -drop-slot: %d slots, %v", n, err)
 		}
 	}()
 	waitFor(t, "the slot to be consumed", func() bool {

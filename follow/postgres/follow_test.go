@@ -132,6 +132,13 @@ func TestKilledMidBurst(t *testing.T) {
 	if got := child.Cmd.ProcessState.String(); got != "signal: killed" {
 		t.Fatalf("the child ended with %q, want SIGKILL", got)
 	}
+	// With no follower running: the rows of the batch it died in and of the
+	// rest of the burst are stale (the scenario with the follower off).
+	off := fx.stale()
+	t.Logf("follower off: %d of %d rows stale", off, rows)
+	if off < rows/2 {
+		t.Fatalf("%d rows stale with no follower, want the 5,000 updated after its death at least", off)
+	}
 	f, _ := fx.follow(fx.guard(fx.rdb))
 	fx.caughtUp(f)
 	if n := fx.stale(); n != 0 {

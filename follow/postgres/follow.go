@@ -150,7 +150,8 @@ func (f *Follower) Stats() Stats {
 // in the same order, ending in the same state. While another follower
 // consumes the slot, Run waits as a standby and takes over when it ends.
 // A set-up that cannot work (wal_level, a missing slot or publication, a
-// table without a usable key) ends Run with an error wrapping ErrSetup.
+// table without a usable key) ends Run with an error wrapping ErrSetup, and
+// a Guard closed under it with one wrapping guard.ErrClosed.
 func (f *Follower) Run(ctx context.Context) error {
 	pause := backoff.New(100*time.Millisecond, 5*time.Second, true)
 	var lastLog time.Time
@@ -162,7 +163,7 @@ func (f *Follower) Run(ctx context.Context) error {
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err()
-		case errors.Is(err, ErrSetup):
+		case errors.Is(err, ErrSetup), errors.Is(err, guard.ErrClosed): // nothing a retry mends
 			return err
 		case errors.Is(err, errStandby):
 			if lastLog.IsZero() || time.Since(lastLog) > time.Minute {

@@ -301,3 +301,28 @@ func (fx *fixture) confirmed() uint64 {
 	}
 	return n
 }
+
+// TestClosedGuardEndsRun: a Guard closed under the follower ends Run with
+// guard.ErrClosed (no retry mends it), the change left unconfirmed.
+func TestClosedGuardEndsRun(t *testing.T) {
+	t.Parallel()
+	fx := newOn(t, 1)
+	g := fx.guard(fx.rdb)
+	if err := g.Close(); err != nil {
+		t.Fatal(err)
+	}
+	f, err := pgfollow.New(fx.url, fx.table(g), &pgfollow.Options{Slot: fx.name, Publication: fx.name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := fx.confirmed()
+	fx.exec("UPDATE " + fx.name + " SET v = 1")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := f.Run(ctx); !errors.Is(err, guard.ErrClosed) {
+		t.Fatalf("Run: %v, want guard.ErrClosed", err)
+	}
+	if after := fx.confirmed(); after != before {
+		t.Fatalf("the slot moved from %d to %d: a change was confirmed that no Guard applied", before, after)
+	}
+}

@@ -20,7 +20,6 @@ import (
 type session struct {
 	f       *Follower
 	conn    *pgconn.PgConn
-	keys    map[string]string    // followed table → its key column
 	rels    map[uint32]*relation // pgoutput's relation IDs, as announced
 	tx      *txn                 // the transaction being received (nil between Commit and Begin)
 	pending []txn                // committed, received, not yet applied
@@ -80,7 +79,7 @@ func (f *Follower) follow(ctx context.Context) error {
 		return err
 	}
 	f.setState(true, false)
-	s := &session{f: f, conn: conn, keys: keys, rels: map[uint32]*relation{}, status: time.Now()}
+	s := &session{f: f, conn: conn, rels: map[uint32]*relation{}, status: time.Now()}
 	return s.run(ctx)
 }
 
@@ -219,12 +218,12 @@ func (s *session) relation(m *pglogrepl.RelationMessage) error {
 	r := &relation{t: s.f.tables[m.Namespace+"."+m.RelationName], key: -1}
 	if r.t != nil {
 		for i, c := range m.Columns {
-			if c.Name == s.keys[r.t.Name] {
+			if c.Name == s.f.keys[r.t.Name] {
 				r.key = i
 			}
 		}
 		if r.key < 0 {
-			return fmt.Errorf("%w: table %s has no column %q any more", ErrSetup, r.t.Name, s.keys[r.t.Name])
+			return fmt.Errorf("%w: table %s has no column %q any more", ErrSetup, r.t.Name, s.f.keys[r.t.Name])
 		}
 	}
 	s.rels[m.RelationID] = r

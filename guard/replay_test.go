@@ -103,15 +103,16 @@ func TestFailedWritesAreReplayed(t *testing.T) {
 }
 
 // partition fails every pipeline that publishes an invalidation (the writes
-// and their replays) while on, as a network partition between this process
-// and Redis would; reads pass.
+// and their replays) or adds to the filter (Add: it reads the filter's meta)
+// while on, as a network partition between this process and Redis would;
+// reads pass.
 type partition struct{ on atomic.Bool }
 
 func (p *partition) DialHook(next redis.DialHook) redis.DialHook          { return next }
 func (p *partition) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
 func (p *partition) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if p.on.Load() && slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return c.Name() == "publish" }) {
+		if p.on.Load() && slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return c.Name() == "publish" || c.Name() == "hgetall" }) {
 			err := errors.New("partitioned: write dropped")
 			for _, c := range cmds {
 				c.SetErr(err)
@@ -285,5 +286,50 @@ func TestAcknowledgedWriteLostInARestart(t *testing.T) {
 	}
 	if p, err := guard.Get(ctx, other, "p3", d.load); err != nil || p.Price != updated.Price {
 		t.Fatalf("another process after the replay: %+v, %v", p, err)
+	}
+}
+
+// TestReplayLandsBetweenPeekAndGet replays the middleware's race step by
+// step: Peek reads what Redis holds for an ID whose write failed (the entry
+// a Set meant to replace, or the "not found" marker an Add meant to clear),
+// the replay lands, then the handler's Get uses what Peek read. Neither may
+// answer the old state. The interleaving is forced: the replay is held by
+// the partition until Peek has read, and has landed before the Get.
+func TestReplayLandsBetweenPeekAndGet(t *testing.T) {
+	ctx := context.Background()
+	for _, write := range []string{"set", "add"} {
+		t.Run(write, func(t *testing.T) {
+			c := redistest.Connect(t)
+			cut, g := partitioned(t, c.Prefix)
+			d := newDB(10)
+			id, want := "p6", product{ID: "p6", Name: "updated", Price: 606}
+			if write == "add" {
+				id, want = "p99", product{ID: "p99", Name: "created", Price: 99}
+				if err := g.Add(ctx, id); err != nil { // in the filter, not in the database: a marker
+					t.Fatal(err)
+				}
+			}
+			if _, err := guard.Get(ctx, g, id, d.load); (write == "add") != errors.Is(err, guard.ErrNotFound) {
+				t.Fatalf("%s before the write: %v", id, err)
+			}
+			cut.on.Store(true)
+			d.set(want)
+			err := guard.Set(ctx, g, id, want)
+			if write == "add" {
+				err = g.Add(ctx, id)
+			}
+			if !errors.Is(err, guard.ErrUnavailable) {
+				t.Fatalf("%s across the partition: %v, want ErrUnavailable", write, err)
+			}
+			peeked, exists, err := g.Peek(ctx, id)
+			if err != nil || !exists {
+				t.Fatalf("Peek of %s with its write unwritten: %v, %v; want it to exist", id, exists, err)
+			}
+			cut.on.Store(false)
+			eventually(t, 10*time.Second, "the write replayed", func() bool { return g.Stats().Unwritten == 0 })
+			if p, err := guard.Get(peeked, g, id, d.load); err != nil || p != want {
+				t.Fatalf("the Get after Peek answered %+v, %v; want %+v", p, err, want)
+			}
+		})
 	}
 }

@@ -65,9 +65,14 @@ func Get[T any](ctx context.Context, g *Engine, id string, load LoadFunc[T]) (T,
 	// from a read made after this Get started, never from another caller's
 	// (with Local, from one shared with the ID's other callers if no write
 	// was heard since it started: see readShared).
-	r, ok, answered := peekedFor(ctx, g, id)
-	if answered { // counted by Peek
+	var r readResult
+	p := peekedFor(ctx, g, id)
+	if p != nil && p.answered { // counted by Peek
 		return zero, ErrNotFound
+	}
+	ok := p != nil
+	if ok {
+		r, replays = p.r, p.replays // the replays that landed since Peek's read count too
 	}
 	if !ok && gone && !g.outage.troubled.Load() {
 		// The entry has expired in Redis: a read would miss. The lock

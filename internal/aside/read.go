@@ -216,18 +216,18 @@ type peeked struct {
 	g        *Engine
 	id       string
 	r        readResult
+	replays  uint64      // unwritten.replayed before the read: the Get checks it as its own (see get)
 	answered bool        // Peek counted its "not found" (the middleware's 404): the Get answers it uncounted
 	used     atomic.Bool // a peek serves one Get: a later Get in the same request reads afresh
 }
 
-// peekedFor is the read a Peek left in ctx for this Get, if any; answered:
-// Peek already counted it as a "not found".
-func peekedFor(ctx context.Context, g *Engine, id string) (r readResult, ok, answered bool) {
+// peekedFor is the read a Peek left in ctx for this Get, if any (nil: none).
+func peekedFor(ctx context.Context, g *Engine, id string) *peeked {
 	p, ok := ctx.Value(peekKey{}).(*peeked)
 	if !ok || p.g != g || p.id != id || p.used.Swap(true) {
-		return readResult{}, false, false
+		return nil
 	}
-	return p.r, true, p.answered
+	return p
 }
 
 // Peek is guard.Guard.Peek (documented there).
@@ -250,14 +250,22 @@ func (g *Engine) Peek(ctx context.Context, id string) (context.Context, bool, er
 			return ctx, true, nil
 		}
 	}
+	if g.unw.has(id) { // its write has not reached Redis: the Get loads it through
+		return ctx, true, nil
+	}
 	done, err := g.outage.before()
 	if err != nil { // the breaker is open: Redis is not asked
 		return ctx, false, fmt.Errorf("cacheguard: %s %q: read: %w", g.name, id, err)
 	}
+	replays := g.unw.replayed.Load()
 	r, err := g.read(ctx, id, vkey, true)
 	g.outage.after(done, err)
 	if err != nil {
 		return ctx, false, err
+	}
+	if g.unw.has(id) || g.unw.replayed.Load() != replays { // as in get: it may have read what a write replaced
+		g.giveBack(r.held, vkey)
+		return ctx, true, nil
 	}
 	exists := true
 	switch { // answered here: the middleware writes 404 without a Get
@@ -268,7 +276,7 @@ func (g *Engine) Peek(ctx context.Context, id string) (context.Context, bool, er
 		g.answered(ctx, outEmpty, false, false)
 		exists = false
 	}
-	return context.WithValue(ctx, peekKey{}, &peeked{g: g, id: id, r: r, answered: !exists}), exists, nil
+	return context.WithValue(ctx, peekKey{}, &peeked{g: g, id: id, r: r, replays: replays, answered: !exists}), exists, nil
 }
 
 // MayExist is guard.Guard.MayExist (documented there).

@@ -333,3 +333,30 @@ func TestReplayLandsBetweenPeekAndGet(t *testing.T) {
 		})
 	}
 }
+
+// TestUnwrittenAddIsNotRejected: an ID whose Add failed is not in the
+// filter yet; until the Add is replayed, no entry point answers "not found"
+// for it (MayExist, the middleware's check before the first Get, included).
+func TestUnwrittenAddIsNotRejected(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	cut, g := partitioned(t, c.Prefix)
+	d := newDB(10)
+	created := product{ID: "p77", Name: "created", Price: 77}
+	if ok, err := g.MayExist(ctx, created.ID); err != nil || ok {
+		t.Fatalf("control: MayExist before the Add: %v, %v; want false", ok, err)
+	}
+	cut.on.Store(true)
+	d.set(created)
+	if err := g.Add(ctx, created.ID); !errors.Is(err, guard.ErrUnavailable) {
+		t.Fatalf("Add across the partition: %v, want ErrUnavailable", err)
+	}
+	if ok, err := g.MayExist(ctx, created.ID); err != nil || !ok {
+		t.Fatalf("MayExist with the Add unwritten: %v, %v; want true", ok, err)
+	}
+	for name, read := range entryPoints {
+		if p, err := read(ctx, g, d, created.ID); err != nil || p != created {
+			t.Fatalf("%s with the Add unwritten: %+v, %v; want %+v", name, p, err, created)
+		}
+	}
+}

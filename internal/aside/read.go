@@ -289,6 +289,9 @@ func (g *Engine) MayExist(ctx context.Context, id string) (bool, error) {
 	if err := g.keys.Check(id); err != nil {
 		return false, err
 	}
+	if g.unw.has(id) { // an Add that has not reached the filter yet may be its write
+		return true, nil
+	}
 	f, err := g.filter(ctx)
 	if err != nil {
 		return false, err

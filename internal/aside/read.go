@@ -250,9 +250,6 @@ func (g *Engine) Peek(ctx context.Context, id string) (context.Context, bool, er
 			return ctx, true, nil
 		}
 	}
-	if g.unw.has(id) { // its write has not reached Redis: the Get loads it through
-		return ctx, true, nil
-	}
 	done, err := g.outage.before()
 	if err != nil { // the breaker is open: Redis is not asked
 		return ctx, false, fmt.Errorf("cacheguard: %s %q: read: %w", g.name, id, err)
@@ -263,7 +260,7 @@ func (g *Engine) Peek(ctx context.Context, id string) (context.Context, bool, er
 	if err != nil {
 		return ctx, false, err
 	}
-	if g.unw.has(id) || g.unw.replayed.Load() != replays { // as in get: it may have read what a write replaced
+	if g.unw.has(id) || g.unw.replayed.Load() != replays { // as in get: it may have read what a write replaced (the Get loads through)
 		g.giveBack(r.held, vkey)
 		return ctx, true, nil
 	}
@@ -289,15 +286,14 @@ func (g *Engine) MayExist(ctx context.Context, id string) (bool, error) {
 	if err := g.keys.Check(id); err != nil {
 		return false, err
 	}
-	if g.unw.has(id) { // an Add that has not reached the filter yet may be its write
-		return true, nil
-	}
 	f, err := g.filter(ctx)
 	if err != nil {
 		return false, err
 	}
 	maybe, err := f.Test(ctx, id)
-	if maybe, err = g.filterSays(ctx, id, maybe, err); err == nil && !maybe {
+	maybe, err = g.filterSays(ctx, id, maybe, err)
+	maybe = maybe || (err == nil && g.unw.has(id)) // an Add that has not reached the filter yet
+	if err == nil && !maybe {
 		g.answered(ctx, outRejected, false, false)
 	}
 	return maybe, err

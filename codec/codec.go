@@ -40,6 +40,8 @@ var (
 )
 
 // Codec marshals values. ID is stored in every frame; 0 is reserved.
+// Unmarshal must neither modify data nor keep it: the Gets of one key that
+// share a read decode the same bytes.
 type Codec interface {
 	ID() byte
 	Marshal(v any) ([]byte, error)

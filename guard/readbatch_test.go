@@ -223,3 +223,53 @@ func TestCancelledCallerIsNotARedisFailure(t *testing.T) {
 		t.Fatalf("stats %+v: a cancelled caller counted as a Redis failure", st)
 	}
 }
+
+// TestSameKeyReadsShareOneHGET: the Gets of one key that wait for a round
+// trip together share one HGET, and the rule of join holds: a Set returns
+// while the first of them wait, the rest start after it, and every one of
+// them answers the new value (their one read is sent after all started).
+func TestSameKeyReadsShareOneHGET(t *testing.T) {
+	ctx := context.Background()
+	c, g, d := setup(t, 10, &guard.Options{Tuning: guard.Tuning{ReadsInFlight: 2}})
+	h := warmThenHold(t, g, d, 10)
+	c.AddHook(h)
+	h.setArmed(true)
+	c.Counter.Reset()
+	answers := make(chan product, 60)
+	get := func(id string) {
+		go func() {
+			p, err := guard.Get(ctx, g, id, d.load)
+			if err != nil {
+				t.Error(err)
+			}
+			answers <- p
+		}()
+	}
+	get("p0")
+	get("p1")
+	waitFor(t, func() bool { return h.count() == 2 })
+	for range 20 {
+		get("p5")
+		get("p6")
+	}
+	waitFor(t, func() bool { return guard.ReadsWaiting(g) == 40 })
+	updated := product{ID: "p5", Name: "updated", Price: 505}
+	d.set(updated)
+	if err := guard.Set(ctx, g, "p5", updated); err != nil {
+		t.Fatal(err)
+	}
+	for range 18 {
+		get("p5")
+	}
+	waitFor(t, func() bool { return guard.ReadsWaiting(g) == 58 })
+	h.setArmed(false)
+	close(h.release)
+	for range 60 {
+		if p := <-answers; (p.ID == "p5" && p != updated) || (p.ID != "p5" && p.Price != int(p.ID[1]-'0')) {
+			t.Fatalf("answered %+v", p)
+		}
+	}
+	if hgets := c.Counter.Names()["hget"]; hgets != 4 { // the two held, then one for p5's 38 and one for p6's 20
+		t.Fatalf("%d HGETs for 60 Gets of 4 keys, want 4: the waiting reads of one key share one", hgets)
+	}
+}

@@ -316,11 +316,12 @@ type readReq struct {
 
 // Read batching. Gets that read while Options.Tuning.ReadsInFlight round
 // trips of reads are already under way wait, and the first of them sends all
-// of theirs in one pipeline when one ends (package batch). Each read is still
-// its own commands, so a hit is one HGET and the rule of join holds: a
-// waiting read is sent after its Get started. The system calls and Redis
-// event-loop turns per read fall with the batch (docs/cost.md has the
-// figures). readBatchMax bounds one pipeline.
+// of theirs in one pipeline when one ends (package batch). A waiting read
+// is sent after its Get started, so the rule of join holds, and the waiting
+// reads of one key share one HGET (and probe): a hot key costs one command
+// per round trip, not one per caller. The system calls and Redis event-loop
+// turns per read fall with the batch (docs/cost.md has the figures).
+// readBatchMax bounds one pipeline.
 const readBatchMax = 256
 
 // runReads sends calls' reads in one round trip. A read alone that needs
@@ -352,8 +353,19 @@ func (g *Engine) runReads(ctx context.Context, calls []*batch.Call[readReq]) {
 	}
 	pipe := g.rdb.Pipeline()
 	chk := g.queueCheck(ctx, pipe)
+	var first map[string]*readReq // each value key's first read: the same reads share its commands
+	if len(calls) > 1 {
+		first = make(map[string]*readReq, len(calls))
+	}
 	for _, c := range calls {
 		r := &c.Req
+		if first != nil && r.lockKey == "" { // a read that takes the lock is its caller's alone
+			if o := first[r.vkey]; o != nil && o.f == r.f && o.withTTL == r.withTTL {
+				r.probe, r.get, r.pttl = o.probe, o.get, o.pttl
+				continue
+			}
+			first[r.vkey] = r
+		}
 		if r.f != nil {
 			r.probe = r.f.Queue(ctx, pipe, r.id)
 		}

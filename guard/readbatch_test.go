@@ -49,8 +49,8 @@ func (h *holdReads) setArmed(on bool) {
 }
 
 // warmThenHold caches p0..p(n-1), pays back the miss credit (payCredit) and
-// returns a holdReads to add to g's client.
-func warmThenHold(t *testing.T, g *guard.Guard, d *db, n int) *holdReads {
+// holds the reads of rdb (g's client) from then on.
+func warmThenHold(t *testing.T, rdb redis.UniversalClient, g *guard.Guard, d *db, n int) *holdReads {
 	t.Helper()
 	for i := range n {
 		if _, err := guard.Get(context.Background(), g, pid(i), d.load); err != nil {
@@ -58,7 +58,10 @@ func warmThenHold(t *testing.T, g *guard.Guard, d *db, n int) *holdReads {
 		}
 	}
 	payCredit(t, g, d)
-	return &holdReads{release: make(chan struct{})}
+	h := &holdReads{release: make(chan struct{})}
+	rdb.AddHook(h)
+	h.setArmed(true)
+	return h
 }
 
 func (h *holdReads) count() int {
@@ -87,9 +90,7 @@ func payCredit(t *testing.T, g *guard.Guard, d *db) {
 func TestReadsShareRoundTrips(t *testing.T) {
 	ctx := context.Background()
 	c, g, d := setup(t, 60, &guard.Options{Tuning: guard.Tuning{ReadsInFlight: 2}})
-	h := warmThenHold(t, g, d, 60)
-	c.AddHook(h)
-	h.setArmed(true)
+	h := warmThenHold(t, c, g, d, 60)
 	loads := d.calls.Load()
 	c.Counter.Reset()
 
@@ -183,9 +184,7 @@ func TestSharedRoundTripFails(t *testing.T) {
 	ctx := context.Background()
 	srv, rdb, g := privateGuard(t, &guard.Options{Outage: &guard.OutageOptions{FailFast: true}, Tuning: guard.Tuning{ReadsInFlight: 1}})
 	d := newDB(10)
-	h := warmThenHold(t, g, d, 10)
-	rdb.AddHook(h)
-	h.setArmed(true)
+	h := warmThenHold(t, rdb, g, d, 10)
 	errs := make(chan error, 10)
 	go func() { _, err := guard.Get(ctx, g, "p0", d.load); errs <- err }()
 	waitFor(t, func() bool { return h.count() == 1 })
@@ -231,9 +230,7 @@ func TestCancelledCallerIsNotARedisFailure(t *testing.T) {
 func TestSameKeyReadsShareOneHGET(t *testing.T) {
 	ctx := context.Background()
 	c, g, d := setup(t, 10, &guard.Options{Tuning: guard.Tuning{ReadsInFlight: 2}})
-	h := warmThenHold(t, g, d, 10)
-	c.AddHook(h)
-	h.setArmed(true)
+	h := warmThenHold(t, c, g, d, 10)
 	c.Counter.Reset()
 	answers := make(chan product, 60)
 	get := func(id string) {

@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/cacheguard/cacheguard/guard"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
@@ -72,5 +74,74 @@ func BenchmarkCatchUp(b *testing.B) {
 		stop()
 	}
 	b.ReportMetric(float64(b.N*(rows+rows/2))/apply.Seconds(), "changes/s")
+	b.ReportMetric(0, "ns/op")
+}
+
+// BenchmarkLag: one writer commits 1,000 single-row UPDATEs per second for
+// 30 s, each of a row cached in two readers (Guards on clients of their own,
+// as in two other processes). A commit's lag runs from its COMMIT returning
+// until both readers answer the new value (polled every 500 µs); p50, p99
+// and max are reported. Run with -benchtime 1x: one op is the 30 s.
+func BenchmarkLag(b *testing.B) {
+	const rate, seconds = 1_000, 30
+	const rows = rate * seconds
+	c := redistest.Connect(b)
+	fx := newFixture(b, os.Getenv(envPG), c, redistest.Connect(b), c.Prefix, rows)
+	fx.warm(rows)
+	second := fx.guard(redistest.Connect(b))
+	ids := make([]string, rows)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("id%d", i)
+	}
+	for len(ids) > 0 { // cached in the second reader too
+		n := min(len(ids), 500)
+		if m, err := guard.GetMany(context.Background(), second, ids[:n], fx.loadMany); err != nil || len(m) != n {
+			b.Fatalf("GetMany: %d rows, %v", len(m), err)
+		}
+		ids = ids[n:]
+	}
+	f, _ := fx.follow(fx.guard(fx.rdb))
+	fx.caughtUp(f)
+	readers := []*guard.Guard{fx.reader, second}
+	load := func(ctx context.Context, id string) (int, error) { // fx.load counts, one Get at a time
+		var v int
+		err := fx.pool.QueryRow(ctx, "SELECT v FROM "+fx.name+" WHERE id = $1", id).Scan(&v)
+		return v, err
+	}
+	for b.Loop() {
+		lags := make([]time.Duration, rows)
+		var wg sync.WaitGroup
+		start := time.Now()
+		for i := range rows {
+			time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / rate)))
+			id := fmt.Sprintf("id%d", i)
+			fx.exec("UPDATE "+fx.name+" SET v = 1 WHERE id = $1", id)
+			committed := time.Now()
+			wg.Go(func() {
+				for _, g := range readers {
+					for {
+						v, err := guard.Get(context.Background(), g, id, load)
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						if v == 1 {
+							break
+						}
+						time.Sleep(500 * time.Microsecond)
+					}
+				}
+				lags[i] = time.Since(committed)
+			})
+		}
+		elapsed := time.Since(start)
+		wg.Wait()
+		slices.Sort(lags)
+		ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+		b.ReportMetric(float64(rows)/elapsed.Seconds(), "commits/s")
+		b.ReportMetric(ms(lags[rows/2]), "p50-ms")
+		b.ReportMetric(ms(lags[rows*99/100]), "p99-ms")
+		b.ReportMetric(ms(lags[rows-1]), "max-ms")
+	}
 	b.ReportMetric(0, "ns/op")
 }

@@ -41,7 +41,7 @@ type relation struct {
 const (
 	batchIdle    = 2 * time.Millisecond
 	batchChanges = 10_000
-	batchAge     = 100 * time.Millisecond
+	batchAge     = 10 * time.Millisecond
 	statusEvery  = 10 * time.Second // under wal_sender_timeout's default 60 s
 )
 

@@ -16,10 +16,12 @@
 package codec
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -134,8 +136,27 @@ func (msgpackCodec) Unmarshal(data []byte, v any) error {
 	if err := CheckMsgpack(data); err != nil {
 		return err
 	}
-	return msgpack.Unmarshal(data, v)
+	d := decoders.Get().(*decoder)
+	d.r.Reset(data)
+	d.dec.Reset(&d.r) // every state, as msgpack.Unmarshal's pooled decoders
+	err := d.dec.Decode(v)
+	d.r.Reset(nil) // the pool keeps no caller's bytes
+	decoders.Put(d)
+	return err
 }
+
+// decoder is msgpack.Unmarshal's decoder with the bytes.Reader it reads
+// from, pooled together: Unmarshal makes a new reader for every call.
+type decoder struct {
+	r   bytes.Reader
+	dec *msgpack.Decoder
+}
+
+var decoders = sync.Pool{New: func() any {
+	d := &decoder{}
+	d.dec = msgpack.NewDecoder(&d.r)
+	return d
+}}
 
 type jsonCodec struct{}
 

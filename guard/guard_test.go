@@ -376,10 +376,10 @@ func TestStampedeOneProcess(t *testing.T) {
 	}
 }
 
-// TestHitsReadForEachCaller: concurrent callers of a cached key each read it
-// themselves (one round trip each, nobody joins another's read), so that no
-// caller is answered from a read made before it started; each gets its own
-// copy of the value.
+// TestHitsReadForEachCaller: concurrent callers of a cached key are each
+// answered by a read sent after they started (their own, or the one HGET
+// shared by the reads that waited together), never by joining a flight;
+// each gets its own copy of the value.
 func TestHitsReadForEachCaller(t *testing.T) {
 	ctx := context.Background()
 	c, g, d := setup(t, 10, nil)
@@ -409,12 +409,12 @@ func TestHitsReadForEachCaller(t *testing.T) {
 	if results[1].Name == "changed" {
 		t.Fatal("callers share one value")
 	}
-	// Concurrent reads may share round trips (see TestReadsShareRoundTrips),
-	// but each is its own HGET.
+	// The reads that wait together share one HGET (TestSameKeyReadsShareOneHGET):
+	// one per round trip, and no caller joins a flight.
 	trips, hgets := c.Counter.RoundTrips(), c.Counter.Names()["hget"]
 	t.Logf("200 concurrent hits: %d HGETs in %d round trips, %d coalesced", hgets, trips, g.Stats().Coalesced)
-	if hgets != 200 || trips > 200 || g.Stats().Coalesced != 0 || g.Stats().Hits != 200 {
-		t.Fatalf("%d HGETs in %d round trips, coalesced %d, stats %+v: want 200 reads of their own", hgets, trips, g.Stats().Coalesced, g.Stats())
+	if hgets < 1 || int64(hgets) != trips || g.Stats().Coalesced != 0 || g.Stats().Hits != 200 {
+		t.Fatalf("%d HGETs in %d round trips, coalesced %d, stats %+v: want one HGET per round trip, every caller a hit", hgets, trips, g.Stats().Coalesced, g.Stats())
 	}
 }
 

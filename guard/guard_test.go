@@ -414,7 +414,8 @@ func TestHitsReadForEachCaller(t *testing.T) {
 	trips, hgets := c.Counter.RoundTrips(), c.Counter.Names()["hget"]
 	t.Logf("200 concurrent hits: %d HGETs in %d round trips, %d coalesced", hgets, trips, g.Stats().Coalesced)
 	if hgets < 1 || int64(hgets) != trips || g.Stats().Coalesced != 0 || g.Stats().Hits != 200 {
-		t.Fatalf("%d HGETs in %d round trips, coalesced %d, stats %+v: want one HGET per round trip, every caller a hit", hgets, trips, g.Stats().Coalesced, g.Stats())
+		t.Fatalf("%d HGETs in %d round trips, coalesced %d, stats %+v: want one HGET per round trip, every caller a hit",
+			hgets, trips, g.Stats().Coalesced, g.Stats())
 	}
 }
 

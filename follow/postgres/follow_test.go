@@ -85,9 +85,12 @@ func TestMapping(t *testing.T) {
 	gone("id10")
 	step("INSERT after TRUNCATE", "INSERT INTO {t} VALUES ('id0', 100)")
 	want("id0", 100)
-	if st := f.Stats(); st.Changes < 10 || st.LagBytes != 0 || !st.Following {
+	if st := f.Stats(); st.Changes < 10 || st.LagSeconds != 0 || !st.Following {
 		t.Fatalf("stats %+v", st)
 	}
+	// The server's end may be past the last applied commit (other tests'
+	// WAL, on tables not published): its next keepalive brings it level.
+	waitFor(t, "no lag in bytes", func() bool { return f.Stats().LagBytes == 0 })
 }
 
 // TestFollowerOff is the control of the scenarios: the same burst of

@@ -64,6 +64,7 @@ const (
 	// blockBits is the size of a block; bit 0 of each is the readiness bit.
 	blockBits  = 512
 	blockBytes = blockBits / 8
+	blockWords = blockBits / 64
 	usableBits = blockBits - 1
 	hashName   = "xxh64x2-b512"
 	metaFormat = "2"                // the meta hash's field set; a client refuses another

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"iter"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -243,6 +244,69 @@ func TestRebuildSourceError(t *testing.T) {
 	}
 	if _, err := f.Test(ctx, "a"); !errors.Is(err, bloom.ErrNotReady) {
 		t.Fatalf("a failed rebuild must not make the filter ready: %v", err)
+	}
+}
+
+// TestRebuildStopsItsWorkers: a source that fails, and a context cancelled,
+// after many batches went to the hashing workers, end Rebuild with that
+// error and the filter not made ready, and Rebuild returns only once its
+// workers stopped: one worker is held after its first batch, and Rebuild
+// must not have returned when the hold ends (300 ms, or Rebuild's return).
+func TestRebuildStopsItsWorkers(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		want error
+	}{{"source error", errors.New("db gone")}, {"cancelled", context.Canceled}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			c := redistest.Connect(t)
+			f, err := bloom.Open(ctx, c, c.Prefix+":bf", &bloom.Options{ExpectedItems: 1_000_000})
+			if err != nil {
+				t.Fatal(err)
+			}
+			returned, released := make(chan struct{}), make(chan struct{})
+			var held, early atomic.Bool // early: Rebuild returned while a worker was held
+			defer bloom.HoldWorkers(func() {
+				if !held.CompareAndSwap(false, true) {
+					return // the other workers go on
+				}
+				defer close(released)
+				select {
+				case <-returned:
+					early.Store(true)
+				case <-time.After(300 * time.Millisecond):
+				}
+			})()
+			src := func(yield func(string, error) bool) {
+				for i := 0; ; i++ {
+					if i == 200_000 {
+						if tc.want != context.Canceled {
+							yield("", tc.want)
+							return
+						}
+						cancel()
+					}
+					if !yield(strconv.Itoa(i), nil) {
+						return
+					}
+				}
+			}
+			_, err = f.Rebuild(ctx, src, nil)
+			close(returned)
+			if held.Load() {
+				<-released
+			}
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("err = %v, want %v", err, tc.want)
+			}
+			if early.Load() {
+				t.Fatal("Rebuild returned while one of its workers was still running")
+			}
+			if _, err := f.Test(context.Background(), "1"); !errors.Is(err, bloom.ErrNotReady) {
+				t.Fatalf("a failed rebuild must not make the filter ready: %v", err)
+			}
+		})
 	}
 }
 

@@ -8,7 +8,10 @@ import (
 	"iter"
 	"math"
 	"math/bits"
+	"runtime"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/bits-and-blooms/bitset"
@@ -120,6 +123,12 @@ func (f *Filter) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts
 	return count, nil
 }
 
+// afterBatch, set by tests only, runs in a worker after each batch.
+var afterBatch func()
+
+// rebuildBatch is how many IDs the source's goroutine hands a worker at once.
+const rebuildBatch = 1024
+
 // rebuild is one Rebuild of a filter, from the announce to the switch.
 type rebuild struct {
 	f         *Filter
@@ -177,34 +186,102 @@ func (r *rebuild) run(ctx context.Context, ids iter.Seq2[string, error]) (int, e
 }
 
 // build sets the bits of every ID locally: one bitset per shard, every
-// block's readiness bit set.
+// block's readiness bit set. The caller's goroutine ranges ids and hands
+// batches to one worker per core, which hash them and set their bits with
+// atomic ORs (a bit only goes from 0 to 1, so their order does not matter);
+// build closes the batches' channel and waits for the workers before it
+// returns, on every path.
 func (r *rebuild) build(ctx context.Context, ids iter.Seq2[string, error]) ([]*bitset.BitSet, int, error) {
 	cfg := r.next.cfg
 	sets := make([]*bitset.BitSet, cfg.Shards)
+	words := make([][]uint64, cfg.Shards)
 	for i := range sets {
 		sets[i] = bitset.New(uint(cfg.ShardBits))
 		for b := uint64(0); b < cfg.ShardBits; b += blockBits {
 			sets[i].Set(uint(b))
 		}
+		words[i] = sets[i].Words()
 	}
+	// 2 batches per worker and one being filled bound the IDs held.
+	workers := runtime.GOMAXPROCS(0)
+	full, free := make(chan []string, workers), make(chan []string, 2*workers+1)
+	for range cap(free) {
+		free <- make([]string, 0, rebuildBatch)
+	}
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for b := range full {
+				setLocal(&cfg, words, b)
+				if afterBatch != nil {
+					afterBatch()
+				}
+				free <- b[:0]
+			}
+		})
+	}
+	count, err := r.read(ctx, ids, full, free)
+	close(full)
+	wg.Wait()
+	if err != nil {
+		return nil, count, err
+	}
+	return sets, count, nil
+}
+
+// read ranges ids into batches taken from free and sent to full.
+func (r *rebuild) read(ctx context.Context, ids iter.Seq2[string, error], full, free chan []string) (int, error) {
 	count := 0
-	var buf [16]uint64
+	b := <-free
 	for id, err := range ids {
 		if err != nil {
-			return nil, count, fmt.Errorf("bloom: rebuild: source: %w", err)
+			return count, fmt.Errorf("bloom: rebuild: source: %w", err)
 		}
-		shard, _, offs := locate(&cfg, id, buf[:0])
-		for _, o := range offs {
-			sets[shard].Set(uint(o))
-		}
+		b = append(b, id)
 		if count++; count%100_000 == 0 {
 			r.progress(RebuildProgress{IDs: count})
 		}
-		if count%4096 == 0 && ctx.Err() != nil {
-			return nil, count, ctx.Err()
+		if len(b) == cap(b) {
+			full <- b
+			if err := ctx.Err(); err != nil {
+				return count, err
+			}
+			b = <-free
 		}
 	}
-	return sets, count, nil
+	full <- b
+	return count, nil
+}
+
+// setLocal ORs the bits of ids into their shards' words. It hashes a group
+// of IDs before touching memory, so that the group's cache misses overlap.
+func setLocal(cfg *Config, words [][]uint64, ids []string) {
+	var group [64]struct {
+		shard int
+		word  uint64 // the block's first word in its shard
+		mask  [blockWords]uint64
+	}
+	var buf [16]uint64
+	for len(ids) > 0 {
+		n := min(len(ids), len(group))
+		for i, id := range ids[:n] {
+			g := &group[i]
+			shard, at, offs := locate(cfg, id, buf[:0])
+			g.shard, g.word, g.mask = shard, at/8, [blockWords]uint64{}
+			for _, o := range offs {
+				g.mask[o/64-g.word] |= 1 << (o % 64)
+			}
+		}
+		for _, g := range group[:n] {
+			w := words[g.shard][g.word : g.word+blockWords]
+			for j, m := range g.mask {
+				if m != 0 {
+					atomic.OrUint64(&w[j], m)
+				}
+			}
+		}
+		ids = ids[n:]
+	}
 }
 
 // checkCount refuses a generation that would answer "absent" for IDs the

@@ -60,7 +60,7 @@ type setup struct {
 	opened bool
 }
 
-var contenderNames = []string{"raw", "go-zero", "go-zero+bloom", "go-redis/cache", "go-redis/cache+local", "rueidis+client-cache",
+var contenderNames = []string{"raw", "rueidis", "go-zero", "go-zero+bloom", "go-redis/cache", "go-redis/cache+local", "rueidis+client-cache",
 	"rueidisaside", "cacheguard", "cacheguard+local", "cacheguard+refresh", "cacheguard+local+refresh"}
 
 func newContender(ctx context.Context, name string, s setup) (Contender, error) {
@@ -96,15 +96,16 @@ func newContender(ctx context.Context, name string, s setup) (Contender, error) 
 			o.LocalCache = gocache.NewTinyLFU(10_000, s.ttl)
 		}
 		return &goRedisCache{rdb: rdb, c: gocache.New(o), prefix: s.prefix, ttl: s.ttl}, nil
-	case "rueidis+client-cache":
-		// Cache-aside on rueidis's server-assisted client-side caching
+	case "rueidis", "rueidis+client-cache":
+		// rueidis: raw's cache-aside on rueidis, whose concurrent commands
+		// share round trips (auto-pipelining). rueidis+client-cache: cache-aside on rueidis's server-assisted client-side caching
 		// (DoCache: CLIENT TRACKING, RESP3), what rueidisaside builds on,
 		// without its lock: no loader dedup.
 		c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{s.addr}})
 		if err != nil {
 			return nil, err
 		}
-		return &rueidisCache{c: c, prefix: s.prefix, ttl: s.ttl}, nil
+		return &rueidisCache{c: c, prefix: s.prefix, ttl: s.ttl, tracked: name == "rueidis+client-cache"}, nil
 	case "rueidisaside":
 		// redis/rueidis's cache-aside: server-assisted client-side caching
 		// (CLIENT TRACKING, RESP3) on by default, a per-key lock in Redis
@@ -252,18 +253,26 @@ func (c *cacheguard) Get(ctx context.Context, id string, load Loader) (Value, er
 	})
 }
 
-// rueidisCache: DoCache (client-side cached GET); on a miss load and SET.
+// rueidisCache: a GET (Do, or DoCache: client-side cached); on a miss load
+// and SET.
 type rueidisCache struct {
-	c      rueidis.Client
-	prefix string
-	ttl    time.Duration
+	c       rueidis.Client
+	prefix  string
+	ttl     time.Duration
+	tracked bool // GET through the client-side cache (DoCache), not Do
 }
 
 func (r *rueidisCache) RedisKey(id string) string { return r.prefix + ":" + id }
 func (r *rueidisCache) Close()                    { r.c.Close() }
 func (r *rueidisCache) Get(ctx context.Context, id string, load Loader) (Value, error) {
 	key := r.RedisKey(id)
-	b, err := r.c.DoCache(ctx, r.c.B().Get().Key(key).Cache(), r.ttl).AsBytes()
+	var b []byte
+	var err error
+	if r.tracked {
+		b, err = r.c.DoCache(ctx, r.c.B().Get().Key(key).Cache(), r.ttl).AsBytes()
+	} else {
+		b, err = r.c.Do(ctx, r.c.B().Get().Key(key).Build()).AsBytes()
+	}
 	if err == nil {
 		var v Value
 		return v, msgpack.Unmarshal(b, &v)

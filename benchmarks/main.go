@@ -5,7 +5,8 @@
 //	go run . [-hit 3s] [-hit-rounds 3] [-hot 5s] [-hot-rounds 3] [-json FILE]  (make bench)
 //	go run . -hot-only [-hot-pause 100µs] [-only cacheguard+local,...]  (table 4 alone)
 //
-// Contenders: raw (go-redis GET, on a miss load + SET), go-zero
+// Contenders: raw (go-redis GET, on a miss load + SET), rueidis (the same
+// on rueidis, whose concurrent commands share round trips), go-zero
 // core/stores/cache (TakeCtx) with and without go-zero core/bloom in front,
 // go-redis/cache Once with and without its local TinyLFU, cache-aside on
 // rueidis's client-side caching (DoCache), redis/rueidis's rueidisaside

@@ -63,8 +63,11 @@ func markdownHit(r *Report) string {
 	fmt.Fprintln(&b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, h := range r.Hit {
 		trips := fmt.Sprintf("%.2f", h.TripsPerGet)
-		if h.TripsPerGet == 0 && strings.HasPrefix(h.Contender, "go-zero") {
+		switch {
+		case h.TripsPerGet == 0 && strings.HasPrefix(h.Contender, "go-zero"):
 			trips = "n/a¹"
+		case strings.HasPrefix(h.Contender, "rueidis"):
+			trips = "n/a²"
 		}
 		each := make([]string, len(h.VsRawRuns))
 		for i, v := range h.VsRawRuns {
@@ -76,7 +79,8 @@ func markdownHit(r *Report) string {
 	fmt.Fprintln(
 		&b,
 		"\n¹ go-zero keeps one client per address, so the second go-zero contender's hook is never "+
-			"installed. Server commands count the commands Lua scripts run, too.",
+			"installed. ² rueidis is not a go-redis client: the hook that counts round trips is not on it. "+
+			"Server commands count the commands Lua scripts run, too.",
 	)
 	return b.String()
 }

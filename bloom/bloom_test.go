@@ -294,9 +294,10 @@ func TestRebuildStopsItsWorkers(t *testing.T) {
 			}
 			_, err = f.Rebuild(ctx, src, nil)
 			close(returned)
-			if held.Load() {
-				<-released
+			if !held.Load() {
+				t.Fatal("no worker finished a batch: nothing was held")
 			}
+			<-released
 			if !errors.Is(err, tc.want) {
 				t.Fatalf("err = %v, want %v", err, tc.want)
 			}

@@ -98,9 +98,10 @@ func newContender(ctx context.Context, name string, s setup) (Contender, error) 
 		return &goRedisCache{rdb: rdb, c: gocache.New(o), prefix: s.prefix, ttl: s.ttl}, nil
 	case "rueidis", "rueidis+client-cache":
 		// rueidis: raw's cache-aside on rueidis, whose concurrent commands
-		// share round trips (auto-pipelining). rueidis+client-cache: cache-aside on rueidis's server-assisted client-side caching
-		// (DoCache: CLIENT TRACKING, RESP3), what rueidisaside builds on,
-		// without its lock: no loader dedup.
+		// share round trips (auto-pipelining). rueidis+client-cache:
+		// cache-aside on its server-assisted client-side caching (DoCache:
+		// CLIENT TRACKING, RESP3), what rueidisaside builds on, without its
+		// lock: no loader dedup.
 		c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{s.addr}})
 		if err != nil {
 			return nil, err

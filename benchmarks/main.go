@@ -5,15 +5,13 @@
 //	go run . [-hit 3s] [-hit-rounds 3] [-hot 5s] [-hot-rounds 3] [-json FILE]  (make bench)
 //	go run . -hot-only [-hot-pause 100µs] [-only cacheguard+local,...]  (table 4 alone)
 //
-// Contenders: raw (go-redis GET, on a miss load + SET), rueidis (the same
-// on rueidis, whose concurrent commands share round trips), go-zero
-// core/stores/cache (TakeCtx) with and without go-zero core/bloom in front,
-// go-redis/cache Once with and without its local TinyLFU, cache-aside on
-// rueidis's client-side caching (DoCache), redis/rueidis's rueidisaside
-// (client-side caching plus a per-key lock in Redis), and cacheguard's
-// guard.Get with default options, with its in-process cache, with
-// refresh-ahead and with both. Every figure is measured in this run; any
-// contender error stops the run with a non-zero exit.
+// Contenders: raw (go-redis GET, on a miss load + SET) and the same on
+// rueidis (auto-pipelined), go-zero's cache with and without its bloom,
+// go-redis/cache with and without its TinyLFU, rueidis's client-side
+// caching (DoCache), rueidisaside, and guard.Get with default options,
+// Local, RefreshAhead and both (contenders.go says how each is set up).
+// Every figure is measured in this run; any contender error stops the run
+// with a non-zero exit.
 package main
 
 import (

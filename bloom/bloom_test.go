@@ -1,9 +1,11 @@
 package bloom_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"iter"
+	"runtime"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -308,6 +310,41 @@ func TestRebuildStopsItsWorkers(t *testing.T) {
 				t.Fatalf("a failed rebuild must not make the filter ready: %v", err)
 			}
 		})
+	}
+}
+
+// TestRebuildSourcePanics: a source that panics after some batches went to
+// the workers panics out of Rebuild, and no worker is left running (the
+// code before closed their channel only on a return).
+func TestRebuildSourcePanics(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	f, err := bloom.Open(ctx, c, c.Prefix+":bf", &bloom.Options{ExpectedItems: 1_000_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := func(yield func(string, error) bool) {
+		for i := 0; ; i++ {
+			if i == 20_000 {
+				panic("source broke")
+			}
+			if !yield(strconv.Itoa(i), nil) {
+				return
+			}
+		}
+	}
+	func() {
+		defer func() {
+			if p := recover(); p != "source broke" {
+				t.Fatalf("recovered %v, want the source's panic", p)
+			}
+		}()
+		_, _ = f.Rebuild(ctx, src, nil)
+	}()
+	stacks := make([]byte, 1<<20)
+	stacks = stacks[:runtime.Stack(stacks, true)]
+	if bytes.Contains(stacks, []byte("bloom.(*rebuild).build.func")) {
+		t.Fatalf("Rebuild panicked with its workers running:\n%s", stacks)
 	}
 }
 

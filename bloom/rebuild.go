@@ -190,7 +190,7 @@ func (r *rebuild) run(ctx context.Context, ids iter.Seq2[string, error]) (int, e
 // batches to one worker per core, which hash them and set their bits with
 // atomic ORs (a bit only goes from 0 to 1, so their order does not matter);
 // build closes the batches' channel and waits for the workers before it
-// returns, on every path.
+// returns, on every path (a source that panics too).
 func (r *rebuild) build(ctx context.Context, ids iter.Seq2[string, error]) ([]*bitset.BitSet, int, error) {
 	cfg := r.next.cfg
 	sets := make([]*bitset.BitSet, cfg.Shards)
@@ -209,6 +209,8 @@ func (r *rebuild) build(ctx context.Context, ids iter.Seq2[string, error]) ([]*b
 		free <- make([]string, 0, rebuildBatch)
 	}
 	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer close(full) // first: the workers' loops end
 	for range workers {
 		wg.Go(func() {
 			for b := range full {
@@ -221,8 +223,6 @@ func (r *rebuild) build(ctx context.Context, ids iter.Seq2[string, error]) ([]*b
 		})
 	}
 	count, err := r.read(ctx, ids, full, free)
-	close(full)
-	wg.Wait()
 	if err != nil {
 		return nil, count, err
 	}

@@ -28,6 +28,17 @@ func seq(prefix string, n int) iter.Seq2[string, error] {
 	}
 }
 
+// openFilter opens a filter named bf on a connection of its own.
+func openFilter(t *testing.T, opts *bloom.Options) (*redistest.Conn, *bloom.Filter) {
+	t.Helper()
+	c := redistest.Connect(t)
+	f, err := bloom.Open(context.Background(), c, c.Prefix+":bf", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, f
+}
+
 func ids(prefix string, from, to int) []string {
 	out := make([]string, 0, to-from)
 	for i := from; i < to; i++ {
@@ -47,11 +58,7 @@ func TestSize(t *testing.T) {
 // positive rate over n absent items. Every present item must test positive.
 func measureFP(t *testing.T, opts *bloom.Options) (rate float64, f *bloom.Filter) {
 	ctx := context.Background()
-	c := redistest.Connect(t)
-	f, err := bloom.Open(ctx, c, c.Prefix+":bf", opts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, f = openFilter(t, opts)
 	n := int(opts.ExpectedItems)
 	if _, err := f.Rebuild(ctx, seq("id-", n), nil); err != nil {
 		t.Fatal(err)
@@ -105,11 +112,7 @@ func TestShardedFalsePositiveRate(t *testing.T) {
 
 func TestOneCommandPerCall(t *testing.T) {
 	ctx := context.Background()
-	c := redistest.Connect(t)
-	f, err := bloom.Open(ctx, c, c.Prefix+":bf", &bloom.Options{ExpectedItems: 10_000, MaxShardBytes: 1 << 10})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, f := openFilter(t, &bloom.Options{ExpectedItems: 10_000, MaxShardBytes: 1 << 10})
 	if f.Config().Shards < 2 {
 		t.Fatalf("want several shards: %+v", f.Config())
 	}
@@ -139,11 +142,7 @@ func TestOneCommandPerCall(t *testing.T) {
 // more offsets than one Lua unpack() can take).
 func TestAddManyLargeBatch(t *testing.T) {
 	ctx := context.Background()
-	c := redistest.Connect(t)
-	f, err := bloom.Open(ctx, c, c.Prefix+":bf", &bloom.Options{ExpectedItems: 100_000})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, f := openFilter(t, &bloom.Options{ExpectedItems: 100_000})
 	if _, err := f.Rebuild(ctx, seq("", 0), nil); err != nil {
 		t.Fatal(err)
 	}
@@ -230,11 +229,7 @@ func TestMismatchAndInvalid(t *testing.T) {
 
 func TestRebuildSourceError(t *testing.T) {
 	ctx := context.Background()
-	c := redistest.Connect(t)
-	f, err := bloom.Open(ctx, c, c.Prefix+":bf", &bloom.Options{ExpectedItems: 1000})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, f := openFilter(t, &bloom.Options{ExpectedItems: 1000})
 	boom := errors.New("db gone")
 	src := func(yield func(string, error) bool) {
 		if yield("a", nil) {
@@ -262,11 +257,7 @@ func TestRebuildStopsItsWorkers(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			c := redistest.Connect(t)
-			f, err := bloom.Open(ctx, c, c.Prefix+":bf", &bloom.Options{ExpectedItems: 1_000_000})
-			if err != nil {
-				t.Fatal(err)
-			}
+			_, f := openFilter(t, &bloom.Options{ExpectedItems: 1_000_000})
 			returned, released := make(chan struct{}), make(chan struct{})
 			var held, early atomic.Bool // early: Rebuild returned while a worker was held
 			defer bloom.HoldWorkers(func() {
@@ -294,7 +285,7 @@ func TestRebuildStopsItsWorkers(t *testing.T) {
 					}
 				}
 			}
-			_, err = f.Rebuild(ctx, src, nil)
+			_, err := f.Rebuild(ctx, src, nil)
 			close(returned)
 			if !held.Load() {
 				t.Fatal("no worker finished a batch: nothing was held")
@@ -318,11 +309,7 @@ func TestRebuildStopsItsWorkers(t *testing.T) {
 // code before closed their channel only on a return).
 func TestRebuildSourcePanics(t *testing.T) {
 	ctx := context.Background()
-	c := redistest.Connect(t)
-	f, err := bloom.Open(ctx, c, c.Prefix+":bf", &bloom.Options{ExpectedItems: 1_000_000})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, f := openFilter(t, &bloom.Options{ExpectedItems: 1_000_000})
 	src := func(yield func(string, error) bool) {
 		for i := 0; ; i++ {
 			if i == 20_000 {
@@ -353,11 +340,7 @@ func TestRebuildSourcePanics(t *testing.T) {
 // answering; sized for them, it goes through.
 func TestRebuildRefusesASaturatedFilter(t *testing.T) {
 	ctx := context.Background()
-	c := redistest.Connect(t)
-	f, err := bloom.Open(ctx, c, c.Prefix+":bf", &bloom.Options{ExpectedItems: 1000})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, f := openFilter(t, &bloom.Options{ExpectedItems: 1000})
 	if _, err := f.Rebuild(ctx, seq("old-", 1000), nil); err != nil {
 		t.Fatal(err)
 	}

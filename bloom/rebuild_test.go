@@ -115,11 +115,7 @@ func TestStagingEvictedDuringRebuild(t *testing.T) {
 // through, and a fresh empty filter still builds from nothing.
 func TestShortSourceIsRefused(t *testing.T) {
 	ctx := context.Background()
-	c := redistest.Connect(t)
-	f, err := bloom.Open(ctx, c, c.Prefix+":bf", &bloom.Options{ExpectedItems: 10_000})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, f := openFilter(t, &bloom.Options{ExpectedItems: 10_000})
 	if n, err := f.Rebuild(ctx, seq("k", 0), nil); err != nil || n != 0 {
 		t.Fatalf("a fresh filter from an empty source: %d, %v", n, err)
 	}

@@ -238,11 +238,7 @@ func TestRebuildUnderLoad(t *testing.T) {
 
 func TestRebuildExclusiveAndProgress(t *testing.T) {
 	ctx := context.Background()
-	c := redistest.Connect(t)
-	f, err := bloom.Open(ctx, c, c.Prefix+":bf", &bloom.Options{ExpectedItems: 300_000, MaxShardBytes: 64 << 10})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, f := openFilter(t, &bloom.Options{ExpectedItems: 300_000, MaxShardBytes: 64 << 10})
 	var last bloom.RebuildProgress
 	release := make(chan struct{})
 	started := make(chan struct{})

@@ -44,6 +44,7 @@ func TestCreatedIDsAreServedAtOnce(t *testing.T) {
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	for _, filter := range []string{"full", "lost"} {
 		t.Run(filter, func(t *testing.T) {
+			t.Parallel() // each its own keys: the two run side by side
 			ctx := context.Background()
 			c, g1, g2, d := twoGuards(t, 10_000, nil) // 10,000 rows: the filter at its sized capacity
 			if filter == "lost" {

@@ -319,7 +319,8 @@ type readReq struct {
 // trips of reads are already under way wait, and the first of them sends all
 // of theirs in one pipeline when one ends (package batch). A waiting read
 // is sent after its Get started, so the rule of join holds, and the waiting
-// reads of one key share one HGET (and probe): a hot key costs one command
+// reads of one key share one HGET (and one probe, whichever of them asks for
+// it; a read that takes the lock goes alone): a hot key costs one command
 // per round trip, not one per caller. The system calls and Redis event-loop
 // turns per read fall with the batch (docs/cost.md has the figures).
 // readBatchMax bounds one pipeline.
@@ -352,15 +353,25 @@ func (g *Engine) runReads(ctx context.Context, calls []*batch.Call[readReq]) {
 	}
 	pipe := g.rdb.Pipeline()
 	chk := g.queueCheck(ctx, pipe)
-	var first map[string]*readReq // each value key's first read: the same reads share its commands
+	var first map[string]*readReq // each value key's first read: the key's other reads share its commands
 	if len(calls) > 1 {
 		first = make(map[string]*readReq, len(calls))
 	}
 	for _, c := range calls {
 		r := &c.Req
 		if first != nil && r.lockKey == "" { // a read that takes the lock is its caller's alone
-			if o := first[r.vkey]; o != nil && o.f == r.f && o.withTTL == r.withTTL {
-				r.probe, r.get, r.pttl = o.probe, o.get, o.pttl
+			if o := first[r.vkey]; o != nil && o.withTTL == r.withTTL {
+				r.get, r.pttl = o.get, o.pttl
+				switch {
+				case r.f == nil: // its caller reads no probe
+				case o.f == r.f:
+					r.probe = o.probe
+				case o.f == nil: // o's caller reads no probe: the next reads of the key share this one
+					r.probe = r.f.Queue(ctx, pipe, r.id)
+					o.f, o.probe = r.f, r.probe
+				default: // another generation's filter (a rebuild switched between their starts)
+					r.probe = r.f.Queue(ctx, pipe, r.id)
+				}
 				continue
 			}
 			first[r.vkey] = r

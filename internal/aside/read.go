@@ -308,7 +308,6 @@ type readReq struct {
 	deadline time.Time     // the Get's ctx's, if it has one
 	lockKey  string        // take this lock before the HGET (see lockWithRead); "": no
 
-	args  [3]any // the HGET's arguments, here so that they cost no allocation of their own
 	get   *redis.StringCmd
 	probe bloom.Probe
 	pttl  *redis.DurationCmd
@@ -337,7 +336,9 @@ func (g *Engine) runReads(ctx context.Context, calls []*batch.Call[readReq]) {
 	due := g.marks.due()             // a check of the marks rides along (lost.go)
 	if len(calls) == 1 && calls[0].Req.f == nil && !calls[0].Req.withTTL && calls[0].Req.lockKey == "" && !due {
 		r := &calls[0].Req
-		r.get = hget(ctx, r, field)
+		// rdb.HGet would box the field into the command's arguments on
+		// every call; fieldArg is boxed once, by bind.
+		r.get = redis.NewStringCmd(ctx, "hget", r.vkey, field)
 		_ = g.rdb.Process(ctx, r.get)
 		g.endCheck(ctx, nil) // the HGET dialed (Redis back, or a restart no command saw): check before it answers
 		return
@@ -382,7 +383,7 @@ func (g *Engine) runReads(ctx context.Context, calls []*batch.Call[readReq]) {
 		if r.lockKey != "" { // before the HGET: Redis runs it with the lock taken, as the re-check
 			r.lockQ, _ = g.rd.locks.QueueTry(ctx, pipe, r.lockKey, readLockLease)
 		}
-		r.get = hget(ctx, r, field)
+		r.get = redis.NewStringCmd(ctx, "hget", r.vkey, field)
 		_ = pipe.Process(ctx, r.get)
 		if r.withTTL {
 			r.pttl = pipe.PTTL(ctx, r.vkey)
@@ -390,15 +391,6 @@ func (g *Engine) runReads(ctx context.Context, calls []*batch.Call[readReq]) {
 	}
 	_, _ = pipe.Exec(ctx) // errors are read per command
 	g.endCheck(ctx, chk)  // before the read answers: it may hold an entry whose write Redis lost
-}
-
-// hget is r's HGET of field. rdb.HGet would allocate the argument slice
-// and box the field on every call: the slice is r.args, and fieldArg is
-// boxed once, by bind. The command reads its arguments only while it is
-// sent, before any caller of its batch is answered and can reuse r.
-func hget(ctx context.Context, r *readReq, field any) *redis.StringCmd {
-	r.args = [3]any{"hget", r.vkey, field}
-	return redis.NewStringCmd(ctx, r.args[:]...)
 }
 
 // latestDeadline is the latest of calls' deadlines, or zero if one of

@@ -363,15 +363,13 @@ func (g *Engine) runReads(ctx context.Context, calls []*batch.Call[readReq]) {
 		if first != nil && r.lockKey == "" { // a read that takes the lock is its caller's alone
 			if o := first[r.vkey]; o != nil && o.withTTL == r.withTTL {
 				r.get, r.pttl = o.get, o.pttl
-				switch {
-				case r.f == nil: // its caller reads no probe
-				case o.f == r.f:
+				// An Engine has one Filter (connect sets it once; a rebuild
+				// switches generations inside it), so o.f is nil or r.f.
+				if r.f != nil {
+					if o.f == nil { // the key's first read has no probe: queue one, for its next reads too
+						o.f, o.probe = r.f, r.f.Queue(ctx, pipe, r.id)
+					}
 					r.probe = o.probe
-				case o.f == nil: // o's caller reads no probe: the next reads of the key share this one
-					r.probe = r.f.Queue(ctx, pipe, r.id)
-					o.f, o.probe = r.f, r.probe
-				default: // another generation's filter (a rebuild switched between their starts)
-					r.probe = r.f.Queue(ctx, pipe, r.id)
 				}
 				continue
 			}

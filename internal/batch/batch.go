@@ -1,17 +1,20 @@
 // Package batch merges concurrent requests into shared round trips, as a
 // database's group commit does. A request that finds fewer than the limit of
-// batches in flight runs at once, in its caller's goroutine, with whatever
-// requests were waiting; one that finds them all busy waits, and when a batch
-// ends the first waiting request leads all the waiting ones as the next. With
-// no contention nothing is added; under load the round trips per request
-// fall. A batch of several runs in a goroutine of its own, started by its
-// leader and ending when it has run, so that every caller can leave on its
-// own ctx while the others still get their answers.
+// batches in flight runs in its caller's goroutine, with whatever requests
+// were waiting; one that finds them all busy waits, and when a batch ends the
+// first waiting request leads all the waiting ones as the next. With no
+// contention nothing is added; under load the round trips per request fall.
+// A request that takes a free place while another batch is in flight first
+// yields the processor once, so that the requests of the same burst join it.
+// A batch of several runs in a goroutine of its own, started by its leader
+// and ending when it has run, so that every caller can leave on its own ctx
+// while the others still get their answers.
 package batch
 
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sync"
 )
 
@@ -89,6 +92,14 @@ func (b *Batcher[Q]) Do(ctx context.Context, c *Call[Q]) error {
 	b.mu.Lock()
 	if b.inflight < b.limit {
 		b.inflight++
+		if b.inflight > 1 {
+			// Another batch is in flight, so requests come in bursts (its
+			// callers, woken together, come back together): yield once, and
+			// those that arrive meanwhile ride this batch, not one each.
+			b.mu.Unlock()
+			runtime.Gosched()
+			b.mu.Lock()
+		}
 		batch := b.takeLocked(c)
 		b.mu.Unlock()
 		return b.lead(ctx, batch, c)

@@ -4,8 +4,9 @@
 // were waiting; one that finds them all busy waits, and when a batch ends the
 // first waiting request leads all the waiting ones as the next. With no
 // contention nothing is added; under load the round trips per request fall.
-// A request that takes a free place while another batch is in flight first
-// yields the processor once, so that the requests of the same burst join it.
+// A request that takes a free place while another batch is in flight, after
+// a shared batch ended, first yields the processor once, so that the
+// requests of the same burst (that batch's callers) join it.
 // A batch of several runs in a goroutine of its own, started by its leader
 // and ending when it has run, so that every caller can leave on its own ctx
 // while the others still get their answers.
@@ -57,8 +58,9 @@ type Batcher[Q any] struct {
 	max   int                                         // calls per batch at most
 	spawn func(func())                                // starts the goroutine of a shared batch (its owner's: see New)
 
-	mu       sync.Mutex // guards inflight, pending, and the state of calls in pending
+	mu       sync.Mutex // guards inflight, burst, pending, and the state of calls in pending
 	inflight int        // batches running
+	burst    bool       // the last batch to end had several calls
 	pending  []*Call[Q] // calls waiting for a batch, oldest first
 }
 
@@ -92,10 +94,10 @@ func (b *Batcher[Q]) Do(ctx context.Context, c *Call[Q]) error {
 	b.mu.Lock()
 	if b.inflight < b.limit {
 		b.inflight++
-		if b.inflight > 1 {
-			// Another batch is in flight, so requests come in bursts (its
-			// callers, woken together, come back together): yield once, and
-			// those that arrive meanwhile ride this batch, not one each.
+		if b.inflight > 1 && b.burst {
+			// Another batch is in flight and the last to end was shared:
+			// its callers, woken together, come back together. Yield once,
+			// and those that arrive meanwhile ride this batch, not one each.
 			b.mu.Unlock()
 			runtime.Gosched()
 			b.mu.Lock()
@@ -128,7 +130,7 @@ func (b *Batcher[Q]) Do(ctx context.Context, c *Call[Q]) error {
 			// a full done cannot take.)
 			b.mu.Unlock()
 			if len(c.lead) == 1 {
-				b.handOff()
+				b.handOff(false)
 			} else {
 				b.spawn(func() { b.runShared(context.WithoutCancel(ctx), c.lead, nil) })
 			}
@@ -142,7 +144,7 @@ func (b *Batcher[Q]) Do(ctx context.Context, c *Call[Q]) error {
 		if len(c.lead) == 1 && ctx.Err() != nil {
 			// Woken to run only its own request, after ctx ended (select
 			// chose done): nobody waits for the answer.
-			b.handOff()
+			b.handOff(false)
 			return ctx.Err()
 		}
 		return b.lead(ctx, c.lead, c)
@@ -154,7 +156,7 @@ func (b *Batcher[Q]) Do(ctx context.Context, c *Call[Q]) error {
 // a goroutine of its own that self waits for like the others (see Do).
 func (b *Batcher[Q]) lead(ctx context.Context, batch []*Call[Q], self *Call[Q]) error {
 	if len(batch) == 1 {
-		defer b.handOff() // a panic in run goes on up this stack
+		defer b.handOff(false) // a panic in run goes on up this stack
 		b.run(ctx, batch)
 		return nil
 	}
@@ -180,7 +182,7 @@ func (b *Batcher[Q]) lead(ctx context.Context, batch []*Call[Q], self *Call[Q]) 
 // ErrPanicked; the batcher goes on. It is the goroutine that lead starts
 // and it ends here.
 func (b *Batcher[Q]) runShared(ctx context.Context, batch []*Call[Q], leader *Call[Q]) {
-	defer b.handOff()
+	defer b.handOff(true)
 	p := b.runRecovering(ctx, batch)
 	for _, c := range batch {
 		if p != nil {
@@ -266,12 +268,13 @@ func (b *Batcher[Q]) Hold() {
 
 // Release gives back a place taken by Hold: the oldest waiting call leads
 // the others (as many as a batch takes) as the next batch.
-func (b *Batcher[Q]) Release() { b.handOff() }
+func (b *Batcher[Q]) Release() { b.handOff(false) }
 
 // handOff passes a batch's place in flight to the oldest waiting call, or
-// gives it back.
-func (b *Batcher[Q]) handOff() {
+// gives it back; shared says whether the batch had several calls.
+func (b *Batcher[Q]) handOff(shared bool) {
 	b.mu.Lock()
+	b.burst = shared
 	if len(b.pending) == 0 {
 		b.inflight--
 		b.mu.Unlock()

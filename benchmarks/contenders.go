@@ -63,12 +63,20 @@ type setup struct {
 var contenderNames = []string{"raw", "rueidis", "go-zero", "go-zero+bloom", "go-redis/cache", "go-redis/cache+local", "rueidis+client-cache",
 	"rueidisaside", "cacheguard", "cacheguard+local", "cacheguard+refresh", "cacheguard+local+refresh"}
 
+// hitReferences run on the hit path alone, after the contenders: floors to
+// set the contenders against, not libraries a user would pick.
+var hitReferences = []string{"go-redis+batch"}
+
 func newContender(ctx context.Context, name string, s setup) (Contender, error) {
 	switch name {
 	case "raw":
 		rdb := redis.NewClient(&redis.Options{Addr: s.addr})
 		rdb.AddHook(s.counter)
 		return &raw{rdb: rdb, prefix: s.prefix, ttl: s.ttl}, nil
+	case "go-redis+batch":
+		rdb := redis.NewClient(&redis.Options{Addr: s.addr})
+		rdb.AddHook(s.counter)
+		return newBatchedGet(raw{rdb: rdb, prefix: s.prefix, ttl: s.ttl}), nil
 	case "go-zero", "go-zero+bloom":
 		// WithIdentity sets go-redis DisableIdentity (RedisConf.DisableIdentity):
 		// redis-server 7.0 rejects CLIENT SETINFO, and go-zero's breaker counts

@@ -9,9 +9,10 @@
 // rueidis (auto-pipelined), go-zero's cache with and without its bloom,
 // go-redis/cache with and without its TinyLFU, rueidis's client-side
 // caching (DoCache), rueidisaside, and guard.Get with default options,
-// Local, RefreshAhead and both (contenders.go says how each is set up).
-// Every figure is measured in this run; any contender error stops the run
-// with a non-zero exit.
+// Local, RefreshAhead and both (contenders.go says how each is set up);
+// on the hit path also go-redis+batch, raw's GETs batched as cacheguard's
+// reads are, a floor to set hits against (batched.go). Every figure is
+// measured in this run; any contender error stops it with a non-zero exit.
 package main
 
 import (
@@ -94,14 +95,16 @@ func main() {
 		keep := []string{"raw"}
 		for _, n := range strings.Split(*only, ",") {
 			if n = strings.TrimSpace(n); n != "" && n != "raw" {
-				if !slices.Contains(contenderNames, n) {
-					fmt.Fprintf(os.Stderr, "benchmarks: unknown contender %q (have %s)\n", n, strings.Join(contenderNames, ", "))
+				all := append(slices.Clone(contenderNames), hitReferences...)
+				if !slices.Contains(all, n) {
+					fmt.Fprintf(os.Stderr, "benchmarks: unknown contender %q (have %s)\n", n, strings.Join(all, ", "))
 					os.Exit(2)
 				}
 				keep = append(keep, n)
 			}
 		}
-		contenderNames = keep
+		hitReferences = slices.DeleteFunc(slices.Clone(hitReferences), func(n string) bool { return !slices.Contains(keep, n) })
+		contenderNames = slices.DeleteFunc(keep, func(n string) bool { return slices.Contains(hitReferences, n) })
 	}
 	stopAfterHit, hotKeyOnly = *hitOnly, *hotOnly
 	hotOnlyPause = *hotPause
@@ -135,10 +138,10 @@ func run(ctx context.Context, hitTime time.Duration, hitRounds int, hotTime time
 	// round: this machine's noise moves a single run a lot, and whoever
 	// runs first or last has an edge. Each contender's row is then a median
 	// over its rounds.
-	rotated := func(what string, rounds int, run func(round int, name string) error) error {
+	rotated := func(what string, names []string, rounds int, run func(round int, name string) error) error {
 		for round := range max(rounds, 1) {
-			for i := range contenderNames {
-				name := contenderNames[(i+round)%len(contenderNames)]
+			for i := range names {
+				name := names[(i+round)%len(names)]
 				step(fmt.Sprintf("%s, round %d: %s", what, round+1, name))
 				if err := run(round, name); err != nil {
 					return err
@@ -153,7 +156,7 @@ func run(ctx context.Context, hitTime time.Duration, hitRounds int, hotTime time
 	hot := func(pause time.Duration) ([]HotKeyResult, error) {
 		runs := map[string][]HotKeyResult{}
 		what := fmt.Sprintf("hot key (pause %v)", pause)
-		if err := rotated(what, hotRounds, func(_ int, name string) error {
+		if err := rotated(what, contenderNames, hotRounds, func(_ int, name string) error {
 			r, err := hotKey(ctx, e, name, hotTime, pause, hotKeyShape)
 			runs[name] = append(runs[name], r)
 			return err
@@ -180,9 +183,10 @@ func run(ctx context.Context, hitTime time.Duration, hitRounds int, hotTime time
 	}
 	// The hit path: each row is the contender's median round, and "vs raw"
 	// the median of its same-round ratios to raw.
+	hitNames := append(slices.Clone(contenderNames), hitReferences...)
 	runs := map[string][]HitResult{}
 	byRound := make([]map[string]HitResult, max(hitRounds, 1))
-	if err := rotated("hit path", hitRounds, func(round int, name string) error {
+	if err := rotated("hit path", hitNames, hitRounds, func(round int, name string) error {
 		r, err := hitPath(ctx, e, name, round)
 		if byRound[round] == nil {
 			byRound[round] = map[string]HitResult{}
@@ -198,7 +202,7 @@ func run(ctx context.Context, hitTime time.Duration, hitRounds int, hotTime time
 			runs[name] = append(runs[name], r)
 		}
 	}
-	for _, name := range contenderNames {
+	for _, name := range hitNames {
 		rep.Hit = append(rep.Hit, medianHit(runs[name]))
 	}
 	if stopAfterHit {

@@ -26,6 +26,13 @@ func AgeWrites(g *Guard, d time.Duration) { aside.AgeWrites(g.e, d) }
 // SetAfterRead runs f between each Get's read and its answer until restore.
 func SetAfterRead(f func(id string)) (restore func()) { return aside.SetAfterRead(f) }
 
+// SetBeforeAutoRebuild runs f in each automatic rebuild between its checks
+// and the rebuild lock, until restore.
+func SetBeforeAutoRebuild(f func()) (restore func()) { return aside.SetBeforeAutoRebuild(f) }
+
+// AutoRebuilding reports whether an automatic rebuild of g is under way.
+func AutoRebuilding(g *Guard) bool { return aside.AutoRebuilding(g.e) }
+
 // Joins returns a channel that receives the value key of each caller that
 // joins a flight under way on g, until restore: tests wait for callers to
 // reach a flight instead of sleeping.

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -187,5 +188,73 @@ func TestShortSourceKeepsTheFilter(t *testing.T) {
 	waitReady(t, g, in.Generation) // the source mended: the next attempt lands
 	if _, err := g.Rebuild(ctx, ids("p", 10), &bloom.RebuildOptions{Force: true}); err != nil {
 		t.Fatalf("Force: %v", err)
+	}
+}
+
+// TestAutoRebuildAfterRebuild replays a start-up race step by step: New
+// starts the automatic rebuild (the filter was never built), which is held
+// after its checks, before the rebuild lock, while the application's own
+// Rebuild runs and makes the filter ready. Released, it must not rebuild
+// again: a second rebuild read every ID once more, and reads failed open
+// while it switched generations (the fault suite's TestTLS saw MayExist
+// say true for an unknown ID). The control holds it the same way with no
+// Rebuild meanwhile: it must range Filter.IDs, so the count can fail.
+func TestAutoRebuildAfterRebuild(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	for _, tc := range []struct {
+		name    string
+		rebuild bool // the application's Rebuild runs while the automatic one is held
+	}{{"after Rebuild", true}, {"control", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			var ranged atomic.Int32
+			source := func(context.Context) iter.Seq2[string, error] {
+				ranged.Add(1)
+				return ids("p", 10)
+			}
+			reached, release := make(chan struct{}), make(chan struct{})
+			var held atomic.Bool
+			restore := guard.SetBeforeAutoRebuild(func() {
+				if held.CompareAndSwap(false, true) { // the first automatic rebuild only
+					close(reached)
+					<-release
+				}
+			})
+			defer restore()
+			g, err := guard.New(ctx, c, strings.ReplaceAll(tc.name, " ", "-"), &guard.Options{KeyPrefix: c.Prefix,
+				Filter: guard.FilterOptions{ExpectedItems: 1000, IDs: source}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer g.Close()
+			select {
+			case <-reached:
+			case <-time.After(20 * time.Second):
+				t.Fatal("the automatic rebuild never started")
+			}
+			var gen int64
+			if tc.rebuild {
+				if _, err := g.Rebuild(ctx, ids("p", 10), nil); err != nil {
+					t.Fatal(err)
+				}
+				in, err := g.Info(ctx)
+				if err != nil || !in.Ready {
+					t.Fatalf("after Rebuild: %+v, %v", in, err)
+				}
+				gen = in.Generation
+			}
+			close(release)
+			eventually(t, 20*time.Second, "the automatic rebuild ended", func() bool { return !guard.AutoRebuilding(g) })
+			in, err := g.Info(ctx)
+			switch {
+			case err != nil || !in.Ready:
+				t.Fatalf("filter after the automatic rebuild: %+v, %v", in, err)
+			case tc.rebuild && (ranged.Load() != 0 || in.Generation != gen):
+				t.Fatalf("the automatic rebuild ran again after Rebuild: Filter.IDs ranged %d times, generation %d (Rebuild's: %d)",
+					ranged.Load(), in.Generation, gen)
+			case !tc.rebuild && ranged.Load() != 1:
+				t.Fatalf("control: Filter.IDs ranged %d times, want 1: this test could not fail", ranged.Load())
+			}
+		})
 	}
 }

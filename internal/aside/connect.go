@@ -231,12 +231,19 @@ func (g *Engine) rebuildOnce(ctx context.Context, cause string) (done bool) {
 	if g.autoWaiting() {
 		return false
 	}
-	stale := g.bf.stale.Load()                                    // Redis restarted: rebuild even a ready filter
-	if in, err := f.Info(ctx); !stale && err == nil && in.Ready { // reads the meta afresh: another process may have rebuilt it
+	stale := g.bf.stale.Load() // Redis restarted: rebuild even a ready filter
+	ready := func() bool {     // reads the meta afresh: another process may have rebuilt it
+		in, err := f.Info(ctx)
+		return !stale && err == nil && in.Ready
+	}
+	if ready() {
 		return true
 	}
 	if !g.mayAutoRebuild(ctx) {
 		return false
+	}
+	if beforeAutoRebuild != nil {
+		beforeAutoRebuild()
 	}
 	// The source is called once the rebuild announced its generation, not
 	// before: an ID created after the call then reaches the new generation
@@ -249,17 +256,26 @@ func (g *Engine) rebuildOnce(ctx context.Context, cause string) (done bool) {
 		}
 	}
 	start := time.Now()
-	n, err := func() (int, error) {
+	var n int
+	rebuilt := func() bool {
 		g.bf.mu.Lock()
 		defer g.bf.mu.Unlock() // a panic in Filter.IDs too
-		n, err := f.Rebuild(ctx, src, nil)
+		// A Rebuild of this Guard's that held the lock may have made the
+		// filter ready: a second rebuild would read every ID again for
+		// nothing, and its switch would make reads fail open meanwhile.
+		if ready() {
+			return false
+		}
+		n, err = f.Rebuild(ctx, src, nil)
 		if errors.Is(err, bloom.ErrTooSmall) { // the source outgrew the sizing: grow it, with room
 			g.log.Warn("cacheguard: the ID source outgrew the bloom filter; rebuilding it larger", "ids", n, "expected_items", 2*n)
 			n, err = f.Rebuild(ctx, src, &bloom.RebuildOptions{ExpectedItems: uint64(2 * n)})
 		}
-		return n, err
+		return true
 	}()
 	switch {
+	case !rebuilt:
+		return true
 	case err == nil:
 		g.bf.stale.CompareAndSwap(stale, false)
 		g.log.Info("cacheguard: bloom filter rebuilt", "cause", cause, "ids", n, "took", time.Since(start).Round(time.Millisecond))
@@ -277,6 +293,10 @@ func (g *Engine) rebuildOnce(ctx context.Context, cause string) (done bool) {
 	}
 	return false
 }
+
+// beforeAutoRebuild, set by tests alone, runs in an automatic rebuild
+// between its checks and the rebuild lock, to replay a Rebuild landing there.
+var beforeAutoRebuild func()
 
 // autoWaiting reports whether this Guard's back-off since its last
 // automatic rebuild is still running.

@@ -38,6 +38,17 @@ func SetAfterRead(f func(id string)) (restore func()) {
 	return func() { afterRead = nil }
 }
 
+// SetBeforeAutoRebuild runs f in each automatic rebuild between its checks
+// and the rebuild lock, until restore.
+func SetBeforeAutoRebuild(f func()) (restore func()) {
+	beforeAutoRebuild = f
+	return func() { beforeAutoRebuild = nil }
+}
+
+// AutoRebuilding reports whether an automatic rebuild of e is under way
+// (see autoRebuild).
+func AutoRebuilding(e *Engine) bool { return e.bf.rebuilding.Load() }
+
 // SetJoined tells f of each caller that joins a flight under way on e (its
 // value key), until restore.
 func SetJoined(e *Engine, f func(key string)) (restore func()) {

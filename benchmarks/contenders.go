@@ -63,8 +63,8 @@ type setup struct {
 var contenderNames = []string{"raw", "rueidis", "go-zero", "go-zero+bloom", "go-redis/cache", "go-redis/cache+local", "rueidis+client-cache",
 	"rueidisaside", "cacheguard", "cacheguard+local", "cacheguard+refresh", "cacheguard+local+refresh"}
 
-// hitReferences run on the hit path alone, after the contenders: floors to
-// set the contenders against, not libraries a user would pick.
+// hitReferences run on the hit path alone, in its rotation with the
+// contenders: floors to set them against, not libraries a user would pick.
 var hitReferences = []string{"go-redis+batch"}
 
 func newContender(ctx context.Context, name string, s setup) (Contender, error) {

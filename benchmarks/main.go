@@ -93,9 +93,9 @@ func main() {
 	}
 	if *only != "" {
 		keep := []string{"raw"}
+		all := append(slices.Clone(contenderNames), hitReferences...)
 		for _, n := range strings.Split(*only, ",") {
 			if n = strings.TrimSpace(n); n != "" && n != "raw" {
-				all := append(slices.Clone(contenderNames), hitReferences...)
 				if !slices.Contains(all, n) {
 					fmt.Fprintf(os.Stderr, "benchmarks: unknown contender %q (have %s)\n", n, strings.Join(all, ", "))
 					os.Exit(2)

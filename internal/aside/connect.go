@@ -256,22 +256,21 @@ func (g *Engine) rebuildOnce(ctx context.Context, cause string) (done bool) {
 		}
 	}
 	start := time.Now()
-	var n int
-	rebuilt := func() bool {
+	rebuilt, n, err := func() (bool, int, error) {
 		g.bf.mu.Lock()
 		defer g.bf.mu.Unlock() // a panic in Filter.IDs too
 		// A Rebuild of this Guard's that held the lock may have made the
 		// filter ready: a second rebuild would read every ID again for
 		// nothing, and its switch would make reads fail open meanwhile.
 		if ready() {
-			return false
+			return false, 0, nil
 		}
-		n, err = f.Rebuild(ctx, src, nil)
+		n, err := f.Rebuild(ctx, src, nil)
 		if errors.Is(err, bloom.ErrTooSmall) { // the source outgrew the sizing: grow it, with room
 			g.log.Warn("cacheguard: the ID source outgrew the bloom filter; rebuilding it larger", "ids", n, "expected_items", 2*n)
 			n, err = f.Rebuild(ctx, src, &bloom.RebuildOptions{ExpectedItems: uint64(2 * n)})
 		}
-		return true
+		return true, n, err
 	}()
 	switch {
 	case !rebuilt:

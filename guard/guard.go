@@ -28,6 +28,8 @@ import (
 // Guard guards the reads of one kind of entity. It is safe for concurrent use.
 type Guard struct{ e *aside.Engine }
 
+func init() { aside.EngineOf = func(g any) *aside.Engine { return g.(*Guard).e } }
+
 // New opens the Guard called name (letters, digits, '_', '-', '.') on rdb,
 // creating its bloom filter in Redis if needed (a process sized otherwise
 // adopts the stored layout and logs it).

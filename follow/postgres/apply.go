@@ -66,7 +66,7 @@ func (f *Follower) apply(ctx context.Context, txs []txn) error {
 				return err
 			}
 			run = run[:0]
-			if err := f.truncate(ctx, c.t); err != nil {
+			if err := f.reset(ctx, c.t, "TRUNCATE"); err != nil {
 				return err
 			}
 		}
@@ -156,19 +156,22 @@ func (f *Follower) writeEach(ctx context.Context, t *Table, fn func(context.Cont
 	return nil
 }
 
-// truncate drops every entry of t's Guard and rebuilds its filter from the
-// table's keys as they are now (read on a connection of its own).
-func (f *Follower) truncate(ctx context.Context, t *Table) error {
+// reset drops every entry of t's Guard and rebuilds its filter from the
+// table's keys as they are now (read on a connection of its own): after a
+// TRUNCATE, or when Redis lost writes no memory can replay.
+func (f *Follower) reset(ctx context.Context, t *Table, why string) error {
 	n, err := t.Guard.InvalidateAll(ctx)
 	if err != nil {
-		return fmt.Errorf("pgfollow: TRUNCATE of %s: %w", t.Name, err)
+		return fmt.Errorf("pgfollow: %s of %s: %w", why, t.Name, err)
 	}
-	// Force: the table is meant to be far smaller now (the check against a
-	// short source would keep the old generation).
-	if _, err := t.Guard.Rebuild(ctx, f.keysOf(ctx, t), &bloom.RebuildOptions{Force: true}); err != nil {
-		return fmt.Errorf("pgfollow: TRUNCATE of %s: rebuilding the filter: %w", t.Name, err)
+	// Force: the table may be far smaller now (the check against a short
+	// source would keep the old generation).
+	ids, err := t.Guard.Rebuild(ctx, f.keysOf(ctx, t), &bloom.RebuildOptions{Force: true})
+	if err != nil {
+		return fmt.Errorf("pgfollow: %s of %s: rebuilding the filter: %w", why, t.Name, err)
 	}
-	f.log.Info("cacheguard: pgfollow: table truncated: entries dropped and the filter rebuilt", "table", t.Name, "ids", n)
+	f.log.Info("cacheguard: pgfollow: "+why+": entries dropped and the filter rebuilt", "table", t.Name,
+		"entries_dropped", n, "filter_ids", ids)
 	return nil
 }
 

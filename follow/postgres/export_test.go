@@ -3,3 +3,6 @@ package pgfollow
 // SetBeforeApply sets the hook that runs as each batch is about to be
 // applied (nil: none).
 func SetBeforeApply(fn func()) { beforeApply = fn }
+
+// SetRepair turns f's repair of writes Redis lost on or off.
+func SetRepair(f *Follower, on bool) { f.noRepair.Store(!on) }

@@ -17,7 +17,10 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/jackc/pglogrepl"
 
 	"github.com/cacheguard/cacheguard/guard"
 	"github.com/cacheguard/cacheguard/internal/backoff"
@@ -59,6 +62,7 @@ type Stats struct {
 	Transactions uint64    // transactions applied
 	Changes      uint64    // row changes applied
 	Retries      uint64    // batches tried again after Redis failed
+	Rollbacks    uint64    // times a Guard's Redis was found behind the slot (its writes repaired)
 	LastApplied  time.Time // when the last batch landed
 }
 
@@ -69,6 +73,14 @@ type Follower struct {
 	keys   map[string]string // the tables' key columns, as the last check resolved them (Run's goroutine alone)
 	opts   Options
 	log    *slog.Logger
+
+	// Run's goroutine alone: each Guard's Redis, and the transactions this
+	// process applied since memFrom (position.go).
+	held       []*held
+	mem        []txn
+	memChanges int
+	memFrom    pglogrepl.LSN
+	noRepair   atomic.Bool // set by tests alone: no repair (a control)
 
 	mu sync.Mutex // guards stats and oldest
 	st Stats
@@ -103,6 +115,7 @@ func New(conn string, tables []Table, opts *Options) (*Follower, error) {
 		t.Name = name
 		f.tables[name] = &t
 	}
+	f.held = f.heldGuards()
 	return f, nil
 }
 

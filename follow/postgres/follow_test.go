@@ -35,8 +35,12 @@ func newOn(t *testing.T, rows int) *fixture {
 func TestMapping(t *testing.T) {
 	t.Parallel()
 	fx := newOn(t, 10)
-	fx.warm(10)
 	f, _ := fx.follow(fx.guard(fx.rdb))
+	// A reader opened after the follower's first start (which rebuilds the
+	// filter): its first reload of the filter's generation is the TRUNCATE's,
+	// not throttled by one a moment before (a throttled one fails open: a load).
+	fx.reader = fx.guard(redistest.Connect(t))
+	fx.warm(10)
 	step := func(what, sql string) {
 		t.Helper()
 		fx.exec(strings.ReplaceAll(sql, "{t}", fx.name))
@@ -116,8 +120,9 @@ func TestKilledMidBurst(t *testing.T) {
 	t.Parallel()
 	const rows = 10_000 // each updated once: a lost change is a stale row, never masked by a later one
 	fx := newOn(t, rows)
-	fx.warm(rows)
 	child := redistest.Spawn(t, "follow", "CG_TEST_TABLE="+fx.name, "CG_TEST_PREFIX="+fx.prefix, "CG_TEST_KILL_AT=3")
+	fx.positioned()
+	fx.warm(rows)
 	dead := make(chan struct{})
 	go func() {
 		_ = child.Cmd.Wait() // killed: an error
@@ -159,8 +164,8 @@ func TestRedisFrozen(t *testing.T) {
 	readerRDB := redis.NewClient(srv.Options())
 	t.Cleanup(func() { _ = readerRDB.Close() })
 	fx := newFixture(t, os.Getenv(envPG), rdb, readerRDB, "frozen", rows)
-	fx.warm(rows)
 	f, _ := fx.follow(fx.guard(rdb))
+	fx.warm(rows)
 	fx.burst(0, rows, func(i int) {
 		if i != 1000 {
 			return
@@ -194,8 +199,8 @@ func TestPostgresRestart(t *testing.T) {
 	t.Cleanup(srv.Remove)
 	c := redistest.Connect(t)
 	fx := newFixture(t, srv.URL("postgres"), c, redistest.Connect(t), c.Prefix, rows)
-	fx.warm(rows)
 	f, _ := fx.follow(fx.guard(c))
+	fx.warm(rows)
 	restarted := false
 	for i := range rows {
 		if i == 700 {
@@ -222,8 +227,8 @@ func TestStandby(t *testing.T) {
 	t.Parallel()
 	const rows = 400
 	fx := newOn(t, rows)
-	fx.warm(rows)
 	first, stopFirst := fx.follow(fx.guard(fx.rdb))
+	fx.warm(rows)
 	waitFor(t, "the first to follow", func() bool { return first.Stats().Following })
 	second, _ := fx.follow(fx.guard(fx.rdb))
 	waitFor(t, "the second to stand by", func() bool { return second.Stats().Standby })

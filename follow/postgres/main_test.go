@@ -209,11 +209,14 @@ func (fx *fixture) follow(g *guard.Guard) (*pgfollow.Follower, func()) {
 	return fx.followOn(fx.url, g)
 }
 
-func (fx *fixture) followOn(url string, g *guard.Guard) (*pgfollow.Follower, func()) {
+func (fx *fixture) followOn(url string, g *guard.Guard, before ...func(*pgfollow.Follower)) (*pgfollow.Follower, func()) {
 	fx.t.Helper()
 	f, err := pgfollow.New(url, fx.table(g), &pgfollow.Options{Slot: fx.name, Publication: fx.name})
 	if err != nil {
 		fx.t.Fatal(err)
+	}
+	for _, fn := range before {
+		fn(f)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -228,7 +231,20 @@ func (fx *fixture) followOn(url string, g *guard.Guard) (*pgfollow.Follower, fun
 		})
 	}
 	fx.t.Cleanup(stop)
+	fx.positioned()
 	return f, stop
+}
+
+// positioned waits until a follower of the fixture has started: it holds
+// the slot and has set its position in Redis (its first start drops the
+// Guard's entries: warm the reader after it).
+func (fx *fixture) positioned() {
+	fx.t.Helper()
+	key := fx.prefix + ":item:pos:pgfollow:" + fx.name
+	waitFor(fx.t, "the follower's position in redis", func() bool {
+		n, err := fx.rdb.Exists(context.Background(), key).Result()
+		return err == nil && n == 1
+	})
 }
 
 // caughtUp waits until f has applied every change committed so far.

@@ -25,9 +25,13 @@ type session struct {
 	pending []txn                // committed, received, not yet applied
 	changes int                  // row changes in pending
 	first   time.Time            // when the first of pending was received
-	applied pglogrepl.LSN        // confirmed to the server: everything before it landed
+	applied pglogrepl.LSN        // everything before it landed
+	written pglogrepl.LSN        // confirmed to the server: ≤ applied, and held in every Guard's Redis
 	status  time.Time            // when the last status update was sent
 	warned  time.Time            // when lag was last warned of
+	// verified is when the Guards' positions were last read (position.go),
+	// failed when a confirmation last failed to set them.
+	verified, failed time.Time
 }
 
 // relation is a table as pgoutput announced it.
@@ -68,6 +72,10 @@ func (f *Follower) follow(ctx context.Context) error {
 		return err
 	}
 	f.keys = keys
+	confirmed, err := f.confirmed(ctx, conn)
+	if err != nil {
+		return err
+	}
 	err = pglogrepl.StartReplication(ctx, conn, f.opts.Slot, 0, pglogrepl.StartReplicationOptions{
 		PluginArgs: []string{"proto_version '1'", "publication_names '" + f.opts.Publication + "'"},
 	})
@@ -79,13 +87,23 @@ func (f *Follower) follow(ctx context.Context) error {
 		return err
 	}
 	f.setState(true, false)
-	s := &session{f: f, conn: conn, rels: map[uint32]*relation{}, status: time.Now()}
+	s := &session{f: f, conn: conn, rels: map[uint32]*relation{}, status: time.Now(), applied: confirmed, written: confirmed}
+	f.startMemory(confirmed)
+	for _, h := range f.held {
+		h.known = false
+	}
+	if err := s.verify(ctx); err != nil && !retryable(ctx, err) {
+		return err
+	}
 	return s.run(ctx)
 }
 
 func (s *session) run(ctx context.Context) error {
 	for {
 		deadline := s.status.Add(statusEvery)
+		if v := s.verified.Add(verifyEvery); v.Before(deadline) {
+			deadline = v
+		}
 		if len(s.pending) > 0 {
 			deadline = time.Now().Add(batchIdle)
 		}
@@ -99,8 +117,13 @@ func (s *session) run(ctx context.Context) error {
 			if err := s.apply(ctx); err != nil {
 				return err
 			}
+			if time.Since(s.verified) >= verifyEvery { // idle: has Redis lost writes meanwhile?
+				if err := s.verify(ctx); err != nil && !retryable(ctx, err) {
+					return err
+				}
+			}
 			if time.Since(s.status) >= statusEvery {
-				if err := s.confirm(); err != nil {
+				if err := s.confirm(ctx); err != nil {
 					return err
 				}
 			}
@@ -108,7 +131,7 @@ func (s *session) run(ctx context.Context) error {
 		case err != nil:
 			return err
 		}
-		if err := s.handle(msg); err != nil {
+		if err := s.handle(ctx, msg); err != nil {
 			return err
 		}
 		if s.changes >= batchChanges || len(s.pending) > 0 && time.Since(s.first) >= batchAge {
@@ -120,7 +143,7 @@ func (s *session) run(ctx context.Context) error {
 }
 
 // handle takes one message of the stream.
-func (s *session) handle(msg pgproto3.BackendMessage) error {
+func (s *session) handle(ctx context.Context, msg pgproto3.BackendMessage) error {
 	var data []byte
 	switch m := msg.(type) {
 	case *pgproto3.CopyData:
@@ -146,13 +169,10 @@ func (s *session) handle(msg pgproto3.BackendMessage) error {
 		// is behind its own, and not again until it hears back.
 		if s.tx == nil && len(s.pending) == 0 && k.ServerWALEnd > s.applied {
 			s.applied = k.ServerWALEnd
-			s.f.mu.Lock()
-			s.f.st.AppliedLSN = uint64(s.applied)
-			s.f.mu.Unlock()
-			return s.confirm()
+			return s.confirm(ctx)
 		}
 		if k.ReplyRequested {
-			return s.confirm()
+			return s.confirm(ctx)
 		}
 	case pglogrepl.XLogDataByteID:
 		x, err := pglogrepl.ParseXLogData(data[1:])
@@ -311,7 +331,7 @@ func (s *session) apply(ctx context.Context) error {
 			s.f.log.Warn("cacheguard: pgfollow: applying changes failed; holding the slot's position and retrying", "err", err)
 		}
 		if time.Since(s.status) >= statusEvery {
-			if err := s.confirm(); err != nil {
+			if err := s.confirm(ctx); err != nil {
 				return err
 			}
 		}
@@ -321,20 +341,41 @@ func (s *session) apply(ctx context.Context) error {
 	}
 	last := s.pending[len(s.pending)-1]
 	s.applied = last.end
+	s.f.remember(s.pending)
 	s.f.mu.Lock()
-	s.f.st.AppliedLSN = uint64(s.applied)
 	s.f.st.Transactions += uint64(len(s.pending))
 	s.f.st.Changes += uint64(s.changes)
 	s.f.st.LastApplied = time.Now()
 	s.f.oldest = time.Time{}
 	s.f.mu.Unlock()
 	s.pending, s.changes = s.pending[:0], 0
-	return s.confirm()
+	return s.confirm(ctx)
 }
 
-// confirm sends the server the applied position: the slot may drop the
-// WAL before it, and a restart resumes there.
-func (s *session) confirm() error {
+// confirm sets the applied position in every Guard's Redis, then sends it
+// to the server: the slot may drop the WAL before it, and a restart resumes
+// there. While Redis fails, the position confirmed stays where Redis holds it.
+func (s *session) confirm(ctx context.Context) error {
 	s.status = time.Now()
-	return pglogrepl.SendStandbyStatusUpdate(context.Background(), s.conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: s.applied})
+	if s.applied > s.written {
+		switch err := s.advance(ctx); {
+		case err == nil:
+			s.written = s.applied
+		case !retryable(ctx, err):
+			return err
+		case time.Since(s.failed) >= 10*time.Second:
+			s.failed = time.Now()
+			s.f.log.Warn("cacheguard: pgfollow: cannot set the position in redis; the slot stays at the last one set", "err", err)
+		}
+		s.f.mu.Lock()
+		s.f.st.AppliedLSN = uint64(s.written)
+		s.f.mu.Unlock()
+	}
+	return pglogrepl.SendStandbyStatusUpdate(context.Background(), s.conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: s.written})
+}
+
+// retryable reports whether err is Redis failing (tried again later), not
+// the end of Run (ctx done, a Guard closed).
+func retryable(ctx context.Context, err error) bool {
+	return ctx.Err() == nil && !errors.Is(err, guard.ErrClosed)
 }

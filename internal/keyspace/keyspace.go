@@ -231,3 +231,7 @@ func ValidPrefix(s string) bool {
 	}
 	return true
 }
+
+// Position is the key holding the position of the change feed called feed
+// (a follower's), beside the Guard's keys and outside their patterns.
+func (s Guard) Position(feed string) string { return s.base + "pos:" + feed }

@@ -53,9 +53,6 @@ func TestCommand(t *testing.T) {
 		err := pool.QueryRow(ctx, "SELECT v FROM products WHERE id = $1", id).Scan(&v)
 		return v, err
 	}
-	if v, err := guard.Get(ctx, reader, "p1", load); err != nil || v != 1 {
-		t.Fatalf("Get p1 = %d, %v", v, err)
-	}
 	port, err := redisserver.FreePort(false)
 	if err != nil {
 		t.Fatal(err)
@@ -85,6 +82,12 @@ func TestCommand(t *testing.T) {
 		var active bool
 		return pool.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = 'cacheguard'").Scan(&active) == nil && active
 	})
+	waitFor(t, "the follower's position in redis (its first start drops the entries)", func() bool {
+		return c.Exists(ctx, c.Prefix+":product:pos:pgfollow:cacheguard").Val() == 1
+	})
+	if v, err := guard.Get(ctx, reader, "p1", load); err != nil || v != 1 {
+		t.Fatalf("Get p1 = %d, %v", v, err)
+	}
 	if _, err := pool.Exec(ctx, "UPDATE products SET v = 2 WHERE id = 'p1'"); err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,146 @@
+package pgfollow_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	pgfollow "github.com/cacheguard/cacheguard/follow/postgres"
+	"github.com/cacheguard/cacheguard/internal/redisserver"
+	"github.com/cacheguard/cacheguard/internal/redistest"
+)
+
+// TestRedisRollback: the follower applied UPDATEs, then Redis restarts from
+// a dump taken before them, with no change streaming afterwards. The
+// entries the UPDATEs invalidated come back with the old values; the
+// follower finds its position in Redis behind the slot and repairs them,
+// whether it kept running (idle: the changes replayed from its memory), was
+// restarted, or a standby took over (entries dropped, filter rebuilt).
+// Control: with the repair off, a restarted follower leaves every updated
+// row stale (nothing else in any process remembers the changes).
+func TestRedisRollback(t *testing.T) {
+	if testing.Short() {
+		t.Skip("restarts Redis from dumps: make test")
+	}
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		repairOn bool
+		during   func(rb *rollback) // runs around the crash
+	}{
+		{"idle follower", true, (*rollback).idle},
+		{"restarted follower", true, (*rollback).restarted},
+		{"standby takes over", true, (*rollback).standby},
+		{"control: restarted follower, repair off", false, (*rollback).restarted},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			rb := newRollback(t)
+			rb.repairOn = tc.repairOn
+			tc.during(rb)
+			repaired := "never"
+			for time.Since(rb.answered) < 2*time.Second {
+				if rb.fx.stale() == 0 {
+					repaired = time.Since(rb.answered).Round(time.Millisecond).String()
+					break
+				}
+			}
+			at2, at5 := rb.staleAt(2*time.Second), rb.staleAt(5*time.Second)
+			t.Logf("%s: stale rows after redis answered again: 0 within %s; %d at 2 s, %d at 5 s (of %d updated)", tc.name,
+				repaired, at2, at5, updated)
+			if !tc.repairOn {
+				if at5 < updated {
+					t.Fatalf("control: %d stale rows at 5 s with the repair off, want all %d updated", at5, updated)
+				}
+				return
+			}
+			waitFor(t, "no stale row", func() bool { return rb.fx.stale() == 0 })
+		})
+	}
+}
+
+// updated is how many rows change after the dump (of rollbackRows cached).
+const updated, rollbackRows = 50, 200
+
+// rollback is one scenario: a fixture on a Redis of its own, a follower
+// caught up, a dump, then updated rows applied and read by the reader.
+type rollback struct {
+	t        *testing.T
+	srv      *redisserver.Server
+	fx       *fixture
+	f        *pgfollow.Follower
+	stop     func()
+	answered time.Time // when Redis answered again after the crash
+	repairOn bool      // the follower started after the crash repairs
+}
+
+func newRollback(t *testing.T) *rollback {
+	srv, rdb := redistest.Private(t)
+	readerRDB := redis.NewClient(srv.Options())
+	t.Cleanup(func() { _ = readerRDB.Close() })
+	fx := newFixture(t, os.Getenv(envPG), rdb, readerRDB, "rollback", rollbackRows)
+	rb := &rollback{t: t, srv: srv, fx: fx}
+	rb.f, rb.stop = fx.follow(fx.guard(rdb))
+	fx.warm(rollbackRows)
+	fx.caughtUp(rb.f)
+	if err := rdb.Save(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	fx.burst(0, updated, nil)
+	fx.caughtUp(rb.f)
+	if n := fx.stale(); n != 0 { // and the reader caches the new values
+		t.Fatalf("%d stale rows before the crash", n)
+	}
+	return rb
+}
+
+// crash SIGKILLs Redis and restarts it from the dump.
+func (rb *rollback) crash() {
+	rb.t.Helper()
+	if err := rb.srv.Kill(); err != nil {
+		rb.t.Fatal(err)
+	}
+	if err := rb.srv.Restart(context.Background()); err != nil {
+		rb.t.Fatal(err)
+	}
+	rb.answered = time.Now()
+}
+
+// idle: the follower keeps running; no change comes after the crash. Rows
+// not updated keep their entries (the repair replays, drops nothing).
+func (rb *rollback) idle() {
+	rb.crash()
+	waitFor(rb.t, "the repair", func() bool { return rb.f.Stats().Rollbacks > 0 })
+	key := fmt.Sprintf("%s:item:{id%d}", rb.fx.prefix, rollbackRows-1)
+	if n, err := rb.fx.rdb.Exists(context.Background(), key).Result(); err != nil || n != 1 {
+		rb.t.Fatalf("the entry of a row not updated: exists %d, %v; want it kept by a replay", n, err)
+	}
+}
+
+// restarted: the follower stops before the crash; a new one (a new
+// process: a Guard and memory of its own) starts after it.
+func (rb *rollback) restarted() {
+	rb.stop()
+	rb.crash()
+	rb.fx.followOn(rb.fx.url, rb.fx.guard(rb.fx.rdb), func(f *pgfollow.Follower) { pgfollow.SetRepair(f, rb.repairOn) })
+}
+
+// standby: a second follower stands by; the first stops after the crash.
+func (rb *rollback) standby() {
+	second, _ := rb.fx.followOn(rb.fx.url, rb.fx.guard(rb.fx.rdb))
+	waitFor(rb.t, "the second to stand by", func() bool { return second.Stats().Standby })
+	pgfollow.SetRepair(rb.f, false) // the first must not repair: the second takes over unrepaired
+	rb.crash()
+	rb.stop()
+	waitFor(rb.t, "the second to take over", func() bool { return second.Stats().Following })
+}
+
+// staleAt counts the stale rows at d after Redis answered again.
+func (rb *rollback) staleAt(d time.Duration) int {
+	time.Sleep(time.Until(rb.answered.Add(d))) // a point in time the figure is taken at, not a wait for a state
+	return rb.fx.stale()
+}

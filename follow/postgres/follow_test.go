@@ -4,12 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"maps"
 	"os"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
 	pgfollow "github.com/cacheguard/cacheguard/follow/postgres"
@@ -327,5 +332,138 @@ func TestClosedGuardEndsRun(t *testing.T) {
 	}
 	if after := fx.confirmed(); after != before {
 		t.Fatalf("the slot moved from %d to %d: a change was confirmed that no Guard applied", before, after)
+	}
+}
+
+// logs is a slog handler that keeps every record, for a test to read.
+type logs struct {
+	mu   sync.Mutex
+	recs []slog.Record
+}
+
+func (l *logs) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logs) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.recs = append(l.recs, r)
+	return nil
+}
+func (l *logs) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *logs) WithGroup(string) slog.Handler      { return l }
+
+// TestNullKey: a key column that may be NULL (a unique email, REPLICA
+// IDENTITY FULL). A row with a NULL key has no ID: an UPDATE giving it a
+// value adds that ID (the filter built before would answer "not found"),
+// one setting it to NULL deletes the old ID (answered "not found" without
+// a load), and changes of rows whose key stays NULL write nothing. None is
+// a warning. A key TOASTed and unchanged is still read from the old tuple.
+func TestNullKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	fx := newOn(t, 5)
+	long := strings.Repeat("0123456789abcdef", 150) // 2,400 bytes: stored out of line, and under a B-tree entry's limit
+	fx.exec("ALTER TABLE " + fx.name + " ADD COLUMN email text UNIQUE")
+	fx.exec("ALTER TABLE " + fx.name + " ALTER COLUMN email SET STORAGE EXTERNAL")
+	fx.exec("ALTER TABLE " + fx.name + " REPLICA IDENTITY FULL")
+	fx.exec("UPDATE "+fx.name+" SET email = $1 WHERE id = 'id2'", "m2@x")
+	fx.exec("UPDATE "+fx.name+" SET email = $1 WHERE id = 'id4'", long)
+	mail := func() *guard.Guard {
+		g, err := guard.New(ctx, fx.rdb, "mail", &guard.Options{KeyPrefix: fx.prefix, Tuning: guard.Tuning{MaxKeyLen: 4096}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = g.Close() })
+		return g
+	}
+	reader := mail()
+	emails := func(yield func(string, error) bool) {
+		for _, e := range []string{"m2@x", long} {
+			if !yield(e, nil) {
+				return
+			}
+		}
+	}
+	if _, err := reader.Rebuild(ctx, emails, nil); err != nil {
+		t.Fatal(err)
+	}
+	loads := 0
+	load := func(ctx context.Context, email string) (int, error) {
+		loads++
+		var v int
+		err := fx.pool.QueryRow(ctx, "SELECT v FROM "+fx.name+" WHERE email = $1", email).Scan(&v)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return 0, guard.ErrNotFound
+		}
+		return v, err
+	}
+	want := func(email string, v int) {
+		t.Helper()
+		if got, err := guard.Get(ctx, reader, email, load); err != nil || got != v {
+			t.Fatalf("Get %.20s = %d, %v; want %d", email, got, err, v)
+		}
+	}
+	want("m2@x", 0)
+	want(long, 0)
+	waitFor(t, "the rows to be cached", func() bool {
+		n, err := fx.rdb.Exists(ctx, fx.prefix+":mail:{m2@x}").Result()
+		return err == nil && n == 1
+	})
+	var l logs
+	f, err := pgfollow.New(fx.url, []pgfollow.Table{{Name: fx.name, Key: "email", Guard: mail()}},
+		&pgfollow.Options{Slot: fx.name, Publication: fx.name, Logger: slog.New(&l)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- f.Run(runCtx) }()
+	defer func() {
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	step := func(sql string) {
+		t.Helper()
+		fx.exec(strings.ReplaceAll(sql, "{t}", fx.name))
+		fx.caughtUp(f)
+	}
+
+	step("UPDATE {t} SET email = 'n1@x', v = 1 WHERE id = 'id1'") // NULL → a value: an insert
+	if ok, err := reader.MayExist(ctx, "n1@x"); err != nil || !ok {
+		t.Fatalf("MayExist n1@x = %v, %v after its key went from NULL to a value; want true", ok, err)
+	}
+	want("n1@x", 1)
+
+	step("UPDATE {t} SET email = NULL, v = 2 WHERE id = 'id2'") // a value → NULL: a delete of the old ID
+	before := loads
+	if _, err := guard.Get(ctx, reader, "m2@x", load); !errors.Is(err, guard.ErrNotFound) || loads != before {
+		t.Fatalf("Get m2@x after its key went to NULL: %v with %d loads; want ErrNotFound from the marker, no load", err, loads-before)
+	}
+
+	changes := f.Stats().Changes
+	step("UPDATE {t} SET v = 3 WHERE id = 'id3'") // NULL → NULL
+	step("INSERT INTO {t} VALUES ('id9', 9, NULL)")
+	step("DELETE FROM {t} WHERE id = 'id9'")
+	if got := f.Stats().Changes; got != changes {
+		t.Fatalf("%d changes applied for rows whose key stayed NULL, want 0", got-changes)
+	}
+
+	step("UPDATE {t} SET v = 4 WHERE id = 'id4'") // the key TOASTed and unchanged: the old tuple has it
+	want(long, 4)
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	nulls := map[string]bool{} // the setting of the emails above, replayed from the slot, adds lines of its own
+	for _, r := range l.recs {
+		if r.Level >= slog.LevelWarn {
+			t.Errorf("logged at %v: %s", r.Level, r.Message)
+		}
+		if strings.Contains(r.Message, "NULL") {
+			nulls[r.Message] = true
+		}
+	}
+	if len(nulls) != 4 {
+		t.Errorf("log lines %q; want 4 kinds, saying what each kind of change above did", slices.Collect(maps.Keys(nulls)))
 	}
 }

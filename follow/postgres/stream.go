@@ -230,44 +230,75 @@ func (s *session) relation(m *pglogrepl.RelationMessage) error {
 	return nil
 }
 
-// add records a row change of the key in tuple.
+// add records an INSERT's or a DELETE's change of the key in tuple; a row
+// whose key is NULL has no ID, so nothing is recorded.
 func (s *session) add(r *relation, o op, tuple *pglogrepl.TupleData) {
-	if key, ok := s.key(r, tuple); ok && s.tx != nil {
+	switch key, k := s.key(r, tuple); k {
+	case keyText:
+		s.record(r, o, key)
+	case keyNull:
+		s.f.log.Debug("cacheguard: pgfollow: a row with a NULL key has no ID: nothing to apply", "table", r.t.Name)
+	}
+}
+
+// record appends a change of key to the transaction being received.
+func (s *session) record(r *relation, o op, key string) {
+	if s.tx != nil {
 		s.tx.changes = append(s.tx.changes, change{t: r.t, op: o, key: key})
 	}
 }
 
-// update records an UPDATE: with the key changed (the old key sent), the
-// old ID is gone and the new one created.
+// update records an UPDATE by its key before and after: a NULL key is no
+// ID, so NULL to a value creates one (Add) and a value to NULL deletes one;
+// a changed key deletes the old ID and creates the new. The old tuple is
+// sent when the key changed (or always, with REPLICA IDENTITY FULL).
 func (s *session) update(r *relation, old, new *pglogrepl.TupleData) {
-	nk, ok := s.key(r, new)
+	ok, okind := s.key(r, old)
+	nk, nkind := s.key(r, new)
+	if nkind == keyAbsent { // the key left out of the new tuple (TOASTed, unchanged): the old one has it
+		nk, nkind = ok, okind
+	}
 	switch {
-	case !ok && old != nil: // the key left out of the new tuple (TOASTed, unchanged): the old one has it
-		s.add(r, opUpdate, old)
-		return
-	case !ok:
+	case nkind == keyAbsent:
 		s.f.log.Error("cacheguard: pgfollow: an UPDATE whose key was not sent: not applied", "table", r.t.Name)
-		return
+	case nkind == keyNull && okind == keyText:
+		s.f.log.Debug("cacheguard: pgfollow: an UPDATE set the key to NULL: its old ID deleted", "table", r.t.Name)
+		s.record(r, opDelete, ok)
+	case nkind == keyNull:
+		s.f.log.Debug("cacheguard: pgfollow: an UPDATE of a row with a NULL key: it has no ID, nothing to apply", "table", r.t.Name)
+	case okind == keyNull:
+		s.f.log.Debug("cacheguard: pgfollow: an UPDATE gave a NULL key a value: its ID added", "table", r.t.Name)
+		s.record(r, opInsert, nk)
+	case okind == keyText && ok != nk:
+		s.record(r, opDelete, ok)
+		s.record(r, opInsert, nk)
+		s.record(r, opUpdate, nk)
+	default:
+		s.record(r, opUpdate, nk)
 	}
-	if ok, found := s.key(r, old); found && ok != nk {
-		s.add(r, opDelete, old)
-		s.add(r, opInsert, new)
-	}
-	s.add(r, opUpdate, new)
 }
 
-// key is the key column's text in tuple.
-func (s *session) key(r *relation, tuple *pglogrepl.TupleData) (string, bool) {
+// keyKind says what a tuple holds in its key column.
+type keyKind uint8
+
+const (
+	keyAbsent keyKind = iota // no tuple, or the value left out (TOASTed, unchanged)
+	keyNull
+	keyText
+)
+
+// key is the key column's text in tuple, and what the tuple holds there.
+func (s *session) key(r *relation, tuple *pglogrepl.TupleData) (string, keyKind) {
 	if tuple == nil || r.key >= len(tuple.Columns) {
-		return "", false
+		return "", keyAbsent
 	}
 	switch c := tuple.Columns[r.key]; c.DataType {
 	case pglogrepl.TupleDataTypeText:
-		return string(c.Data), true
+		return string(c.Data), keyText
 	case pglogrepl.TupleDataTypeNull:
-		s.f.log.Warn("cacheguard: pgfollow: a row change with a NULL key: not applied", "table", r.t.Name)
+		return "", keyNull
 	}
-	return "", false
+	return "", keyAbsent
 }
 
 // heard records the server's WAL position, and warns (at most every

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	pgfollow "github.com/cacheguard/cacheguard/follow/postgres"
@@ -244,51 +246,159 @@ func TestStandby(t *testing.T) {
 }
 
 // TestSetupErrors: a set-up that cannot work ends Run with ErrSetup and
-// says what to run.
+// says what to run; the test runs that command, as an administrator would,
+// and the next Run gets past it: it follows, or stops at the next problem.
 func TestSetupErrors(t *testing.T) {
 	t.Parallel()
 	fx := newOn(t, 1)
 	url := os.Getenv(envPG)
 	g := fx.guard(fx.rdb)
-	fx.exec("CREATE TABLE " + fx.name + "_nopk (id text, v int)")
-	fx.exec("CREATE ROLE " + fx.name + "_plain LOGIN")
+	n := fx.name
+	fx.exec("CREATE TABLE " + n + "_nopk (id text, v int)")
+	fx.exec("CREATE ROLE " + n + "_plain LOGIN")
+	fx.exec("CREATE TABLE " + n + "_parts (id text PRIMARY KEY, v int) PARTITION BY HASH (id)")
+	fx.exec("CREATE TABLE " + n + "_parts0 PARTITION OF " + n + "_parts FOR VALUES WITH (MODULUS 1, REMAINDER 0)")
+	fx.exec("CREATE PUBLICATION " + n + "_bypart FOR TABLE " + n + "_parts") // the partitions' names, PostgreSQL's default
+	fx.exec("CREATE PUBLICATION " + n + "_ins FOR TABLE " + n + " WITH (publish = 'insert')")
+	fx.exec("SELECT pg_create_logical_replication_slot('" + n + "_td', 'test_decoding')")
+	t.Cleanup(func() { _ = pgfollow.DropSlot(context.Background(), url, n+"_s") }) // made by the first case's command
 	cases := []struct {
-		name, url, table, slot, pub, want string
+		name, url, table, key, slot, pub, want string
+		keyAfter, then                         string // the next Run's key if another, and what it stops at ("": it follows)
 	}{
-		{"missing slot", url, fx.name, "nosuchslot", fx.name, "-create"},
-		{"missing publication", url, fx.name, fx.name, "nosuchpub", "CREATE PUBLICATION"},
-		{"table not published", url, fx.name + "_nopk", fx.name, fx.name, "ALTER PUBLICATION"},
-		{"role without REPLICATION", strings.Replace(url, "postgres@", fx.name+"_plain@", 1), fx.name, fx.name, fx.name, "ALTER ROLE"},
+		{name: "missing slot", url: url, table: n, slot: n + "_s", pub: n, want: "-create"},
+		{name: "missing publication", url: url, table: n, slot: n, pub: n + "_p", want: "CREATE PUBLICATION"},
+		{name: "a kind of change not published", url: url, table: n, slot: n, pub: n + "_ins", want: "publish ="},
+		{name: "slot of another plugin", url: url, table: n, slot: n + "_td", pub: n, want: "not pgoutput", then: "no replication slot"},
+		{name: "role without REPLICATION", url: strings.Replace(url, "postgres@", n+"_plain@", 1), table: n, slot: n, pub: n, want: "ALTER ROLE"},
+		{name: "table not published", url: url, table: n + "_nopk", slot: n, pub: n, want: "ADD TABLE", then: "primary key"},
+		{name: "key outside the replica identity", url: url, table: n + "_nopk", key: "v", slot: n, pub: n, want: "replica identity"},
+		{name: "no primary key", url: url, table: n + "_nopk", slot: n, pub: n, want: "REPLICA IDENTITY", keyAfter: "id"},
+		{name: "partitioned, published by partition", url: url, table: n + "_parts", slot: n, pub: n + "_bypart", want: "publish_via_partition_root"},
 	}
 	for _, c := range cases {
-		f, err := pgfollow.New(c.url, []pgfollow.Table{{Name: c.table, Guard: g}}, &pgfollow.Options{Slot: c.slot, Publication: c.pub})
+		f, err := pgfollow.New(c.url, []pgfollow.Table{{Name: c.table, Key: c.key, Guard: g}}, &pgfollow.Options{Slot: c.slot, Publication: c.pub})
 		if err != nil {
 			t.Fatal(err)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		err = f.Run(ctx)
-		cancel()
+		err = runUntilFollowing(f)
 		if !errors.Is(err, pgfollow.ErrSetup) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want ErrSetup saying %q", c.name, err, c.want)
+			continue
 		}
-	}
-	fx.exec("ALTER PUBLICATION " + fx.name + " ADD TABLE " + fx.name + "_nopk")
-	f, _ := pgfollow.New(url, []pgfollow.Table{{Name: fx.name + "_nopk", Guard: g}}, &pgfollow.Options{Slot: fx.name, Publication: fx.name})
-	if err := f.Run(context.Background()); !errors.Is(err, pgfollow.ErrSetup) || !strings.Contains(err.Error(), "REPLICA IDENTITY") {
-		t.Errorf("a table without a primary key: %v, want ErrSetup saying REPLICA IDENTITY", err)
-	}
-	f, _ = pgfollow.New(url, []pgfollow.Table{{Name: fx.name + "_nopk", Key: "v", Guard: g}}, &pgfollow.Options{Slot: fx.name, Publication: fx.name})
-	if err := f.Run(context.Background()); !errors.Is(err, pgfollow.ErrSetup) || !strings.Contains(err.Error(), "replica identity") {
-		t.Errorf("a key outside the replica identity: %v", err)
+		if !fx.advice(err) {
+			continue
+		}
+		if c.keyAfter != "" {
+			c.key = c.keyAfter
+		}
+		f, _ = pgfollow.New(c.url, []pgfollow.Table{{Name: c.table, Key: c.key, Guard: g}}, &pgfollow.Options{Slot: c.slot, Publication: c.pub})
+		switch next := runUntilFollowing(f); {
+		case c.then == "" && next != nil:
+			t.Errorf("%s: after its command, Run: %v; want it following", c.name, next)
+		case c.then != "" && (next == nil || !strings.Contains(next.Error(), c.then)):
+			t.Errorf("%s: after its command, Run: %v; want an error saying %q", c.name, next, c.then)
+		}
 	}
 	plain, err := pgserver.Start() // wal_level replica, the default
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer plain.Remove()
-	f, _ = pgfollow.New(plain.URL("postgres"), []pgfollow.Table{{Name: "t", Guard: g}}, nil)
-	if err := f.Run(context.Background()); !errors.Is(err, pgfollow.ErrSetup) || !strings.Contains(err.Error(), "wal_level = logical") {
-		t.Errorf("wal_level replica: %v, want ErrSetup saying wal_level = logical", err)
+	f, _ := pgfollow.New(plain.URL("postgres"), []pgfollow.Table{{Name: "t", Guard: g}}, nil)
+	err = f.Run(context.Background())
+	if !errors.Is(err, pgfollow.ErrSetup) || !strings.Contains(err.Error(), "wal_level = logical") {
+		t.Fatalf("wal_level replica: %v, want ErrSetup saying wal_level = logical", err)
+	}
+	if !(&fixture{t: t, pool: poolOf(t, plain.URL("postgres"))}).advice(err) {
+		return
+	}
+	if err := plain.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "no replication slot") {
+		t.Errorf("wal_level set as told and PostgreSQL restarted: %v; want the next problem, no slot", err)
+	}
+}
+
+// adviceSQL finds the command an ErrSetup says to run.
+var adviceSQL = regexp.MustCompile(`(ALTER|CREATE|SELECT) [^;]*`)
+
+// advice runs the command that err says to run, and reports whether
+// PostgreSQL accepted it.
+func (fx *fixture) advice(err error) bool {
+	fx.t.Helper()
+	sql := adviceSQL.FindString(err.Error())
+	if sql == "" {
+		fx.t.Errorf("no command in %v", err)
+		return false
+	}
+	if _, err := fx.pool.Exec(context.Background(), sql); err != nil {
+		fx.t.Errorf("the advice %q: %v", sql, err)
+		return false
+	}
+	return true
+}
+
+// poolOf is a pool of connections to url, closed when the test ends.
+func poolOf(t *testing.T, url string) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// runUntilFollowing runs f until it consumes its slot (nil) or Run ends
+// (its error).
+func runUntilFollowing(f *pgfollow.Follower) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // a bound, should it hang
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx) }()
+	for {
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(5 * time.Millisecond): // polling the follower's state
+		}
+		if f.Stats().Following {
+			cancel()
+			<-done
+			return nil
+		}
+	}
+}
+
+// TestPartitioned: a partitioned table is followed under its own name:
+// Setup publishes via the partition root (and sets that on a publication
+// made without it), and every change of a partition reaches the table's
+// Guard.
+func TestPartitioned(t *testing.T) {
+	t.Parallel()
+	const rows = 200
+	c := redistest.Connect(t)
+	fx := newPartitioned(t, os.Getenv(envPG), c, redistest.Connect(t), c.Prefix, rows, 3)
+	fx.exec("ALTER PUBLICATION " + fx.name + " SET (publish_via_partition_root = false)")
+	if err := pgfollow.Setup(context.Background(), fx.url, &pgfollow.Options{Slot: fx.name, Publication: fx.name}, fx.name); err != nil {
+		t.Fatalf("Setup on a publication without publish_via_partition_root: %v", err)
+	}
+	fx.warm(rows)
+	f, _ := fx.follow(fx.guard(fx.rdb))
+	fx.burst(0, rows, nil)
+	fx.exec("INSERT INTO " + fx.name + " VALUES ('new', 7)")
+	fx.exec("DELETE FROM " + fx.name + " WHERE id = 'id0'")
+	fx.caughtUp(f)
+	if n := fx.stale(); n != 0 {
+		t.Fatalf("%d of %d rows stale", n, rows-1)
+	}
+	if v, err := fx.get("new"); err != nil || v != 7 {
+		t.Fatalf("Get new = %d, %v; want 7 (inserted into a partition)", v, err)
+	}
+	if _, err := fx.get("id0"); !errors.Is(err, guard.ErrNotFound) {
+		t.Fatalf("Get id0: %v, want ErrNotFound (deleted from a partition)", err)
 	}
 }
 

@@ -156,20 +156,30 @@ func (f *Follower) writeEach(ctx context.Context, t *Table, fn func(context.Cont
 	return nil
 }
 
-// truncate drops every entry of t's Guard and rebuilds its filter from the
-// table's keys as they are now (read on a connection of its own).
+// truncate applies a TRUNCATE of t.
 func (f *Follower) truncate(ctx context.Context, t *Table) error {
-	n, err := t.Guard.InvalidateAll(ctx)
+	n, err := f.reset(ctx, t)
 	if err != nil {
 		return fmt.Errorf("pgfollow: TRUNCATE of %s: %w", t.Name, err)
 	}
-	// Force: the table is meant to be far smaller now (the check against a
-	// short source would keep the old generation).
-	if _, err := t.Guard.Rebuild(ctx, f.keysOf(ctx, t), &bloom.RebuildOptions{Force: true}); err != nil {
-		return fmt.Errorf("pgfollow: TRUNCATE of %s: rebuilding the filter: %w", t.Name, err)
-	}
 	f.log.Info("cacheguard: pgfollow: table truncated: entries dropped and the filter rebuilt", "table", t.Name, "ids", n)
 	return nil
+}
+
+// reset drops every entry of t's Guard and rebuilds its filter from the
+// table's keys as they are now (read on a connection of its own); it
+// returns the entries dropped.
+func (f *Follower) reset(ctx context.Context, t *Table) (int, error) {
+	n, err := t.Guard.InvalidateAll(ctx)
+	if err != nil {
+		return 0, err
+	}
+	// Force: the table may be far smaller now (the check against a short
+	// source would keep the old generation).
+	if _, err := t.Guard.Rebuild(ctx, f.keysOf(ctx, t), &bloom.RebuildOptions{Force: true}); err != nil {
+		return n, fmt.Errorf("rebuilding the filter: %w", err)
+	}
+	return n, nil
 }
 
 // keysOf lists the key column of t.

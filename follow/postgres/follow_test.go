@@ -194,15 +194,9 @@ func TestRedisFrozen(t *testing.T) {
 func TestPostgresRestart(t *testing.T) {
 	t.Parallel()
 	const rows = 2000
-	srv, err := startLogical()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Remove)
-	c := redistest.Connect(t)
-	fx := newFixture(t, srv.URL("postgres"), c, redistest.Connect(t), c.Prefix, rows)
+	srv, fx := newPrivate(t, rows)
 	fx.warm(rows)
-	f, _ := fx.follow(fx.guard(c))
+	f, _ := fx.follow(fx.guard(fx.rdb))
 	restarted := false
 	for i := range rows {
 		if i == 700 {
@@ -221,6 +215,19 @@ func TestPostgresRestart(t *testing.T) {
 	if n := fx.stale(); n != 0 {
 		t.Fatalf("%d of %d rows stale after PostgreSQL's restart", n, rows)
 	}
+}
+
+// newPrivate is newFixture on a PostgreSQL server of its own, started with
+// settings, and the package's Redis.
+func newPrivate(t *testing.T, rows int, settings ...string) (*pgserver.Server, *fixture) {
+	t.Helper()
+	srv, err := startLogical(settings...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Remove)
+	c := redistest.Connect(t)
+	return srv, newFixture(t, srv.URL("postgres"), c, redistest.Connect(t), c.Prefix, rows)
 }
 
 // TestStandby: a second follower of the slot waits while the first
@@ -575,5 +582,83 @@ func TestNullKey(t *testing.T) {
 	}
 	if len(nulls) != 4 {
 		t.Errorf("log lines %q; want 4 kinds, saying what each kind of change above did", slices.Collect(maps.Keys(nulls)))
+	}
+}
+
+// loseSlot makes PostgreSQL invalidate the fixture's slot, on a server
+// whose max_slot_wal_keep_size is small: WAL switched and checkpointed past
+// it until wal_status is lost.
+func (fx *fixture) loseSlot() {
+	fx.t.Helper()
+	waitFor(fx.t, "the slot to be lost", func() bool {
+		fx.exec("SELECT pg_switch_wal()")
+		fx.exec("CHECKPOINT") // removes the WAL past the limit: the slot is invalidated
+		var status string
+		err := fx.pool.QueryRow(context.Background(), "SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1", fx.name).Scan(&status)
+		return err == nil && status == "lost"
+	})
+}
+
+// TestSlotLost: changes made while no follower runs, past the WAL that
+// max_slot_wal_keep_size lets the slot keep: PostgreSQL invalidates the
+// slot. Run ends with ErrSlotLost, whether the slot was lost before the
+// check or between the check and START_REPLICATION, and Recover makes a
+// new slot and drops and rebuilds the Guard: no row stale, the row
+// inserted meanwhile found, and the changes after it followed.
+func TestSlotLost(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a PostgreSQL server of its own")
+	}
+	// Not parallel: the hook between check and START_REPLICATION is the package's.
+	const rows = 100
+	_, fx := newPrivate(t, rows, "max_slot_wal_keep_size=1MB")
+	fx.warm(rows)
+	g := fx.guard(fx.rdb)
+	first, stop := fx.follow(g)
+	fx.caughtUp(first)
+	stop()
+	fx.burst(0, 50, nil)
+	fx.exec("INSERT INTO " + fx.name + " VALUES ('new', 7)")
+	if n := fx.stale(); n != 51 {
+		t.Fatalf("%d rows stale with no follower, want 51 (50 updated, 1 inserted)", n)
+	}
+
+	f, err := pgfollow.New(fx.url, fx.table(g), &pgfollow.Options{Slot: fx.name, Publication: fx.name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a bound, should Run retry for ever
+	defer cancel()
+	pgfollow.SetBeforeStart(func() {
+		pgfollow.SetBeforeStart(nil)
+		fx.loseSlot()
+	})
+	defer pgfollow.SetBeforeStart(nil)
+	if err := f.Run(ctx); !errors.Is(err, pgfollow.ErrSlotLost) || !strings.Contains(err.Error(), "START_REPLICATION") {
+		t.Fatalf("Run, the slot lost after the check: %v; want ErrSlotLost from START_REPLICATION", err)
+	}
+	err = f.Run(ctx)
+	if !errors.Is(err, pgfollow.ErrSlotLost) || !strings.Contains(err.Error(), "wal_status lost") || !strings.Contains(err.Error(), "-recover") {
+		t.Fatalf("Run on a lost slot: %v; want ErrSlotLost saying wal_status lost and how to recover", err)
+	}
+	t.Log(err)
+	if n := fx.stale(); n != 51 {
+		t.Fatalf("%d rows stale before Recover, want 51", n)
+	}
+	if err := f.Recover(ctx); err != nil {
+		t.Fatalf("Recover: %v", err)
+	}
+	if n := fx.stale(); n != 0 {
+		t.Fatalf("%d rows stale after Recover", n)
+	}
+	if v, err := fx.get("new"); err != nil || v != 7 {
+		t.Fatalf("Get new = %d, %v after Recover; want 7", v, err)
+	}
+	fx.exec("UPDATE " + fx.name + " SET v = 100 WHERE id = 'id99'") // before Run: the new slot keeps it
+	f, _ = fx.follow(g)
+	fx.burst(0, 50, nil)
+	fx.caughtUp(f)
+	if n := fx.stale(); n != 0 {
+		t.Fatalf("%d rows stale, following the new slot", n)
 	}
 }

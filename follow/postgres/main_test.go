@@ -45,9 +45,10 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// startLogical starts a PostgreSQL server set up for followers.
-func startLogical() (*pgserver.Server, error) {
-	return pgserver.Start("wal_level=logical", "max_wal_senders=40", "max_replication_slots=40")
+// startLogical starts a PostgreSQL server set up for followers, with more
+// settings if given.
+func startLogical(settings ...string) (*pgserver.Server, error) {
+	return pgserver.Start(append([]string{"wal_level=logical", "max_wal_senders=40", "max_replication_slots=40"}, settings...)...)
 }
 
 // fixture is one table (id text primary key, v int), its slot and

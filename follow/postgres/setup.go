@@ -49,8 +49,21 @@ func (f *Follower) check(ctx context.Context, conn *pgconn.PgConn) (map[string]s
 		return nil, fmt.Errorf("%w: wal_level is not logical (%v): ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL", ErrSetup, rows)
 	}
 	slot, pub := f.opts.Slot, f.opts.Publication
-	if rows, err = query(ctx, conn, "SELECT plugin FROM pg_replication_slots WHERE slot_name = "+literal(slot)); err != nil {
+	// wal_status (PostgreSQL 13+), conflicting (16+) and invalidation_reason
+	// (17+) say whether the slot was invalidated; older servers have none.
+	if rows, err = query(ctx, conn, "SELECT plugin, j->>'wal_status', j->>'conflicting', j->>'invalidation_reason' "+
+		"FROM pg_replication_slots s, to_jsonb(s) j WHERE slot_name = "+literal(slot)); err != nil {
 		return nil, err
+	}
+	if len(rows) > 0 && (rows[0][1] == "lost" || rows[0][2] == "true" || rows[0][3] != "") {
+		why := "wal_status " + rows[0][1]
+		if rows[0][2] == "true" {
+			why += ", conflicting"
+		}
+		if rows[0][3] != "" {
+			why += ", invalidation_reason " + rows[0][3]
+		}
+		return nil, slotLost(slot, "was invalidated by PostgreSQL ("+why+"; max_slot_wal_keep_size bounds the WAL a slot keeps)")
 	}
 	if len(rows) == 0 {
 		return nil, fmt.Errorf("%w: no replication slot %s: run the follower's command with -create, or "+
@@ -205,11 +218,55 @@ func Setup(ctx context.Context, conn string, opts *Options, tables ...string) er
 	if rows, err = query(ctx, c, "SELECT 1 FROM pg_replication_slots WHERE slot_name = "+literal(f.opts.Slot)); err != nil || len(rows) > 0 {
 		return err
 	}
-	_, err = pglogrepl.CreateReplicationSlot(ctx, c, f.opts.Slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{
+	return createSlot(ctx, c, f.opts.Slot)
+}
+
+// createSlot creates a pgoutput slot: it keeps the changes from now on.
+func createSlot(ctx context.Context, c *pgconn.PgConn, slot string) error {
+	_, err := pglogrepl.CreateReplicationSlot(ctx, c, slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{
 		Mode: pglogrepl.LogicalReplication, SnapshotAction: "NOEXPORT_SNAPSHOT",
 	})
 	if err != nil {
-		return fmt.Errorf("pgfollow: replication slot %s: %w", f.opts.Slot, err)
+		return fmt.Errorf("pgfollow: replication slot %s: %w", slot, err)
+	}
+	return nil
+}
+
+// slotLost is the error of a lost slot: why, and how to recover.
+func slotLost(slot, why string) error {
+	return fmt.Errorf("%w: slot %s %s; the changes committed since the follower last confirmed its position are gone: "+
+		"its tables' Guards may serve stale values and a false \"not found\" to their TTL. To recover, Follower.Recover "+
+		"(cacheguard-pgfollow -recover) makes the slot anew, then drops the tables' entries and rebuilds their filters", ErrSlotLost, slot, why)
+}
+
+// Recover mends a lost slot (ErrSlotLost): it drops the slot, if any, and
+// creates it anew first, so the changes from then on are kept; then, for
+// what the lost changes did, it drops every entry of each followed table's
+// Guard and rebuilds its filter from the table's keys. Call it while no
+// follower consumes the slot; Run then follows from the new slot.
+func (f *Follower) Recover(ctx context.Context) error {
+	c, err := f.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close(context.WithoutCancel(ctx))
+	err = pglogrepl.DropReplicationSlot(ctx, c, f.opts.Slot, pglogrepl.DropReplicationSlotOptions{})
+	var pe *pgconn.PgError
+	if err != nil && !(errors.As(err, &pe) && pe.Code == "42704") { // undefined_object: no slot to drop
+		return fmt.Errorf("pgfollow: dropping replication slot %s: %w", f.opts.Slot, err)
+	}
+	if err := createSlot(ctx, c, f.opts.Slot); err != nil {
+		return err
+	}
+	if f.keys, err = f.check(ctx, c); err != nil {
+		return err
+	}
+	for _, name := range f.names() {
+		n, err := f.reset(ctx, f.tables[name])
+		if err != nil {
+			return fmt.Errorf("pgfollow: recovering %s: %w", name, err)
+		}
+		f.log.Warn("cacheguard: pgfollow: slot made anew; the table's entries dropped and its filter rebuilt", "slot", f.opts.Slot, "table", name, "ids", n)
 	}
 	return nil
 }

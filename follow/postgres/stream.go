@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -49,6 +50,10 @@ const (
 // received, not applied, not confirmed (a crash there must lose nothing).
 var beforeApply func()
 
+// beforeStart, set by tests alone, runs between the check of the set-up and
+// START_REPLICATION.
+var beforeStart func()
+
 // errStandby means another follower consumes the slot.
 var errStandby = errors.New("pgfollow: the slot is in use by another follower")
 
@@ -68,6 +73,9 @@ func (f *Follower) follow(ctx context.Context) error {
 		return err
 	}
 	f.keys = keys
+	if beforeStart != nil {
+		beforeStart()
+	}
 	err = pglogrepl.StartReplication(ctx, conn, f.opts.Slot, 0, pglogrepl.StartReplicationOptions{
 		PluginArgs: []string{"proto_version '1'", "publication_names '" + f.opts.Publication + "'"},
 	})
@@ -75,6 +83,9 @@ func (f *Follower) follow(ctx context.Context) error {
 	switch {
 	case errors.As(err, &pe) && pe.Code == "55006": // object_in_use: another walsender has the slot
 		return fmt.Errorf("%w: %s", errStandby, pe.Message)
+	case errors.As(err, &pe) && pe.Code == "55000" && // object_not_in_prerequisite_state: invalidated since the check
+		(strings.Contains(pe.Message, "can no longer get changes") || strings.Contains(pe.Detail, "invalidated")):
+		return slotLost(f.opts.Slot, fmt.Sprintf("was invalidated by PostgreSQL (START_REPLICATION: %s: %s)", pe.Message, strings.TrimSuffix(pe.Detail, ".")))
 	case err != nil:
 		return err
 	}

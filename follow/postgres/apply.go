@@ -158,7 +158,7 @@ func (f *Follower) writeEach(ctx context.Context, t *Table, fn func(context.Cont
 
 // reset drops every entry of t's Guard and rebuilds its filter from the
 // table's keys as they are now (read on a connection of its own): after a
-// TRUNCATE, or when Redis lost writes no memory can replay.
+// TRUNCATE, a lost slot, or when Redis lost writes no memory can replay.
 func (f *Follower) reset(ctx context.Context, t *Table, why string) error {
 	n, err := t.Guard.InvalidateAll(ctx)
 	if err != nil {
@@ -185,7 +185,7 @@ func (f *Follower) keysOf(ctx context.Context, t *Table) iter.Seq2[string, error
 		}
 		defer conn.Close(context.WithoutCancel(ctx))
 		schema, table, _ := strings.Cut(t.Name, ".")
-		rows, err := conn.Query(ctx, fmt.Sprintf("SELECT %s::text FROM %s.%s", ident(f.keys[t.Name]), ident(schema), ident(table)))
+		rows, err := conn.Query(ctx, fmt.Sprintf("SELECT %[1]s::text FROM %[2]s.%[3]s WHERE %[1]s IS NOT NULL", ident(f.keys[t.Name]), ident(schema), ident(table)))
 		if err != nil {
 			yield("", err)
 			return

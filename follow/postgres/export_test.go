@@ -6,3 +6,7 @@ func SetBeforeApply(fn func()) { beforeApply = fn }
 
 // SetRepair turns f's repair of writes Redis lost on or off.
 func SetRepair(f *Follower, on bool) { f.noRepair.Store(!on) }
+
+// SetBeforeStart sets the hook that runs between the check of the set-up
+// and START_REPLICATION (nil: none).
+func SetBeforeStart(fn func()) { beforeStart = fn }

@@ -49,6 +49,11 @@ type Options struct {
 var (
 	ErrSetup   = errors.New("pgfollow: PostgreSQL is not set up for the follower")
 	ErrOptions = errors.New("pgfollow: invalid options")
+	// ErrSlotLost: PostgreSQL invalidated the slot (it would have kept more
+	// WAL than max_slot_wal_keep_size). The changes since its position are
+	// gone, so the Guards may serve stale values and false "not found"
+	// answers until Recover.
+	ErrSlotLost = errors.New("pgfollow: the replication slot is lost, and the changes since its position with it")
 )
 
 // Stats is a snapshot of a Follower.
@@ -66,11 +71,12 @@ type Stats struct {
 	LastApplied  time.Time // when the last batch landed
 }
 
-// Follower follows one slot. Run it once; Stats may be called any time.
+// Follower follows one slot. Run it (or Recover) once at a time; Stats may
+// be called any time.
 type Follower struct {
 	conn   string
 	tables map[string]*Table // by "schema.table"
-	keys   map[string]string // the tables' key columns, as the last check resolved them (Run's goroutine alone)
+	keys   map[string]string // the tables' key columns, as the last check resolved them (Run's or Recover's goroutine)
 	opts   Options
 	log    *slog.Logger
 
@@ -163,8 +169,9 @@ func (f *Follower) Stats() Stats {
 // in the same order, ending in the same state. While another follower
 // consumes the slot, Run waits as a standby and takes over when it ends.
 // A set-up that cannot work (wal_level, a missing slot or publication, a
-// table without a usable key) ends Run with an error wrapping ErrSetup, and
-// a Guard closed under it with one wrapping guard.ErrClosed.
+// table without a usable key) ends Run with an error wrapping ErrSetup, a
+// slot PostgreSQL invalidated with one wrapping ErrSlotLost (see Recover),
+// and a Guard closed under it with one wrapping guard.ErrClosed.
 func (f *Follower) Run(ctx context.Context) error {
 	pause := backoff.New(100*time.Millisecond, 5*time.Second, true)
 	var lastLog time.Time
@@ -176,7 +183,7 @@ func (f *Follower) Run(ctx context.Context) error {
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err()
-		case errors.Is(err, ErrSetup), errors.Is(err, guard.ErrClosed): // nothing a retry mends
+		case errors.Is(err, ErrSetup), errors.Is(err, ErrSlotLost), errors.Is(err, guard.ErrClosed): // nothing a retry mends
 			return err
 		case errors.Is(err, errStandby):
 			if lastLog.IsZero() || time.Since(lastLog) > time.Minute {

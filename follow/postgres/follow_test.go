@@ -4,12 +4,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"maps"
 	"os"
+	"regexp"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	pgfollow "github.com/cacheguard/cacheguard/follow/postgres"
@@ -192,14 +199,8 @@ func TestRedisFrozen(t *testing.T) {
 func TestPostgresRestart(t *testing.T) {
 	t.Parallel()
 	const rows = 2000
-	srv, err := startLogical()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Remove)
-	c := redistest.Connect(t)
-	fx := newFixture(t, srv.URL("postgres"), c, redistest.Connect(t), c.Prefix, rows)
-	f, _ := fx.follow(fx.guard(c))
+	srv, fx := newPrivate(t, rows)
+	f, _ := fx.follow(fx.guard(fx.rdb))
 	fx.warm(rows)
 	restarted := false
 	for i := range rows {
@@ -219,6 +220,19 @@ func TestPostgresRestart(t *testing.T) {
 	if n := fx.stale(); n != 0 {
 		t.Fatalf("%d of %d rows stale after PostgreSQL's restart", n, rows)
 	}
+}
+
+// newPrivate is newFixture on a PostgreSQL server of its own, started with
+// settings, and the package's Redis.
+func newPrivate(t *testing.T, rows int, settings ...string) (*pgserver.Server, *fixture) {
+	t.Helper()
+	srv, err := startLogical(settings...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Remove)
+	c := redistest.Connect(t)
+	return srv, newFixture(t, srv.URL("postgres"), c, redistest.Connect(t), c.Prefix, rows)
 }
 
 // TestStandby: a second follower of the slot waits while the first
@@ -244,51 +258,159 @@ func TestStandby(t *testing.T) {
 }
 
 // TestSetupErrors: a set-up that cannot work ends Run with ErrSetup and
-// says what to run.
+// says what to run; the test runs that command, as an administrator would,
+// and the next Run gets past it: it follows, or stops at the next problem.
 func TestSetupErrors(t *testing.T) {
 	t.Parallel()
 	fx := newOn(t, 1)
 	url := os.Getenv(envPG)
 	g := fx.guard(fx.rdb)
-	fx.exec("CREATE TABLE " + fx.name + "_nopk (id text, v int)")
-	fx.exec("CREATE ROLE " + fx.name + "_plain LOGIN")
+	n := fx.name
+	fx.exec("CREATE TABLE " + n + "_nopk (id text, v int)")
+	fx.exec("CREATE ROLE " + n + "_plain LOGIN")
+	fx.exec("CREATE TABLE " + n + "_parts (id text PRIMARY KEY, v int) PARTITION BY HASH (id)")
+	fx.exec("CREATE TABLE " + n + "_parts0 PARTITION OF " + n + "_parts FOR VALUES WITH (MODULUS 1, REMAINDER 0)")
+	fx.exec("CREATE PUBLICATION " + n + "_bypart FOR TABLE " + n + "_parts") // the partitions' names, PostgreSQL's default
+	fx.exec("CREATE PUBLICATION " + n + "_ins FOR TABLE " + n + " WITH (publish = 'insert')")
+	fx.exec("SELECT pg_create_logical_replication_slot('" + n + "_td', 'test_decoding')")
+	t.Cleanup(func() { _ = pgfollow.DropSlot(context.Background(), url, n+"_s") }) // made by the first case's command
 	cases := []struct {
-		name, url, table, slot, pub, want string
+		name, url, table, key, slot, pub, want string
+		keyAfter, then                         string // the next Run's key if another, and what it stops at ("": it follows)
 	}{
-		{"missing slot", url, fx.name, "nosuchslot", fx.name, "-create"},
-		{"missing publication", url, fx.name, fx.name, "nosuchpub", "CREATE PUBLICATION"},
-		{"table not published", url, fx.name + "_nopk", fx.name, fx.name, "ALTER PUBLICATION"},
-		{"role without REPLICATION", strings.Replace(url, "postgres@", fx.name+"_plain@", 1), fx.name, fx.name, fx.name, "ALTER ROLE"},
+		{name: "missing slot", url: url, table: n, slot: n + "_s", pub: n, want: "-create"},
+		{name: "missing publication", url: url, table: n, slot: n, pub: n + "_p", want: "CREATE PUBLICATION"},
+		{name: "a kind of change not published", url: url, table: n, slot: n, pub: n + "_ins", want: "publish ="},
+		{name: "slot of another plugin", url: url, table: n, slot: n + "_td", pub: n, want: "not pgoutput", then: "no replication slot"},
+		{name: "role without REPLICATION", url: strings.Replace(url, "postgres@", n+"_plain@", 1), table: n, slot: n, pub: n, want: "ALTER ROLE"},
+		{name: "table not published", url: url, table: n + "_nopk", slot: n, pub: n, want: "ADD TABLE", then: "primary key"},
+		{name: "key outside the replica identity", url: url, table: n + "_nopk", key: "v", slot: n, pub: n, want: "replica identity"},
+		{name: "no primary key", url: url, table: n + "_nopk", slot: n, pub: n, want: "REPLICA IDENTITY", keyAfter: "id"},
+		{name: "partitioned, published by partition", url: url, table: n + "_parts", slot: n, pub: n + "_bypart", want: "publish_via_partition_root"},
 	}
 	for _, c := range cases {
-		f, err := pgfollow.New(c.url, []pgfollow.Table{{Name: c.table, Guard: g}}, &pgfollow.Options{Slot: c.slot, Publication: c.pub})
+		f, err := pgfollow.New(c.url, []pgfollow.Table{{Name: c.table, Key: c.key, Guard: g}}, &pgfollow.Options{Slot: c.slot, Publication: c.pub})
 		if err != nil {
 			t.Fatal(err)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		err = f.Run(ctx)
-		cancel()
+		err = runUntilFollowing(f)
 		if !errors.Is(err, pgfollow.ErrSetup) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want ErrSetup saying %q", c.name, err, c.want)
+			continue
 		}
-	}
-	fx.exec("ALTER PUBLICATION " + fx.name + " ADD TABLE " + fx.name + "_nopk")
-	f, _ := pgfollow.New(url, []pgfollow.Table{{Name: fx.name + "_nopk", Guard: g}}, &pgfollow.Options{Slot: fx.name, Publication: fx.name})
-	if err := f.Run(context.Background()); !errors.Is(err, pgfollow.ErrSetup) || !strings.Contains(err.Error(), "REPLICA IDENTITY") {
-		t.Errorf("a table without a primary key: %v, want ErrSetup saying REPLICA IDENTITY", err)
-	}
-	f, _ = pgfollow.New(url, []pgfollow.Table{{Name: fx.name + "_nopk", Key: "v", Guard: g}}, &pgfollow.Options{Slot: fx.name, Publication: fx.name})
-	if err := f.Run(context.Background()); !errors.Is(err, pgfollow.ErrSetup) || !strings.Contains(err.Error(), "replica identity") {
-		t.Errorf("a key outside the replica identity: %v", err)
+		if !fx.advice(err) {
+			continue
+		}
+		if c.keyAfter != "" {
+			c.key = c.keyAfter
+		}
+		f, _ = pgfollow.New(c.url, []pgfollow.Table{{Name: c.table, Key: c.key, Guard: g}}, &pgfollow.Options{Slot: c.slot, Publication: c.pub})
+		switch next := runUntilFollowing(f); {
+		case c.then == "" && next != nil:
+			t.Errorf("%s: after its command, Run: %v; want it following", c.name, next)
+		case c.then != "" && (next == nil || !strings.Contains(next.Error(), c.then)):
+			t.Errorf("%s: after its command, Run: %v; want an error saying %q", c.name, next, c.then)
+		}
 	}
 	plain, err := pgserver.Start() // wal_level replica, the default
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer plain.Remove()
-	f, _ = pgfollow.New(plain.URL("postgres"), []pgfollow.Table{{Name: "t", Guard: g}}, nil)
-	if err := f.Run(context.Background()); !errors.Is(err, pgfollow.ErrSetup) || !strings.Contains(err.Error(), "wal_level = logical") {
-		t.Errorf("wal_level replica: %v, want ErrSetup saying wal_level = logical", err)
+	f, _ := pgfollow.New(plain.URL("postgres"), []pgfollow.Table{{Name: "t", Guard: g}}, nil)
+	err = f.Run(context.Background())
+	if !errors.Is(err, pgfollow.ErrSetup) || !strings.Contains(err.Error(), "wal_level = logical") {
+		t.Fatalf("wal_level replica: %v, want ErrSetup saying wal_level = logical", err)
+	}
+	if !(&fixture{t: t, pool: poolOf(t, plain.URL("postgres"))}).advice(err) {
+		return
+	}
+	if err := plain.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "no replication slot") {
+		t.Errorf("wal_level set as told and PostgreSQL restarted: %v; want the next problem, no slot", err)
+	}
+}
+
+// adviceSQL finds the command an ErrSetup says to run.
+var adviceSQL = regexp.MustCompile(`(ALTER|CREATE|SELECT) [^;]*`)
+
+// advice runs the command that err says to run, and reports whether
+// PostgreSQL accepted it.
+func (fx *fixture) advice(err error) bool {
+	fx.t.Helper()
+	sql := adviceSQL.FindString(err.Error())
+	if sql == "" {
+		fx.t.Errorf("no command in %v", err)
+		return false
+	}
+	if _, err := fx.pool.Exec(context.Background(), sql); err != nil {
+		fx.t.Errorf("the advice %q: %v", sql, err)
+		return false
+	}
+	return true
+}
+
+// poolOf is a pool of connections to url, closed when the test ends.
+func poolOf(t *testing.T, url string) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// runUntilFollowing runs f until it consumes its slot (nil) or Run ends
+// (its error).
+func runUntilFollowing(f *pgfollow.Follower) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // a bound, should it hang
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx) }()
+	for {
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(5 * time.Millisecond): // polling the follower's state
+		}
+		if f.Stats().Following {
+			cancel()
+			<-done
+			return nil
+		}
+	}
+}
+
+// TestPartitioned: a partitioned table is followed under its own name:
+// Setup publishes via the partition root (and sets that on a publication
+// made without it), and every change of a partition reaches the table's
+// Guard.
+func TestPartitioned(t *testing.T) {
+	t.Parallel()
+	const rows = 200
+	c := redistest.Connect(t)
+	fx := newPartitioned(t, os.Getenv(envPG), c, redistest.Connect(t), c.Prefix, rows, 3)
+	fx.exec("ALTER PUBLICATION " + fx.name + " SET (publish_via_partition_root = false)")
+	if err := pgfollow.Setup(context.Background(), fx.url, &pgfollow.Options{Slot: fx.name, Publication: fx.name}, fx.name); err != nil {
+		t.Fatalf("Setup on a publication without publish_via_partition_root: %v", err)
+	}
+	f, _ := fx.follow(fx.guard(fx.rdb))
+	fx.warm(rows)
+	fx.burst(0, rows, nil)
+	fx.exec("INSERT INTO " + fx.name + " VALUES ('new', 7)")
+	fx.exec("DELETE FROM " + fx.name + " WHERE id = 'id0'")
+	fx.caughtUp(f)
+	if n := fx.stale(); n != 0 {
+		t.Fatalf("%d of %d rows stale", n, rows-1)
+	}
+	if v, err := fx.get("new"); err != nil || v != 7 {
+		t.Fatalf("Get new = %d, %v; want 7 (inserted into a partition)", v, err)
+	}
+	if _, err := fx.get("id0"); !errors.Is(err, guard.ErrNotFound) {
+		t.Fatalf("Get id0: %v, want ErrNotFound (deleted from a partition)", err)
 	}
 }
 
@@ -332,5 +454,220 @@ func TestClosedGuardEndsRun(t *testing.T) {
 	}
 	if after := fx.confirmed(); after != before {
 		t.Fatalf("the slot moved from %d to %d: a change was confirmed that no Guard applied", before, after)
+	}
+}
+
+// logs is a slog handler that keeps every record, for a test to read.
+type logs struct {
+	mu   sync.Mutex
+	recs []slog.Record
+}
+
+func (l *logs) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logs) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.recs = append(l.recs, r)
+	return nil
+}
+func (l *logs) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *logs) WithGroup(string) slog.Handler      { return l }
+
+// TestNullKey: a key column that may be NULL (a unique email, REPLICA
+// IDENTITY FULL). A row with a NULL key has no ID: an UPDATE giving it a
+// value adds that ID (the filter built before would answer "not found"),
+// one setting it to NULL deletes the old ID (answered "not found" without
+// a load), and changes of rows whose key stays NULL write nothing. None is
+// a warning. A key TOASTed and unchanged is still read from the old tuple.
+func TestNullKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	fx := newOn(t, 5)
+	long := strings.Repeat("0123456789abcdef", 150) // 2,400 bytes: stored out of line, and under a B-tree entry's limit
+	fx.exec("ALTER TABLE " + fx.name + " ADD COLUMN email text UNIQUE")
+	fx.exec("ALTER TABLE " + fx.name + " ALTER COLUMN email SET STORAGE EXTERNAL")
+	fx.exec("ALTER TABLE " + fx.name + " REPLICA IDENTITY FULL")
+	fx.exec("UPDATE "+fx.name+" SET email = $1 WHERE id = 'id2'", "m2@x")
+	fx.exec("UPDATE "+fx.name+" SET email = $1 WHERE id = 'id4'", long)
+	mail := func() *guard.Guard {
+		g, err := guard.New(ctx, fx.rdb, "mail", &guard.Options{KeyPrefix: fx.prefix, Tuning: guard.Tuning{MaxKeyLen: 4096}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = g.Close() })
+		return g
+	}
+	var l logs
+	f, err := pgfollow.New(fx.url, []pgfollow.Table{{Name: fx.name, Key: "email", Guard: mail()}},
+		&pgfollow.Options{Slot: fx.name, Publication: fx.name, Logger: slog.New(&l)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- f.Run(runCtx) }()
+	defer func() {
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	waitFor(t, "the follower's position in redis (its first start drops the entries)", func() bool {
+		n, err := fx.rdb.Exists(ctx, fx.prefix+":mail:pos:pgfollow:"+fx.name).Result()
+		return err == nil && n == 1
+	})
+	reader := mail()
+	emails := func(yield func(string, error) bool) {
+		for _, e := range []string{"m2@x", long} {
+			if !yield(e, nil) {
+				return
+			}
+		}
+	}
+	if _, err := reader.Rebuild(ctx, emails, nil); err != nil {
+		t.Fatal(err)
+	}
+	loads := 0
+	load := func(ctx context.Context, email string) (int, error) {
+		loads++
+		var v int
+		err := fx.pool.QueryRow(ctx, "SELECT v FROM "+fx.name+" WHERE email = $1", email).Scan(&v)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return 0, guard.ErrNotFound
+		}
+		return v, err
+	}
+	want := func(email string, v int) {
+		t.Helper()
+		if got, err := guard.Get(ctx, reader, email, load); err != nil || got != v {
+			t.Fatalf("Get %.20s = %d, %v; want %d", email, got, err, v)
+		}
+	}
+	want("m2@x", 0)
+	want(long, 0)
+	waitFor(t, "the rows to be cached", func() bool {
+		n, err := fx.rdb.Exists(ctx, fx.prefix+":mail:{m2@x}").Result()
+		return err == nil && n == 1
+	})
+	step := func(sql string) {
+		t.Helper()
+		fx.exec(strings.ReplaceAll(sql, "{t}", fx.name))
+		fx.caughtUp(f)
+	}
+
+	step("UPDATE {t} SET email = 'n1@x', v = 1 WHERE id = 'id1'") // NULL → a value: an insert
+	if ok, err := reader.MayExist(ctx, "n1@x"); err != nil || !ok {
+		t.Fatalf("MayExist n1@x = %v, %v after its key went from NULL to a value; want true", ok, err)
+	}
+	want("n1@x", 1)
+
+	step("UPDATE {t} SET email = NULL, v = 2 WHERE id = 'id2'") // a value → NULL: a delete of the old ID
+	before := loads
+	if _, err := guard.Get(ctx, reader, "m2@x", load); !errors.Is(err, guard.ErrNotFound) || loads != before {
+		t.Fatalf("Get m2@x after its key went to NULL: %v with %d loads; want ErrNotFound from the marker, no load", err, loads-before)
+	}
+
+	changes := f.Stats().Changes
+	step("UPDATE {t} SET v = 3 WHERE id = 'id3'") // NULL → NULL
+	step("INSERT INTO {t} VALUES ('id9', 9, NULL)")
+	step("DELETE FROM {t} WHERE id = 'id9'")
+	if got := f.Stats().Changes; got != changes {
+		t.Fatalf("%d changes applied for rows whose key stayed NULL, want 0", got-changes)
+	}
+
+	step("UPDATE {t} SET v = 4 WHERE id = 'id4'") // the key TOASTed and unchanged: the old tuple has it
+	want(long, 4)
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	nulls := map[string]bool{} // the setting of the emails above, replayed from the slot, adds lines of its own
+	for _, r := range l.recs {
+		if r.Level >= slog.LevelWarn {
+			t.Errorf("logged at %v: %s", r.Level, r.Message)
+		}
+		if strings.Contains(r.Message, "NULL") {
+			nulls[r.Message] = true
+		}
+	}
+	if len(nulls) != 4 {
+		t.Errorf("log lines %q; want 4 kinds, saying what each kind of change above did", slices.Collect(maps.Keys(nulls)))
+	}
+}
+
+// loseSlot makes PostgreSQL invalidate the fixture's slot, on a server
+// whose max_slot_wal_keep_size is small: WAL switched and checkpointed past
+// it until wal_status is lost.
+func (fx *fixture) loseSlot() {
+	fx.t.Helper()
+	waitFor(fx.t, "the slot to be lost", func() bool {
+		fx.exec("SELECT pg_switch_wal()")
+		fx.exec("CHECKPOINT") // removes the WAL past the limit: the slot is invalidated
+		var status string
+		err := fx.pool.QueryRow(context.Background(), "SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1", fx.name).Scan(&status)
+		return err == nil && status == "lost"
+	})
+}
+
+// TestSlotLost: changes made while no follower runs, past the WAL that
+// max_slot_wal_keep_size lets the slot keep: PostgreSQL invalidates the
+// slot. Run ends with ErrSlotLost, whether the slot was lost before the
+// check or between the check and START_REPLICATION, and Recover makes a
+// new slot and drops and rebuilds the Guard: no row stale, the row
+// inserted meanwhile found, and the changes after it followed.
+func TestSlotLost(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a PostgreSQL server of its own")
+	}
+	// Not parallel: the hook between check and START_REPLICATION is the package's.
+	const rows = 100
+	_, fx := newPrivate(t, rows, "max_slot_wal_keep_size=1MB")
+	g := fx.guard(fx.rdb)
+	first, stop := fx.follow(g)
+	fx.warm(rows)
+	fx.caughtUp(first)
+	stop()
+	fx.burst(0, 50, nil)
+	fx.exec("INSERT INTO " + fx.name + " VALUES ('new', 7)")
+	if n := fx.stale(); n != 51 {
+		t.Fatalf("%d rows stale with no follower, want 51 (50 updated, 1 inserted)", n)
+	}
+
+	f, err := pgfollow.New(fx.url, fx.table(g), &pgfollow.Options{Slot: fx.name, Publication: fx.name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a bound, should Run retry for ever
+	defer cancel()
+	pgfollow.SetBeforeStart(func() {
+		pgfollow.SetBeforeStart(nil)
+		fx.loseSlot()
+	})
+	defer pgfollow.SetBeforeStart(nil)
+	if err := f.Run(ctx); !errors.Is(err, pgfollow.ErrSlotLost) || !strings.Contains(err.Error(), "START_REPLICATION") {
+		t.Fatalf("Run, the slot lost after the check: %v; want ErrSlotLost from START_REPLICATION", err)
+	}
+	err = f.Run(ctx)
+	if !errors.Is(err, pgfollow.ErrSlotLost) || !strings.Contains(err.Error(), "wal_status lost") || !strings.Contains(err.Error(), "-recover") {
+		t.Fatalf("Run on a lost slot: %v; want ErrSlotLost saying wal_status lost and how to recover", err)
+	}
+	t.Log(err)
+	if n := fx.stale(); n != 51 {
+		t.Fatalf("%d rows stale before Recover, want 51", n)
+	}
+	if err := f.Recover(ctx); err != nil {
+		t.Fatalf("Recover: %v", err)
+	}
+	if n := fx.stale(); n != 0 {
+		t.Fatalf("%d rows stale after Recover", n)
+	}
+	if v, err := fx.get("new"); err != nil || v != 7 {
+		t.Fatalf("Get new = %d, %v after Recover; want 7", v, err)
+	}
+	fx.exec("UPDATE " + fx.name + " SET v = 100 WHERE id = 'id99'") // before Run: the new slot keeps it
+	f, _ = fx.follow(g)
+	fx.burst(0, 50, nil)
+	fx.caughtUp(f)
+	if n := fx.stale(); n != 0 {
+		t.Fatalf("%d rows stale, following the new slot", n)
 	}
 }

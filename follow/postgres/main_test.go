@@ -45,9 +45,10 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// startLogical starts a PostgreSQL server set up for followers.
-func startLogical() (*pgserver.Server, error) {
-	return pgserver.Start("wal_level=logical", "max_wal_senders=40", "max_replication_slots=40")
+// startLogical starts a PostgreSQL server set up for followers, with more
+// settings if given.
+func startLogical(settings ...string) (*pgserver.Server, error) {
+	return pgserver.Start(append([]string{"wal_level=logical", "max_wal_senders=40", "max_replication_slots=40"}, settings...)...)
 }
 
 // fixture is one table (id text primary key, v int), its slot and
@@ -68,6 +69,13 @@ type fixture struct {
 // url, with its publication and slot, and the reader on rdb's server.
 func newFixture(t testing.TB, url string, rdb, readerRDB redis.UniversalClient, prefix string, rows int) *fixture {
 	t.Helper()
+	return newPartitioned(t, url, rdb, readerRDB, prefix, rows, 0)
+}
+
+// newPartitioned is newFixture with the table partitioned by a hash of id
+// into partitions tables (0: not partitioned).
+func newPartitioned(t testing.TB, url string, rdb, readerRDB redis.UniversalClient, prefix string, rows, partitions int) *fixture {
+	t.Helper()
 	ctx := context.Background()
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)
@@ -78,7 +86,14 @@ func newFixture(t testing.TB, url string, rdb, readerRDB redis.UniversalClient, 
 	}
 	t.Cleanup(pool.Close)
 	fx.pool = pool
-	fx.exec(fmt.Sprintf("CREATE TABLE %s (id text PRIMARY KEY, v int NOT NULL)", fx.name))
+	if partitions == 0 {
+		fx.exec(fmt.Sprintf("CREATE TABLE %s (id text PRIMARY KEY, v int NOT NULL)", fx.name))
+	} else {
+		fx.exec(fmt.Sprintf("CREATE TABLE %s (id text PRIMARY KEY, v int NOT NULL) PARTITION BY HASH (id)", fx.name))
+	}
+	for i := range partitions {
+		fx.exec(fmt.Sprintf("CREATE TABLE %s_%d PARTITION OF %s FOR VALUES WITH (MODULUS %d, REMAINDER %d)", fx.name, i, fx.name, partitions, i))
+	}
 	fx.exec(fmt.Sprintf("INSERT INTO %s SELECT 'id' || i, 0 FROM generate_series(0, %d) i", fx.name, rows-1))
 	opts := &pgfollow.Options{Slot: fx.name, Publication: fx.name}
 	if err := pgfollow.Setup(ctx, url, opts, fx.name); err != nil {

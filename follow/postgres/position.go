@@ -23,10 +23,12 @@ import (
 // new process, a standby taking over), the Guard's entries are dropped and
 // its filter rebuilt from the table.
 
-// Bounds of the memory of applied transactions, and the idle check's period.
+// Bounds of the memory of applied transactions; the idle check's period,
+// and the pause after Redis failed it.
 const (
 	rememberChanges = 100_000
 	verifyEvery     = time.Second
+	failPause       = time.Second
 )
 
 // held is one Guard's Redis as the follower knows it (Run's goroutine alone).

@@ -15,12 +15,13 @@ import (
 //
 //	wal_level = logical                  in postgresql.conf, then a restart
 //	ALTER ROLE <role> REPLICATION;       the follower's role
-//	CREATE PUBLICATION <pub> FOR TABLE <tables>;
+//	CREATE PUBLICATION <pub> FOR TABLE <tables> WITH (publish_via_partition_root = true);
 //	SELECT pg_create_logical_replication_slot('<slot>', 'pgoutput');
 //
 // Each followed table needs its key column in its replica identity (the
 // primary key by default, or REPLICA IDENTITY FULL / USING INDEX), so that
-// a DELETE sends the key.
+// a DELETE sends the key. Publishing via the partition root sends a
+// partitioned table's changes under its own name, the one followed.
 
 // connect opens a replication connection (replication=database). A role
 // without REPLICATION is an ErrSetup.
@@ -33,7 +34,7 @@ func (f *Follower) connect(ctx context.Context) (*pgconn.PgConn, error) {
 	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) && pe.Code == "42501" { // insufficient_privilege: no WAL sender for this role
-		return nil, fmt.Errorf("%w: role %s cannot replicate: ALTER ROLE %s REPLICATION (%s)", ErrSetup, cfg.User, cfg.User, pe.Message)
+		return nil, fmt.Errorf("%w: role %s cannot replicate (%s): ALTER ROLE %s REPLICATION", ErrSetup, cfg.User, pe.Message, ident(cfg.User))
 	}
 	return conn, err
 }
@@ -45,34 +46,49 @@ func (f *Follower) check(ctx context.Context, conn *pgconn.PgConn) (map[string]s
 		return nil, err
 	}
 	if len(rows) != 1 || rows[0][0] != "logical" {
-		return nil, fmt.Errorf("%w: wal_level is not logical (%v): ALTER SYSTEM SET wal_level = logical, then restart PostgreSQL", ErrSetup, rows)
+		return nil, fmt.Errorf("%w: wal_level is not logical (%v): ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL", ErrSetup, rows)
 	}
 	slot, pub := f.opts.Slot, f.opts.Publication
-	if rows, err = query(ctx, conn, "SELECT plugin FROM pg_replication_slots WHERE slot_name = "+literal(slot)); err != nil {
+	// wal_status (PostgreSQL 13+), conflicting (16+) and invalidation_reason
+	// (17+) say whether the slot was invalidated; older servers have none.
+	if rows, err = query(ctx, conn, "SELECT plugin, j->>'wal_status', j->>'conflicting', j->>'invalidation_reason' "+
+		"FROM pg_replication_slots s, to_jsonb(s) j WHERE slot_name = "+literal(slot)); err != nil {
 		return nil, err
+	}
+	if len(rows) > 0 && (rows[0][1] == "lost" || rows[0][2] == "true" || rows[0][3] != "") {
+		why := "wal_status " + rows[0][1]
+		if rows[0][2] == "true" {
+			why += ", conflicting"
+		}
+		if rows[0][3] != "" {
+			why += ", invalidation_reason " + rows[0][3]
+		}
+		return nil, slotLost(slot, "was invalidated by PostgreSQL ("+why+"; max_slot_wal_keep_size bounds the WAL a slot keeps)")
 	}
 	if len(rows) == 0 {
 		return nil, fmt.Errorf("%w: no replication slot %s: run the follower's command with -create, or "+
 			"SELECT pg_create_logical_replication_slot('%s', 'pgoutput')", ErrSetup, slot, slot)
 	}
 	if rows[0][0] != "pgoutput" {
-		return nil, fmt.Errorf("%w: replication slot %s uses plugin %s, not pgoutput", ErrSetup, slot, rows[0][0])
+		return nil, fmt.Errorf("%w: replication slot %s uses plugin %s, not pgoutput: follow another slot, or drop this one "+
+			"and run the follower's command with -create: SELECT pg_drop_replication_slot('%s')", ErrSetup, slot, rows[0][0], slot)
 	}
-	if rows, err = query(ctx, conn, "SELECT pubinsert AND pubupdate AND pubdelete AND pubtruncate FROM pg_publication WHERE pubname = "+literal(pub)); err != nil {
+	if rows, err = query(ctx, conn, "SELECT pubinsert AND pubupdate AND pubdelete AND pubtruncate, pubviaroot FROM pg_publication WHERE pubname = "+
+		literal(pub)); err != nil {
 		return nil, err
 	}
 	if len(rows) == 0 {
-		return nil, fmt.Errorf("%w: no publication %s: run the follower's command with -create, or CREATE PUBLICATION %s FOR TABLE %s",
-			ErrSetup, pub, pub, strings.Join(f.names(), ", "))
+		return nil, fmt.Errorf("%w: no publication %s: run the follower's command with -create, or CREATE PUBLICATION %s FOR TABLE %s %s",
+			ErrSetup, pub, ident(pub), strings.Join(f.quoted(), ", "), viaRoot)
 	}
 	if rows[0][0] != "t" {
 		return nil, fmt.Errorf("%w: publication %s does not publish every kind of change: "+
-			"ALTER PUBLICATION %s SET (publish = 'insert, update, delete, truncate')", ErrSetup, pub, pub)
+			"ALTER PUBLICATION %s SET (publish = 'insert, update, delete, truncate')", ErrSetup, pub, ident(pub))
 	}
 	keys := map[string]string{}
 	for _, name := range f.names() {
 		t := f.tables[name]
-		key, err := f.checkTable(ctx, conn, t)
+		key, err := f.checkTable(ctx, conn, t, rows[0][1] == "t")
 		if err != nil {
 			return nil, err
 		}
@@ -81,11 +97,12 @@ func (f *Follower) check(ctx context.Context, conn *pgconn.PgConn) (map[string]s
 	return keys, nil
 }
 
-// checkTable checks that t is published and that its key is in its replica
+// checkTable checks that t is published under its own name (a partitioned
+// table needs the publication's viaRoot) and that its key is in its replica
 // identity, and returns the key column.
-func (f *Follower) checkTable(ctx context.Context, conn *pgconn.PgConn, t *Table) (string, error) {
+func (f *Follower) checkTable(ctx context.Context, conn *pgconn.PgConn, t *Table, viaRoot bool) (string, error) {
 	schema, table, _ := strings.Cut(t.Name, ".")
-	rows, err := query(ctx, conn, fmt.Sprintf(`SELECT c.oid, c.relreplident,
+	rows, err := query(ctx, conn, fmt.Sprintf(`SELECT c.oid, c.relreplident, c.relkind,
 		  (SELECT count(*) FROM pg_publication_tables p WHERE p.pubname = %s AND p.schemaname = n.nspname AND p.tablename = c.relname)
 		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 		WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')`, literal(f.opts.Publication), literal(schema), literal(table)))
@@ -95,10 +112,15 @@ func (f *Follower) checkTable(ctx context.Context, conn *pgconn.PgConn, t *Table
 	if len(rows) == 0 {
 		return "", fmt.Errorf("%w: no table %s", ErrSetup, t.Name)
 	}
-	oid, ident, published := rows[0][0], rows[0][1], rows[0][2]
-	if published == "0" {
+	oid, replident, kind, published := rows[0][0], rows[0][1], rows[0][2], rows[0][3]
+	pub := f.opts.Publication
+	switch {
+	case published == "0" && kind == "p" && !viaRoot:
+		return "", fmt.Errorf("%w: table %s is partitioned and publication %s sends its changes under the partitions' names: "+
+			"ALTER PUBLICATION %s SET (publish_via_partition_root = true)", ErrSetup, t.Name, pub, ident(pub))
+	case published == "0":
 		return "", fmt.Errorf("%w: table %s is not in publication %s: ALTER PUBLICATION %s ADD TABLE %s",
-			ErrSetup, t.Name, f.opts.Publication, f.opts.Publication, t.Name)
+			ErrSetup, t.Name, pub, ident(pub), quoted(t.Name))
 	}
 	columns := func(where string) ([]string, error) {
 		rows, err := query(ctx, conn, "SELECT a.attname FROM pg_attribute a WHERE a.attrelid = "+oid+
@@ -120,12 +142,13 @@ func (f *Follower) checkTable(ctx context.Context, conn *pgconn.PgConn, t *Table
 	if key == "" {
 		if len(pk) != 1 {
 			return "", fmt.Errorf("%w: table %s has no one-column primary key (%v): set Table.Key to its key column, "+
-				"in its replica identity (ALTER TABLE %s REPLICA IDENTITY FULL, or USING INDEX)", ErrSetup, t.Name, pk, t.Name)
+				"and put that in its replica identity (FULL, or USING INDEX a unique index on it): ALTER TABLE %s REPLICA IDENTITY FULL",
+				ErrSetup, t.Name, pk, quoted(t.Name))
 		}
 		key = pk[0]
 	}
 	var identity []string
-	switch ident {
+	switch replident {
 	case "d":
 		identity = pk
 	case "i":
@@ -137,16 +160,17 @@ func (f *Follower) checkTable(ctx context.Context, conn *pgconn.PgConn, t *Table
 		return "", err
 	}
 	if !slices.Contains(identity, key) {
-		return "", fmt.Errorf("%w: column %s of table %s is not in its replica identity (%v), so a DELETE would not send it: "+
-			"ALTER TABLE %s REPLICA IDENTITY FULL (or USING INDEX an index on %s)", ErrSetup, key, t.Name, identity, t.Name, key)
+		return "", fmt.Errorf("%w: column %s of table %s is not in its replica identity (%v), so a DELETE would not send it "+
+			"(FULL, or USING INDEX a unique index on it): ALTER TABLE %s REPLICA IDENTITY FULL", ErrSetup, key, t.Name, identity, quoted(t.Name))
 	}
 	return key, nil
 }
 
 // Setup creates the publication (or adds the missing tables to it) and
 // the replication slot, as a role that may (the table owner with
-// REPLICATION, or a superuser). Changes committed before the slot exists
-// are not followed.
+// REPLICATION, or a superuser). The publication sends a partitioned table's
+// changes under its own name (publish_via_partition_root, set on one made
+// before). Changes committed before the slot exists are not followed.
 func Setup(ctx context.Context, conn string, opts *Options, tables ...string) error {
 	f := &Follower{conn: conn, tables: map[string]*Table{}}
 	if opts != nil {
@@ -164,24 +188,24 @@ func Setup(ctx context.Context, conn string, opts *Options, tables ...string) er
 	}
 	defer c.Close(context.WithoutCancel(ctx))
 	pub := f.opts.Publication
-	rows, err := query(ctx, c, "SELECT 1 FROM pg_publication WHERE pubname = "+literal(pub))
+	rows, err := query(ctx, c, "SELECT pubviaroot FROM pg_publication WHERE pubname = "+literal(pub))
 	if err != nil {
 		return err
 	}
-	quoted := make([]string, 0, len(f.tables))
-	for _, name := range f.names() {
-		schema, table, _ := strings.Cut(name, ".")
-		quoted = append(quoted, ident(schema)+"."+ident(table))
+	quoted := f.quoted()
+	switch {
+	case len(rows) == 0:
+		_, err = query(ctx, c, "CREATE PUBLICATION "+ident(pub)+" FOR TABLE "+strings.Join(quoted, ", ")+" "+viaRoot)
+	case rows[0][0] != "t":
+		_, err = query(ctx, c, "ALTER PUBLICATION "+ident(pub)+" SET (publish_via_partition_root = true)")
 	}
-	if len(rows) == 0 {
-		_, err = query(ctx, c, "CREATE PUBLICATION "+pub+" FOR TABLE "+strings.Join(quoted, ", "))
-	} else {
+	if err == nil && len(rows) > 0 {
 		for i, name := range f.names() {
 			schema, table, _ := strings.Cut(name, ".")
 			rows, err = query(ctx, c, fmt.Sprintf("SELECT 1 FROM pg_publication_tables WHERE pubname = %s AND schemaname = %s AND tablename = %s",
 				literal(pub), literal(schema), literal(table)))
 			if err == nil && len(rows) == 0 {
-				_, err = query(ctx, c, "ALTER PUBLICATION "+pub+" ADD TABLE "+quoted[i])
+				_, err = query(ctx, c, "ALTER PUBLICATION "+ident(pub)+" ADD TABLE "+quoted[i])
 			}
 			if err != nil {
 				break
@@ -194,11 +218,68 @@ func Setup(ctx context.Context, conn string, opts *Options, tables ...string) er
 	if rows, err = query(ctx, c, "SELECT 1 FROM pg_replication_slots WHERE slot_name = "+literal(f.opts.Slot)); err != nil || len(rows) > 0 {
 		return err
 	}
-	_, err = pglogrepl.CreateReplicationSlot(ctx, c, f.opts.Slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{
+	return createSlot(ctx, c, f.opts.Slot)
+}
+
+// createSlot creates a pgoutput slot: it keeps the changes from now on.
+func createSlot(ctx context.Context, c *pgconn.PgConn, slot string) error {
+	_, err := pglogrepl.CreateReplicationSlot(ctx, c, slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{
 		Mode: pglogrepl.LogicalReplication, SnapshotAction: "NOEXPORT_SNAPSHOT",
 	})
 	if err != nil {
-		return fmt.Errorf("pgfollow: replication slot %s: %w", f.opts.Slot, err)
+		return fmt.Errorf("pgfollow: replication slot %s: %w", slot, err)
+	}
+	return nil
+}
+
+// slotLost is the error of a lost slot: why, and how to recover.
+func slotLost(slot, why string) error {
+	return fmt.Errorf("%w: slot %s %s; the changes committed since the follower last confirmed its position are gone: "+
+		"its tables' Guards may serve stale values and a false \"not found\" to their TTL. To recover, Follower.Recover "+
+		"(cacheguard-pgfollow -recover) makes the slot anew, then drops the tables' entries and rebuilds their filters", ErrSlotLost, slot, why)
+}
+
+// Recover mends a lost slot (ErrSlotLost): it drops the slot, if any, and
+// creates it anew first, so the changes from then on are kept; then, for
+// what the lost changes did, it drops every entry of each followed table's
+// Guard and rebuilds its filter from the table's keys. Call it while no
+// follower consumes the slot; Run then follows from the new slot.
+func (f *Follower) Recover(ctx context.Context) error {
+	c, err := f.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close(context.WithoutCancel(ctx))
+	err = pglogrepl.DropReplicationSlot(ctx, c, f.opts.Slot, pglogrepl.DropReplicationSlotOptions{})
+	var pe *pgconn.PgError
+	if err != nil && !(errors.As(err, &pe) && pe.Code == "42704") { // undefined_object: no slot to drop
+		return fmt.Errorf("pgfollow: dropping replication slot %s: %w", f.opts.Slot, err)
+	}
+	if err := createSlot(ctx, c, f.opts.Slot); err != nil {
+		return err
+	}
+	if f.keys, err = f.check(ctx, c); err != nil {
+		return err
+	}
+	confirmed, err := f.confirmed(ctx, c)
+	if err != nil {
+		return err
+	}
+	f.mem, f.memChanges, f.memFrom = nil, 0, 0 // the new slot's positions are not comparable with the old one's
+	for _, h := range f.held {
+		for _, t := range h.tables {
+			if err := f.reset(ctx, t, "slot made anew"); err != nil {
+				return err
+			}
+		}
+		// The Guards now agree with the tables as of the new slot's start.
+		at, err := h.e.Position(ctx, f.feed())
+		if err == nil {
+			_, err = h.e.SetPosition(ctx, f.feed(), at, uint64(confirmed))
+		}
+		if err != nil {
+			return fmt.Errorf("pgfollow: recovering: setting the position in redis: %w", err)
+		}
 	}
 	return nil
 }
@@ -227,6 +308,25 @@ func (f *Follower) names() []string {
 	slices.Sort(names)
 	return names
 }
+
+// quoted are the followed tables, sorted, as SQL names.
+func (f *Follower) quoted() []string {
+	names := f.names()
+	for i, n := range names {
+		names[i] = quoted(n)
+	}
+	return names
+}
+
+// quoted is a "schema.table" name as SQL.
+func quoted(name string) string {
+	schema, table, _ := strings.Cut(name, ".")
+	return ident(schema) + "." + ident(table)
+}
+
+// viaRoot is the publication option under which a partitioned table's
+// changes come under its own name, not its partitions'.
+const viaRoot = "WITH (publish_via_partition_root = true)"
 
 // query runs sql (simple protocol: a replication connection takes no
 // parameters) and returns its rows as text.

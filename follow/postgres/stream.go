@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -29,9 +30,11 @@ type session struct {
 	written pglogrepl.LSN        // confirmed to the server: ≤ applied, and held in every Guard's Redis
 	status  time.Time            // when the last status update was sent
 	warned  time.Time            // when lag was last warned of
-	// verified is when the Guards' positions were last read (position.go),
-	// failed when a confirmation last failed to set them.
-	verified, failed time.Time
+	// verified is when the Guards' positions were last read (position.go);
+	// failed when Redis last failed that or setting them (neither is tried
+	// again for failPause: the stream goes on meanwhile), warnedPos when
+	// that was last logged.
+	verified, failed, warnedPos time.Time
 }
 
 // relation is a table as pgoutput announced it.
@@ -52,6 +55,10 @@ const (
 // beforeApply, set by tests alone, runs as a batch is about to be applied:
 // received, not applied, not confirmed (a crash there must lose nothing).
 var beforeApply func()
+
+// beforeStart, set by tests alone, runs between the check of the set-up and
+// START_REPLICATION.
+var beforeStart func()
 
 // errStandby means another follower consumes the slot.
 var errStandby = errors.New("pgfollow: the slot is in use by another follower")
@@ -76,6 +83,9 @@ func (f *Follower) follow(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if beforeStart != nil {
+		beforeStart()
+	}
 	err = pglogrepl.StartReplication(ctx, conn, f.opts.Slot, 0, pglogrepl.StartReplicationOptions{
 		PluginArgs: []string{"proto_version '1'", "publication_names '" + f.opts.Publication + "'"},
 	})
@@ -83,6 +93,9 @@ func (f *Follower) follow(ctx context.Context) error {
 	switch {
 	case errors.As(err, &pe) && pe.Code == "55006": // object_in_use: another walsender has the slot
 		return fmt.Errorf("%w: %s", errStandby, pe.Message)
+	case errors.As(err, &pe) && pe.Code == "55000" && // object_not_in_prerequisite_state: invalidated since the check
+		(strings.Contains(pe.Message, "can no longer get changes") || strings.Contains(pe.Detail, "invalidated")):
+		return slotLost(f.opts.Slot, fmt.Sprintf("was invalidated by PostgreSQL (START_REPLICATION: %s: %s)", pe.Message, strings.TrimSuffix(pe.Detail, ".")))
 	case err != nil:
 		return err
 	}
@@ -92,8 +105,10 @@ func (f *Follower) follow(ctx context.Context) error {
 	for _, h := range f.held {
 		h.known = false
 	}
-	if err := s.verify(ctx); err != nil && !retryable(ctx, err) {
-		return err
+	if err := s.verify(ctx); err != nil {
+		if err := s.redisFailed(ctx, err); err != nil {
+			return err
+		}
 	}
 	return s.run(ctx)
 }
@@ -117,9 +132,11 @@ func (s *session) run(ctx context.Context) error {
 			if err := s.apply(ctx); err != nil {
 				return err
 			}
-			if time.Since(s.verified) >= verifyEvery { // idle: has Redis lost writes meanwhile?
-				if err := s.verify(ctx); err != nil && !retryable(ctx, err) {
-					return err
+			if time.Since(s.verified) >= verifyEvery && time.Since(s.failed) >= failPause { // idle: has Redis lost writes?
+				if err := s.verify(ctx); err != nil {
+					if err := s.redisFailed(ctx, err); err != nil {
+						return err
+					}
 				}
 			}
 			if time.Since(s.status) >= statusEvery {
@@ -250,44 +267,75 @@ func (s *session) relation(m *pglogrepl.RelationMessage) error {
 	return nil
 }
 
-// add records a row change of the key in tuple.
+// add records an INSERT's or a DELETE's change of the key in tuple; a row
+// whose key is NULL has no ID, so nothing is recorded.
 func (s *session) add(r *relation, o op, tuple *pglogrepl.TupleData) {
-	if key, ok := s.key(r, tuple); ok && s.tx != nil {
+	switch key, k := s.key(r, tuple); k {
+	case keyText:
+		s.record(r, o, key)
+	case keyNull:
+		s.f.log.Debug("cacheguard: pgfollow: a row with a NULL key has no ID: nothing to apply", "table", r.t.Name)
+	}
+}
+
+// record appends a change of key to the transaction being received.
+func (s *session) record(r *relation, o op, key string) {
+	if s.tx != nil {
 		s.tx.changes = append(s.tx.changes, change{t: r.t, op: o, key: key})
 	}
 }
 
-// update records an UPDATE: with the key changed (the old key sent), the
-// old ID is gone and the new one created.
+// update records an UPDATE by its key before and after: a NULL key is no
+// ID, so NULL to a value creates one (Add) and a value to NULL deletes one;
+// a changed key deletes the old ID and creates the new. The old tuple is
+// sent when the key changed (or always, with REPLICA IDENTITY FULL).
 func (s *session) update(r *relation, old, new *pglogrepl.TupleData) {
-	nk, ok := s.key(r, new)
+	ok, okind := s.key(r, old)
+	nk, nkind := s.key(r, new)
+	if nkind == keyAbsent { // the key left out of the new tuple (TOASTed, unchanged): the old one has it
+		nk, nkind = ok, okind
+	}
 	switch {
-	case !ok && old != nil: // the key left out of the new tuple (TOASTed, unchanged): the old one has it
-		s.add(r, opUpdate, old)
-		return
-	case !ok:
+	case nkind == keyAbsent:
 		s.f.log.Error("cacheguard: pgfollow: an UPDATE whose key was not sent: not applied", "table", r.t.Name)
-		return
+	case nkind == keyNull && okind == keyText:
+		s.f.log.Debug("cacheguard: pgfollow: an UPDATE set the key to NULL: its old ID deleted", "table", r.t.Name)
+		s.record(r, opDelete, ok)
+	case nkind == keyNull:
+		s.f.log.Debug("cacheguard: pgfollow: an UPDATE of a row with a NULL key: it has no ID, nothing to apply", "table", r.t.Name)
+	case okind == keyNull:
+		s.f.log.Debug("cacheguard: pgfollow: an UPDATE gave a NULL key a value: its ID added", "table", r.t.Name)
+		s.record(r, opInsert, nk)
+	case okind == keyText && ok != nk:
+		s.record(r, opDelete, ok)
+		s.record(r, opInsert, nk)
+		s.record(r, opUpdate, nk)
+	default:
+		s.record(r, opUpdate, nk)
 	}
-	if ok, found := s.key(r, old); found && ok != nk {
-		s.add(r, opDelete, old)
-		s.add(r, opInsert, new)
-	}
-	s.add(r, opUpdate, new)
 }
 
-// key is the key column's text in tuple.
-func (s *session) key(r *relation, tuple *pglogrepl.TupleData) (string, bool) {
+// keyKind says what a tuple holds in its key column.
+type keyKind uint8
+
+const (
+	keyAbsent keyKind = iota // no tuple, or the value left out (TOASTed, unchanged)
+	keyNull
+	keyText
+)
+
+// key is the key column's text in tuple, and what the tuple holds there.
+func (s *session) key(r *relation, tuple *pglogrepl.TupleData) (string, keyKind) {
 	if tuple == nil || r.key >= len(tuple.Columns) {
-		return "", false
+		return "", keyAbsent
 	}
 	switch c := tuple.Columns[r.key]; c.DataType {
 	case pglogrepl.TupleDataTypeText:
-		return string(c.Data), true
+		return string(c.Data), keyText
 	case pglogrepl.TupleDataTypeNull:
-		s.f.log.Warn("cacheguard: pgfollow: a row change with a NULL key: not applied", "table", r.t.Name)
+		return "", keyNull
 	}
-	return "", false
+	return "", keyAbsent
 }
 
 // heard records the server's WAL position, and warns (at most every
@@ -357,21 +405,34 @@ func (s *session) apply(ctx context.Context) error {
 // there. While Redis fails, the position confirmed stays where Redis holds it.
 func (s *session) confirm(ctx context.Context) error {
 	s.status = time.Now()
-	if s.applied > s.written {
-		switch err := s.advance(ctx); {
-		case err == nil:
+	if s.applied > s.written && time.Since(s.failed) >= failPause {
+		err := s.advance(ctx)
+		if err == nil {
 			s.written = s.applied
-		case !retryable(ctx, err):
+		} else if err := s.redisFailed(ctx, err); err != nil {
 			return err
-		case time.Since(s.failed) >= 10*time.Second:
-			s.failed = time.Now()
-			s.f.log.Warn("cacheguard: pgfollow: cannot set the position in redis; the slot stays at the last one set", "err", err)
 		}
 		s.f.mu.Lock()
 		s.f.st.AppliedLSN = uint64(s.written)
 		s.f.mu.Unlock()
 	}
 	return pglogrepl.SendStandbyStatusUpdate(context.Background(), s.conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: s.written})
+}
+
+// redisFailed takes an error of checking, setting or repairing the
+// positions: nil when it may be tried again (logged at most every 10 s,
+// tried after failPause), or err itself when Run must end.
+func (s *session) redisFailed(ctx context.Context, err error) error {
+	if !retryable(ctx, err) {
+		return err
+	}
+	s.failed = time.Now()
+	if time.Since(s.warnedPos) >= 10*time.Second {
+		s.warnedPos = time.Now()
+		s.f.log.Warn("cacheguard: pgfollow: checking the follower's position in redis (or repairing what it lost) "+
+			"failed; the slot stays at the last position set, tried again in a second", "err", err)
+	}
+	return nil
 }
 
 // retryable reports whether err is Redis failing (tried again later), not

@@ -51,7 +51,11 @@ PostgreSQL needs:
 
 The slot's cost: while no follower consumes it, the server keeps all WAL
 written since, and its disk fills. The follower warns past -lag-warn; drop
-the slot with -drop-slot if you stop following for good.
+the slot with -drop-slot if you stop following for good. With
+max_slot_wal_keep_size set, PostgreSQL invalidates a slot that would keep
+more: the changes since are lost, and the follower stops with an error
+saying so. -recover then makes the slot anew, drops every entry of the
+tables' Guards and rebuilds their filters, and follows.
 
 Flags:
 `
@@ -78,18 +82,24 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 	var tables tablesFlag
 	fs.Var(&tables, "table", "TABLE=GUARD[:KEY], repeated")
-	pg := fs.String("pg", getenv("DATABASE_URL"), "PostgreSQL URL of a REPLICATION role (default $DATABASE_URL)")
-	redisURL := fs.String("redis", or(getenv("REDIS_URL"), "redis://localhost:6379"), "Redis URL (default $REDIS_URL)")
+	// Defaults from the environment are filled in after Parse, so that -h
+	// neither prints them (a URL may hold a password) nor names two.
+	pg := fs.String("pg", "", "PostgreSQL URL of a REPLICATION role (default $DATABASE_URL)")
+	redisURL := fs.String("redis", "", "Redis URL (default $REDIS_URL, else redis://localhost:6379)")
 	prefix := fs.String("prefix", "cg", "the Guards' KeyPrefix")
 	slot := fs.String("slot", "cacheguard", "the replication slot")
 	pub := fs.String("publication", "cacheguard", "the publication of the tables")
 	create := fs.Bool("create", false, "create the publication (or add missing tables to it) and the slot, then follow")
 	drop := fs.Bool("drop-slot", false, "drop the slot and exit (the server frees its WAL)")
+	recoverSlot := fs.Bool("recover", false, "on a slot PostgreSQL invalidated (max_slot_wal_keep_size): make it anew, "+
+		"drop the tables' entries and rebuild their filters, then follow")
 	lagWarn := fs.Uint64("lag-warn", 64<<20, "warn while the follower lags by more bytes of WAL than this")
 	metrics := fs.String("metrics", "", "serve Prometheus metrics on this address (e.g. :9187)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
+	*pg = or(*pg, getenv("DATABASE_URL"))
+	*redisURL = or(*redisURL, or(getenv("REDIS_URL"), "redis://localhost:6379"))
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	fail := func(err error) int {
 		log.Error("cacheguard-pgfollow: " + err.Error())
@@ -161,10 +171,20 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		}()
 	}
 	log.Info("cacheguard-pgfollow: following", "slot", *slot, "publication", *pub, "tables", len(specs))
-	if err := f.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
-		return fail(err)
+	for {
+		err := f.Run(ctx)
+		switch {
+		case errors.Is(err, pgfollow.ErrSlotLost) && *recoverSlot:
+			log.Warn("cacheguard-pgfollow: recovering: the slot made anew, the tables' entries dropped and their filters rebuilt", "err", err)
+			if err := f.Recover(ctx); err != nil {
+				return fail(err)
+			}
+			continue
+		case err != nil && !errors.Is(err, context.Canceled):
+			return fail(err)
+		}
+		return 0
 	}
-	return 0
 }
 
 // metricsHandler serves the follower's lag and counters.

@@ -27,32 +27,7 @@ func TestMain(m *testing.M) { os.Exit(redistest.Run(m)) }
 // and -drop-slot drops the slot.
 func TestCommand(t *testing.T) {
 	ctx := context.Background()
-	srv, err := pgserver.Start("wal_level=logical")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Remove)
-	pool, err := pgxpool.New(ctx, srv.URL("postgres"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	for _, sql := range []string{"CREATE TABLE products (id text PRIMARY KEY, v int)", "INSERT INTO products VALUES ('p1', 1)"} {
-		if _, err := pool.Exec(ctx, sql); err != nil {
-			t.Fatal(err)
-		}
-	}
-	c := redistest.Connect(t)
-	reader, err := guard.New(ctx, c, "product", &guard.Options{KeyPrefix: c.Prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer reader.Close()
-	load := func(ctx context.Context, id string) (int, error) {
-		var v int
-		err := pool.QueryRow(ctx, "SELECT v FROM products WHERE id = $1", id).Scan(&v)
-		return v, err
-	}
+	srv, pool, c, reader, load := newProducts(t, "wal_level=logical")
 	port, err := redisserver.FreePort(false)
 	if err != nil {
 		t.Fatal(err)
@@ -82,9 +57,7 @@ func TestCommand(t *testing.T) {
 		var active bool
 		return pool.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = 'cacheguard'").Scan(&active) == nil && active
 	})
-	waitFor(t, "the follower's position in redis (its first start drops the entries)", func() bool {
-		return c.Exists(ctx, c.Prefix+":product:pos:pgfollow:cacheguard").Val() == 1
-	})
+	positioned(t, c)
 	if v, err := guard.Get(ctx, reader, "p1", load); err != nil || v != 1 {
 		t.Fatalf("Get p1 = %d, %v", v, err)
 	}
@@ -108,17 +81,151 @@ func TestCommand(t *testing.T) {
 	}
 }
 
-// TestUsage: -h says what PostgreSQL needs.
+// newProducts starts a PostgreSQL server with settings and a table
+// products (p1, v 1), and opens a reader: the Guard "product" on a Redis
+// client of its own, and its load function.
+func newProducts(t *testing.T, settings ...string) (*pgserver.Server, *pgxpool.Pool, *redistest.Conn, *guard.Guard,
+	func(context.Context, string) (int, error)) {
+	t.Helper()
+	ctx := context.Background()
+	srv, err := pgserver.Start(settings...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Remove)
+	pool, err := pgxpool.New(ctx, srv.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	for _, sql := range []string{"CREATE TABLE products (id text PRIMARY KEY, v int)", "INSERT INTO products VALUES ('p1', 1)"} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := redistest.Connect(t)
+	reader, err := guard.New(ctx, c, "product", &guard.Options{KeyPrefix: c.Prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = reader.Close() })
+	load := func(ctx context.Context, id string) (int, error) {
+		var v int
+		err := pool.QueryRow(ctx, "SELECT v FROM products WHERE id = $1", id).Scan(&v)
+		return v, err
+	}
+	return srv, pool, c, reader, load
+}
+
+// TestUsage: -h says what PostgreSQL needs, and one default for each flag
+// set from the environment, without printing the URLs there.
 func TestUsage(t *testing.T) {
 	var out bytes.Buffer
-	if code := run(context.Background(), []string{"-h"}, func(string) string { return "" }, &out); code != 2 {
+	env := map[string]string{"DATABASE_URL": "postgres://u:pgsecret@db/x", "REDIS_URL": "redis://:redissecret@r:6379"}
+	if code := run(context.Background(), []string{"-h"}, func(k string) string { return env[k] }, &out); code != 2 {
 		t.Fatalf("exit %d", code)
 	}
-	for _, s := range []string{"wal_level = logical", "REPLICATION", "REPLICA IDENTITY", "-drop-slot"} {
+	for _, s := range []string{"wal_level = logical", "REPLICATION", "REPLICA IDENTITY", "-drop-slot", "max_slot_wal_keep_size", "-recover"} {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("usage lacks %q", s)
 		}
 	}
+	for _, flag := range []string{"-pg", "-redis"} {
+		_, help, _ := strings.Cut(out.String(), "\n  "+flag+" ")
+		help, _, _ = strings.Cut(help, "\n  -")
+		if n := strings.Count(help, "default"); n != 1 || strings.Contains(help, "secret") {
+			t.Errorf("%s's help names %d defaults, or a URL from the environment: %q", flag, n, help)
+		}
+	}
+}
+
+// TestRecover: changes made while the command is stopped, past the WAL
+// that max_slot_wal_keep_size lets the slot keep: PostgreSQL invalidates
+// the slot. The command then exits 1 saying how to recover; with -recover
+// it makes the slot anew, drops the Guard's entries and rebuilds its filter
+// (the row updated meanwhile answers its new value, the one inserted is
+// found), and follows.
+func TestRecover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a PostgreSQL server of its own")
+	}
+	ctx := context.Background()
+	srv, pool, c, reader, load := newProducts(t, "wal_level=logical", "max_slot_wal_keep_size=1MB")
+	exec := func(sql string) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	if _, err := reader.Rebuild(ctx, func(yield func(string, error) bool) { yield("p1", nil) }, nil); err != nil {
+		t.Fatal(err)
+	}
+	rs := redistest.Server(t)
+	args := []string{"-pg", srv.URL("postgres"), "-redis", "unix://" + rs.Addr, "-prefix", c.Prefix, "-table", "products=product"}
+	noEnv := func(string) string { return "" }
+	var stderr bytes.Buffer
+	cmdCtx, stop := context.WithCancel(ctx)
+	done := make(chan int, 1)
+	go func() { done <- run(cmdCtx, append(args, "-create"), noEnv, &stderr) }()
+	active := func() bool { // streaming: a slot being created is active too
+		var n int
+		return pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_replication WHERE state IN ('catchup', 'streaming')").Scan(&n) == nil && n == 1
+	}
+	waitFor(t, "the slot to be consumed", active)
+	positioned(t, c)
+	if v, err := guard.Get(ctx, reader, "p1", load); err != nil || v != 1 {
+		t.Fatalf("Get p1 = %d, %v", v, err)
+	}
+	stop()
+	if code := <-done; code != 0 {
+		t.Fatalf("exit %d\n%s", code, stderr.String())
+	}
+
+	exec("UPDATE products SET v = 2 WHERE id = 'p1'")
+	exec("INSERT INTO products VALUES ('p2', 3)")
+	waitFor(t, "the slot to be lost", func() bool {
+		exec("SELECT pg_switch_wal()")
+		exec("CHECKPOINT")
+		var status string
+		return pool.QueryRow(ctx, "SELECT wal_status FROM pg_replication_slots WHERE slot_name = 'cacheguard'").Scan(&status) == nil &&
+			status == "lost"
+	})
+	stderr.Reset()
+	if code := run(ctx, args, noEnv, &stderr); code != 1 || !strings.Contains(stderr.String(), "-recover") {
+		t.Fatalf("on a lost slot without -recover: exit %d, want 1 saying -recover\n%s", code, stderr.String())
+	}
+	if v, err := guard.Get(ctx, reader, "p1", load); err != nil || v != 1 {
+		t.Fatalf("Get p1 = %d, %v; want the stale 1 (the control: the update was lost with the slot)", v, err)
+	}
+
+	cmdCtx, stop = context.WithCancel(ctx)
+	go func() { done <- run(cmdCtx, append(args, "-recover"), noEnv, &stderr) }()
+	defer func() {
+		stop()
+		if code := <-done; code != 0 {
+			t.Errorf("-recover: exit %d\n%s", code, stderr.String())
+		}
+	}()
+	waitFor(t, "the slot to be consumed again", active)
+	for id, want := range map[string]int{"p1": 2, "p2": 3} {
+		if v, err := guard.Get(ctx, reader, id, load); err != nil || v != want {
+			t.Fatalf("after -recover, Get %s = %d, %v; want %d", id, v, err, want)
+		}
+	}
+	exec("UPDATE products SET v = 4 WHERE id = 'p2'")
+	waitFor(t, "an UPDATE after the recovery to reach the reader", func() bool {
+		v, err := guard.Get(ctx, reader, "p2", load)
+		return err == nil && v == 4
+	})
+}
+
+// positioned waits until the command's follower has set its position in
+// Redis: its first start drops the Guard's entries, so cache after it.
+func positioned(t *testing.T, c *redistest.Conn) {
+	t.Helper()
+	waitFor(t, "the follower's position in redis", func() bool {
+		return c.Exists(context.Background(), c.Prefix+":product:pos:pgfollow:cacheguard").Val() == 1
+	})
 }
 
 // waitFor polls cond (every 10 ms, up to 30 s): the state the test needs,

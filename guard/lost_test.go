@@ -220,7 +220,7 @@ func TestIdleGuardRepairsLostWrites(t *testing.T) {
 				t.Fatal(err)
 			}
 			update(t, writer, d, 404, "p4")
-			guard.SetWatch(writer, watch)
+			guard.SetWatch(writer, false) // until the old entries are seen back
 			before := writer.Stats()
 			crash(t, srv)
 			back := time.Now()
@@ -231,6 +231,7 @@ func TestIdleGuardRepairsLostWrites(t *testing.T) {
 			if n, err := rdb.Exists(ctx, p3, p4).Result(); err != nil || n != 2 {
 				t.Fatalf("Redis came back with %d of the 2 old entries (%v): the test proves nothing", n, err)
 			}
+			guard.SetWatch(writer, watch)
 			if !watch {
 				// Three turns of a watcher: nothing but it would mend them.
 				if redistest.Poll(3*guard.WatchEvery, gone) {

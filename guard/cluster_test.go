@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cacheguard/cacheguard/guard"
+	"github.com/cacheguard/cacheguard/internal/keyspace"
 	"github.com/cacheguard/cacheguard/internal/redisserver"
 )
 
@@ -39,15 +41,23 @@ func readSome(t *testing.T, g *guard.Guard, d *db, n int) (errs int) {
 	return errs
 }
 
-func TestClusterFailover(t *testing.T) {
+// ownCluster starts a 3-master cluster of the test's own, replicas per
+// master, stopped when it ends, and runs t in parallel with the other slow
+// tests (not in the cluster pass: standaloneOnly).
+func ownCluster(t *testing.T, replicas int) *redisserver.Cluster {
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	standaloneOnly(t)
-	ctx := context.Background()
-	cl, err := redisserver.StartCluster(ctx, 3, 1)
+	cl, err := redisserver.StartCluster(context.Background(), 3, replicas)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cl.Stop()
+	t.Cleanup(cl.Stop)
+	return cl
+}
+
+func TestClusterFailover(t *testing.T) {
+	ctx := context.Background()
+	cl := ownCluster(t, 1)
 	// Short dial and read timeouts: during the failover, calls to the dead
 	// master fail fast instead of stalling the test.
 	opts := cl.Options()
@@ -129,5 +139,71 @@ func TestClusterFailover(t *testing.T) {
 	)
 	if !in.Ready || in.BitsSet == 0 {
 		t.Fatalf("Info %+v", in)
+	}
+}
+
+// TestIdleGuardRepairsLostWritesOnACluster: a master of a 3-master
+// cluster is SIGKILLed and restarts from a dump older than the writer's
+// Invalidates; the writer, idle, replays those of that master's slots
+// (their old entries deleted) with no Get.
+func TestIdleGuardRepairsLostWritesOnACluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a cluster and restarts a master")
+	}
+	ctx := context.Background()
+	cl := ownCluster(t, 0)
+	rdb := redis.NewClusterClient(cl.Options())
+	defer rdb.Close()
+	const n = 30
+	d := newDB(n)
+	g := openRebuilt(t, rdb, guard.Options{}, 1000, n)
+	names := make([]string, n)
+	for i := range names {
+		names[i] = pid(i)
+	}
+	cache(t, g, d, names...)
+	if err := rdb.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return c.Save(ctx).Err() }); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range names {
+		d.set(product{ID: id, Name: "changed " + id, Price: 1000})
+		if err := g.Invalidate(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keys := keyspace.ForGuard("cg", "product", 128) // the default KeyPrefix
+	p0, _ := keys.Value("p0")
+	master, err := rdb.MasterForKey(ctx, p0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(cl.Nodes, func(s *redisserver.Server) bool { return s.Addr == master.Options().Addr })
+	guard.SetWatch(g, false) // until the old entries are seen back
+	crash(t, cl.Nodes[i])
+	back := time.Now()
+	// old counts the entries Redis holds, and the keys it did not answer for.
+	old := func() (held, failed int) {
+		for _, id := range names {
+			k, _ := keys.Value(id)
+			switch e, err := rdb.Exists(ctx, k).Result(); {
+			case err != nil:
+				failed++
+			case e != 0:
+				held++
+			}
+		}
+		return held, failed
+	}
+	eventually(t, 10*time.Second, "the restarted master answering", func() bool { h, f := old(); return h > 0 && f == 0 })
+	if held, _ := old(); held == n {
+		t.Fatalf("all %d old entries back: the other masters lost the Invalidates too", n)
+	}
+	answered := time.Now()
+	guard.SetWatch(g, true)
+	eventually(t, 20*time.Second, "the old entries deleted without a Get", func() bool { h, f := old(); return h == 0 && f == 0 })
+	t.Logf("repaired %v after the master restarted, %v after it answered",
+		time.Since(back).Round(time.Millisecond), time.Since(answered).Round(time.Millisecond))
+	if st := g.Stats(); st.WritesLost == 0 || st.WritesLost == n {
+		t.Fatalf("WritesLost %d: want the Invalidates of the restarted master's slots alone", st.WritesLost)
 	}
 }

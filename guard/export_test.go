@@ -30,6 +30,14 @@ func SetAfterRead(f func(id string)) (restore func()) { return aside.SetAfterRea
 // and the rebuild lock, until restore.
 func SetBeforeAutoRebuild(f func()) (restore func()) { return aside.SetBeforeAutoRebuild(f) }
 
+// WatchEvery is how often the watcher of a Guard that wrote looks for a
+// restart of Redis.
+const WatchEvery = aside.WatchEvery
+
+// SetWatch turns g's watcher off or back on: with it off, only a read
+// notices the writes Redis lost.
+func SetWatch(g *Guard, on bool) { aside.SetWatch(g.e, on) }
+
 // AutoRebuilding reports whether an automatic rebuild of g is under way.
 func AutoRebuilding(g *Guard) bool { return aside.AutoRebuilding(g.e) }
 

@@ -37,6 +37,19 @@ func lostWrites(t *testing.T) (*redisserver.Server, *db, *guard.Guard, *guard.Gu
 	return srv, d, gs[0], gs[1]
 }
 
+// saved is lostWrites's writer after a SAVE: the dump that crash restarts
+// Redis from holds the entries as cached. rdb is a client of the test's.
+func saved(t *testing.T) (*redisserver.Server, *db, *guard.Guard, *redis.Client) {
+	t.Helper()
+	srv, d, writer, _ := lostWrites(t)
+	rdb := redis.NewClient(srv.Options())
+	t.Cleanup(func() { _ = rdb.Close() })
+	if err := rdb.Save(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	return srv, d, writer, rdb
+}
+
 // update commits a new price for ids in d and Sets it through g.
 func update(t *testing.T, g *guard.Guard, d *db, price int, ids ...string) {
 	t.Helper()
@@ -95,6 +108,7 @@ func TestQuickRestartFromADump(t *testing.T) {
 		t.Fatal(err)
 	}
 	update(t, writer, d, 303, "p3")
+	guard.SetWatch(writer, false) // the writer's Gets notice, not its watcher (TestIdleGuardRepairsLostWrites)
 	crash(t, srv)
 	if p, err := guard.Get(ctx, other, "p3", d.load); err != nil || p.Price != 3 {
 		t.Fatalf("control: the other process reads %+v, %v; want the old row Redis came back with", p, err)
@@ -162,14 +176,10 @@ func TestRestartFromAnOldDump(t *testing.T) {
 // it read. The hook checks that the interleaving happened: the entry the
 // read returned is gone from Redis when the Get goes on.
 func TestReplayLandsBetweenReadAndAnswer(t *testing.T) {
-	srv, d, writer, _ := lostWrites(t)
+	srv, d, writer, rdb := saved(t)
 	ctx := context.Background()
-	rdb := redis.NewClient(srv.Options())
-	defer rdb.Close()
-	if err := rdb.Save(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
 	update(t, writer, d, 303, "p3")
+	guard.SetWatch(writer, false) // the Get's read finds the Set lost
 	crash(t, srv)
 	interleaved := false
 	restore := guard.SetAfterRead(func(id string) {
@@ -188,5 +198,59 @@ func TestReplayLandsBetweenReadAndAnswer(t *testing.T) {
 	}
 	if err != nil || p.Price != 303 {
 		t.Fatalf("a Get whose read a replay overtook answered %+v, %v; want the updated row", p, err)
+	}
+}
+
+// TestIdleGuardRepairsLostWrites: the writer Invalidates p3 and Sets p4
+// after a SAVE, then neither reads nor writes; Redis is SIGKILLed and
+// restarts from the dump, with the old entries. The writer's watcher
+// notices the lost writes and replays them (the entries deleted) with no
+// Get. The control turns the watcher off: the old entries stay.
+func TestIdleGuardRepairsLostWrites(t *testing.T) {
+	if testing.Short() {
+		t.Skip("restarts Redis and waits for the watcher")
+	}
+	for _, watch := range []bool{true, false} {
+		name := map[bool]string{true: "watcher", false: "control: no watcher"}[watch]
+		t.Run(name, func(t *testing.T) {
+			srv, d, writer, rdb := saved(t)
+			ctx := context.Background()
+			d.set(product{ID: "p3", Name: "changed p3", Price: 303})
+			if err := writer.Invalidate(ctx, "p3"); err != nil {
+				t.Fatal(err)
+			}
+			update(t, writer, d, 404, "p4")
+			guard.SetWatch(writer, false) // until the old entries are seen back
+			before := writer.Stats()
+			crash(t, srv)
+			back := time.Now()
+			keys := keyspace.ForGuard("cg", "product", 128) // the default KeyPrefix
+			p3, _ := keys.Value("p3")
+			p4, _ := keys.Value("p4")
+			gone := func() bool { n, err := rdb.Exists(ctx, p3, p4).Result(); return err == nil && n == 0 }
+			if n, err := rdb.Exists(ctx, p3, p4).Result(); err != nil || n != 2 {
+				t.Fatalf("Redis came back with %d of the 2 old entries (%v): the test proves nothing", n, err)
+			}
+			guard.SetWatch(writer, watch)
+			if !watch {
+				// Three turns of a watcher: nothing but it would mend them.
+				if redistest.Poll(3*guard.WatchEvery, gone) {
+					t.Fatal("control: the old entries went with the watcher off; the test proves nothing")
+				}
+				if n := stale(t, writer, d, 1, "p3", "p4"); n > 0 { // the read notices instead
+					t.Fatalf("%d stale answers from the writer's Gets", n)
+				}
+				return
+			}
+			eventually(t, 10*time.Second, "the old entries deleted without a Get", gone)
+			t.Logf("repaired %v after Redis answered again", time.Since(back).Round(time.Millisecond))
+			if st := writer.Stats(); st.WritesLost != 2 || st.Hits+st.Misses != before.Hits+before.Misses {
+				t.Fatalf("WritesLost %d, %d Gets: want the 2 lost writes noticed without a Get",
+					st.WritesLost, st.Hits+st.Misses-before.Hits-before.Misses)
+			}
+			if n := stale(t, writer, d, 1, "p3", "p4"); n > 0 {
+				t.Fatalf("%d stale answers after the repair", n)
+			}
+		})
 	}
 }

@@ -51,6 +51,7 @@ type Engine struct {
 	sup          *supervisor                      // every goroutine and flight of the Engine, stopped and waited for by Close
 	joinedHook   atomic.Pointer[func(key string)] // set by tests alone: told of each caller that joins a flight (hooks.go)
 	sharedHook   atomic.Pointer[func(first bool)] // set by tests alone: told of each shared read's first caller and of each joiner (hooks.go)
+	watchOff     atomic.Bool                      // set by tests alone: the watcher skips its turns (hooks.go)
 	closeOnce    sync.Once
 	closeErr     error // set once by Close
 }

@@ -21,7 +21,8 @@ import (
 // load-through cap (admit); the unwritten set (has: an ID whose write did
 // not land loads through); and the check of the marks after a dial (a
 // restart or failover Redis acknowledged writes across: lost.go keeps the
-// marks, replay.go replays what they say was lost).
+// marks, replay.go replays what they say was lost), which the watcher
+// (watch) makes when no read comes.
 
 // OutageOptions is guard.OutageOptions (documented there).
 type OutageOptions struct {
@@ -268,4 +269,73 @@ func (g *Engine) endCheck(ctx context.Context, c *check) {
 		g.writesLost(lost, overflow)
 	}
 	m.checked.Store(c.dials) // a dial during the check: the next read checks again
+}
+
+// watchEvery is how often the watcher makes sure that a restart or a
+// failover of Redis is noticed while the Guard neither reads nor writes.
+const watchEvery = time.Second
+
+// watch is the watcher: a loop of the supervisor's, started by the first
+// write that lands (landed) and stopped by Close (its ctx). Every
+// watchEvery it touches the masters of the marks (touch) and, once they
+// answer, makes the check a read would make if one is due (endCheck): the
+// writes Redis lost are replayed and the filter rebuilt without any Get.
+func (g *Engine) watch(ctx context.Context) {
+	tick := time.NewTicker(watchEvery)
+	defer tick.Stop()
+	var masters map[*redis.Client]uint16 // touch's last, in a cluster
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if g.watchOff.Load() {
+			continue
+		}
+		tctx, cancel := context.WithTimeout(ctx, g.opts.Tuning.RedisTimeout)
+		var answered bool
+		if masters, answered = g.touch(tctx, masters); answered {
+			g.endCheck(tctx, nil) // while Redis does not answer, no check is tried
+		}
+		cancel()
+	}
+}
+
+// touch sends one EXISTS of a mark to each master that holds one, and
+// reports whether all answered: a pooled connection that died with a
+// restart is replaced by a dial (dialCounter), which makes a check due. In
+// a cluster, masters maps each master of a written slot to one such slot;
+// a change since last (a failover to a node the client was connected to
+// already, which dials nothing) counts as a dial too.
+func (g *Engine) touch(ctx context.Context, last map[*redis.Client]uint16) (masters map[*redis.Client]uint16, answered bool) {
+	m := g.marks
+	cc, ok := g.rdb.(*redis.ClusterClient)
+	if !ok || !m.cluster {
+		return nil, g.rdb.Exists(ctx, g.keys.Mark(m.token, 0, m.cluster)).Err() == nil
+	}
+	m.mu.Lock()
+	slots := slices.Collect(maps.Keys(m.high))
+	m.mu.Unlock()
+	masters = make(map[*redis.Client]uint16, len(last))
+	for _, s := range slots {
+		if n, err := cc.MasterForKey(ctx, g.keys.Mark(m.token, s, true)); err == nil {
+			if _, ok := masters[n]; !ok {
+				masters[n] = s
+			}
+		}
+	}
+	sameNodes := func(uint16, uint16) bool { return true } // any slot of a master stands for it
+	if last != nil && !maps.EqualFunc(masters, last, sameNodes) {
+		m.dials.Add(1)
+	}
+	pipe := cc.Pipeline() // one EXISTS per master, sent to each at once
+	for _, s := range masters {
+		pipe.Exists(ctx, g.keys.Mark(m.token, s, true))
+	}
+	_, err := pipe.Exec(ctx)
+	if err != nil {
+		g.reloadSlots(ctx, err) // a master gone: the slot map says who serves its slots now
+	}
+	return masters, err == nil && len(masters) > 0
 }

@@ -64,6 +64,14 @@ func SetShared(e *Engine, f func(first bool)) (restore func()) {
 	return func() { e.sharedHook.Store(nil) }
 }
 
+// WatchEvery is watchEvery, for tests that wait for a number of the
+// watcher's turns.
+const WatchEvery = watchEvery
+
+// SetWatch turns e's watcher (see watch) off or back on, for tests that
+// need a lost write noticed by a read, and for the control of the watcher's.
+func SetWatch(e *Engine, on bool) { e.watchOff.Store(!on) }
+
 // LocalCopy reports what e's local cache holds for id: "none", "fresh" (a
 // copy to serve) or "gone" (a copy whose Redis entry has expired), for tests
 // that wait for a copy to expire instead of sleeping past its TTL.

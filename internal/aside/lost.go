@@ -22,11 +22,12 @@ import (
 // Guard keeps the writes that landed, with the value each got, for
 // recentFor (at most maxRecent). Whenever a connection to Redis is dialed
 // (a restart, a failover and an outage all end in one), the next read
-// compares the marks in Redis with the highest each got, before it answers:
-// a mark behind says Redis lost the writes past it, which are replayed as
-// if they had failed (replay.go). A write that left the ring past the gap
-// makes every entry of the Guard drop (the overflow path). No command of
-// @dangerous is needed.
+// compares the marks in Redis with the highest each got, before it
+// answers, or the watcher does within watchEvery if no read comes
+// (health.go): a mark behind says Redis lost the writes past it, which are
+// replayed as if they had failed (replay.go). A write that left the ring
+// past the gap makes every entry of the Guard drop (the overflow path). No
+// command of @dangerous is needed.
 const (
 	recentFor = time.Hour
 	maxRecent = 100_000
@@ -46,9 +47,10 @@ type marked struct {
 type marks struct {
 	token   string // this Guard's marks are its own: no other process advances them
 	cluster bool   // a mark per slot (ClusterClient), else one
-	// dials counts the connections dialed on the client (dialCounter), and
-	// checked the dials the last check covered: while they differ, a read
-	// checks before it answers.
+	// dials counts the connections dialed on the client (dialCounter) and
+	// the written slots that moved to another master (touch), and checked
+	// the dials the last check covered: while they differ, a read (or the
+	// watcher) checks.
 	dials   *atomic.Uint64
 	checked atomic.Uint64
 	wrote   atomic.Bool // a write landed: until then there is nothing to check
@@ -158,7 +160,7 @@ func (g *Engine) landed(ctx context.Context, q *queuedMarks) {
 	m := g.marks
 	now := time.Now()
 	var lost []string
-	overflow := false
+	overflow, wrote := false, false
 	m.mu.Lock()
 	for i, c := range q.incr {
 		n, err := c.Result()
@@ -175,9 +177,12 @@ func (g *Engine) landed(ctx context.Context, q *queuedMarks) {
 		}
 		m.high[s] = max(m.high[s], n)
 		m.pushLocked(marked{id: q.ids[i], slot: s, n: n, at: now})
-		m.wrote.Store(true)
+		wrote = true
 	}
 	m.mu.Unlock()
+	if wrote && !m.wrote.Swap(true) { // the first write that landed: from now on a restart may lose one
+		g.sup.goLoop(g.watch)
+	}
 	if len(lost) > 0 || overflow {
 		g.writesLost(lost, overflow)
 	}

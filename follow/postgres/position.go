@@ -222,3 +222,15 @@ func (f *Follower) confirmed(ctx context.Context, conn *pgconn.PgConn) (pglogrep
 	}
 	return pglogrepl.ParseLSN(rows[0][0])
 }
+
+// followedBefore reports whether a Guard's Redis holds a position of the
+// follower's: its slot existed and was followed (a Redis that fails to
+// answer says nothing).
+func (f *Follower) followedBefore(ctx context.Context) bool {
+	for _, h := range f.held {
+		if pos, err := h.e.Position(ctx, f.feed()); err == nil && pos > 0 {
+			return true
+		}
+	}
+	return false
+}

@@ -2,14 +2,17 @@ package pgfollow_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	pgfollow "github.com/cacheguard/cacheguard/follow/postgres"
+	"github.com/cacheguard/cacheguard/guard"
 	"github.com/cacheguard/cacheguard/internal/redisserver"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
@@ -143,4 +146,51 @@ func (rb *rollback) standby() {
 func (rb *rollback) staleAt(d time.Duration) int {
 	time.Sleep(time.Until(rb.answered.Add(d))) // a point in time the figure is taken at, not a wait for a state
 	return rb.fx.stale()
+}
+
+// TestSlotDropped: a slot dropped after a follower followed it is lost, as
+// an invalidated one is: Run ends with ErrSlotLost (a Guard's Redis holds
+// the follower's position), and Recover makes it anew. Control: a slot
+// that no follower ever followed is missing set-up (ErrSetup).
+func TestSlotDropped(t *testing.T) {
+	t.Parallel()
+	fx := newOn(t, 10)
+	run := func(g *guard.Guard) error {
+		f, err := pgfollow.New(fx.url, fx.table(g), &pgfollow.Options{Slot: fx.name, Publication: fx.name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // a bound, should Run retry
+		defer cancel()
+		return f.Run(ctx)
+	}
+	g := fx.guard(fx.rdb)
+	waitFor(t, "the slot to be dropped", func() bool { return pgfollow.DropSlot(context.Background(), fx.url, fx.name) == nil })
+	if err := run(g); !errors.Is(err, pgfollow.ErrSetup) {
+		t.Fatalf("Run on a slot never followed, dropped: %v; want ErrSetup", err)
+	}
+	if err := pgfollow.Setup(context.Background(), fx.url, &pgfollow.Options{Slot: fx.name, Publication: fx.name}, fx.name); err != nil {
+		t.Fatal(err)
+	}
+	_, stop := fx.follow(g)
+	stop()
+	waitFor(t, "the slot to be dropped", func() bool { return pgfollow.DropSlot(context.Background(), fx.url, fx.name) == nil })
+	err := run(g)
+	if !errors.Is(err, pgfollow.ErrSlotLost) || !strings.Contains(err.Error(), "dropped") {
+		t.Fatalf("Run on a followed slot, dropped: %v; want ErrSlotLost saying it was dropped", err)
+	}
+	f, err := pgfollow.New(fx.url, fx.table(g), &pgfollow.Options{Slot: fx.name, Publication: fx.name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Recover(context.Background()); err != nil {
+		t.Fatalf("Recover: %v", err)
+	}
+	f2, _ := fx.follow(g)
+	fx.warm(10)
+	fx.exec("UPDATE " + fx.name + " SET v = 5 WHERE id = 'id1'")
+	fx.caughtUp(f2)
+	if n := fx.stale(); n != 0 || f2.Stats().Rollbacks != 0 {
+		t.Fatalf("after Recover: %d rows stale, %d rollbacks (Recover set the positions: want none)", n, f2.Stats().Rollbacks)
+	}
 }

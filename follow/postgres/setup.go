@@ -65,6 +65,9 @@ func (f *Follower) check(ctx context.Context, conn *pgconn.PgConn) (map[string]s
 		}
 		return nil, slotLost(slot, "was invalidated by PostgreSQL ("+why+"; max_slot_wal_keep_size bounds the WAL a slot keeps)")
 	}
+	if len(rows) == 0 && f.followedBefore(ctx) {
+		return nil, slotLost(slot, "was dropped (a Guard's Redis holds a position of it)")
+	}
 	if len(rows) == 0 {
 		return nil, fmt.Errorf("%w: no replication slot %s: run the follower's command with -create, or "+
 			"SELECT pg_create_logical_replication_slot('%s', 'pgoutput')", ErrSetup, slot, slot)

@@ -145,13 +145,13 @@ func (f *Filter) TestCopy(id string) (maybe, ok bool) {
 	return s.test(id), true
 }
 
-// CopyGeneration is the generation of the copy TestCopy answers from
-// (0: none).
-func (f *Filter) CopyGeneration() int64 {
+// CopyInfo is the generation and size in bytes of the copy TestCopy
+// answers from (0, 0: none).
+func (f *Filter) CopyInfo() (gen int64, bytes int) {
 	if s := f.mem.whole.Load(); s != nil {
-		return s.gen
+		return s.gen, len(s.words) * 8
 	}
-	return 0
+	return 0, 0
 }
 
 func (s *snapshot) test(id string) bool {

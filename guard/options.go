@@ -63,6 +63,13 @@ type FilterOptions struct {
 	// is not ready (never built, lost by Redis) is rebuilt from it in the
 	// background. Without it, call Rebuild yourself.
 	IDs func(ctx context.Context) iter.Seq2[string, error]
+	// NoLocalCopy keeps no copy of the filter in process memory (it takes
+	// the filter's size: docs/incidents.md). With the copy, while the filter is not
+	// ready or Redis cannot answer, an ID it has never seen is answered
+	// ErrUnconfirmed (a 503), not loaded: a row created in another process
+	// since the copy answers so too, until the filter is back. Without it,
+	// such IDs load through (fail open). docs/incidents.md.
+	NoLocalCopy bool
 }
 
 // TelemetryOptions turns on OpenTelemetry spans and cacheguard.* metrics.

@@ -109,9 +109,11 @@ type Tuning struct {
 // and capped across IDs by MaxLoads; a Get beyond the cap gets ErrUnavailable
 // at once. Load-through is the default because the cache exists to spare the
 // database, not to refuse its readers (the HTTP adapters fail open too). The
-// filter is in Redis as well, so unknown IDs reach the loader, within the
-// cap. A circuit breaker (sony/gobreaker) opens after 5 failed reads in a
-// row, keeps Gets off Redis for a second, then lets one probe.
+// filter is in Redis as well: unknown IDs are judged by the Guard's copy of
+// it (FilterOptions.NoLocalCopy), and reach the loader, within the cap, only
+// when that copy may hold them. A circuit breaker (sony/gobreaker) opens
+// after 5 failed reads in a row, keeps Gets off Redis for a second, then
+// lets one probe.
 type OutageOptions struct {
 	// FailFast makes Get return ErrUnavailable (wrapped) instead of loading
 	// through.

@@ -19,6 +19,7 @@ func (f *Filter) Add(ctx context.Context, id string) error { return f.AddMany(ct
 // generation this client knows (one script per shard touched); if the meta
 // names another generation, or a rebuild in progress, a second round trip
 // sets them there too. AddMany does not make a filter ready (see Rebuild).
+// It sets the bits in this client's copy too (RefreshCopy), if it has one.
 func (f *Filter) AddMany(ctx context.Context, ids []string) error {
 	if len(ids) == 0 {
 		return nil
@@ -60,6 +61,7 @@ func (p *PendingAdd) Result(ctx context.Context) error {
 	if len(p.ids) == 0 {
 		return nil
 	}
+	defer p.f.addToCopy(p.ids) // after the round trips, whether they failed or not: see addToCopy
 	if err := p.err(); err != nil {
 		return fmt.Errorf("bloom: add: %w", redisfail.Wrap(err))
 	}

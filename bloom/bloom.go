@@ -160,6 +160,7 @@ type Filter struct {
 	saturated    atomic.Int64           // generation OnSaturated was last called for
 	lastSatCheck atomic.Int64           // unix nanos of the last look at the bits for saturation
 	adopted      bool                   // Open found other sizing than Options asked for, and took it
+	mem          localCopy              // the bits in process memory, once RefreshCopy fetched them
 }
 
 // Open opens the filter stored under key, creating it with opts' sizing if

@@ -63,6 +63,10 @@ type op struct {
 	// not reach Redis (ErrUnavailable): a write all the same, which the
 	// Guard replays.
 	Unwritten bool `json:"u,omitempty"`
+	// Unconfirmed: a read answered ErrUnconfirmed (the ID is not in the
+	// filter's copy of the reading process, Redis is down): a 503 by
+	// design, neither a value nor a failure.
+	Unconfirmed bool `json:"uc,omitempty"`
 }
 
 type checkerDB struct {
@@ -202,7 +206,7 @@ func childChecker(rdb redis.UniversalClient) int {
 					}
 				}
 				if err != nil {
-					o.Err = err.Error()
+					o.Err, o.Unconfirmed = err.Error(), errors.Is(err, guard.ErrUnconfirmed)
 				}
 				rec = append(rec, o)
 			}
@@ -222,6 +226,7 @@ func childChecker(rdb redis.UniversalClient) int {
 type checked struct {
 	Reads, Writes, Failed int
 	Unwritten             int           // writes whose cache write failed (replayed by their Guard)
+	Unconfirmed           int           // reads answered ErrUnconfirmed during an outage (IDs created elsewhere since the copy)
 	Stale                 int           // reads that broke the rule
 	OwnStale              int           // of those, reads whose process made the write they missed
 	MaxStale              time.Duration // the longest time after the missed write returned
@@ -234,6 +239,8 @@ func checkHistory(history []op) checked {
 	writes := map[string][]op{}
 	for _, o := range history {
 		switch {
+		case o.Unconfirmed:
+			c.Unconfirmed++
 		case o.Err != "":
 			c.Failed++
 			if len(c.Examples) < 5 {
@@ -448,6 +455,7 @@ func TestConsistencyCheckerOutage(t *testing.T) {
 	if res.OwnStale != 0 || res.Failed != 0 || res.Reads < 10_000 || res.Unwritten == 0 {
 		t.Fatalf("%+v", res)
 	}
-	t.Logf("outage: %d writes unwritten and replayed; %d failed operations; %d stale reads in other processes, the longest %v after the write returned",
-		res.Unwritten, res.Failed, res.Stale-res.OwnStale, res.MaxStale)
+	t.Logf("outage: %d writes unwritten and replayed; %d failed operations; %d reads unconfirmed; "+
+		"%d stale reads in other processes, the longest %v after the write returned",
+		res.Unwritten, res.Failed, res.Unconfirmed, res.Stale-res.OwnStale, res.MaxStale)
 }

@@ -29,4 +29,10 @@ var (
 	// OOM under maxmemory or NOPERM from an ACL. Retry later, or serve from
 	// the source of truth. It is never ErrNotFound.
 	ErrUnavailable = aside.ErrUnavailable
+	// ErrUnconfirmed: Redis cannot answer, or its bloom filter is not ready,
+	// and this process's copy of the filter has never seen the ID. Another
+	// process may have created it since the copy, so it is neither loaded
+	// nor answered ErrNotFound. It wraps ErrUnavailable: retry later (503).
+	// FilterOptions.NoLocalCopy turns it off.
+	ErrUnconfirmed = aside.ErrUnconfirmed
 )

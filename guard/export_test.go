@@ -84,3 +84,10 @@ func HoldSharedRead(g *Guard, n int) (restore func()) {
 // LocalCopy is what g's local cache holds for id: "none", "fresh" or
 // "gone" (its entry expired in Redis).
 func LocalCopy(g *Guard, id string) string { return aside.LocalCopy(g.e, id) }
+
+// RefreshCopy fetches g's copy of its filter now.
+func RefreshCopy(ctx context.Context, g *Guard) error { return aside.RefreshCopy(ctx, g.e) }
+
+// HoldCopy stops g's own refreshes of its copy of the filter (after the one
+// under way) until release.
+func HoldCopy(g *Guard) (release func()) { return aside.HoldCopy(g.e) }

@@ -129,6 +129,9 @@ func openRebuilt(t *testing.T, rdb redis.UniversalClient, o guard.Options, items
 	if _, err := g.Rebuild(context.Background(), ids("p", n), nil); err != nil {
 		t.Fatal(err)
 	}
+	// The copy of the filter is fetched after the rebuild: its commands are
+	// over before a test counts its own.
+	waitFor(t, func() bool { return o.Filter.NoLocalCopy || g.Stats().FilterCopy > 0 })
 	return g
 }
 

@@ -63,6 +63,13 @@ type FilterOptions struct {
 	// is not ready (never built, lost by Redis) is rebuilt from it in the
 	// background. Without it, call Rebuild yourself.
 	IDs func(ctx context.Context) iter.Seq2[string, error]
+	// NoLocalCopy keeps no copy of the filter in process memory (it takes
+	// the filter's size: docs/incidents.md). With the copy, while the filter is not
+	// ready or Redis cannot answer, an ID it has never seen is answered
+	// ErrUnconfirmed (a 503), not loaded: a row created in another process
+	// since the copy answers so too, until the filter is back. Without it,
+	// such IDs load through (fail open). docs/incidents.md.
+	NoLocalCopy bool
 }
 
 // TelemetryOptions turns on OpenTelemetry spans and cacheguard.* metrics.
@@ -102,9 +109,11 @@ type Tuning struct {
 // and capped across IDs by MaxLoads; a Get beyond the cap gets ErrUnavailable
 // at once. Load-through is the default because the cache exists to spare the
 // database, not to refuse its readers (the HTTP adapters fail open too). The
-// filter is in Redis as well, so unknown IDs reach the loader, within the
-// cap. A circuit breaker (sony/gobreaker) opens after 5 failed reads in a
-// row, keeps Gets off Redis for a second, then lets one probe.
+// filter is in Redis as well: unknown IDs are judged by the Guard's copy of
+// it (FilterOptions.NoLocalCopy), and reach the loader, within the cap, only
+// when that copy may hold them. A circuit breaker (sony/gobreaker) opens
+// after 5 failed reads in a row, keeps Gets off Redis for a second, then
+// lets one probe.
 type OutageOptions struct {
 	// FailFast makes Get return ErrUnavailable (wrapped) instead of loading
 	// through.

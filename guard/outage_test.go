@@ -54,8 +54,10 @@ func TestLoadThroughWhenRedisIsDown(t *testing.T) {
 	if n := d.calls.Load(); n > 3 { // one flight; a caller may run one more after an older flight
 		t.Fatalf("%d loads for 50 concurrent callers of one ID", n)
 	}
-	if _, err := guard.Get(ctx, g, "nope", d.load); !errors.Is(err, guard.ErrNotFound) {
-		t.Fatalf("unknown ID during the outage: %v", err)
+	// The filter's copy has never seen it: neither a load nor ErrNotFound.
+	calls := d.calls.Load()
+	if _, err := guard.Get(ctx, g, "nope", d.load); !errors.Is(err, guard.ErrUnconfirmed) || d.calls.Load() != calls {
+		t.Fatalf("unknown ID during the outage: %v, %d loads", err, d.calls.Load()-calls)
 	}
 	for range 10 {
 		_, _ = guard.Get(ctx, g, "p1", d.load)

@@ -27,11 +27,15 @@ type Stats struct {
 	// The outage policy (OutageOptions).
 	LoadThroughs   uint64 // IDs loaded without Redis, their values uncached
 	Shed           uint64 // load-throughs refused by the MaxLoads cap (ErrUnavailable)
+	Unconfirmed    uint64 // answered ErrUnconfirmed: absent from the filter's copy while Redis or the filter could not answer
 	BreakerOpens   uint64 // times the Redis circuit breaker opened
 	AbandonedLoads uint64 // loads that did not return within LoadTimeout (their late result dropped)
 	Refreshes      uint64 // refreshes ahead of expiry started (RefreshAhead)
 	Unwritten      uint64 // IDs whose write failed and waits for its replay (a gauge; +1 while overflowed)
 	WritesLost     uint64 // acknowledged writes Redis lost (a restart from an older dump, a lagging replica promoted), replayed; +1 for an overflow
+	// FilterCopy is the size in bytes of the filter's copy in process
+	// memory (a gauge; 0: none yet, or FilterOptions.NoLocalCopy).
+	FilterCopy uint64
 
 	// FilterNotReady: the filter's last probe found it not ready (never
 	// built, or lost by Redis), so Gets fail open until it is rebuilt.

@@ -42,7 +42,7 @@ type Collector struct {
 	opts   Options
 
 	gets, coalesced, events     *prometheus.Desc
-	ready, unwritten            *prometheus.Desc
+	ready, unwritten, copyBytes *prometheus.Desc
 	fill, fpRate, items, memory *prometheus.Desc
 	scrapeErrors                *prometheus.Desc
 }
@@ -72,11 +72,14 @@ func New(opts *Options, guards ...*guard.Guard) *Collector {
 		events: prometheus.NewDesc(name("events_total"),
 			"Guard operations and events: load, load_error, load_through, shed, abandoned_load, redis_error, corrupt_value, "+
 				"schema_miss, bloom_bypass, stale_write_refused, lock_wait, lock_timeout, wakeup, breaker_open, refresh, "+
-				"writes_lost.", []string{"guard", "event"}, nil),
+				"writes_lost, unconfirmed (an ID absent from the filter's copy answered 503 while Redis or the filter could not "+
+				"answer).", []string{"guard", "event"}, nil),
 		ready: prometheus.NewDesc(name("filter_ready"),
 			"1 while the bloom filter answers, 0 while the Guard fails open (its last probe found the filter not ready).", g, nil),
 		unwritten: prometheus.NewDesc(name("unwritten"),
 			"IDs whose write did not reach Redis and waits for its replay (+1 while the set overflowed): alert when it stays above 0.", g, nil),
+		copyBytes: prometheus.NewDesc(name("filter_copy_bytes"),
+			"Bytes of the bloom filter's copy in process memory, which judges IDs while Redis or the filter cannot (0: none).", g, nil),
 		fill:         prometheus.NewDesc(name("bloom_fill_ratio"), "Share of the bloom filter's bits set.", g, nil),
 		fpRate:       prometheus.NewDesc(name("bloom_estimated_fp_rate"), "The bloom filter's estimated false-positive rate at its fill.", g, nil),
 		items:        prometheus.NewDesc(name("bloom_added_items"), "Items loaded by the last rebuild plus items added since.", g, nil),
@@ -87,7 +90,8 @@ func New(opts *Options, guards ...*guard.Guard) *Collector {
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.gets, c.coalesced, c.events, c.ready, c.unwritten, c.fill, c.fpRate, c.items, c.memory, c.scrapeErrors} {
+	for _, d := range []*prometheus.Desc{c.gets, c.coalesced, c.events, c.ready, c.unwritten, c.copyBytes, c.fill, c.fpRate, c.items,
+		c.memory, c.scrapeErrors} {
 		ch <- d
 	}
 }
@@ -123,7 +127,7 @@ func (c *Collector) collectStats(ch chan<- prometheus.Metric, g *guard.Guard) {
 		{"schema_miss", st.SchemaMisses},
 		{"bloom_bypass", st.BloomBypasses}, {"stale_write_refused", st.StaleWrites}, {"lock_wait", st.LockWaits},
 		{"lock_timeout", st.LockTimeouts}, {"wakeup", st.Wakeups}, {"breaker_open", st.BreakerOpens}, {"refresh", st.Refreshes},
-		{"writes_lost", st.WritesLost},
+		{"writes_lost", st.WritesLost}, {"unconfirmed", st.Unconfirmed},
 	} {
 		ch <- prometheus.MustNewConstMetric(c.events, prometheus.CounterValue, float64(e.n), name, e.event)
 	}
@@ -133,6 +137,7 @@ func (c *Collector) collectStats(ch chan<- prometheus.Metric, g *guard.Guard) {
 	}
 	ch <- prometheus.MustNewConstMetric(c.ready, prometheus.GaugeValue, ready, name)
 	ch <- prometheus.MustNewConstMetric(c.unwritten, prometheus.GaugeValue, float64(st.Unwritten), name)
+	ch <- prometheus.MustNewConstMetric(c.copyBytes, prometheus.GaugeValue, float64(st.FilterCopy), name)
 }
 
 func (c *Collector) collectInfo(ch chan<- prometheus.Metric, g *guard.Guard) {

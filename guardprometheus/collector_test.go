@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -128,7 +129,8 @@ cacheguard_gets_total{guard="user",outcome="reject"} 1
 }
 
 // TestRedisDownStillScrapes: with Redis gone the counters are served and
-// the filter shows as unreadable; the scrape does not fail.
+// the filter shows as unreadable; the scrape does not fail. An unknown ID
+// answered from the filter's copy counts as an unconfirmed event.
 func TestRedisDownStillScrapes(t *testing.T) {
 	srv, rdb := redistest.Private(t)
 	ctx := context.Background()
@@ -138,8 +140,17 @@ func TestRedisDownStillScrapes(t *testing.T) {
 	}
 	defer g.Close()
 	rebuild(t, g, "1")
+	for deadline := time.Now().Add(10 * time.Second); g.Stats().FilterCopy == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no copy of the filter 10 s after its rebuild")
+		}
+	}
 	if err := srv.Kill(); err != nil {
 		t.Fatal(err)
+	}
+	load := func(context.Context, string) (string, error) { return "", guard.ErrNotFound }
+	if _, err := guard.Get(ctx, g, "nope", load); !errors.Is(err, guard.ErrUnconfirmed) {
+		t.Fatalf("an unknown ID with Redis down: %v", err)
 	}
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(guardprometheus.New(&guardprometheus.Options{InfoTimeout: 200e6}, g))
@@ -153,6 +164,24 @@ cacheguard_bloom_info_errors{guard="product"} 1
 	}
 	if n, err := testutil.GatherAndCount(reg, "cacheguard_gets_total"); err != nil || n != 5 {
 		t.Fatalf("gets_total series with Redis down: %d %v", n, err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var unconfirmed, copyBytes float64
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			switch {
+			case mf.GetName() == "cacheguard_filter_copy_bytes":
+				copyBytes = m.GetGauge().GetValue()
+			case mf.GetName() == "cacheguard_events_total" && m.GetLabel()[0].GetValue() == "unconfirmed":
+				unconfirmed = m.GetCounter().GetValue()
+			}
+		}
+	}
+	if unconfirmed != 1 || copyBytes <= 0 {
+		t.Fatalf("unconfirmed events %v, filter_copy_bytes %v; want 1, > 0", unconfirmed, copyBytes)
 	}
 	// A write that cannot land: the unwritten gauge says so.
 	if err := g.Invalidate(ctx, "1"); err == nil {

@@ -289,6 +289,9 @@ func (g *Engine) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts
 	if err != nil && !errors.Is(err, bloom.ErrRebuilding) {
 		g.autoRebuild("a Rebuild failed")
 	}
+	if err == nil {
+		g.wakeCopy()
+	}
 	return n, g.fail(ctx, "rebuild", "", err)
 }
 

@@ -26,6 +26,9 @@ type filterState struct {
 	mu         sync.Mutex    // held by each rebuild of this Guard's, automatic or not: one at a time; guards the two below
 	lastAuto   time.Time     // when this Guard last started an automatic rebuild
 	autoWait   time.Duration // the back-off after it (see mayAutoRebuild)
+	copyWake   chan struct{} // cuts the wait of the filter's copy short (keepCopy); made by New, buffer 1
+	copyHold   sync.Mutex    // held by each refresh of keepCopy's; guards copyHeld
+	copyHeld   bool          // set by tests alone: keepCopy refreshes nothing (HoldCopy)
 	// evictionChecked: the eviction policy was read (or refused) once.
 	evictionChecked atomic.Bool
 }
@@ -277,6 +280,7 @@ func (g *Engine) rebuildOnce(ctx context.Context, cause string) (done bool) {
 		return true
 	case err == nil:
 		g.bf.stale.CompareAndSwap(stale, false)
+		g.wakeCopy()
 		g.log.Info("cacheguard: bloom filter rebuilt", "cause", cause, "ids", n, "took", time.Since(start).Round(time.Millisecond))
 		return true
 	case errors.Is(err, bloom.ErrRebuilding):

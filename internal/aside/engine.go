@@ -78,6 +78,7 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 	}
 	g.marks = newMarks(ctx, rdb)
 	g.unw.wake = make(chan struct{}, 1)
+	g.bf.copyWake = make(chan struct{}, 1)
 	g.sup = newSupervisor(ctx)
 	g.rd.batch = batch.New(o.Tuning.ReadsInFlight, readBatchMax, g.runReads, g.sup.spawn)
 	if o.Tuning.ReadsInFlight < 0 { // off: every read alone, at once
@@ -150,6 +151,7 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 		return nil, g.fail(ctx, "open", "", err)
 	}
 	g.autoRebuild("filter not ready at New") // with an ID source, a filter that is not ready is rebuilt in the background
+	g.keepCopy()
 	return g, nil
 }
 

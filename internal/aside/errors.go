@@ -40,6 +40,12 @@ var (
 	// OOM under maxmemory or NOPERM from an ACL. Retry later, or serve from
 	// the source of truth. It is never ErrNotFound.
 	ErrUnavailable = redisfail.ErrUnavailable
+	// ErrUnconfirmed: Redis cannot answer, or its bloom filter is not ready,
+	// and this process's copy of the filter has never seen the ID. Another
+	// process may have created it since the copy, so it is neither loaded
+	// nor answered ErrNotFound. It wraps ErrUnavailable: retry later (503).
+	ErrUnconfirmed = fmt.Errorf("cacheguard: not in this process's copy of the bloom filter, and redis cannot confirm it: %w",
+		ErrUnavailable)
 )
 
 // fail is the one exit of every error from the Guard's Redis work: a Redis

@@ -82,11 +82,15 @@ func Get[T any](ctx context.Context, g *Engine, id string, load LoadFunc[T]) (T,
 	if !ok {
 		done, err := g.outage.before()
 		if err != nil { // the breaker is open: Redis is not asked (nor counted as failing)
-			return loadThrough(ctx, g, id, vkey, load, from, fmt.Errorf("cacheguard: %s %q: read: %w", g.name, id, err))
+			err = fmt.Errorf("cacheguard: %s %q: read: %w", g.name, id, err)
+		} else {
+			r, err = g.readFor(ctx, id, vkey, from)
+			g.outage.after(done, err)
 		}
-		r, err = g.readFor(ctx, id, vkey, from)
-		g.outage.after(done, err)
 		if downOrRefusing(err) {
+			if err := g.absentInCopy(ctx, id, err); err != nil {
+				return zero, err
+			}
 			return loadThrough(ctx, g, id, vkey, load, from, err)
 		}
 		if err != nil {
@@ -165,6 +169,8 @@ func answerRead[T any](ctx context.Context, g *Engine, id, vkey string, r readRe
 	case verdictRejected:
 		g.answered(ctx, outRejected, false, false)
 		return v, true, ErrNotFound
+	case verdictUnconfirmed:
+		return v, true, g.unconfirmed(ctx, id, nil)
 	case verdictEntry:
 		if e := decodeEntry[T](ctx, g, vkey, r.raw); e.ok {
 			g.answered(ctx, e.found.outcome, false, false)

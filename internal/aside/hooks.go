@@ -82,3 +82,22 @@ func LocalCopy(e *Engine, id string) string {
 	_, st := e.local.get(id)
 	return [...]string{localNone: "none", localFresh: "fresh", localGone: "gone"}[st]
 }
+
+// RefreshCopy fetches e's copy of its filter now (see keepCopy), for tests
+// that need it taken at a known point.
+func RefreshCopy(ctx context.Context, e *Engine) error {
+	_, err := e.refreshCopy(ctx)
+	return err
+}
+
+// HoldCopy stops e's own refreshes of its copy (keepCopy) once the one under
+// way ended, until release: a test takes the copy with RefreshCopy alone.
+func HoldCopy(e *Engine) (release func()) {
+	set := func(held bool) {
+		e.bf.copyHold.Lock()
+		e.bf.copyHeld = held
+		e.bf.copyHold.Unlock()
+	}
+	set(true)
+	return func() { set(false) }
+}

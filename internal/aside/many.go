@@ -58,8 +58,12 @@ func getMany[T any](ctx context.Context, g *Engine, ids []string, load BatchLoad
 	}
 	replays := g.unw.replayed.Load() // a replay landing during the read: see get
 	reads, err := g.readMany(ctx, ids, keys)
-	if downOrRefusing(err) {
-		return out, loadManyThrough(ctx, g, ids, load, out, err)
+	if downOrRefusing(err) { // as Get: the copy answers what it has never seen, the rest loads through
+		through, uerr := g.absentManyInCopy(ctx, ids, err)
+		if len(through) == 0 {
+			return out, uerr
+		}
+		return out, errors.Join(uerr, loadManyThrough(ctx, g, through, load, out, err))
 	}
 	if err != nil {
 		return nil, err
@@ -71,10 +75,15 @@ func getMany[T any](ctx context.Context, g *Engine, ids []string, load BatchLoad
 		return out, err
 	}
 	var missIDs, missKeys []string
+	var unconfirmed []error
 	for i, r := range reads {
 		switch r.verdict {
 		case verdictRejected:
 			g.answeredMany(ctx, outRejected, false, false)
+			continue
+		case verdictUnconfirmed:
+			g.answeredMany(ctx, outFailed, false, false)
+			unconfirmed = append(unconfirmed, g.unconfirmed(ctx, ids[i], nil))
 			continue
 		case verdictEntry:
 			if e := decodeEntry[T](ctx, g, keys[i], r.raw); e.ok {
@@ -91,9 +100,9 @@ func getMany[T any](ctx context.Context, g *Engine, ids []string, load BatchLoad
 		missIDs, missKeys = append(missIDs, ids[i]), append(missKeys, keys[i])
 	}
 	if len(missIDs) == 0 {
-		return out, nil
+		return out, errors.Join(unconfirmed...)
 	}
-	return out, fillMany(ctx, g, missIDs, missKeys, load, out, from)
+	return out, errors.Join(append(unconfirmed, fillMany(ctx, g, missIDs, missKeys, load, out, from))...)
 }
 
 // manyUnwritten loads through (as in an outage) the IDs whose writes have

@@ -39,6 +39,7 @@ type FilterOptions struct {
 	ExpectedItems     uint64
 	FalsePositiveRate float64
 	IDs               func(ctx context.Context) iter.Seq2[string, error]
+	NoLocalCopy       bool
 }
 
 // TelemetryOptions is guard.TelemetryOptions.

@@ -35,9 +35,10 @@ type reader struct {
 type verdict uint8
 
 const (
-	verdictMiss     verdict = iota // no entry, and the filter says maybe (or cannot say)
-	verdictRejected                // no entry, and the filter says absent
-	verdictEntry                   // a cached value or empty marker: raw
+	verdictMiss        verdict = iota // no entry, and the filter says maybe (or cannot say)
+	verdictRejected                   // no entry, and the filter says absent
+	verdictEntry                      // a cached value or empty marker: raw
+	verdictUnconfirmed                // no entry, the filter not ready, and its copy says absent (see absentInCopy)
 )
 
 type readResult struct {
@@ -173,11 +174,15 @@ func (g *Engine) readFailed(ctx context.Context, op, id string, err error) error
 // verdict turns the filter's answer for an ID with no cache entry into the
 // read's result.
 func (g *Engine) verdict(ctx context.Context, id string, maybe bool, err error) (readResult, error) {
+	notReady := errors.Is(err, bloom.ErrNotReady)
 	if maybe, err = g.filterSays(ctx, id, maybe, err); err != nil {
 		return readResult{}, err
 	}
-	if !maybe {
+	switch {
+	case !maybe:
 		return readResult{verdict: verdictRejected}, nil
+	case notReady && g.copySaysAbsent(id):
+		return readResult{verdict: verdictUnconfirmed}, nil
 	}
 	return readResult{verdict: verdictMiss}, nil
 }
@@ -203,6 +208,7 @@ func (g *Engine) filterSays(ctx context.Context, id string, maybe bool, err erro
 			}
 		}
 		g.autoRebuild("filter not ready")
+		g.wakeCopy() // a new generation may follow: the copy fetches it as soon as it is ready
 		return true, nil
 	default:
 		return false, g.readFailed(ctx, "bloom probe", id, err)
@@ -250,15 +256,25 @@ func (g *Engine) Peek(ctx context.Context, id string) (context.Context, bool, er
 			return ctx, true, nil
 		}
 	}
+	var r readResult
+	replays := g.unw.replayed.Load()
 	done, err := g.outage.before()
 	if err != nil { // the breaker is open: Redis is not asked
-		return ctx, false, fmt.Errorf("cacheguard: %s %q: read: %w", g.name, id, err)
+		err = fmt.Errorf("cacheguard: %s %q: read: %w", g.name, id, err)
+	} else {
+		r, err = g.read(ctx, id, vkey, true)
+		g.outage.after(done, err)
 	}
-	replays := g.unw.replayed.Load()
-	r, err := g.read(ctx, id, vkey, true)
-	g.outage.after(done, err)
+	if downOrRefusing(err) && !g.unw.has(id) { // as Get: the copy answers what it has never seen
+		if err := g.absentInCopy(ctx, id, err); err != nil {
+			return ctx, false, err
+		}
+	}
 	if err != nil {
 		return ctx, false, err
+	}
+	if r.verdict == verdictUnconfirmed {
+		return ctx, false, g.unconfirmed(ctx, id, nil)
 	}
 	if g.unw.has(id) || g.unw.replayed.Load() != replays { // as in get: it may have read what a write replaced (the Get loads through)
 		g.giveBack(r.held, vkey)
@@ -291,8 +307,15 @@ func (g *Engine) MayExist(ctx context.Context, id string) (bool, error) {
 		return false, err
 	}
 	maybe, err := f.Test(ctx, id)
+	notReady := errors.Is(err, bloom.ErrNotReady)
 	maybe, err = g.filterSays(ctx, id, maybe, err)
-	maybe = maybe || (err == nil && g.unw.has(id)) // an Add that has not reached the filter yet
+	if unw := g.unw.has(id); unw { // an Add that has not reached the filter yet
+		maybe = maybe || err == nil
+	} else if notReady || downOrRefusing(err) { // as Get: the copy answers what it has never seen
+		if err := g.absentInCopy(ctx, id, err); err != nil {
+			return false, err
+		}
+	}
 	if err == nil && !maybe {
 		g.answered(ctx, outRejected, false, false)
 	}

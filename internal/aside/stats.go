@@ -27,11 +27,13 @@ type Stats struct {
 	Wakeups        uint64 // waits ended by the loading process's publish
 	LoadThroughs   uint64 // IDs loaded without Redis, their values uncached
 	Shed           uint64 // load-throughs refused by the MaxLoads cap (ErrUnavailable)
+	Unconfirmed    uint64 // answered ErrUnconfirmed: absent from the filter's copy while Redis or the filter could not answer
 	BreakerOpens   uint64 // times the Redis circuit breaker opened
 	AbandonedLoads uint64 // loads that did not return within LoadTimeout (their late result dropped)
 	Refreshes      uint64 // refreshes ahead of expiry started (RefreshAhead)
 	Unwritten      uint64 // IDs whose write failed and waits for its replay (a gauge; +1 while overflowed)
 	WritesLost     uint64 // acknowledged writes Redis lost (a restart from an older dump, a lagging replica promoted), replayed; +1 for an overflow
+	FilterCopy     uint64 // bytes of the filter's copy in process memory (a gauge; 0: none)
 	FilterNotReady bool
 }
 
@@ -43,7 +45,7 @@ type counters struct {
 	misses, coalesced                                 atomic.Uint64
 	loads, loadErrors, redisErrors, corrupt, bypasses atomic.Uint64
 	loadThroughs, shed, breakerOpens, abandonedLoads  atomic.Uint64
-	refreshes, schemaMisses, writesLost               atomic.Uint64
+	refreshes, schemaMisses, writesLost, unconfirmed  atomic.Uint64
 }
 
 func (c *counters) count(o outcome, coalesced bool) {
@@ -104,9 +106,9 @@ func (g *Engine) Stats() Stats {
 		Misses: c.misses.Load(), Coalesced: c.coalesced.Load(),
 		Loads: c.loads.Load(), LoadErrors: c.loadErrors.Load(), RedisErrors: c.redisErrors.Load(),
 		CorruptValues: c.corrupt.Load(), SchemaMisses: c.schemaMisses.Load(), BloomBypasses: c.bypasses.Load(),
-		LoadThroughs: c.loadThroughs.Load(), Shed: c.shed.Load(), BreakerOpens: c.breakerOpens.Load(),
+		LoadThroughs: c.loadThroughs.Load(), Shed: c.shed.Load(), Unconfirmed: c.unconfirmed.Load(), BreakerOpens: c.breakerOpens.Load(),
 		AbandonedLoads: c.abandonedLoads.Load(), Refreshes: c.refreshes.Load(),
-		Unwritten: uint64(g.unw.n.Load()), WritesLost: c.writesLost.Load(),
+		Unwritten: uint64(g.unw.n.Load()), WritesLost: c.writesLost.Load(), FilterCopy: uint64(g.copyBytes()),
 		FilterNotReady: g.bf.bypassing.Load(),
 	}
 }

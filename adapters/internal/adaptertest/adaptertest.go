@@ -63,6 +63,39 @@ func Run(t *testing.T, f Framework) {
 	t.Run("ClientThatLeftIsNotAnOutage", func(t *testing.T) { clientThatLeftIsNotAnOutage(t, f) })
 	t.Run("OutageLogsAFewLines", func(t *testing.T) { outageLogsAFewLines(t, f) })
 	t.Run("DeadlineIs503", func(t *testing.T) { deadlineIs503(t, f) })
+	t.Run("UnconfirmedIs503", func(t *testing.T) { unconfirmedIs503(t, f) })
+}
+
+// unconfirmedIs503: with Redis down, an ID the Guard's copy of the filter
+// has never seen is answered 503 with Retry-After by the middleware, fail
+// open or not, and neither the handler nor the loader runs; a known ID is
+// served. The control, without the copy (NoLocalCopy), hands the unknown
+// ID to the handler, whose Get loads it (404), as before.
+func unconfirmedIs503(t *testing.T, f Framework) {
+	srv, rdb := redistest.Private(t)
+	withCopy := newApp(t, f, rdb, defaults("copy"), Config{RetryAfter: 3 * time.Second})
+	off := defaults("off")
+	off.Filter.NoLocalCopy = true
+	without := newApp(t, f, rdb, off, Config{})
+	for deadline := time.Now().Add(10 * time.Second); withCopy.g.Stats().FilterCopy == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no copy of the filter 10 s after its rebuild")
+		}
+	}
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	rec := get(withCopy, "/products/999")
+	if rec.Code != 503 || rec.Header().Get("Retry-After") != "3" || withCopy.ran.Load() != 0 || withCopy.loads.Load() != 0 {
+		t.Fatalf("unknown ID: %d, Retry-After %q, handler ran %d, loads %d; want 503, 3, 0, 0",
+			rec.Code, rec.Header().Get("Retry-After"), withCopy.ran.Load(), withCopy.loads.Load())
+	}
+	if rec := get(withCopy, "/products/1"); rec.Code != 200 || rec.Body.String() != "lamp" {
+		t.Fatalf("known ID: %d %s", rec.Code, rec.Body)
+	}
+	if rec := get(without, "/products/999"); rec.Code != 404 || without.loads.Load() != 1 {
+		t.Fatalf("without the copy: %d, %d loads; want 404 from a load", rec.Code, without.loads.Load())
+	}
 }
 
 type product struct{ ID, Name string }

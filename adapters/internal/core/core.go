@@ -28,7 +28,7 @@ const (
 	Pass        Decision = iota // hand it to the handler
 	BadRequest                  // 400: malformed ID
 	NotFound                    // 404: the ID does not exist
-	Unavailable                 // 503: Redis cannot answer and FailClosed is set
+	Unavailable                 // 503: Redis cannot answer and FailClosed is set, or the ID is unconfirmed (guard.ErrUnconfirmed)
 )
 
 // Verdict is Decide's answer.
@@ -144,6 +144,10 @@ func (c *Core) Decide(ctx context.Context, id, route string, hasWildcards bool) 
 		// The client left: not an outage, nothing to warn of. The handler
 		// sees the same ctx.
 		return Verdict{Decision: Pass, Ctx: ctx}
+	case errors.Is(err, guard.ErrUnconfirmed):
+		// The filter's copy has never seen the ID: its Get would not load
+		// it either (the Guard logs these).
+		return Verdict{Decision: Unavailable, Ctx: ctx, Err: err}
 	case c.failClosed:
 		c.log.WarnContext(ctx, "cacheguard: filter unavailable, failing closed", "route", route, "id", id, "err", err)
 		return Verdict{Decision: Unavailable, Ctx: ctx, Err: err}

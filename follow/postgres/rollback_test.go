@@ -76,6 +76,7 @@ type rollback struct {
 	srv      *redisserver.Server
 	fx       *fixture
 	f        *pgfollow.Follower
+	g        *guard.Guard // the follower's: closed when it stops (a process's death)
 	stop     func()
 	answered time.Time // when Redis answered again after the crash
 	repairOn bool      // the follower started after the crash repairs
@@ -86,8 +87,9 @@ func newRollback(t *testing.T) *rollback {
 	readerRDB := redis.NewClient(srv.Options())
 	t.Cleanup(func() { _ = readerRDB.Close() })
 	fx := newFixture(t, os.Getenv(envPG), rdb, readerRDB, "rollback", rollbackRows)
-	rb := &rollback{t: t, srv: srv, fx: fx}
-	rb.f, rb.stop = fx.follow(fx.guard(rdb))
+	rb := &rollback{t: t, srv: srv, fx: fx, g: fx.guard(rdb)}
+	f, stop := fx.follow(rb.g)
+	rb.f, rb.stop = f, func() { stop(); _ = rb.g.Close() }
 	fx.warm(rollbackRows)
 	fx.caughtUp(rb.f)
 	if err := rdb.Save(context.Background()).Err(); err != nil {
@@ -95,9 +97,16 @@ func newRollback(t *testing.T) *rollback {
 	}
 	fx.burst(0, updated, nil)
 	fx.caughtUp(rb.f)
-	if n := fx.stale(); n != 0 { // and the reader caches the new values
+	// Another reader caches the new values, and ends (a service restarted:
+	// nothing of it remembers them); the fixture's reader, which stays, wrote
+	// nothing after the dump, so its own Guard has nothing to repair.
+	reader := fx.reader
+	fx.reader = fx.guard(redistest.Connect(t))
+	if n := fx.stale(); n != 0 {
 		t.Fatalf("%d stale rows before the crash", n)
 	}
+	_ = fx.reader.Close()
+	fx.reader = reader
 	return rb
 }
 
@@ -129,7 +138,10 @@ func (rb *rollback) idle() {
 func (rb *rollback) restarted() {
 	rb.stop()
 	rb.crash()
-	rb.fx.followOn(rb.fx.url, rb.fx.guard(rb.fx.rdb), func(f *pgfollow.Follower) { pgfollow.SetRepair(f, rb.repairOn) })
+	f, _ := rb.fx.followOn(rb.fx.url, rb.fx.guard(rb.fx.rdb), func(f *pgfollow.Follower) { pgfollow.SetRepair(f, rb.repairOn) })
+	if rb.repairOn {
+		waitFor(rb.t, "the new follower's repair", func() bool { return f.Stats().Rollbacks > 0 })
+	}
 }
 
 // standby: a second follower stands by; the first stops after the crash.
@@ -140,6 +152,7 @@ func (rb *rollback) standby() {
 	rb.crash()
 	rb.stop()
 	waitFor(rb.t, "the second to take over", func() bool { return second.Stats().Following })
+	waitFor(rb.t, "the second's repair", func() bool { return second.Stats().Rollbacks > 0 })
 }
 
 // staleAt counts the stale rows at d after Redis answered again.

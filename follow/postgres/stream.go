@@ -116,7 +116,7 @@ func (f *Follower) follow(ctx context.Context) error {
 func (s *session) run(ctx context.Context) error {
 	for {
 		deadline := s.status.Add(statusEvery)
-		if v := s.verified.Add(verifyEvery); v.Before(deadline) {
+		if v := s.nextVerify(); v.Before(deadline) {
 			deadline = v
 		}
 		if len(s.pending) > 0 {
@@ -132,7 +132,7 @@ func (s *session) run(ctx context.Context) error {
 			if err := s.apply(ctx); err != nil {
 				return err
 			}
-			if time.Since(s.verified) >= verifyEvery && time.Since(s.failed) >= failPause { // idle: has Redis lost writes?
+			if !time.Now().Before(s.nextVerify()) { // idle: has Redis lost writes?
 				if err := s.verify(ctx); err != nil {
 					if err := s.redisFailed(ctx, err); err != nil {
 						return err
@@ -417,6 +417,16 @@ func (s *session) confirm(ctx context.Context) error {
 		s.f.mu.Unlock()
 	}
 	return pglogrepl.SendStandbyStatusUpdate(context.Background(), s.conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: s.written})
+}
+
+// nextVerify is when the idle check is due: verifyEvery after the last,
+// and failPause after Redis last failed.
+func (s *session) nextVerify() time.Time {
+	next := s.verified.Add(verifyEvery)
+	if f := s.failed.Add(failPause); f.After(next) {
+		return f
+	}
+	return next
 }
 
 // redisFailed takes an error of checking, setting or repairing the

@@ -289,8 +289,12 @@ func (g *Engine) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts
 	if err != nil && !errors.Is(err, bloom.ErrRebuilding) {
 		g.autoRebuild("a Rebuild failed")
 	}
-	if err == nil {
-		g.wakeCopy()
+	if err == nil && !g.opts.Filter.NoLocalCopy {
+		// The copy follows the new generation before Rebuild returns: no fetch
+		// of it lands later among the caller's commands.
+		if _, cerr := g.refreshHeld(ctx); cerr != nil {
+			g.wakeCopy()
+		}
 	}
 	return n, g.fail(ctx, "rebuild", "", err)
 }

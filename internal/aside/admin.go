@@ -292,7 +292,7 @@ func (g *Engine) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts
 	if err == nil && !g.opts.Filter.NoLocalCopy {
 		// The copy follows the new generation before Rebuild returns: no fetch
 		// of it lands later among the caller's commands.
-		if _, cerr := g.refreshHeld(ctx); cerr != nil {
+		if _, cerr := g.refreshHeld(ctx, true); cerr != nil {
 			g.wakeCopy()
 		}
 	}

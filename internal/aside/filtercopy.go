@@ -20,6 +20,7 @@ import (
 const (
 	copyEvery = time.Minute
 	copyRate  = 100 << 10
+	copyFresh = 5 * time.Second
 )
 
 // keepCopy starts the goroutine that keeps the copy: fetched at once, again
@@ -32,15 +33,17 @@ func (g *Engine) keepCopy() {
 	}
 	g.sup.goLoop(func(ctx context.Context) {
 		gap := backoff.New(retryMin, retryMax, true)
+		force := false // the first turn, and a retry, skip a copy Rebuild just fetched
 		for {
-			size, err := g.refreshHeld(ctx)
+			size, err := g.refreshHeld(ctx, force)
 			if err == nil {
 				gap = backoff.New(retryMin, retryMax, true)
 			}
 			if gap.Wait(ctx, 0, nil) != nil {
 				return
 			}
-			if err != nil && g.copyHeld() {
+			if force = true; err != nil && g.copyHeld() {
+				force = false
 				continue
 			}
 			every := max(copyEvery, time.Duration(size/copyRate)*time.Second)
@@ -63,14 +66,23 @@ func (g *Engine) refreshCopy(ctx context.Context) (int, error) {
 	return f.RefreshCopy(ctx)
 }
 
-// refreshHeld is refreshCopy unless a test holds the copy (HoldCopy).
-func (g *Engine) refreshHeld(ctx context.Context) (int, error) {
+// refreshHeld is refreshCopy unless a test holds the copy (HoldCopy), or,
+// unless force, a refresh landed less than copyFresh ago (Rebuild's: the
+// loop's first turn or retry need not fetch it again).
+func (g *Engine) refreshHeld(ctx context.Context, force bool) (int, error) {
 	g.bf.copyHold.Lock()
 	defer g.bf.copyHold.Unlock()
 	if g.bf.copyHeld {
 		return 0, errors.New("cacheguard: copy held by a test")
 	}
-	return g.refreshCopy(ctx)
+	if !force && time.Since(g.bf.copyAt) < copyFresh {
+		return g.copyBytes(), nil
+	}
+	n, err := g.refreshCopy(ctx)
+	if err == nil {
+		g.bf.copyAt = time.Now()
+	}
+	return n, err
 }
 
 // wakeCopy cuts the copy's wait short: the filter may have a new generation.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -368,5 +369,33 @@ func TestDeadlinesHoldWithADefaultClient(t *testing.T) {
 	}
 	if answered < 30 {
 		t.Fatalf("%d of 40 Gets answered from the database while Redis was frozen, want most", answered)
+	}
+}
+
+// TestWriteFailureLogsTheID: each write of one ID that cannot reach Redis
+// logs a line that carries that ID (and its error names it too).
+func TestWriteFailureLogsTheID(t *testing.T) {
+	standaloneOnly(t)
+	var logs syncBuffer
+	srv, _, g := privateGuard(t, &guard.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	writes := map[string]func() error{
+		"set":        func() error { return guard.Set(ctx, g, "p-set", product{ID: "p-set"}) },
+		"invalidate": func() error { return g.Invalidate(ctx, "p-inv") },
+		"delete":     func() error { return g.Delete(ctx, "p-del") },
+		"add":        func() error { return g.Add(ctx, "p-add") },
+	}
+	for op, write := range writes {
+		id := "p-" + op[:3]
+		if err := write(); !errors.Is(err, guard.ErrUnavailable) || !strings.Contains(err.Error(), strconv.Quote(id)) {
+			t.Errorf("%s with Redis down: %v, want ErrUnavailable naming %q", op, err, id)
+		}
+		line := "redis " + op + ` failed" guard=product id=` + id + " "
+		if !strings.Contains(logs.String(), line) {
+			t.Errorf("no line %q in the log:\n%s", line, logs.String())
+		}
 	}
 }

@@ -32,6 +32,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/cacheguard/cacheguard/guard"
 	"github.com/cacheguard/cacheguard/internal/redisserver"
 )
 
@@ -107,6 +108,7 @@ func runServe(ctx context.Context, demo bool, args []string, stdout, stderr io.W
 		defer pprof.StopCPUProfile()
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	redis.SetLogger(guard.RedisLogger(log)) // go-redis's own lines: each kind once per 10 s, with a count
 
 	redisOpts, stopRedis, err := redisFromEnv(ctx, stdout)
 	if err != nil {

@@ -101,6 +101,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	*pg = or(*pg, getenv("DATABASE_URL"))
 	*redisURL = or(*redisURL, or(getenv("REDIS_URL"), "redis://localhost:6379"))
 	log := slog.New(slog.NewTextHandler(stderr, nil))
+	redis.SetLogger(guard.RedisLogger(log)) // go-redis's own lines: each kind once per 10 s, with a count
 	fail := func(err error) int {
 		log.Error("cacheguard-pgfollow: " + err.Error())
 		return 1

@@ -137,27 +137,7 @@ func (fx *fixture) guard(rdb redis.UniversalClient) *guard.Guard {
 
 // ids lists the table's IDs (Table.IDs, Rebuild).
 func (fx *fixture) ids(ctx context.Context) iter.Seq2[string, error] {
-	return func(yield func(string, error) bool) {
-		rows, err := fx.pool.Query(ctx, "SELECT id FROM "+fx.name)
-		if err != nil {
-			yield("", err)
-			return
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var id string
-			if err := rows.Scan(&id); err != nil {
-				yield("", err)
-				return
-			}
-			if !yield(id, nil) {
-				return
-			}
-		}
-		if err := rows.Err(); err != nil {
-			yield("", err)
-		}
-	}
+	return guard.Rows(fx.pool.Query(ctx, "SELECT id FROM "+fx.name))
 }
 
 // load is the reader's load function.

@@ -191,14 +191,19 @@ func TestLeastPrivilegeACL(t *testing.T) {
 		t.Fatalf("redis errors as a least-privilege user: %+v", st)
 	}
 	// No INFO (a @dangerous command): the eviction policy is unknown, said
-	// once; noticing lost writes needs none (its marks were read: the
-	// first read after a write checks them).
+	// once at INFO; noticing lost writes needs none (its marks were read:
+	// the first read after a write checks them). With README's client, the
+	// whole run writes no WARN.
 	logs.mu.Lock()
 	all := strings.Join(logs.msgs, "\n")
 	logs.mu.Unlock()
-	if strings.Count(all, "cannot read redis's eviction policy") != 1 || strings.Contains(all, "refuses a command") {
+	if strings.Count(all, "INFO cacheguard: cannot read redis's eviction policy") != 1 || strings.Contains(all, "refuses a command") {
 		t.Fatalf("logs as a user without INFO:\n%s", all)
 	}
+	if n := strings.Count(all, "WARN "); n != 0 {
+		t.Fatalf("%d WARN lines as the least-privilege user of docs/operations.md:\n%s", n, all)
+	}
+	t.Logf("least-privilege Guard: %d WARN lines", strings.Count(all, "WARN "))
 	for k := range outside() {
 		if !before[k] {
 			t.Errorf("key %q does not start with the KeyPrefix %q", k, prefix)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/logging"
 
 	"github.com/cacheguard/cacheguard/guard"
 	"github.com/cacheguard/cacheguard/internal/redistest"
@@ -368,5 +370,83 @@ func TestDeadlinesHoldWithADefaultClient(t *testing.T) {
 	}
 	if answered < 30 {
 		t.Fatalf("%d of 40 Gets answered from the database while Redis was frozen, want most", answered)
+	}
+}
+
+// TestWriteFailureLogsTheID: each write of one ID that cannot reach Redis
+// logs a line that carries that ID (and its error names it too).
+func TestWriteFailureLogsTheID(t *testing.T) {
+	standaloneOnly(t)
+	var logs syncBuffer
+	srv, _, g := privateGuard(t, &guard.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	writes := map[string]func() error{
+		"set":        func() error { return guard.Set(ctx, g, "p-set", product{ID: "p-set"}) },
+		"invalidate": func() error { return g.Invalidate(ctx, "p-inv") },
+		"delete":     func() error { return g.Delete(ctx, "p-del") },
+		"add":        func() error { return g.Add(ctx, "p-add") },
+	}
+	for op, write := range writes {
+		id := "p-" + op[:3]
+		if err := write(); !errors.Is(err, guard.ErrUnavailable) || !strings.Contains(err.Error(), strconv.Quote(id)) {
+			t.Errorf("%s with Redis down: %v, want ErrUnavailable naming %q", op, err, id)
+		}
+		line := "redis " + op + ` failed" guard=product id=` + id + " "
+		if !strings.Contains(logs.String(), line) {
+			t.Errorf("no line %q in the log:\n%s", line, logs.String())
+		}
+	}
+}
+
+// countingLog counts go-redis's calls before handing them on.
+type countingLog struct {
+	calls atomic.Int64
+	next  interface {
+		Printf(ctx context.Context, format string, v ...any)
+	}
+}
+
+func (c *countingLog) Printf(ctx context.Context, format string, v ...any) {
+	c.calls.Add(1)
+	c.next.Printf(ctx, format, v...)
+}
+
+// TestRedisLoggerWhileRedisIsDown: with Redis down for 12 s under Gets and a
+// client that pings every 100 ms, go-redis's own lines routed through
+// RedisLogger are a few, the later ones with the count held back.
+func TestRedisLoggerWhileRedisIsDown(t *testing.T) {
+	standaloneOnly(t)
+	var logs syncBuffer
+	log := slog.New(slog.NewTextHandler(&logs, nil)) // not limited itself
+	srv, _, g := privateGuard(t, &guard.Options{Logger: log})
+	redisLog := &countingLog{next: guard.RedisLogger(log)}
+	redis.SetLogger(redisLog)
+	t.Cleanup(logging.Enable) // go-redis's default logger
+	plain := redis.NewClient(srv.Options())
+	defer plain.Close()
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	d := newDB(10)
+	ctx := context.Background()
+	for end := time.Now().Add(12 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		_ = plain.Ping(ctx).Err()
+		if _, err := guard.Get(ctx, g, "p1", d.load); err != nil {
+			t.Fatalf("Get with Redis down: %v", err)
+		}
+	}
+	var lines []string
+	for l := range strings.Lines(logs.String()) {
+		if strings.Contains(l, `msg="redis: `) {
+			lines = append(lines, l)
+		}
+	}
+	calls := redisLog.calls.Load()
+	t.Logf("Redis down 12 s: go-redis logged %d times, %d lines written:\n%s", calls, len(lines), strings.Join(lines, ""))
+	if calls < 20 || len(lines) == 0 || len(lines) > 6 || !strings.Contains(strings.Join(lines, ""), "suppressed=") {
+		t.Fatalf("go-redis logged %d times; %d lines written, want 1 to 6 with a count held back:\n%s", calls, len(lines), logs.String())
 	}
 }

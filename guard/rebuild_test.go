@@ -19,7 +19,8 @@ import (
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
-// logWatch is a slog handler that lets a test wait for a message.
+// logWatch is a slog handler that lets a test wait for a message; each is
+// kept as "LEVEL message attrs".
 type logWatch struct {
 	mu   sync.Mutex
 	msgs []string
@@ -32,7 +33,7 @@ func (w *logWatch) Enabled(context.Context, slog.Level) bool { return true }
 func (w *logWatch) WithAttrs([]slog.Attr) slog.Handler       { return w }
 func (w *logWatch) WithGroup(string) slog.Handler            { return w }
 func (w *logWatch) Handle(_ context.Context, r slog.Record) error {
-	m := r.Message
+	m := r.Level.String() + " " + r.Message
 	r.Attrs(func(a slog.Attr) bool { m += " " + a.String(); return true })
 	w.mu.Lock()
 	w.msgs = append(w.msgs, m)

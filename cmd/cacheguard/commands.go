@@ -17,6 +17,7 @@ import (
 	"github.com/cacheguard/cacheguard/bloom"
 	"github.com/cacheguard/cacheguard/codec"
 	"github.com/cacheguard/cacheguard/guard"
+	"github.com/cacheguard/cacheguard/internal/aside"
 	"github.com/cacheguard/cacheguard/internal/keyspace"
 )
 
@@ -289,7 +290,10 @@ func rebuild(ctx context.Context, c *config, rdb redis.UniversalClient, args []s
 	p := newProgress(c.progress, stderr, total)
 	opts.Progress = p.upload
 	start := time.Now()
-	n, err := g.Rebuild(ctx, p.count(lines(in)), opts)
+	// Each ID as check and a Guard's Get take it: a file with one they refuse
+	// is refused whole, by its line.
+	valid := keyspace.ForGuard(c.prefix, c.name, aside.DefaultMaxKeyLen).Check
+	n, err := g.Rebuild(ctx, p.count(lines(in, valid)), opts)
 	p.done(err)
 	if err != nil {
 		return err

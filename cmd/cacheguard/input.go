@@ -11,15 +11,20 @@ import (
 	"strings"
 )
 
-// lines yields the non-blank lines of r, trimmed.
-func lines(r io.Reader) iter.Seq2[string, error] {
+// lines yields the non-blank lines of r, trimmed; the first that check
+// refuses ends them with an error naming its line.
+func lines(r io.Reader, check func(id string) error) iter.Seq2[string, error] {
 	return func(yield func(string, error) bool) {
 		sc := bufio.NewScanner(r)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
+		for n := 1; sc.Scan(); n++ {
 			id := strings.TrimSpace(sc.Text())
 			if id == "" {
 				continue
+			}
+			if err := check(id); err != nil {
+				yield("", fmt.Errorf("line %d: %w", n, err))
+				return
 			}
 			if !yield(id, nil) {
 				return

@@ -14,20 +14,18 @@ package main
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/guard"
 )
 
-// quiet discards go-redis's internal log lines.
-type quiet struct{}
-
-func (quiet) Printf(context.Context, string, ...any) {}
-
 func main() {
-	redis.SetLogger(quiet{}) // go-redis logs dial retries; the command reports its own errors
+	redis.SetLogger(guard.RedisLogger(slog.Default())) // go-redis's own lines: each kind once per 10 s, with a count
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr)
 	stop()

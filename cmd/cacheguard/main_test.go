@@ -15,6 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/cacheguard/cacheguard/bloom"
 	"github.com/cacheguard/cacheguard/guard"
 	"github.com/cacheguard/cacheguard/internal/redisserver"
 	"github.com/cacheguard/cacheguard/internal/testcert"
@@ -87,10 +88,24 @@ func TestCommandsAgainstRedis(t *testing.T) {
 	if !strings.Contains(r.stdout, "from 1000 IDs") {
 		t.Fatalf("rebuild summary: %s", r.stdout)
 	}
-	// Not a terminal: progress as lines, one per tenth, and the upload.
-	if n := strings.Count(r.stderr, "rebuild: read "); n != 10 || !strings.Contains(r.stderr, "1,000 of 1,000 IDs (100%)") ||
-		!strings.Contains(r.stderr, "rebuild: uploaded") || strings.Contains(r.stderr, "\r") {
-		t.Fatalf("progress lines (%d):\n%s", n, r.stderr)
+	// A rebuild shorter than a second shows no progress (TestProgress: a
+	// longer one does).
+	if strings.Contains(r.stderr, "rebuild: ") {
+		t.Fatalf("progress lines for a short rebuild:\n%s", r.stderr)
+	}
+	// An ID that check refuses (a control byte, too long) refuses the
+	// file, by its line; the filter keeps its generation.
+	for _, bad := range []string{"a\x01b", strings.Repeat("k", 5000)} {
+		badFile := filepath.Join(t.TempDir(), "bad.txt")
+		if err := os.WriteFile(badFile, []byte(ids.String()+"\n"+bad+"\np-after\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		r := cli(t, env, "", "-name", "product", "rebuild", badFile)
+		r.want(t, exitFailed, "a rebuild with an invalid ID")
+		if !strings.Contains(r.stderr, "line 1012: cacheguard: invalid key") {
+			t.Fatalf("the refused rebuild does not name the line:\n%s", r.stderr)
+		}
+		cli(t, env, "", "-name", "product", "check", "p-after").want(t, exitNotFound, "an ID after the invalid one")
 	}
 
 	r = cli(t, env, "", "info", "-name", "product")
@@ -335,5 +350,26 @@ func TestRebuildRefusesAShortInput(t *testing.T) {
 	r = cli(t, env, "", "-name", "user", "info")
 	if !strings.Contains(r.stdout, "estimated from the bits: 0)") {
 		t.Fatalf("info of an empty filter:\n%s", r.stdout)
+	}
+}
+
+// TestProgress: as lines, a rebuild that has run for a second shows one per
+// tenth of its IDs and the upload; a shorter one shows none.
+func TestProgress(t *testing.T) {
+	for _, slow := range []bool{false, true} {
+		var buf bytes.Buffer
+		p := newProgress("lines", &buf, 1000)
+		if slow {
+			p.start = p.start.Add(-quietFor)
+		}
+		for range p.count(guard.IDs(make([]string, 1000))) {
+		}
+		p.upload(bloom.RebuildProgress{BytesUploaded: 10, BytesTotal: 10})
+		p.done(nil)
+		n := strings.Count(buf.String(), "rebuild: read ")
+		if slow && (n != 10 || !strings.Contains(buf.String(), "1,000 of 1,000 IDs (100%)") || !strings.Contains(buf.String(), "rebuild: uploaded")) ||
+			!slow && buf.Len() != 0 {
+			t.Errorf("slow %v: %d lines:\n%s", slow, n, buf.String())
+		}
 	}
 }

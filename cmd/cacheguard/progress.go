@@ -12,10 +12,10 @@ import (
 	"github.com/cacheguard/cacheguard/bloom"
 )
 
-// progress shows a rebuild's progress on w: a bar redrawn in place on a
-// terminal (with rate and ETA), plain lines otherwise (logs and CI keep
-// every line: one per tenth of the input when its size is known, else one
-// per 100,000 IDs; one per quarter of the upload).
+// progress shows a rebuild's progress on w once it has run for quietFor: a
+// bar redrawn in place on a terminal (with rate and ETA), plain lines
+// otherwise (logs and CI keep every line: one per tenth of the input when
+// its size is known, else one per 100,000 IDs; one per quarter of the upload).
 type progress struct {
 	w     io.Writer
 	mode  string // bar, lines or none
@@ -30,6 +30,9 @@ type progress struct {
 	drawn    bool  // bar: a bar is on screen (end it with a newline)
 }
 
+// quietFor: a rebuild that ends sooner shows no progress, only its result.
+const quietFor = time.Second
+
 func newProgress(mode string, w io.Writer, total int64) *progress {
 	if mode == "auto" {
 		mode = "lines"
@@ -38,7 +41,7 @@ func newProgress(mode string, w io.Writer, total int64) *progress {
 		}
 	}
 	now := time.Now()
-	p := &progress{w: w, mode: mode, total: total, start: now, lastDraw: now} // the first bar after 100 ms: a rate needs some time
+	p := &progress{w: w, mode: mode, total: total, start: now, lastDraw: now.Add(quietFor - 100*time.Millisecond)} // the first bar at quietFor
 	p.nextLine = p.lineStep()
 	return p
 }
@@ -82,7 +85,9 @@ func (p *progress) add() {
 	case "lines":
 		if p.ids >= p.nextLine {
 			p.nextLine += p.lineStep()
-			fmt.Fprintf(p.w, "rebuild: read %s\n", p.status())
+			if time.Since(p.start) >= quietFor {
+				fmt.Fprintf(p.w, "rebuild: read %s\n", p.status())
+			}
 		}
 	}
 }
@@ -113,7 +118,7 @@ func (p *progress) drawBar() {
 // upload is bloom.RebuildOptions.Progress: the IDs are read, the bitmap
 // goes up.
 func (p *progress) upload(r bloom.RebuildProgress) {
-	if r.BytesTotal == 0 {
+	if r.BytesTotal == 0 || time.Since(p.start) < quietFor {
 		return
 	}
 	p.mu.Lock()

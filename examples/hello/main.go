@@ -35,8 +35,9 @@ var db = struct {
 	rows map[string]Product
 }{rows: map[string]Product{"1": {"1", "Desk lamp", 1999}, "2": {"2", "Chair", 4900}}}
 
-// productIDs lists every product ID (SELECT id FROM products): the guard
-// builds its bloom filter from it, and builds it again whenever Redis loses it.
+// productIDs lists every product ID: the guard builds its bloom filter from
+// it, and builds it again whenever Redis loses it. From database/sql, streamed:
+// return guard.Rows(sqlDB.QueryContext(ctx, "SELECT id FROM products"))
 func productIDs(ctx context.Context) iter.Seq2[string, error] {
 	db.RLock()
 	defer db.RUnlock()

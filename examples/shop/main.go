@@ -32,6 +32,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/cacheguard/cacheguard/guard"
 	"github.com/cacheguard/cacheguard/internal/redisserver"
 )
 
@@ -107,6 +108,7 @@ func runServe(ctx context.Context, demo bool, args []string, stdout, stderr io.W
 		defer pprof.StopCPUProfile()
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	redis.SetLogger(guard.RedisLogger(log)) // go-redis's own lines: each kind once per 10 s, with a count
 
 	redisOpts, stopRedis, err := redisFromEnv(ctx, stdout)
 	if err != nil {
@@ -295,7 +297,10 @@ func nameList(flag, what, value string, known []string) ([]string, error) {
 func redisFromEnv(ctx context.Context, stdout io.Writer) (*redis.Options, func(), error) {
 	if u := os.Getenv("REDIS_URL"); u != "" {
 		o, err := redis.ParseURL(u)
-		return o, func() {}, err
+		if err != nil {
+			return nil, nil, err
+		}
+		return readme(o), func() {}, nil
 	}
 	port, err := redisserver.FreePort(false)
 	if err != nil {
@@ -307,7 +312,15 @@ func redisFromEnv(ctx context.Context, stdout io.Writer) (*redis.Options, func()
 		return nil, nil, err
 	}
 	fmt.Fprintf(stdout, "redis-server running (pid %d) on %s\n", srv.PID(), srv.Addr)
-	return srv.Options(), func() { _ = srv.Stop() }, nil
+	return readme(srv.Options()), func() { _ = srv.Stop() }, nil
+}
+
+// readme sets o up as README's client (its example's redis.Options):
+// deadlines that hold when Redis stalls, no dial retries, and no retries
+// (the guard loads through instead).
+func readme(o *redis.Options) *redis.Options {
+	o.ContextTimeoutEnabled, o.DialerRetries, o.MaxRetries = true, 1, -1
+	return o
 }
 
 func redact(dsn string) string {

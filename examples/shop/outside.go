@@ -151,7 +151,7 @@ func startFollower(ctx context.Context, url string, ro *redis.Options, log *slog
 	if err := pgfollow.Setup(ctx, url, nil, "products"); err != nil {
 		return nil, nil, err
 	}
-	rdb := redis.NewClient(ro)
+	rdb := redis.NewClient(readme(ro))
 	g, err := guard.New(ctx, rdb, "product", &guard.Options{Logger: log})
 	if err != nil {
 		rdb.Close()

@@ -84,9 +84,7 @@ func newVariant(
 // newShop opens the guards (creating their bloom filters) and rebuilds them
 // from the database.
 func newShop(ctx context.Context, db *sql.DB, redisOpts *redis.Options, dbLatency time.Duration, log *slog.Logger) (*Shop, error) {
-	// Deadlines that hold when Redis stalls, and no dial retries: see
-	// README, "When Redis has an incident". Both paths get the same client.
-	redisOpts.ContextTimeoutEnabled, redisOpts.DialerRetries = true, 1
+	// Both paths get the same client, set up as README's (readme).
 	s := &Shop{
 		store:      &Store{db: db, latency: dbLatency},
 		naiveStore: &Store{db: db, latency: dbLatency},

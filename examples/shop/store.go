@@ -13,6 +13,8 @@ import (
 
 	_ "github.com/jackc/pgx/v5/stdlib" // PostgreSQL, when DATABASE_URL is set
 	_ "modernc.org/sqlite"             // embedded SQLite (pure Go), by default
+
+	"github.com/cacheguard/cacheguard/guard"
 )
 
 // Product and User are the shop's rows.
@@ -176,29 +178,8 @@ func (s *Store) exec(ctx context.Context, q string, args ...any) error {
 
 // IDs lists every id of a table, for bloom filter rebuilds.
 func (s *Store) IDs(ctx context.Context, table string) iter.Seq2[string, error] {
-	return func(yield func(string, error) bool) {
-		if table != "products" && table != "users" {
-			yield("", errors.New("unknown table"))
-			return
-		}
-		rows, err := s.db.QueryContext(ctx, `SELECT id FROM `+table)
-		if err != nil {
-			yield("", err)
-			return
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var id int64
-			if err := rows.Scan(&id); err != nil {
-				yield("", err)
-				return
-			}
-			if !yield(strconv.FormatInt(id, 10), nil) {
-				return
-			}
-		}
-		if err := rows.Err(); err != nil {
-			yield("", err)
-		}
+	if table != "products" && table != "users" {
+		return guard.Rows[*sql.Rows](nil, errors.New("unknown table"))
 	}
+	return guard.Rows(s.db.QueryContext(ctx, `SELECT id FROM `+table))
 }

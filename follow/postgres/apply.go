@@ -186,23 +186,10 @@ func (f *Follower) keysOf(ctx context.Context, t *Table) iter.Seq2[string, error
 		defer conn.Close(context.WithoutCancel(ctx))
 		schema, table, _ := strings.Cut(t.Name, ".")
 		rows, err := conn.Query(ctx, fmt.Sprintf("SELECT %[1]s::text FROM %[2]s.%[3]s WHERE %[1]s IS NOT NULL", ident(f.keys[t.Name]), ident(schema), ident(table)))
-		if err != nil {
-			yield("", err)
-			return
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var id string
-			if err := rows.Scan(&id); err != nil {
-				yield("", err)
+		for id, err := range guard.Rows(rows, err) {
+			if !yield(id, err) {
 				return
 			}
-			if !yield(id, nil) {
-				return
-			}
-		}
-		if err := rows.Err(); err != nil {
-			yield("", err)
 		}
 	}
 }

@@ -244,6 +244,8 @@ func TestStandby(t *testing.T) {
 	first, stopFirst := fx.follow(fx.guard(fx.rdb))
 	fx.warm(rows)
 	waitFor(t, "the first to follow", func() bool { return first.Stats().Following })
+	var l logs
+	fx.log = slog.New(&l)
 	second, _ := fx.follow(fx.guard(fx.rdb))
 	waitFor(t, "the second to stand by", func() bool { return second.Stats().Standby })
 	fx.burst(0, 200, nil)
@@ -254,6 +256,11 @@ func TestStandby(t *testing.T) {
 	fx.caughtUp(second)
 	if n := fx.stale(); n != 0 {
 		t.Fatalf("%d of %d rows stale after the standby took over", n, rows)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !slices.ContainsFunc(l.recs, func(r slog.Record) bool { return strings.Contains(r.Message, "standby takes over") }) {
+		t.Fatalf("the standby took over without a log line: %v", l.recs)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"log/slog"
 	"os"
 	"strconv"
 	"sync"
@@ -62,7 +63,8 @@ type fixture struct {
 	prefix string
 	rdb    redis.UniversalClient // the follower's Redis (the reader's too, through a client of its own)
 	reader *guard.Guard
-	loads  sync.Map // id → loads of it by the reader
+	loads  sync.Map     // id → loads of it by the reader
+	log    *slog.Logger // the next followers' (nil: slog.Default())
 }
 
 // newFixture creates a table of rows id0..id(rows-1), v 0, on the server at
@@ -135,27 +137,7 @@ func (fx *fixture) guard(rdb redis.UniversalClient) *guard.Guard {
 
 // ids lists the table's IDs (Table.IDs, Rebuild).
 func (fx *fixture) ids(ctx context.Context) iter.Seq2[string, error] {
-	return func(yield func(string, error) bool) {
-		rows, err := fx.pool.Query(ctx, "SELECT id FROM "+fx.name)
-		if err != nil {
-			yield("", err)
-			return
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var id string
-			if err := rows.Scan(&id); err != nil {
-				yield("", err)
-				return
-			}
-			if !yield(id, nil) {
-				return
-			}
-		}
-		if err := rows.Err(); err != nil {
-			yield("", err)
-		}
-	}
+	return guard.Rows(fx.pool.Query(ctx, "SELECT id FROM "+fx.name))
 }
 
 // load is the reader's load function.
@@ -231,7 +213,7 @@ func (fx *fixture) follow(g *guard.Guard) (*pgfollow.Follower, func()) {
 
 func (fx *fixture) followOn(url string, g *guard.Guard, before ...func(*pgfollow.Follower)) (*pgfollow.Follower, func()) {
 	fx.t.Helper()
-	f, err := pgfollow.New(url, fx.table(g), &pgfollow.Options{Slot: fx.name, Publication: fx.name})
+	f, err := pgfollow.New(url, fx.table(g), &pgfollow.Options{Slot: fx.name, Publication: fx.name, Logger: fx.log})
 	if err != nil {
 		fx.t.Fatal(err)
 	}

@@ -99,7 +99,13 @@ func (f *Follower) follow(ctx context.Context) error {
 	case err != nil:
 		return err
 	}
+	f.mu.Lock()
+	stoodBy := f.st.Standby
+	f.mu.Unlock()
 	f.setState(true, false)
+	if stoodBy {
+		f.log.Info("cacheguard: pgfollow: the standby takes over: the other follower let the slot go", "slot", f.opts.Slot)
+	}
 	s := &session{f: f, conn: conn, rels: map[uint32]*relation{}, status: time.Now(), applied: confirmed, written: confirmed}
 	f.startMemory(confirmed)
 	for _, h := range f.held {

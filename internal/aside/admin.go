@@ -44,7 +44,7 @@ func (g *Engine) Add(ctx context.Context, ids ...string) error {
 		_, _ = pipe.Exec(ctx) // errors are read per command
 		g.landed(ctx, marks)
 		g.forget(keys, nil, time.Time{})
-		return g.fail(ctx, "add", "", firstErr(added.Result(ctx), cleared))
+		return g.fail(ctx, "add", one(ids), firstErr(added.Result(ctx), cleared))
 	})
 }
 
@@ -113,7 +113,7 @@ func (g *Engine) replace(ctx context.Context, op string, add, ids, keys []string
 	if added != nil {
 		err = added.Result(ctx)
 	}
-	return g.fail(ctx, op, "", firstErr(err, cmds))
+	return g.fail(ctx, op, one(ids), firstErr(err, cmds))
 }
 
 // forget makes this process's next Gets of keys start afresh: no new caller
@@ -181,7 +181,7 @@ func firstErr(err error, cmds []*redis.Cmd) error {
 // Invalidate is guard.Guard.Invalidate (documented there).
 func (g *Engine) Invalidate(ctx context.Context, ids ...string) error {
 	return g.write(ctx, ids, func(keys []string) error {
-		return g.fail(ctx, "invalidate", "", g.invalidate(ctx, ids, keys))
+		return g.fail(ctx, "invalidate", one(ids), g.invalidate(ctx, ids, keys))
 	})
 }
 

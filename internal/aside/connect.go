@@ -68,7 +68,7 @@ func (g *Engine) connect(ctx context.Context) error {
 // checkEviction warns, once per Guard, when a master evicts with an
 // allkeys-* policy: it may evict the filter, which has no TTL, where
 // volatile-* evicts the values and markers alone (they all have one).
-// An ACL that refuses INFO is said once too: the policy is then unknown.
+// An ACL that refuses INFO (the least-privilege user's) is said once at Info.
 func (g *Engine) checkEviction(ctx context.Context) {
 	if !g.bf.evictionChecked.CompareAndSwap(false, true) {
 		return
@@ -91,7 +91,7 @@ func (g *Engine) checkEviction(ctx context.Context) {
 	})
 	switch {
 	case reply(err):
-		g.log.WarnContext(ctx, "cacheguard: cannot read redis's eviction policy (INFO refused); if it is allkeys-*, "+
+		g.log.InfoContext(ctx, "cacheguard: cannot read redis's eviction policy (INFO refused); if it is allkeys-*, "+
 			"it may evict the bloom filter (docs/operations.md, Eviction)", "err", err)
 	case err != nil:
 		g.bf.evictionChecked.Store(false) // down: look again at the next connect

@@ -59,13 +59,25 @@ func (g *Engine) fail(ctx context.Context, op, id string, err error) error {
 	}
 	if errors.Is(err, ErrUnavailable) {
 		g.stats.redisErrors.Add(1)
-		g.log.WarnContext(ctx, "cacheguard: redis "+op+" failed", "id", id, "err", err)
+		if id == "" {
+			g.log.WarnContext(ctx, "cacheguard: redis "+op+" failed", "err", err)
+		} else {
+			g.log.WarnContext(ctx, "cacheguard: redis "+op+" failed", "id", id, "err", err)
+		}
 		g.reloadSlots(ctx, err)
 	}
 	if id == "" {
 		return fmt.Errorf("cacheguard: %s: %s: %w", g.name, op, err)
 	}
 	return fmt.Errorf("cacheguard: %s %q: %s: %w", g.name, id, op, err)
+}
+
+// one is the ID a write of ids is about, or "" when it is about several.
+func one(ids []string) string {
+	if len(ids) == 1 {
+		return ids[0]
+	}
+	return ""
 }
 
 // reloadSlots asks a cluster client to re-read its slot map after a network

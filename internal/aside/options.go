@@ -92,7 +92,7 @@ func resolve(opts *Options) (Options, error) {
 		return bad("Jitter %v above 0.9", o.Jitter)
 	}
 	if o.Tuning.MaxKeyLen == 0 {
-		o.Tuning.MaxKeyLen = 128
+		o.Tuning.MaxKeyLen = DefaultMaxKeyLen
 	}
 	if o.Tuning.MaxKeyLen < 1 || o.Tuning.MaxKeyLen > 4096 {
 		return bad("MaxKeyLen %d not in [1, 4096]", o.Tuning.MaxKeyLen)
@@ -151,3 +151,6 @@ func validVersion(v string) bool {
 	}
 	return true
 }
+
+// DefaultMaxKeyLen is Tuning.MaxKeyLen's default.
+const DefaultMaxKeyLen = 128

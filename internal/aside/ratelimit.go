@@ -2,7 +2,9 @@ package aside
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 )
@@ -31,28 +33,38 @@ type cause struct {
 	suppressed int       // records held back since
 }
 
+func newLimits() *limits { return &limits{causes: make(map[string]*cause)} }
+
+// admit reports whether a line of cause key at t is written, and how many
+// were held back since the last one.
+func (l *limits) admit(key string, t time.Time) (suppressed int, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c := l.causes[key]
+	if c == nil {
+		c = &cause{}
+		l.causes[key] = c
+	}
+	if !c.last.IsZero() && t.Sub(c.last) < logEvery {
+		c.suppressed++
+		return 0, false
+	}
+	n := c.suppressed
+	c.last, c.suppressed = t, 0
+	return n, true
+}
+
 func newRateLimited(next slog.Handler) *rateLimited {
-	return &rateLimited{next: next, state: &limits{causes: make(map[string]*cause)}}
+	return &rateLimited{next: next, state: newLimits()}
 }
 
 func (h *rateLimited) Enabled(ctx context.Context, l slog.Level) bool { return h.next.Enabled(ctx, l) }
 
 func (h *rateLimited) Handle(ctx context.Context, r slog.Record) error {
-	key := r.Level.String() + r.Message
-	h.state.mu.Lock()
-	c := h.state.causes[key]
-	if c == nil {
-		c = &cause{}
-		h.state.causes[key] = c
-	}
-	if !c.last.IsZero() && r.Time.Sub(c.last) < logEvery {
-		c.suppressed++
-		h.state.mu.Unlock()
+	n, ok := h.state.admit(r.Level.String()+r.Message, r.Time)
+	if !ok {
 		return nil
 	}
-	n := c.suppressed
-	c.last, c.suppressed = r.Time, 0
-	h.state.mu.Unlock()
 	if n > 0 {
 		r = r.Clone()
 		r.AddAttrs(slog.Int("suppressed", n))
@@ -66,4 +78,34 @@ func (h *rateLimited) WithAttrs(as []slog.Attr) slog.Handler {
 
 func (h *rateLimited) WithGroup(name string) slog.Handler {
 	return &rateLimited{next: h.next.WithGroup(name), state: h.state}
+}
+
+// RedisLog is guard.RedisLogger's: go-redis's lines at WARN, each format
+// (the cause, whatever its arguments) limited as rateLimited limits.
+type RedisLog struct {
+	log   *slog.Logger
+	state *limits
+}
+
+// NewRedisLog is guard.RedisLogger.
+func NewRedisLog(log *slog.Logger) *RedisLog { return &RedisLog{log: log, state: newLimits()} }
+
+// Printf is redis.SetLogger's interface.
+func (l *RedisLog) Printf(ctx context.Context, format string, v ...any) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	now := time.Now()
+	if !l.log.Enabled(ctx, slog.LevelWarn) {
+		return
+	}
+	n, ok := l.state.admit(format, now)
+	if !ok {
+		return
+	}
+	r := slog.NewRecord(now, slog.LevelWarn, strings.TrimSpace(fmt.Sprintf(format, v...)), 0)
+	if n > 0 {
+		r.AddAttrs(slog.Int("suppressed", n))
+	}
+	_ = l.log.Handler().Handle(ctx, r)
 }

@@ -119,7 +119,7 @@ func (s Guard) scan(id string) (escapes int, err error) {
 		return 0, fmt.Errorf("%w: empty", ErrInvalidKey)
 	}
 	if len(id) > s.maxLen {
-		return 0, fmt.Errorf("%w: %d bytes, more than %d", ErrInvalidKey, len(id), s.maxLen)
+		return 0, fmt.Errorf("%w: too long (%d bytes, at most %d)", ErrInvalidKey, len(id), s.maxLen)
 	}
 	for i := 0; i < len(id); i++ {
 		switch c := id[i]; {

@@ -135,3 +135,18 @@ func TestOwner(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckSaysWhy: ErrInvalidKey's message names the cause (a 1 MiB ID is
+// "too long", with its length and the limit).
+func TestCheckSaysWhy(t *testing.T) {
+	ks := ForGuard("cg", "product", 1024)
+	for id, want := range map[string]string{
+		strings.Repeat("k", 1<<20): "too long (1048576 bytes, at most 1024)",
+		"":                         "empty",
+		"a\x01b":                   "control byte 0x01 at 1",
+	} {
+		if err := ks.Check(id); !errors.Is(err, ErrInvalidKey) || !strings.Contains(err.Error(), want) {
+			t.Errorf("Check of a %d-byte ID: %v, want ErrInvalidKey saying %q", len(id), err, want)
+		}
+	}
+}

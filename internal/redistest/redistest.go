@@ -315,7 +315,8 @@ type Counter = cmdcount.Counter
 
 // ConnectAs returns a new client on the server that authenticates as an ACL
 // user (create it first, on every node: see ForEachNode), closed when the
-// test ends. It has no Counter.
+// test ends. It has no Counter; it is set up as README's client is
+// (ContextTimeoutEnabled, DialerRetries 1).
 func ConnectAs(t testing.TB, user, password string) redis.UniversalClient {
 	t.Helper()
 	var c redis.UniversalClient
@@ -323,10 +324,12 @@ func ConnectAs(t testing.TB, user, password string) redis.UniversalClient {
 	case cluster != nil:
 		o := cluster.Options()
 		o.Username, o.Password = user, password
+		o.ContextTimeoutEnabled, o.DialerRetries = true, 1
 		c = redis.NewClusterClient(o)
 	case server != nil:
 		o := server.Options()
 		o.Username, o.Password = user, password
+		o.ContextTimeoutEnabled, o.DialerRetries = true, 1
 		c = redis.NewClient(o)
 	default:
 		t.Fatal("redistest: no redis-server; call redistest.Main from TestMain")

@@ -17,8 +17,10 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -85,7 +87,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	// Defaults from the environment are filled in after Parse, so that -h
 	// neither prints them (a URL may hold a password) nor names two.
 	pg := fs.String("pg", "", "PostgreSQL URL of a REPLICATION role (default $DATABASE_URL)")
-	redisURL := fs.String("redis", "", "Redis URL (default $REDIS_URL, else redis://localhost:6379)")
+	redisURL := fs.String("redis", "", "Redis URL (default $REDIS_URL, else redis://localhost:6379); the client is set up as "+
+		"README's (context_timeout_enabled=true, dialer_retries=1, max_retries=-1), which the URL may override")
 	prefix := fs.String("prefix", "cg", "the Guards' KeyPrefix")
 	slot := fs.String("slot", "cacheguard", "the replication slot")
 	pub := fs.String("publication", "cacheguard", "the publication of the tables")
@@ -101,6 +104,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	*pg = or(*pg, getenv("DATABASE_URL"))
 	*redisURL = or(*redisURL, or(getenv("REDIS_URL"), "redis://localhost:6379"))
 	log := slog.New(slog.NewTextHandler(stderr, nil))
+	redis.SetLogger(guard.RedisLogger(log)) // go-redis's own lines: each kind once per 10 s, with a count
 	fail := func(err error) int {
 		log.Error("cacheguard-pgfollow: " + err.Error())
 		return 1
@@ -120,7 +124,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		fmt.Fprintln(stderr, "cacheguard-pgfollow: at least one -table TABLE=GUARD[:KEY] is required")
 		return 2
 	}
-	ropts, err := redis.ParseURL(*redisURL)
+	ropts, err := redisOptions(*redisURL)
 	if err != nil {
 		fmt.Fprintf(stderr, "cacheguard-pgfollow: -redis: %v\n", err)
 		return 2
@@ -183,8 +187,44 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		case err != nil && !errors.Is(err, context.Canceled):
 			return fail(err)
 		}
+		log.Info("cacheguard-pgfollow: stopped; the slot keeps its position for the next run", "slot", *slot)
 		return 0
 	}
+}
+
+// redisOptions parses a Redis URL into README's client set-up
+// (ContextTimeoutEnabled, DialerRetries 1, MaxRetries -1) unless the URL
+// says otherwise: besides go-redis's parameters it takes
+// context_timeout_enabled and dialer_retries, which redis.ParseURL refuses.
+func redisOptions(raw string) (*redis.Options, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, err
+	}
+	q := u.Query()
+	ctxTimeouts, dialRetries, maxRetries := true, 1, !q.Has("max_retries")
+	if v, ok := q["context_timeout_enabled"]; ok {
+		if ctxTimeouts, err = strconv.ParseBool(v[len(v)-1]); err != nil {
+			return nil, fmt.Errorf("context_timeout_enabled: %w", err)
+		}
+		q.Del("context_timeout_enabled")
+	}
+	if v, ok := q["dialer_retries"]; ok {
+		if dialRetries, err = strconv.Atoi(v[len(v)-1]); err != nil {
+			return nil, fmt.Errorf("dialer_retries: %w", err)
+		}
+		q.Del("dialer_retries")
+	}
+	u.RawQuery = q.Encode()
+	o, err := redis.ParseURL(u.String())
+	if err != nil {
+		return nil, err
+	}
+	o.ContextTimeoutEnabled, o.DialerRetries = ctxTimeouts, dialRetries
+	if maxRetries {
+		o.MaxRetries = -1
+	}
+	return o, nil
 }
 
 // metricsHandler serves the follower's lag and counters.

@@ -44,6 +44,12 @@ func TestCommand(t *testing.T) {
 		if code := <-done; code != 0 {
 			t.Errorf("exit %d\n%s", code, stderr.String())
 		}
+		// Default flags, README's client: no WARN from start to SIGTERM,
+		// which is logged.
+		if n := strings.Count(stderr.String(), "level=WARN"); n != 0 || !strings.Contains(stderr.String(), "stopped;") {
+			t.Errorf("%d WARN lines, or no line for the stop:\n%s", n, stderr.String())
+		}
+		t.Logf("a default run of cacheguard-pgfollow: %d WARN lines", strings.Count(stderr.String(), "level=WARN"))
 		// -drop-slot: the server stops keeping WAL for it.
 		if code := run(ctx, []string{"-pg", srv.URL("postgres"), "-drop-slot"}, func(string) string { return "" }, &stderr); code != 0 {
 			t.Errorf("-drop-slot: exit %d\n%s", code, stderr.String())
@@ -115,6 +121,34 @@ func newProducts(t *testing.T, settings ...string) (*pgserver.Server, *pgxpool.P
 		return v, err
 	}
 	return srv, pool, c, reader, load
+}
+
+// TestRedisOptions: the client is README's unless the URL says otherwise,
+// and the URL may say what redis.ParseURL alone refuses.
+func TestRedisOptions(t *testing.T) {
+	for _, c := range []struct {
+		url            string
+		ctx            bool
+		dials, retries int
+	}{
+		{"redis://localhost:6379", true, 1, -1},
+		{"redis://localhost:6379?context_timeout_enabled=true&dialer_retries=1", true, 1, -1},
+		{"redis://u:p%40ss@localhost:6379/2?context_timeout_enabled=false&dialer_retries=3&max_retries=2&dial_timeout=2s", false, 3, 2},
+		{"unix:///tmp/redis.sock?db=1", true, 1, -1},
+	} {
+		o, err := redisOptions(c.url)
+		if err != nil || o.ContextTimeoutEnabled != c.ctx || o.DialerRetries != c.dials || o.MaxRetries != c.retries {
+			t.Errorf("%s: %+v, %v", c.url, o, err)
+		}
+	}
+	if o, err := redisOptions("redis://u:p%40ss@h:1/2?dial_timeout=2s"); err != nil || o.Password != "p@ss" || o.DB != 2 || o.DialTimeout != 2*time.Second {
+		t.Errorf("go-redis's own parameters: %+v, %v", o, err)
+	}
+	for _, bad := range []string{"redis://h?dialer_retries=x", "redis://h?context_timeout_enabled=maybe", "redis://h?nonsense=1"} {
+		if _, err := redisOptions(bad); err == nil {
+			t.Errorf("%s: accepted", bad)
+		}
+	}
 }
 
 // TestUsage: -h says what PostgreSQL needs, and one default for each flag

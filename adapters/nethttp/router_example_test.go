@@ -15,8 +15,8 @@ import (
 // Another router (chi, gorilla/mux) routes through Options.ID: the
 // middleware reads the ID as the handler does. With chi:
 //
-//	mw := nethttp.Middleware(g, &nethttp.Options{ID: func(r *http.Request) string { return chi.URLParam(r, "id") }})
-//	r.With(mw).Get("/users/{id}", getUser)
+//	id := func(r *http.Request) string { return chi.URLParam(r, "id") }
+//	r.With(nethttp.Middleware(g, &nethttp.Options{ID: id})).Get("/users/{id}", getUser)
 //
 // Here a ServeMux subtree stands in for it (the root module requires no
 // router), with the ID taken from the path.

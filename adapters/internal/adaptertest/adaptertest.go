@@ -86,7 +86,9 @@ func frozenRedisIsBounded(t *testing.T, f Framework) {
 	o.ContextTimeoutEnabled, o.DialerRetries, o.MaxRetries = true, 1, -1 // the README's client
 	rdb := redis.NewClient(o)
 	t.Cleanup(func() { _ = rdb.Close() })
-	a := newApp(t, f, rdb, defaults("frozen"), Config{Logger: slog.New(slog.DiscardHandler)})
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	a := newApp(t, f, rdb, defaults("frozen"), Config{Logger: slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil))})
 	a.deadline = 500 * time.Millisecond // the README's handler
 	for deadline := time.Now().Add(10 * time.Second); a.g.Stats().FilterCopy == 0; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
@@ -140,6 +142,11 @@ func frozenRedisIsBounded(t *testing.T, f Framework) {
 	}
 	if unknown.statuses[503]+unknown.statuses[404] != sumOf(unknown.statuses) || sumOf(unknown.statuses) == 0 {
 		t.Errorf("unknown ID with Redis frozen: statuses %v; want 503 (the copy has not seen it) or 404", unknown.statuses)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if st := a.g.Stats(); st.RedisErrors == 0 || !strings.Contains(logs.String(), "passing through") {
+		t.Errorf("the requests passed on were not counted (RedisErrors %d) or logged:\n%s", st.RedisErrors, logs.String())
 	}
 }
 

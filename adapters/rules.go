@@ -1,6 +1,8 @@
 // Package adapters holds what the HTTP middlewares share (adapters/nethttp,
-// adapters/echo for Echo v4, adapters/echov5): the Rules a request's ID is
-// judged by before the handler runs. Each middleware's options embed them.
+// adapters/echo for Echo v4, adapters/echov5, adapters/gin): the Rules a
+// request's ID is judged by before the handler runs. Each middleware's
+// options embed them. A middleware waits for Redis at most the Guard's
+// Tuning.RedisTimeout: put request deadlines in the handler, around its Get.
 package adapters
 
 import "time"
@@ -16,8 +18,9 @@ type Rules struct {
 	// ExtraIDChars widens the default rule: "@+" for emails, ":" for
 	// "user:1" (UUIDs, ULIDs, numbers and slugs need nothing).
 	ExtraIDChars string
-	// FailClosed answers 503 when Redis is unavailable, instead of passing
-	// the request through to the handler.
+	// FailClosed answers 503 when Redis is unavailable (or did not answer
+	// within the Guard's RedisTimeout), instead of passing the request
+	// through to the handler.
 	FailClosed bool
 	// RetryAfter is sent with every 503, from the middleware and from the
 	// adapter's error rendering behind it. Default 1 second; whole seconds,

@@ -91,7 +91,8 @@ type Tuning struct {
 	// LoadOnBusy loads (uncached) instead of returning ErrBusy.
 	LoadOnBusy bool
 	// RedisTimeout bounds each Redis round trip a flight makes on its
-	// own. Default 1 second.
+	// own, and a Peek's or a write's wait for Redis whatever their ctx (an
+	// HTTP request's has no deadline). Default 1 second.
 	RedisTimeout time.Duration
 	// ReadsInFlight caps concurrent read round trips; reads that wait go
 	// together in one pipeline. Default 2; negative: no batching.

@@ -450,3 +450,56 @@ func TestRedisLoggerWhileRedisIsDown(t *testing.T) {
 		t.Fatalf("go-redis logged %d times; %d lines written, want 1 to 6 with a count held back:\n%s", calls, len(lines), logs.String())
 	}
 }
+
+// TestFrozenRedisBoundsPeekAndWrites: with the README's client and Redis
+// frozen (SIGSTOP), a Peek and each write on a context without a deadline
+// return within RedisTimeout (plus a margin for a loaded machine), not
+// when Redis resumes; the writes are kept for replay, and the Get behind a
+// Peek that could not read loads through at once, from the database.
+func TestFrozenRedisBoundsPeekAndWrites(t *testing.T) {
+	standaloneOnly(t)
+	srv, _ := redistest.Private(t)
+	o := srv.Options()
+	o.ContextTimeoutEnabled, o.DialerRetries, o.MaxRetries = true, 1, -1
+	rdb := redis.NewClient(o)
+	t.Cleanup(func() { _ = rdb.Close() })
+	const bound = 300 * time.Millisecond
+	g := openRebuilt(t, rdb, guard.Options{Logger: slog.New(slog.DiscardHandler), Tuning: guard.Tuning{RedisTimeout: bound}}, 1000, 10)
+	d := newDB(10)
+	ctx := context.Background()
+	if _, err := guard.Get(ctx, g, "p1", d.load); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(srv.PID(), syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	var thawOnce sync.Once
+	thaw := func() { thawOnce.Do(func() { _ = syscall.Kill(srv.PID(), syscall.SIGCONT) }) }
+	t.Cleanup(thaw)
+	time.AfterFunc(8*time.Second, thaw) // without the bound each call below waits for this
+	timed := func(what string, f func() error) {
+		t.Helper()
+		start := time.Now()
+		err := f()
+		took := time.Since(start)
+		t.Logf("Redis frozen: %s took %v (%v)", what, took, err)
+		if took > bound+2*time.Second || !errors.Is(err, guard.ErrUnavailable) {
+			t.Errorf("%s with Redis frozen: %v after %v; want ErrUnavailable within RedisTimeout %v", what, err, took, bound)
+		}
+	}
+	var pctx context.Context
+	timed("Peek", func() (err error) { pctx, _, err = g.Peek(ctx, "p2"); return err })
+	loads := d.calls.Load()
+	start := time.Now()
+	p, err := guard.Get(pctx, g, "p2", d.load)
+	if took := time.Since(start); err != nil || p.ID != "p2" || d.calls.Load() != loads+1 || took > time.Second {
+		t.Errorf("Get after a Peek that could not read: %+v, %v, %d loads, %v; want p2 from one load at once", p, err, d.calls.Load()-loads, took)
+	}
+	timed("Set", func() error { return guard.Set(ctx, g, "p3", product{ID: "p3"}) })
+	timed("Invalidate", func() error { return g.Invalidate(ctx, "p4") })
+	timed("Delete", func() error { return g.Delete(ctx, "p5") })
+	timed("Add", func() error { return g.Add(ctx, "p6") })
+	if n := g.Stats().Unwritten; n < 4 {
+		t.Fatalf("%d writes kept for replay, want the 4 that ran out", n)
+	}
+}

@@ -64,6 +64,9 @@ func GetMany[T any](ctx context.Context, g *Guard, ids []string, load BatchLoadF
 // gives ErrInvalidKey without a Redis command; Redis failures wrap
 // ErrUnavailable; after Close, ErrClosed. A filter that is not ready answers
 // true (fail open). Before the Guard's first Get it asks the filter alone.
+// It waits for Redis at most Tuning.RedisTimeout whatever ctx; when Redis
+// did not answer, the context it returns makes that Get load through at
+// once rather than wait for Redis again.
 func (g *Guard) Peek(ctx context.Context, id string) (context.Context, bool, error) {
 	return g.e.Peek(ctx, id)
 }

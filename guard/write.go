@@ -17,7 +17,8 @@ import (
 // cached value is never dropped. One round trip for any number of IDs (two
 // while a filter rebuild runs; see bloom.Filter.AddMany). Malformed IDs make
 // Add fail before any Redis command; Redis failures wrap ErrUnavailable,
-// and the write is replayed (see Stats.Unwritten).
+// and the write is replayed (see Stats.Unwritten). Each write waits for
+// Redis at most Tuning.RedisTimeout, whatever ctx.
 func (g *Guard) Add(ctx context.Context, ids ...string) error { return g.e.Add(ctx, ids...) }
 
 // Set writes v as the cached value of id: write-through, after the source of
@@ -31,8 +32,8 @@ func (g *Guard) Add(ctx context.Context, ids ...string) error { return g.e.Add(c
 // sure that is also the order of their commits (for example, Set inside the
 // same critical section or row lock as the database write), or call
 // Invalidate instead, which never caches anything it did not read. A Set
-// that cannot reach Redis wraps ErrUnavailable and is replayed (as an
-// Invalidate; see Stats.Unwritten).
+// that cannot reach Redis within RedisTimeout wraps ErrUnavailable and is
+// replayed (as an Invalidate; see Stats.Unwritten).
 func Set[T any](ctx context.Context, g *Guard, id string, v T) error {
 	if g == nil {
 		return errNil("Set")
@@ -46,7 +47,8 @@ func Set[T any](ctx context.Context, g *Guard, id string, v T) error {
 // in-memory copies (Options.Local) are dropped in every process. The next Get
 // of a deleted ID, in any process, answers ErrNotFound without calling the
 // loader. A re-created ID is servable again after its Add. A Delete that
-// cannot reach Redis wraps ErrUnavailable and is replayed (as an Invalidate).
+// cannot reach Redis within RedisTimeout wraps ErrUnavailable and is
+// replayed (as an Invalidate).
 func (g *Guard) Delete(ctx context.Context, ids ...string) error { return g.e.Delete(ctx, ids...) }
 
 // Invalidate drops the cached values and empty markers of ids (all schema
@@ -61,7 +63,8 @@ func (g *Guard) Delete(ctx context.Context, ids ...string) error { return g.e.De
 // callers in this process start a new flight instead of joining one that
 // may have read the old data, and every process's in-memory copy
 // (Options.Local) is dropped. One round trip. An Invalidate that cannot
-// reach Redis wraps ErrUnavailable and is replayed (see Stats.Unwritten).
+// reach Redis within RedisTimeout wraps ErrUnavailable and is replayed (see
+// Stats.Unwritten).
 func (g *Guard) Invalidate(ctx context.Context, ids ...string) error {
 	return g.e.Invalidate(ctx, ids...)
 }

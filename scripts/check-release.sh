@@ -42,7 +42,7 @@ for m in mods:
         publish(m)
 PY
 export GOPROXY="file://$proxy,$(go env GOPROXY)" GONOSUMDB=$root GOFLAGS=-mod=mod
-for m in adapters/echo adapters/echov5 guardprometheus follow/postgres; do
+for m in adapters/echo adapters/echov5 adapters/gin guardprometheus follow/postgres; do
 	dir=$work/use-$(basename "$m")
 	mkdir -p "$dir"
 	pkg=$(cd "$m" && go list -f '{{.ImportPath}}' .)

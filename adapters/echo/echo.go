@@ -133,7 +133,7 @@ func MiddlewareWithConfig(g *guard.Guard, cfg Config) labecho.MiddlewareFunc {
 				return next(c)
 			}
 			r := c.Request()
-			v := cr.Decide(r.Context(), cfg.ID(c), c.Path(), len(c.ParamNames()) > 0)
+			v := cr.Decide(r.Context(), cfg.ID(c), c.Path(), core.RouteHasWildcards(c.Path()) || len(c.ParamNames()) > 0)
 			// The handler's Get reuses Peek's read, and ErrorHandler finds
 			// this middleware's Retry-After, through the request's context.
 			c.SetRequest(r.WithContext(v.Ctx))

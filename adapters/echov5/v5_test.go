@@ -1,8 +1,10 @@
 package echov5_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -10,6 +12,7 @@ import (
 
 	labecho "github.com/labstack/echo/v5"
 
+	"github.com/cacheguard/cacheguard/adapters"
 	cgecho "github.com/cacheguard/cacheguard/adapters/echov5"
 	"github.com/cacheguard/cacheguard/guard"
 	"github.com/cacheguard/cacheguard/internal/redistest"
@@ -63,5 +66,29 @@ func TestHTTPErrorKeepsTheCauseOfA5xxOnly(t *testing.T) {
 	}
 	if labecho.StatusCode(cgecho.NotFound()) != http.StatusNotFound {
 		t.Fatal("NotFound is not a 404")
+	}
+}
+
+// TestMisnamedWildcardIsJudgedByTheRoute: a context whose route is
+// "/things/:sku" but whose path values were never filled in (a context
+// built by hand, a router that fills none) is reported as unfiltered,
+// judged by the route as net/http judges its pattern, not passed silently.
+func TestMisnamedWildcardIsJudgedByTheRoute(t *testing.T) {
+	c := redistest.Connect(t)
+	var logs bytes.Buffer
+	g, err := guard.New(context.Background(), c, "product", &guard.Options{KeyPrefix: c.Prefix, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	var unfiltered int
+	mw := cgecho.MiddlewareWithConfig(g, cgecho.Config{Rules: adapters.Rules{OnUnfiltered: func(string) { unfiltered++ }}})
+	ec := labecho.New().NewContext(httptest.NewRequest("GET", "/things/9", nil), httptest.NewRecorder())
+	ec.SetPath("/things/:sku")
+	if err := mw(func(c *labecho.Context) error { return c.NoContent(http.StatusOK) })(ec); err != nil {
+		t.Fatal(err)
+	}
+	if unfiltered != 1 || !strings.Contains(logs.String(), "unfiltered") || !strings.Contains(logs.String(), "/things/:sku") {
+		t.Fatalf("OnUnfiltered called %d times, logs:\n%s\nwant the route reported", unfiltered, logs.String())
 	}
 }

@@ -9,14 +9,13 @@
 //
 // Answers are RFC 9457 problem details; the filter's 404 is the handler's
 // own, byte for byte, so it is no oracle of which IDs exist. When Redis
-// cannot answer, requests pass through unless Options.FailClosed is set.
-// The middleware logs through the Guard's logger (guard.Options.Logger),
-// rate-limited with the Guard's own lines.
+// cannot answer within the Guard's RedisTimeout, whatever the request's
+// context (deadlines belong in the handler), requests pass through unless
+// Options.FailClosed is set. It logs through the Guard's rate-limited logger.
 package nethttp
 
 import (
 	"net/http"
-	"strconv"
 	"strings"
 
 	"github.com/cacheguard/cacheguard/adapters"
@@ -59,7 +58,7 @@ func Middleware(g *guard.Guard, opts *Options) func(http.Handler) http.Handler {
 				next.ServeHTTP(w, r.WithContext(v.Ctx))
 				return
 			}
-			write(w, core.FromContext(v.Ctx), core.StatusOf(v.Decision))
+			core.Write(w, core.FromContext(v.Ctx), core.StatusOf(v.Decision))
 		})
 	}
 }
@@ -67,7 +66,7 @@ func Middleware(g *guard.Guard, opts *Options) func(http.Handler) http.Handler {
 // NotFound writes the 404 problem answer that Middleware writes for unknown
 // IDs. Handlers use it for their own "not found" (or use Error).
 func NotFound(w http.ResponseWriter, r *http.Request) {
-	write(w, nil, http.StatusNotFound)
+	core.Write(w, nil, http.StatusNotFound)
 }
 
 // Error writes the problem answer for an error from guard.Get: 404 for
@@ -81,20 +80,5 @@ func Error(w http.ResponseWriter, r *http.Request, err error) {
 	req := core.FromContext(r.Context())
 	status := core.Status(err)
 	req.Failed(r.Context(), status, err)
-	write(w, req, status)
-}
-
-// write writes the problem answer of status; req (nil: defaults) gives the
-// Retry-After of a 503.
-func write(w http.ResponseWriter, req *core.Request, status int) {
-	body := core.BodyFor(status)
-	h := w.Header()
-	if status == http.StatusServiceUnavailable {
-		h.Set("Retry-After", req.RetryAfter())
-	}
-	h.Set("Content-Type", "application/problem+json")
-	h.Set("Content-Length", strconv.Itoa(len(body)))
-	h.Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(status)
-	_, _ = w.Write(body)
+	core.Write(w, req, status)
 }

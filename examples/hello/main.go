@@ -103,7 +103,7 @@ func run(ctx context.Context, addr string) error {
 	// HTTP: unknown IDs get 404 before the handler runs.
 	mux := http.NewServeMux()
 	mux.Handle("GET /products/{id}", nethttp.Middleware(g, nil)(http.HandlerFunc(
-		func(w http.ResponseWriter, r *http.Request) {
+		func(w http.ResponseWriter, r *http.Request) { // the deadline belongs here: the middleware bounds itself
 			ctx, cancel := context.WithTimeout(r.Context(), 200*time.Millisecond)
 			defer cancel()
 			p, err := products.Get(ctx, r.PathValue("id"))

@@ -28,7 +28,7 @@ var (
 
 // Add is guard.Guard.Add (documented there).
 func (g *Engine) Add(ctx context.Context, ids ...string) error {
-	return g.write(ctx, ids, func(keys []string) error {
+	return g.write(ctx, ids, func(ctx context.Context, keys []string) error {
 		f, err := g.filter(ctx)
 		if err != nil {
 			return err
@@ -66,14 +66,16 @@ func Set[T any](ctx context.Context, g *Engine, id string, v T) error {
 	if err != nil {
 		return fmt.Errorf("cacheguard: %s %q: %w", g.name, id, err)
 	}
-	err = g.replace(ctx, "set", []string{id}, []string{id}, []string{vkey}, frame, func() time.Duration { return ttl },
+	rctx, cancel := g.bounded(ctx)
+	defer cancel()
+	err = g.replace(rctx, "set", []string{id}, []string{id}, []string{vkey}, frame, func() time.Duration { return ttl },
 		&localEntry{frame: frame, value: kept(g, v), life: ttl})
 	return g.unwrittenAfter(ctx, []string{id}, err)
 }
 
 // Delete is guard.Guard.Delete (documented there).
 func (g *Engine) Delete(ctx context.Context, ids ...string) error {
-	return g.write(ctx, ids, func(keys []string) error {
+	return g.write(ctx, ids, func(ctx context.Context, keys []string) error {
 		return g.replace(ctx, "delete", nil, ids, keys, codec.Empty(), func() time.Duration { return g.jitter(g.opts.EmptyTTL) }, nil)
 	})
 }
@@ -137,8 +139,9 @@ func (g *Engine) forget(keys []string, copy *localEntry, sent time.Time) {
 }
 
 // write runs a write of ids inside the gate, with their value keys (none:
-// nothing to do; a malformed ID: ErrInvalidKey before any Redis command).
-func (g *Engine) write(ctx context.Context, ids []string, fn func(keys []string) error) error {
+// nothing to do; a malformed ID: ErrInvalidKey before any Redis command),
+// under bounded(ctx): a write that runs out is remembered and replayed.
+func (g *Engine) write(ctx context.Context, ids []string, fn func(ctx context.Context, keys []string) error) error {
 	pass, err := g.sup.enter()
 	if err != nil {
 		return err
@@ -148,7 +151,9 @@ func (g *Engine) write(ctx context.Context, ids []string, fn func(keys []string)
 	if err != nil || len(keys) == 0 {
 		return err
 	}
-	return g.unwrittenAfter(ctx, ids, fn(keys))
+	rctx, cancel := g.bounded(ctx)
+	defer cancel()
+	return g.unwrittenAfter(ctx, ids, fn(rctx, keys))
 }
 
 // valueKeys returns the value keys of ids, or ErrInvalidKey before any Redis
@@ -180,7 +185,7 @@ func firstErr(err error, cmds []*redis.Cmd) error {
 
 // Invalidate is guard.Guard.Invalidate (documented there).
 func (g *Engine) Invalidate(ctx context.Context, ids ...string) error {
-	return g.write(ctx, ids, func(keys []string) error {
+	return g.write(ctx, ids, func(ctx context.Context, keys []string) error {
 		return g.fail(ctx, "invalidate", one(ids), g.invalidate(ctx, ids, keys))
 	})
 }

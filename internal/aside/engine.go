@@ -16,6 +16,7 @@ import (
 	"math"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -157,6 +158,18 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 
 // Name returns the Guard's name.
 func (g *Engine) Name() string { return g.name }
+
+// bounded is ctx with a deadline at most RedisTimeout away: a Peek or a
+// write waits no longer for Redis whatever its caller's ctx (an HTTP
+// request's has no deadline), so a frozen Redis cannot hold it past the
+// bound the Guard's own round trips keep.
+func (g *Engine) bounded(ctx context.Context) (context.Context, context.CancelFunc) {
+	end := time.Now().Add(g.opts.Tuning.RedisTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(end) {
+		return ctx, func() {}
+	}
+	return context.WithDeadline(ctx, end)
+}
 
 // Logger is guard.Guard.Logger.
 func (g *Engine) Logger() *slog.Logger { return g.log }

@@ -70,6 +70,9 @@ func Get[T any](ctx context.Context, g *Engine, id string, load LoadFunc[T]) (T,
 	if p != nil && p.answered { // counted by Peek
 		return zero, ErrNotFound
 	}
+	if p != nil && p.failed != nil { // Peek found Redis unable to answer (it asked the copy): do not wait for it twice
+		return loadThrough(ctx, g, id, vkey, load, from, p.failed)
+	}
 	ok := p != nil
 	if ok {
 		r, replays = p.r, p.replays // the replays that landed since Peek's read count too

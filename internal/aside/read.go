@@ -222,6 +222,7 @@ type peeked struct {
 	g        *Engine
 	id       string
 	r        readResult
+	failed   error       // the read could not reach Redis: the Get loads through without waiting for it again
 	replays  uint64      // unwritten.replayed before the read: the Get checks it as its own (see get)
 	answered bool        // Peek counted its "not found" (the middleware's 404): the Get answers it uncounted
 	used     atomic.Bool // a peek serves one Get: a later Get in the same request reads afresh
@@ -236,7 +237,8 @@ func peekedFor(ctx context.Context, g *Engine, id string) *peeked {
 	return p
 }
 
-// Peek is guard.Guard.Peek (documented there).
+// Peek is guard.Guard.Peek (documented there). Its Redis work runs under
+// bounded(ctx); the context it returns derives from ctx alone.
 func (g *Engine) Peek(ctx context.Context, id string) (context.Context, bool, error) {
 	pass, err := g.sup.enter()
 	if err != nil {
@@ -247,8 +249,10 @@ func (g *Engine) Peek(ctx context.Context, id string) (context.Context, bool, er
 	if err != nil {
 		return ctx, false, err
 	}
+	rctx, cancel := g.bounded(ctx)
+	defer cancel()
 	if g.bound.Load() == nil { // before the first Get: the entry's field (its type's) is not known
-		exists, err := g.MayExist(ctx, id)
+		exists, err := g.MayExist(rctx, id)
 		return ctx, exists, err
 	}
 	if g.local != nil {
@@ -262,13 +266,16 @@ func (g *Engine) Peek(ctx context.Context, id string) (context.Context, bool, er
 	if err != nil { // the breaker is open: Redis is not asked
 		err = fmt.Errorf("cacheguard: %s %q: read: %w", g.name, id, err)
 	} else {
-		r, err = g.read(ctx, id, vkey, true)
+		r, err = g.read(rctx, id, vkey, true)
 		g.outage.after(done, err)
 	}
 	if downOrRefusing(err) && !g.unw.has(id) { // as Get: the copy answers what it has never seen
 		if err := g.absentInCopy(ctx, id, err); err != nil {
 			return ctx, false, err
 		}
+	}
+	if downOrRefusing(err) && ctx.Err() == nil { // Redis, not the caller, ran out: the Get loads through
+		return context.WithValue(ctx, peekKey{}, &peeked{g: g, id: id, replays: replays, failed: err}), false, err
 	}
 	if err != nil {
 		return ctx, false, err

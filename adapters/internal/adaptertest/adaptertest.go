@@ -1,7 +1,8 @@
-// Package adaptertest is the test suite both Echo adapters pass (v4 in
-// adapters/echo, v5 in adapters/echov5): the same requests, the same
-// answers. Each adapter's tests give it a Framework that builds a router
-// with that adapter; the suite does the rest against a real redis-server.
+// Package adaptertest is the test suite every HTTP adapter passes
+// (adapters/nethttp, adapters/echo, adapters/echov5, adapters/gin): the same
+// requests, the same answers. Each adapter's tests give it a Framework that
+// builds a router with that adapter; the suite does the rest against a real
+// redis-server.
 package adaptertest
 
 import (
@@ -11,9 +12,11 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -49,8 +52,9 @@ type Framework interface {
 // Router is a Framework's router.
 type Router interface {
 	http.Handler
-	// OK registers GET path (Echo syntax) behind a middleware with cfg on
-	// g; its handler answers 200 with no body.
+	// OK registers GET path (Echo syntax: "/items/:sku"; a Framework
+	// translates it) behind a middleware with cfg on g; its handler answers
+	// 200 with no body.
 	OK(path string, g *guard.Guard, cfg Config)
 }
 
@@ -64,6 +68,89 @@ func Run(t *testing.T, f Framework) {
 	t.Run("OutageLogsAFewLines", func(t *testing.T) { outageLogsAFewLines(t, f) })
 	t.Run("DeadlineIs503", func(t *testing.T) { deadlineIs503(t, f) })
 	t.Run("UnconfirmedIs503", func(t *testing.T) { unconfirmedIs503(t, f) })
+	t.Run("FrozenRedisIsBounded", func(t *testing.T) { frozenRedisIsBounded(t, f) })
+}
+
+// frozenRedisIsBounded: with the README's client and Redis frozen
+// (SIGSTOP) for 5 s, requests without a deadline are answered within the
+// Guard's RedisTimeout (1 s) plus the handler's own deadline, not when Redis
+// resumes: a known ID by the handler, from the database (its Get loads
+// through), an unknown one by the middleware (the filter's copy: 503). The
+// bound asserted is generous (a loaded machine); the times are logged.
+func frozenRedisIsBounded(t *testing.T, f Framework) {
+	if testing.Short() {
+		t.Skip("freezes Redis for 5 s")
+	}
+	srv, _ := redistest.Private(t)
+	o := srv.Options()
+	o.ContextTimeoutEnabled, o.DialerRetries, o.MaxRetries = true, 1, -1 // the README's client
+	rdb := redis.NewClient(o)
+	t.Cleanup(func() { _ = rdb.Close() })
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	a := newApp(t, f, rdb, defaults("frozen"), Config{Logger: slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil))})
+	a.deadline = 500 * time.Millisecond // the README's handler
+	// The Guard's first Get: from now on Peek reads the entry.
+	if rec := get(a, "/products/1"); rec.Code != 200 {
+		t.Fatalf("known ID before the freeze: %d", rec.Code)
+	}
+	if err := syscall.Kill(srv.PID(), syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(srv.PID(), syscall.SIGCONT) })
+	type kind struct {
+		mu       sync.Mutex
+		slowest  time.Duration
+		statuses map[int]int
+	}
+	known, unknown := &kind{statuses: map[int]int{}}, &kind{statuses: map[int]int{}}
+	ran := a.ran.Load()
+	end := time.Now().Add(5 * time.Second)
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			for i := 0; time.Now().Before(end); i++ {
+				k, path := known, "/products/1"
+				if (w+i)%2 == 1 {
+					k, path = unknown, fmt.Sprintf("/products/x%d", i)
+				}
+				start := time.Now()
+				rec := get(a, path)
+				took := time.Since(start)
+				k.mu.Lock()
+				k.slowest = max(k.slowest, took)
+				k.statuses[rec.Code]++
+				k.mu.Unlock()
+				time.Sleep(5 * time.Millisecond) // traffic, not a CPU-bound flood
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("Redis frozen 5 s, RedisTimeout 1s, handler deadline 500ms: known ID slowest %v statuses %v; unknown ID slowest %v statuses %v; handler ran %d",
+		known.slowest, known.statuses, unknown.slowest, unknown.statuses, a.ran.Load()-ran)
+	const limit = 4 * time.Second // RedisTimeout + the handler's 500 ms, with room for a loaded machine
+	if known.slowest > limit || unknown.slowest > limit {
+		t.Errorf("a request took %v (known) / %v (unknown) with Redis frozen; want each within %v", known.slowest, unknown.slowest, limit)
+	}
+	if known.statuses[200] == 0 || len(known.statuses) != 1 || a.ran.Load()-ran < int64(known.statuses[200]) {
+		t.Errorf("known ID with Redis frozen: statuses %v, handler ran %d; want every one passed on and served 200 from the database",
+			known.statuses, a.ran.Load()-ran)
+	}
+	if unknown.statuses[503]+unknown.statuses[404] != sumOf(unknown.statuses) || sumOf(unknown.statuses) == 0 {
+		t.Errorf("unknown ID with Redis frozen: statuses %v; want 503 (the copy has not seen it) or 404", unknown.statuses)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if st := a.g.Stats(); st.RedisErrors == 0 || !strings.Contains(logs.String(), "passing through") {
+		t.Errorf("the requests passed on were not counted (RedisErrors %d) or logged:\n%s", st.RedisErrors, logs.String())
+	}
+}
+
+func sumOf(m map[int]int) (n int) {
+	for _, v := range m {
+		n += v
+	}
+	return n
 }
 
 // unconfirmedIs503: with Redis down, an ID the Guard's copy of the filter
@@ -77,11 +164,6 @@ func unconfirmedIs503(t *testing.T, f Framework) {
 	off := defaults("off")
 	off.Filter.NoLocalCopy = true
 	without := newApp(t, f, rdb, off, Config{})
-	for deadline := time.Now().Add(10 * time.Second); withCopy.g.Stats().FilterCopy == 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("no copy of the filter 10 s after its rebuild")
-		}
-	}
 	if err := srv.Kill(); err != nil {
 		t.Fatal(err)
 	}
@@ -108,6 +190,9 @@ type app struct {
 	loads atomic.Int64
 	ran   atomic.Int64  // handler runs
 	slow  chan struct{} // if set, the load waits for it to close
+	// deadline, if set before the first request, is the handler's: its
+	// Get runs under context.WithTimeout(r.Context(), deadline).
+	deadline time.Duration
 }
 
 func newApp(t *testing.T, f Framework, rdb redis.UniversalClient, opts *guard.Options, cfg Config) *app {
@@ -126,10 +211,23 @@ func newApp(t *testing.T, f Framework, rdb redis.UniversalClient, opts *guard.Op
 	}, nil); err != nil {
 		t.Fatal(err)
 	}
+	// The copy of the filter is fetched after the rebuild: its commands are
+	// over before a test counts its own, and it answers in an outage.
+	for deadline := time.Now().Add(10 * time.Second); !opts.Filter.NoLocalCopy && g.Stats().FilterCopy == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no copy of the filter 10 s after its rebuild")
+		}
+	}
 	a := &app{g: g}
 	a.Router = f.New(g, cfg, func(r *http.Request, id string) (string, error) {
 		a.ran.Add(1)
-		p, err := guard.Get(r.Context(), g, id, func(ctx context.Context, id string) (product, error) {
+		ctx := r.Context()
+		if a.deadline > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, a.deadline)
+			defer cancel()
+		}
+		p, err := guard.Get(ctx, g, id, func(ctx context.Context, id string) (product, error) {
 			a.loads.Add(1)
 			if a.slow != nil {
 				<-a.slow
@@ -270,26 +368,27 @@ func clientThatLeftIsNotAnOutage(t *testing.T, f Framework) {
 }
 
 // unfilteredRouteIsReported: a route whose parameter is not the
-// middleware's Param passes unfiltered; logged once per route, counted per
-// request; a route without parameters is quiet.
+// middleware's Param (/things/:sku, default Param "id") passes unfiltered;
+// logged once per route, counted per request; a route without parameters
+// is quiet.
 func unfilteredRouteIsReported(t *testing.T, f Framework) {
 	c := redistest.Connect(t)
 	var logs bytes.Buffer
 	a := newApp(t, f, c, defaults(c.Prefix), Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	var unfiltered atomic.Int32
 	cfg := Config{OnUnfiltered: func(string) { unfiltered.Add(1) }}
-	a.OK("/items/:sku", a.g, cfg)
-	a.OK("/items", a.g, cfg)
+	a.OK("/things/:sku", a.g, cfg)
+	a.OK("/things", a.g, cfg)
 	for range 3 {
-		if rec := get(a, "/items/999"); rec.Code != 200 {
+		if rec := get(a, "/things/999"); rec.Code != 200 {
 			t.Fatalf("unfiltered route: %d", rec.Code)
 		}
-		get(a, "/items")
+		get(a, "/things")
 	}
 	if n := unfiltered.Load(); n != 3 {
 		t.Fatalf("OnUnfiltered called %d times, want 3", n)
 	}
-	if n := strings.Count(logs.String(), "unfiltered"); n != 1 || !strings.Contains(logs.String(), "/items/:sku") {
+	if n := strings.Count(logs.String(), "unfiltered"); n != 1 || !strings.Contains(logs.String(), "/things/") || !strings.Contains(logs.String(), "sku") {
 		t.Fatalf("want one warning naming the route, got %d:\n%s", n, logs.String())
 	}
 }
@@ -314,7 +413,7 @@ func outageLogsAFewLines(t *testing.T, f Framework) {
 	mu.Lock()
 	defer mu.Unlock()
 	lines := strings.Count(logs.String(), "\n")
-	if lines > 20 || !strings.Contains(logs.String(), "filter unavailable") || !strings.Contains(logs.String(), "route=/products/:id") {
+	if lines > 20 || !strings.Contains(logs.String(), "filter unavailable") || !strings.Contains(logs.String(), "/products/") {
 		t.Fatalf("4,000 requests in an outage wrote %d log lines (want a few, naming the route):\n%s", lines, logs.String())
 	}
 }
@@ -345,7 +444,7 @@ func deadlineIs503(t *testing.T, f Framework) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if !strings.Contains(logs.String(), "route=/products/:id id=1 status=503") {
+	if !regexp.MustCompile(`route="?[^=]*/products/\S* id=1 status=503`).MatchString(logs.String()) {
 		t.Fatalf("the 503's log line lacks the route and the ID:\n%s", logs.String())
 	}
 }

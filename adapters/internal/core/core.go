@@ -1,9 +1,9 @@
 // Package core is what the HTTP adapters share, so that they cannot drift:
 // the ID rule, the decision for a request (pass, 400, 404, 503), the mapping
 // of guard errors to statuses, the Retry-After value and the RFC 9457 problem
-// bodies. adapters/nethttp and adapters/echo are thin skins that read the ID
-// and the route from their framework, call Decide, and write or return what
-// it decided.
+// bodies. adapters/nethttp, adapters/echo, adapters/echov5 and adapters/gin
+// are thin skins that read the ID and the route from their framework, call
+// Decide, and write or return what it decided.
 package core
 
 import (
@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -152,10 +153,18 @@ func (c *Core) Decide(ctx context.Context, id, route string, hasWildcards bool) 
 		c.log.WarnContext(ctx, "cacheguard: filter unavailable, failing closed", "route", route, "id", id, "err", err)
 		return Verdict{Decision: Unavailable, Ctx: ctx, Err: err}
 	default:
+		// pctx tells the handler's Get that Redis did not answer in time
+		// (Peek's bound), so it loads through without waiting again.
 		c.log.WarnContext(ctx, "cacheguard: filter unavailable, passing through", "route", route, "id", id, "err", err)
-		return Verdict{Decision: Pass, Ctx: ctx, Err: err}
+		return Verdict{Decision: Pass, Ctx: pctx, Err: err}
 	}
 }
+
+// RouteHasWildcards reports whether a route path in Echo's or Gin's syntax
+// ("/things/:sku", "/files/*") has path wildcards: judged by the route, as
+// net/http's pattern is, so a misnamed one is reported even when the
+// framework has not filled in the values.
+func RouteHasWildcards(path string) bool { return strings.ContainsAny(path, ":*") }
 
 // Unfiltered counts the requests that passed unfiltered because their route
 // had wildcards but no ID was found.
@@ -193,6 +202,21 @@ func StatusOf(d Decision) int {
 		return http.StatusServiceUnavailable
 	}
 	return 0
+}
+
+// Write writes the problem answer of status to w, as net/http and Gin
+// answer: req (nil: defaults) gives the Retry-After of a 503.
+func Write(w http.ResponseWriter, req *Request, status int) {
+	body := BodyFor(status)
+	h := w.Header()
+	if status == http.StatusServiceUnavailable {
+		h.Set("Retry-After", req.RetryAfter())
+	}
+	h.Set("Content-Type", "application/problem+json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
 }
 
 // Problem is an RFC 9457 problem details object.

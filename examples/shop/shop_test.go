@@ -17,7 +17,9 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/cacheguard/cacheguard/guard"
 	"github.com/cacheguard/cacheguard/internal/redisserver"
 )
 
@@ -83,6 +85,9 @@ func TestProductLifecycle(t *testing.T) {
 			if code, body := do(t, "GET", hs.URL+"/naive/products/x", ""); code != 400 {
 				t.Fatalf("naive, malformed id: %d %s", code, body)
 			}
+			// The filter lifecycle deleted is rebuilt by the Guard itself (Filter.IDs):
+			// until then an unknown ID answers 503 (the copy of the filter never saw it).
+			waitReady(t, shop.products)
 			real, rejected := hs.URL+"/naive/products/99999999", hs.URL+"/products/99999999"
 			if c1, b1 := do(t, "GET", real, ""); c1 != 404 {
 				t.Fatalf("naive, unknown: %d %s", c1, b1)
@@ -270,5 +275,20 @@ func TestDemoPaths(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "unknown") {
 			t.Errorf("%v: err %v, want an unknown-name error", bad, err)
 		}
+	}
+}
+
+// waitReady waits until g's filter is ready (rebuilt after a loss).
+func waitReady(t *testing.T, g *guard.Guard) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if info, err := g.Info(context.Background()); err == nil && info.Ready {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the filter was not rebuilt within 30 s")
+		}
+		time.Sleep(10 * time.Millisecond) // polling Redis's state, which the Guard's rebuild sets
 	}
 }

@@ -183,7 +183,7 @@ func runServe(ctx context.Context, demo bool, args []string, stdout, stderr io.W
 			fmt.Fprint(stdout, summary(rows))
 		}
 		if runs("outside") {
-			results, err := outside(ctx, stdout, log)
+			results, err := outside(ctx, stdout, log, shop.live)
 			if err != nil {
 				return fmt.Errorf("writes from outside the service: %w", err)
 			}

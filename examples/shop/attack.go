@@ -26,9 +26,14 @@ var (
 
 // attackOptions sizes the load run.
 type attackOptions struct {
-	Duration   time.Duration // per scenario and path
-	Workers    int           // concurrent clients for penetration and Zipf traffic
-	Burst      int           // concurrent GETs after each invalidation (stampede)
+	Duration time.Duration // per scenario and path
+	// Rounds splits each path's Duration in this many slices, the paths of
+	// a scenario alternated slice by slice (the order reversed every other
+	// round), so that a change in the machine's load falls on all of them;
+	// 0 or 1: one run per path.
+	Rounds     int
+	Workers    int // concurrent clients for penetration and Zipf traffic
+	Burst      int // concurrent GETs after each invalidation (stampede)
 	HotProduct string
 	Products   int // IDs 1..Products exist (Zipf draws from them)
 	// Scenarios, if not empty, names the scenarios to run (penetration,
@@ -55,6 +60,10 @@ type result struct {
 	// load generator in it under "shop demo") and of redis-server; NaN
 	// when /metrics could not say.
 	ShopCPU, RedisCPU float64
+	// Slices holds the requests of each round; Load the median of the
+	// machine's 1-minute load average after each (NaN off Linux).
+	Slices []int64
+	Load   float64
 }
 
 // counters are what /metrics says about one path, and the CPU seconds of
@@ -162,6 +171,8 @@ func attack(ctx context.Context, base string, o attackOptions) ([]result, error)
 	if o.OnPhase != nil {
 		defer o.OnPhase("")
 	}
+	rounds := max(o.Rounds, 1)
+	slice := o.Duration / time.Duration(rounds)
 	for _, sc := range scenarios {
 		if len(o.Scenarios) > 0 && !slices.Contains(o.Scenarios, sc.name) {
 			continue
@@ -170,39 +181,94 @@ func attack(ctx context.Context, base string, o attackOptions) ([]result, error)
 		if ps == nil {
 			ps = []string{"naive", "guard"}
 		}
-		for _, path := range ps {
-			if len(o.Paths) > 0 && !slices.Contains(o.Paths, path) {
-				continue
-			}
-			before, err := scrape(ctx, client, base, path)
-			if err != nil {
-				return nil, err
-			}
-			rec := &recorder{}
-			if o.OnPhase != nil {
-				o.OnPhase(sc.name + " " + path)
-			}
-			rctx, cancel := context.WithTimeout(ctx, o.Duration)
-			stopProgress := progress(o.Progress, sc.name, path, rec)
-			rounds := sc.run(rctx, paths[path], rec)
-			cancel()
-			stopProgress()
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
-			}
-			after, err := scrape(ctx, client, base, path)
-			if err != nil {
-				return nil, err
-			}
-			p50, p99 := rec.percentiles()
-			perRequest := func(before, after float64) float64 { return (after - before) * 1e6 / float64(max(rec.n.Load(), 1)) }
-			out = append(out, result{Scenario: sc.name, Path: path, Requests: rec.n.Load(),
-				DBQueries: after.db - before.db, Redis: after.redis - before.redis,
-				Errors: rec.errors.Load(), P50: p50, P99: p99, Invalidations: rounds,
-				ShopCPU: perRequest(before.cpu, after.cpu), RedisCPU: perRequest(before.redisCPU, after.redisCPU)})
+		ps = slices.DeleteFunc(slices.Clone(ps), func(p string) bool { return len(o.Paths) > 0 && !slices.Contains(o.Paths, p) })
+		rows := make([]result, len(ps))
+		recs := make([]*recorder, len(ps))
+		loads := make([][]float64, len(ps))
+		for i, path := range ps {
+			rows[i] = result{Scenario: sc.name, Path: path}
+			recs[i] = &recorder{}
 		}
+		for round := range rounds {
+			for k := range ps {
+				i := k
+				if round%2 == 1 {
+					i = len(ps) - 1 - k
+				}
+				path, rec, row := ps[i], recs[i], &rows[i]
+				before, err := scrape(ctx, client, base, path)
+				if err != nil {
+					return nil, err
+				}
+				if o.OnPhase != nil {
+					o.OnPhase(sc.name + " " + path)
+				}
+				served := rec.n.Load()
+				rctx, cancel := context.WithTimeout(ctx, slice)
+				label := path
+				if rounds > 1 {
+					label = fmt.Sprintf("%s %d/%d", path, round+1, rounds)
+				}
+				stopProgress := progress(o.Progress, sc.name, label, rec)
+				row.Invalidations += sc.run(rctx, paths[path], rec)
+				cancel()
+				stopProgress()
+				if ctx.Err() != nil {
+					return nil, ctx.Err()
+				}
+				after, err := scrape(ctx, client, base, path)
+				if err != nil {
+					return nil, err
+				}
+				row.DBQueries += after.db - before.db
+				row.Redis += after.redis - before.redis
+				row.ShopCPU += after.cpu - before.cpu
+				row.RedisCPU += after.redisCPU - before.redisCPU
+				row.Slices = append(row.Slices, rec.n.Load()-served)
+				loads[i] = append(loads[i], loadAverage())
+			}
+		}
+		for i := range rows {
+			rec, row := recs[i], &rows[i]
+			row.Requests, row.Errors = rec.n.Load(), rec.errors.Load()
+			row.P50, row.P99 = rec.percentiles()
+			row.ShopCPU *= 1e6 / float64(max(row.Requests, 1)) // seconds in all, to µs per request
+			row.RedisCPU *= 1e6 / float64(max(row.Requests, 1))
+			row.Load = median(loads[i])
+		}
+		out = append(out, rows...)
 	}
 	return out, nil
+}
+
+// loadAverage is the machine's 1-minute load average, or NaN where
+// /proc/loadavg does not say.
+func loadAverage() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return math.NaN()
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return math.NaN()
+	}
+	v, err := strconv.ParseFloat(f[0], 64)
+	if err != nil {
+		return math.NaN()
+	}
+	return v
+}
+
+// median of vs (NaN for none); vs is sorted in place.
+func median(vs []float64) float64 {
+	if len(vs) == 0 {
+		return math.NaN()
+	}
+	slices.Sort(vs)
+	if n := len(vs); n%2 == 0 {
+		return (vs[n/2-1] + vs[n/2]) / 2
+	}
+	return vs[len(vs)/2]
 }
 
 // workers runs fn in n goroutines until ctx is done.
@@ -303,8 +369,9 @@ func progress(w io.Writer, scenario, path string, rec *recorder) (stop func()) {
 // table renders the rows as a markdown table.
 func table(rows []result) string {
 	var b bytes.Buffer
-	fmt.Fprintln(&b, "| scenario | path | requests | DB queries | Redis commands | p50 | p99 | errors | shop CPU/request | Redis CPU/request |")
-	fmt.Fprintln(&b, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(&b, "| scenario | path | requests | DB queries | Redis commands | p50 | p99 | errors | "+
+		"requests per round (median) | load | shop CPU/request | Redis CPU/request |")
+	fmt.Fprintln(&b, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	micros := func(v float64) string {
 		if math.IsNaN(v) {
 			return "n/a"
@@ -316,8 +383,21 @@ func table(rows []result) string {
 		if r.Invalidations > 0 {
 			name = fmt.Sprintf("%s (%d invalidations)", r.Scenario, r.Invalidations)
 		}
-		fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %s | %s | %d | %s | %s |\n", name, r.Path, r.Requests, r.DBQueries, r.Redis,
-			r.P50.Round(10*time.Microsecond), r.P99.Round(10*time.Microsecond), r.Errors, micros(r.ShopCPU), micros(r.RedisCPU))
+		perRound := make([]float64, len(r.Slices))
+		for i, n := range r.Slices {
+			perRound[i] = float64(n)
+		}
+		fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %s | %s | %d | %.0f | %s | %s | %s |\n", name, r.Path, r.Requests, r.DBQueries, r.Redis,
+			r.P50.Round(10*time.Microsecond), r.P99.Round(10*time.Microsecond), r.Errors, median(perRound), load(r.Load),
+			micros(r.ShopCPU), micros(r.RedisCPU))
 	}
 	return b.String()
+}
+
+// load formats a load average ("n/a" when unknown).
+func load(v float64) string {
+	if math.IsNaN(v) {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2f", v)
 }

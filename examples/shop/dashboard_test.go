@@ -4,8 +4,11 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"os/exec"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -30,20 +33,30 @@ func chromium(t *testing.T) string {
 }
 
 // TestDashboardInABrowser loads /dashboard in headless Chromium while the
-// demo's attack runs against the shop, and checks that the page loads from
-// the shop alone (no CDN), that every chart receives points, that the
-// points show what the attack did, and that the console stays clean.
+// demo's attack (and, with PostgreSQL, its outside-writes scenario) runs
+// against the shop, and checks that the page loads from the shop alone,
+// that every band is named on each chart and has data points, that the
+// time axis is labelled, and that the console stays clean.
 func TestDashboardInABrowser(t *testing.T) {
 	browser := chromium(t)
 	shop, hs := newTestShop(t, 1000, 100)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
-	attacked := make(chan error, 1)
-	go func() { // ends with the attack (8 runs of 1 s)
+	type ran struct {
+		outside bool
+		err     error
+	}
+	attacked := make(chan ran, 1)
+	go func() { // ends with the attack (8 runs of 1 s) and the outside-writes rounds
 		_, err := attack(ctx, hs.URL, attackOptions{Duration: time.Second, Workers: 8, Burst: 20, HotProduct: "1",
 			Products: 1000, OnPhase: shop.live.setPhase})
-		attacked <- err
+		if err != nil {
+			attacked <- ran{err: err}
+			return
+		}
+		results, err := outside(ctx, io.Discard, slog.New(slog.DiscardHandler), shop.live)
+		attacked <- ran{outside: results != nil, err: err}
 	}()
 
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(browser), chromedp.NoSandbox,
@@ -90,31 +103,36 @@ func TestDashboardInABrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Every chart, every series: enough points, drawn.
+	// Every chart, every path: enough points, drawn; read once the page
+	// has a point sampled after the attack ended.
 	const wantPoints = 8
-	ready := fmt.Sprintf(`(() => {
+	ready := `(() => {
 		const d = window.dashboard;
-		if (!d || d.points < %d) return false;
+		if (!d || d.points < %d || d.seq <= %d) return false;
 		for (const id of ["db", "p99", "redis", "guard"]) {
 			const c = d.drawn[id];
 			if (!c) return false;
-			for (const s of Object.values(c)) if (s.points < %d) return false;
+			const need = id === "guard" ? ["rejects", "markers"] : ["naive", "guard", "local", "refresh"];
+			for (const s of need) if (!c[s] || c[s].points < %d) return false;
 		}
 		return true;
-	})()`, wantPoints, wantPoints)
+	})()`
 	type series struct {
 		Points int     `json:"points"`
 		Max    float64 `json:"max"`
 		Span   float64 `json:"span"` // how wide the line is drawn, in canvas pixels
 	}
-	type label struct {
-		X    float64 `json:"x"`
-		W    float64 `json:"w"`
-		Text string  `json:"text"`
+	// A band as the page shows it: its label's text and box, and how many
+	// vertices of the lines inside it are above zero.
+	type band struct {
+		Phase, Label     string
+		Left, Right      float64 // the label's box on screen
+		Points, Vertices int
 	}
 	type chart struct {
-		Width  float64 `json:"width"` // the plot's width
-		Labels []label `json:"labels"`
+		Width     float64  `json:"width"` // the plot's width
+		Bands     []band   `json:"bands"`
+		TimeTicks []string `json:"ticks"`
 	}
 	if err := chromedp.Do(bctx, chromedp.EmulateViewport(1280, 800), chromedp.Navigate(hs.URL+"/dashboard")); err != nil {
 		t.Fatal(err)
@@ -123,7 +141,14 @@ func TestDashboardInABrowser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	poll := chromedp.Poll[bool](ready, chromedp.WithPollingTimeout(90*time.Second),
+	r := <-attacked
+	if r.err != nil {
+		t.Fatalf("attack: %v", r.err)
+	}
+	shop.live.mu.Lock()
+	endSeq := shop.live.seq
+	shop.live.mu.Unlock()
+	poll := chromedp.Poll[bool](fmt.Sprintf(ready, wantPoints, endSeq, wantPoints), chromedp.WithPollingTimeout(90*time.Second),
 		chromedp.WithPollingInterval(250*time.Millisecond))
 	if _, err := chromedp.Run(bctx, poll); err != nil {
 		t.Fatalf("the dashboard never drew its charts: %v", err)
@@ -132,28 +157,82 @@ func TestDashboardInABrowser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	canvases, err := chromedp.Run(bctx, chromedp.Evaluate[int](`document.querySelectorAll("canvas").length`))
-	if err != nil || canvases != 4 {
-		t.Fatalf("canvases: %d %v", canvases, err)
-	}
-	// Readable in a 1280×800 window: phase labels apart, lines across the
-	// whole plot, a caption that says what the lines show. The screenshot
-	// goes to CG_DASHBOARD_PNG when set, for a person to look at.
-	charts, err := chromedp.Run(bctx, chromedp.Evaluate[map[string]chart](`window.dashboard.layout`))
+	// Read from the page itself: each band's label, and the lines' vertices
+	// inside the band that stand above the plot's floor.
+	charts, err := chromedp.Run(bctx, chromedp.Evaluate[map[string]chart](`(() => {
+		const out = {};
+		for (const svg of document.querySelectorAll("svg.chart")) {
+			const grid = [...svg.querySelectorAll("line.grid")].map((l) => +l.getAttribute("y1"));
+			const floor = Math.max(...grid);
+			const vertices = [...svg.querySelectorAll("path.series")].flatMap((p) =>
+				[...p.getAttribute("d").matchAll(/[ML]([\d.]+) ([\d.]+)/g)].map((m) => [+m[1], +m[2]]));
+			const bands = [...svg.querySelectorAll("g.band")].map((g) => {
+				const r = g.querySelector("rect"), label = g.querySelector("text.band-label");
+				const x0 = +r.getAttribute("x"), x1 = x0 + +r.getAttribute("width");
+				const inside = vertices.filter(([x]) => x >= x0 && x <= x1);
+				const box = label ? label.getBoundingClientRect() : { left: 0, right: 0 };
+				return { Phase: g.dataset.phase, Label: label ? label.textContent : "", Left: box.left, Right: box.right,
+					Points: inside.length, Vertices: inside.filter(([, y]) => y < floor - 0.5).length };
+			});
+			const ticks = [...svg.querySelectorAll(".time-axis text.xtick")].map((t) => t.textContent);
+			const vb = svg.viewBox.baseVal;
+			out[svg.id] = { width: vb.width - 66, bands: bands, ticks: ticks };
+		}
+		return out;
+	})()`))
 	if err != nil {
 		t.Fatal(err)
 	}
+	if len(charts) != 4 {
+		t.Fatalf("charts: %d, want 4", len(charts))
+	}
+	want := []string{"penetration naive", "penetration guard", "stampede naive", "stampede guard",
+		"zipf naive", "zipf guard", "zipf local", "zipf refresh"}
+	if r.outside {
+		want = append(want, "outside follower on", "outside follower off")
+	} else {
+		t.Log("no PostgreSQL: the outside-writes scenario did not run")
+	}
+	clockRE := regexp.MustCompile(`^\d\d:\d\d:\d\d$`)
 	for id, c := range charts {
-		labels := slices.SortedFunc(slices.Values(c.Labels), func(a, b label) int { return cmp.Compare(a.X, b.X) })
-		for i := 1; i < len(labels); i++ {
-			if labels[i-1].X+labels[i-1].W > labels[i].X {
-				t.Errorf("chart %s: phase labels %q and %q overlap", id, labels[i-1].Text, labels[i].Text)
+		var names []string
+		for _, b := range c.Bands {
+			names = append(names, b.Label)
+			if b.Label != b.Phase {
+				t.Errorf("chart %s: band %q labelled %q", id, b.Phase, b.Label)
+			}
+			// Every band has a line above zero where every path shows:
+			// Redis commands.
+			if id == "redis" && b.Vertices == 0 {
+				t.Errorf("chart %s: band %q has no data points above zero (%d vertices at zero)", id, b.Phase, b.Points)
 			}
 		}
-		for name, sr := range drawn[id] {
-			if sr.Points > 1 && sr.Span < 0.9*c.Width {
+		if !slices.Equal(names, want) {
+			t.Errorf("chart %s: bands %q, want %q", id, names, want)
+		}
+		bands := slices.SortedFunc(slices.Values(c.Bands), func(a, b band) int { return cmp.Compare(a.Left, b.Left) })
+		for i := 1; i < len(bands); i++ {
+			if bands[i-1].Right > bands[i].Left {
+				t.Errorf("chart %s: band labels %q and %q overlap", id, bands[i-1].Label, bands[i].Label)
+			}
+		}
+		if len(c.TimeTicks) < 2 || !clockRE.MatchString(c.TimeTicks[0]) {
+			t.Errorf("chart %s: time axis %q, want clock times", id, c.TimeTicks)
+		}
+		// Lines across the whole plot (the paths that run all along).
+		for _, name := range []string{"naive", "guard"} {
+			if sr := drawn[id][name]; sr.Points > 1 && sr.Span < 0.9*c.Width {
 				t.Errorf("chart %s: line %s spans %.0f of %.0f pixels", id, name, sr.Span, c.Width)
 			}
+		}
+	}
+	if path := os.Getenv("CG_DASHBOARD_PNG"); path != "" { // a screenshot, for a person to look at
+		png, err := chromedp.Run(bctx, chromedp.CaptureScreenshot())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, png, 0o644); err != nil {
+			t.Fatal(err)
 		}
 	}
 	caption, err := chromedp.Run(bctx, chromedp.Evaluate[string](`document.getElementById("caption").textContent`))
@@ -163,18 +242,6 @@ func TestDashboardInABrowser(t *testing.T) {
 	if strings.Contains(caption, "flat") || !strings.Contains(caption, "rises a little") || !(drawn["db"]["naive"].Max > drawn["db"]["guard"].Max) {
 		t.Errorf("the caption does not match the lines (naive db max %v, guarded %v): %q", drawn["db"]["naive"].Max,
 			drawn["db"]["guard"].Max, caption)
-	}
-	if path := os.Getenv("CG_DASHBOARD_PNG"); path != "" {
-		png, err := chromedp.Run(bctx, chromedp.CaptureScreenshot())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, png, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := <-attacked; err != nil {
-		t.Fatalf("attack: %v", err)
 	}
 	cancelBrowser()
 	<-consoleDone

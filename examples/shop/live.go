@@ -52,10 +52,13 @@ type pathPoint struct {
 type live struct {
 	lat sync.Map // path -> *latencies: written by every timed request, drained by each sample
 
-	mu     sync.Mutex // guards phase, points, seq
-	phase  string
-	points []point
-	seq    int64
+	mu      sync.Mutex // guards the fields below
+	phase   string
+	before  string    // the phase at the last sample, when it changed since
+	changed time.Time // when the phase first changed since the last sample
+	points  []point
+	seq     int64
+	extra   map[string]func() (db, redis int64) // attached paths (attach)
 
 	stopOnce sync.Once
 	stop     chan struct{}
@@ -78,16 +81,46 @@ func (l *live) run(read func() counts) {
 	defer close(l.stopped)
 	t := time.NewTicker(sampleEvery)
 	defer t.Stop()
-	prev, prevT := read(), time.Now()
+	prev, prevT := l.read(read), time.Now()
 	for {
 		select {
 		case <-l.stop:
 			return
 		case now := <-t.C:
-			cur := read()
+			cur := l.read(read)
 			l.sample(prev, cur, now.Sub(prevT).Seconds(), now)
 			prev, prevT = cur, now
 		}
+	}
+}
+
+// read returns the shop's counts and those of the attached paths.
+func (l *live) read(shop func() counts) counts {
+	c := shop()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for name, f := range l.extra {
+		c.db[name], c.redis[name] = f()
+	}
+	return c
+}
+
+// attach charts the guarded path of another shop (the outside-writes
+// scenario's) as path name until detach is called. Its own sampler is
+// stopped: l drains its latencies from then on.
+func (l *live) attach(name string, s *Shop) (detach func()) {
+	s.live.close()
+	l.lat.Store(name, s.live.latencies("guard"))
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.extra == nil {
+		l.extra = map[string]func() (int64, int64){}
+	}
+	l.extra[name] = func() (int64, int64) { return s.store.queries.Load(), s.guardCmds.Commands() }
+	return func() {
+		l.mu.Lock()
+		delete(l.extra, name)
+		l.mu.Unlock()
 	}
 }
 
@@ -95,9 +128,18 @@ func (l *live) sample(prev, cur counts, secs float64, now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.seq++
-	p := point{Seq: l.seq, T: now.UnixMilli(), Phase: l.phase, Paths: map[string]pathPoint{},
+	// The interval is named by the phase it spent the longer part in.
+	phase := l.phase
+	if !l.changed.IsZero() && now.Sub(l.changed) < time.Duration(secs*float64(time.Second))/2 {
+		phase = l.before
+	}
+	l.changed = time.Time{}
+	p := point{Seq: l.seq, T: now.UnixMilli(), Phase: phase, Paths: map[string]pathPoint{},
 		Rejects: float64(cur.rejects-prev.rejects) / secs, Markers: float64(cur.markers-prev.markers) / secs}
 	for path := range cur.db {
+		if _, ok := prev.db[path]; !ok {
+			continue // attached since the last tick: no interval to rate yet
+		}
 		n, p99 := l.latencies(path).drain()
 		p.Paths[path] = pathPoint{DBPerSec: float64(cur.db[path]-prev.db[path]) / secs,
 			RedisPerSec: float64(cur.redis[path]-prev.redis[path]) / secs, ReqPerSec: float64(n) / secs,
@@ -117,6 +159,9 @@ func (l *live) close() {
 // setPhase names what the demo is doing (shown on the charts).
 func (l *live) setPhase(s string) {
 	l.mu.Lock()
+	if l.changed.IsZero() {
+		l.before, l.changed = l.phase, time.Now()
+	}
 	l.phase = s
 	l.mu.Unlock()
 }

@@ -1,7 +1,7 @@
 // Command shop is a small but real shop service that reads through
 // cacheguard, and a load generator that shows what the guard saves.
 //
-//	shop demo   [-exit] [-duration 3s] [-chart demo.png] [-only zipf]
+//	shop demo   [-exit] [-duration 3s] [-rounds 3] [-chart demo.png] [-only zipf]
 //	shop serve  [-addr 127.0.0.1:8080]
 //	shop attack -url http://127.0.0.1:8080 [-duration 3s] [-only ...]
 //
@@ -66,6 +66,7 @@ func runServe(ctx context.Context, demo bool, args []string, stdout, stderr io.W
 	exit := fs.Bool("exit", false, "demo: exit after printing the table")
 	chart := fs.String("chart", "", "demo: also draw the table as a chart into this file (.png, .svg or .pdf)")
 	duration := fs.Duration("duration", 3*time.Second, "demo: length of each scenario on each path")
+	rounds := fs.Int("rounds", 3, "demo: split each path's run in this many rounds, the paths alternated round by round")
 	echoVersion := fs.Int("echo", 5, "Echo major version serving /products (5, or 4 for the v4 adapter)")
 	cpuProfile := fs.String(
 		"cpuprofile",
@@ -165,25 +166,27 @@ func runServe(ctx context.Context, demo bool, args []string, stdout, stderr io.W
 		fmt.Fprintf(stdout, "watch it live: %s/dashboard\n", url)
 		fmt.Fprintf(
 			stdout,
-			"attacking %s: each scenario for %v on the naive path, then on the guarded path (DB latency %v)\n",
+			"attacking %s: each scenario for %v per path, in %d rounds that alternate the paths (DB latency %v)\n",
 			url,
 			*duration,
+			max(*rounds, 1),
 			*dbLatency,
 		)
 		var rows []result
 		if slices.ContainsFunc(scenarioNames, runs) {
-			if rows, err = attack(ctx, url, attackOptions{Duration: *duration, Workers: 32, Burst: 100, HotProduct: "1", Products: *zipfKeys,
+			if rows, err = attack(ctx, url, attackOptions{Duration: *duration, Rounds: *rounds, Workers: 32, Burst: 100, HotProduct: "1", Products: *zipfKeys,
 				Scenarios: scenarios, Paths: pathsRun, Progress: stderr, OnPhase: shop.live.setPhase}); err != nil {
 				return err
 			}
 			fmt.Fprintln(stdout)
 			fmt.Fprint(stdout, table(rows))
-			fmt.Fprintln(stdout, "\nCPU/request: the shop's process (the load generator runs in it too) and redis-server, over each run.")
+			fmt.Fprintln(stdout, "\nCPU/request: the shop's process (the load generator runs in it too) and redis-server, over each run."+
+				" Load: the machine's 1-minute load average (/proc/loadavg), median over the path's rounds.")
 			fmt.Fprintln(stdout)
 			fmt.Fprint(stdout, summary(rows))
 		}
 		if runs("outside") {
-			results, err := outside(ctx, stdout, log)
+			results, err := outside(ctx, stdout, log, shop.live)
 			if err != nil {
 				return fmt.Errorf("writes from outside the service: %w", err)
 			}
@@ -215,6 +218,7 @@ func runAttack(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := flag.NewFlagSet("attack", flag.ContinueOnError)
 	url := fs.String("url", "http://127.0.0.1:8080", "the shop's base URL")
 	duration := fs.Duration("duration", 3*time.Second, "length of each scenario on each path")
+	rounds := fs.Int("rounds", 3, "split each path's run in this many rounds, the paths alternated round by round")
 	only := fs.String("only", "", "run only these scenarios (comma-separated: penetration, stampede, zipf)")
 	paths := fs.String("paths", "", "run only these paths (comma-separated: naive, guard, local, refresh); each scenario runs those of them it has")
 	zipfKeys := fs.Int("zipf-keys", 100_000, "the Zipf scenario draws from products 1..N")
@@ -232,7 +236,7 @@ func runAttack(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if *zipfKeys < 2 {
 		return fmt.Errorf("-zipf-keys %d: want at least 2", *zipfKeys)
 	}
-	rows, err := attack(ctx, *url, attackOptions{Duration: *duration, Workers: 32, Burst: 100, HotProduct: "1", Products: *zipfKeys,
+	rows, err := attack(ctx, *url, attackOptions{Duration: *duration, Rounds: *rounds, Workers: 32, Burst: 100, HotProduct: "1", Products: *zipfKeys,
 		Scenarios: scenarios, Paths: pathsRun, Progress: stderr})
 	if err != nil {
 		return err
@@ -272,6 +276,34 @@ func summary(rows []result) string {
 	if ok1 && ok2 {
 		out += fmt.Sprintf("stampede: %.2f DB queries per invalidation guarded, %.2f naive\n",
 			ratio(sg.DBQueries, sg.Invalidations), ratio(sn.DBQueries, sn.Invalidations))
+	}
+	return out + alternated(rows)
+}
+
+// alternated compares each path's requests with the naive path's in the
+// same round, the two run back to back, and gives the median ratio.
+func alternated(rows []result) string {
+	var out string
+	for _, n := range rows {
+		if n.Path != "naive" || len(n.Slices) < 2 {
+			continue
+		}
+		for _, r := range rows {
+			if r.Scenario != n.Scenario || r.Path == "naive" || len(r.Slices) != len(n.Slices) {
+				continue
+			}
+			var ratios []float64
+			var each []string
+			for i := range n.Slices {
+				if n.Slices[i] > 0 {
+					v := float64(r.Slices[i]) / float64(n.Slices[i])
+					ratios = append(ratios, v)
+					each = append(each, fmt.Sprintf("%.2f×", v))
+				}
+			}
+			out += fmt.Sprintf("%s %s: %.2f× the naive path's requests (median of %d alternated rounds: %s; load %s)\n",
+				r.Scenario, r.Path, median(ratios), len(ratios), strings.Join(each, " "), load(median([]float64{n.Load, r.Load})))
+		}
 	}
 	return out
 }

@@ -44,8 +44,9 @@ type outsideResult struct {
 // would), once with no follower and once with one; every product is then
 // read through the shop and compared with the database. It needs
 // PostgreSQL's binaries (make test installs them); without them it says
-// so and returns nil.
-func outside(ctx context.Context, stdout io.Writer, log *slog.Logger) ([]outsideResult, error) {
+// so and returns nil. With charts set, its rounds are drawn on that
+// dashboard (path "outside", a band per round).
+func outside(ctx context.Context, stdout io.Writer, log *slog.Logger, charts *live) ([]outsideResult, error) {
 	pg, err := pgserver.Start("wal_level=logical")
 	if errors.Is(err, pgserver.ErrNoServer) {
 		fmt.Fprintln(stdout, "writes from outside the service: needs PostgreSQL (apt-get install -y postgresql); not run")
@@ -78,6 +79,10 @@ func outside(ctx context.Context, stdout io.Writer, log *slog.Logger) ([]outside
 	if err != nil {
 		return nil, err
 	}
+	if charts != nil {
+		defer charts.attach("outside", shop)()
+		defer charts.setPhase("")
+	}
 	srv := &http.Server{Handler: shop.Handler(5), ReadHeaderTimeout: 5 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }() // ends with the Shutdown below
@@ -93,6 +98,9 @@ func outside(ctx context.Context, stdout io.Writer, log *slog.Logger) ([]outside
 	for round, follow := range []bool{true, false} {
 		var f *pgfollow.Follower
 		stop := func() {}
+		if charts != nil {
+			charts.setPhase(map[bool]string{true: "outside follower on", false: "outside follower off"}[follow])
+		}
 		if follow {
 			if f, stop, err = startFollower(ctx, url, rs.Options(), log); err != nil {
 				return nil, err

@@ -67,7 +67,7 @@ func TestProductLifecyclePostgres(t *testing.T) {
 // the shop without the follower (every one of them: the control), and none
 // is stale with it.
 func TestOutsideWrites(t *testing.T) {
-	results, err := outside(context.Background(), io.Discard, slog.New(slog.DiscardHandler))
+	results, err := outside(context.Background(), io.Discard, slog.New(slog.DiscardHandler), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -247,6 +247,50 @@ func TestDemoTable(t *testing.T) {
 	if sn[1] < 10*sn[2] {
 		t.Fatalf("stampede: the naive path should pay many queries per invalidation: %d for %d", sn[1], sn[2])
 	}
+	// Each row: its requests per round (median) and the machine's load;
+	// each pair: the median of its rounds' ratios, with the load.
+	perRound := regexp.MustCompile(`(?m)^\| \w+.* \| \d+ \| (\d+) \| (\d+\.\d\d|n/a) \| \d+ µs \| \d+ µs \|$`)
+	if n := len(perRound.FindAllString(out.String(), -1)); n != 8 {
+		t.Errorf("want requests per round and load on 8 rows, got %d", n)
+	}
+	for _, pair := range []string{"penetration guard", "stampede guard", "zipf guard", "zipf local", "zipf refresh"} {
+		re := regexp.MustCompile(pair + `: \d+\.\d\d× the naive path's requests ` +
+			`\(median of 3 alternated rounds: (\d+\.\d\d× ){2}\d+\.\d\d×; load (\d+\.\d\d|n/a)\)`)
+		if !re.MatchString(out.String()) {
+			t.Errorf("no median of alternated rounds for %s", pair)
+		}
+	}
+}
+
+// TestAttackAlternates: with Rounds, the paths of a scenario take turns,
+// the order reversed every other round, each turn a slice of Duration.
+func TestAttackAlternates(t *testing.T) {
+	shop, hs := newTestShop(t, 1000, 100)
+	var phases []string
+	rows, err := attack(context.Background(), hs.URL, attackOptions{Duration: 600 * time.Millisecond, Rounds: 3, Workers: 4,
+		Burst: 10, HotProduct: "1", Products: 1000, Scenarios: []string{"zipf"}, Paths: []string{"naive", "guard"},
+		OnPhase: func(p string) {
+			if p != "" {
+				phases = append(phases, p)
+			}
+			shop.live.setPhase(p)
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"zipf naive", "zipf guard", "zipf guard", "zipf naive", "zipf naive", "zipf guard"}
+	if !slices.Equal(phases, want) {
+		t.Fatalf("runs %q, want %q", phases, want)
+	}
+	for _, r := range rows {
+		var sum int64
+		for _, n := range r.Slices {
+			sum += n
+		}
+		if len(r.Slices) != 3 || sum != r.Requests || r.Requests == 0 {
+			t.Errorf("%s: rounds %v, requests %d", r.Path, r.Slices, r.Requests)
+		}
+	}
 }
 
 // TestDemoPaths runs one scenario on two of its paths (-only, -paths) and

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -140,10 +139,8 @@ func TestRedisDownStillScrapes(t *testing.T) {
 	}
 	defer g.Close()
 	rebuild(t, g, "1")
-	for deadline := time.Now().Add(10 * time.Second); g.Stats().FilterCopy == 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("no copy of the filter 10 s after its rebuild")
-		}
+	if g.Stats().FilterCopy == 0 { // Rebuild refreshes it before it returns
+		t.Fatal("no copy of the filter after its rebuild")
 	}
 	if err := srv.Kill(); err != nil {
 		t.Fatal(err)

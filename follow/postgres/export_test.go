@@ -4,7 +4,8 @@ package pgfollow
 // applied (nil: none).
 func SetBeforeApply(fn func()) { beforeApply = fn }
 
-// SetRepair turns f's repair of writes Redis lost on or off.
+// SetRepair turns f's positions in Redis, and so its repair of writes
+// Redis lost, on or off (off: a follower that knows no positions).
 func SetRepair(f *Follower, on bool) { f.noRepair.Store(!on) }
 
 // SetBeforeStart sets the hook that runs between the check of the set-up

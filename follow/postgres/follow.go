@@ -86,7 +86,7 @@ type Follower struct {
 	mem        []txn
 	memChanges int
 	memFrom    pglogrepl.LSN
-	noRepair   atomic.Bool // set by tests alone: no repair (a control)
+	noRepair   atomic.Bool // set by tests alone: positions neither read nor written, so nothing repaired (a control)
 
 	mu sync.Mutex // guards stats and oldest
 	st Stats

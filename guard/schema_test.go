@@ -111,8 +111,8 @@ func readAcross[A, B any](t *testing.T, c *redistest.Conn, id string, a *release
 	if sa, sb := a.g.Stats(), b.g.Stats(); sb.SchemaMisses != 1 || sa.CorruptValues+sb.CorruptValues != 0 {
 		t.Errorf("stats %+v and %+v: want 1 schema miss in the later release, nothing corrupt", sa, sb)
 	}
-	if n := c.HLen(context.Background(), c.Prefix+":product:{"+id+"}").Val(); n != 2 {
-		t.Errorf("the hash holds %d fields, want 2 (one per shape)", n)
+	if n := c.HLen(context.Background(), c.Prefix+":product:{"+id+"}").Val(); n != 3 {
+		t.Errorf("the hash holds %d fields, want 3 (one per shape, and the fill time)", n)
 	}
 	return zeros
 }

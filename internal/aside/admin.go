@@ -104,7 +104,7 @@ func (g *Engine) replace(ctx context.Context, op string, add, ids, keys []string
 		marker = "1" // every version's entry becomes the marker
 	}
 	for i, k := range keys {
-		cmds[i] = replace.Eval(ctx, pipe, voids(k), g.field(), frame, ttl().Milliseconds(), marker)
+		cmds[i] = replace.Eval(ctx, pipe, voids(k), g.field(), frame, ttl().Milliseconds(), marker, keyspace.Filled)
 		pipe.Publish(ctx, g.keys.Invalidated(), k)
 	}
 	marks := g.queueMarks(ctx, pipe, ids, keys)

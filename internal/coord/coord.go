@@ -398,7 +398,7 @@ func (c *Coordinator) hold(ctx context.Context, l *lock.Lock, key, field string,
 	opCtx, cancel := c.op(ctx)
 	defer cancel()
 	keys := []string{key, keyspace.Lock(key), keyspace.Waiting(key)}
-	args := []any{field, frame, max(ttl.Milliseconds(), 1), l.Token(), c.channel}
+	args := []any{field, frame, max(ttl.Milliseconds(), 1), l.Token(), c.channel, keyspace.Filled}
 	var cmd *redis.Cmd
 	err = c.send(opCtx, func(ctx context.Context, pipe redis.Pipeliner) {
 		cmd = writeRelease.EvalSha(ctx, pipe, keys, args...)

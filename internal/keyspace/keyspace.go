@@ -2,7 +2,8 @@
 // with its KeyPrefix, so "~<prefix>:* &<prefix>:*" covers them in an ACL.
 // For KeyPrefix p and name n:
 //
-//	p:n:{enc(id)}            hash: value frame or empty marker per version
+//	p:n:{enc(id)}            hash: value frame or empty marker per version,
+//	                         and Filled: when Redis's clock wrote them
 //	p:n:{enc(id)}:lock       the load lock; :waiting, a flight waits for it
 //	p:n:bf:meta              the filter's layout and generation
 //	p:n:bf:{p:n:bf:G:S}      bitmap shard S of generation G (:up: staging)
@@ -23,6 +24,11 @@ import (
 // ErrInvalidKey is wrapped by Value's error for a malformed ID (re-exported as
 // guard.ErrInvalidKey).
 var ErrInvalidKey = errors.New("cacheguard: invalid key")
+
+// Filled is the value hash's field that holds when its entry was written,
+// in microseconds of Redis's own clock (the inspector of package pgfollow
+// reads it). No schema version can name it: versions hold no space.
+const Filled = " filled"
 
 // Guard names the keys and channels of one Guard.
 type Guard struct {

@@ -11,19 +11,29 @@
 -- ARGV[2]  the frame (a value, or the empty marker)
 -- ARGV[3]  TTL in milliseconds
 -- ARGV[4]  "1": the frame is the empty marker
+-- ARGV[5]  the fill-time field: set to Redis's clock (microseconds), as the
+--          holder's write sets it (coord's write_release.lua)
 -- Returns  1.
 local fields = {}
 if ARGV[4] == '1' then
-  fields = redis.call('HKEYS', KEYS[1])
+  for _, f in ipairs(redis.call('HKEYS', KEYS[1])) do
+    if f ~= ARGV[5] then
+      table.insert(fields, f)
+    end
+  end
 end
 redis.call('DEL', KEYS[1], KEYS[2])
 if ARGV[1] ~= '' then
   table.insert(fields, ARGV[1])
 end
-for _, f in ipairs(fields) do
-  redis.call('HSET', KEYS[1], f, ARGV[2])
-end
 if #fields > 0 then
+  local t = redis.call('TIME')
+  local set = {ARGV[5], t[1] .. string.format('%06d', tonumber(t[2]))}
+  for _, f in ipairs(fields) do
+    table.insert(set, f)
+    table.insert(set, ARGV[2])
+  end
+  redis.call('HSET', KEYS[1], unpack(set))
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
 end
 return 1

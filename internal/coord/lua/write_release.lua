@@ -15,10 +15,14 @@
 --          another's write is never staler than it was)
 -- ARGV[4]  the holder's lock token
 -- ARGV[5]  channel
+-- ARGV[6]  the fill-time field: set to Redis's clock (microseconds) with the
+--          frame, so an inspector tells an entry filled before a change
+--          from one filled after it on Redis's clock alone
 -- Returns  0 if the lock was no longer the holder's; if written, 1, or
 --          where the hash held other fields (other schema versions, whose
 --          entries this holder could not read) an array: 1, then those
---          fields. The common write, to a key that is gone, reads no fields.
+--          fields (never the fill-time field). The common write, to a key
+--          that is gone, reads no fields.
 --
 -- The token is the fence: a lock that is still the holder's was neither
 -- deleted by a write nor taken by another holder since the holder took it
@@ -31,10 +35,15 @@
 if redis.call('GET', KEYS[2]) == ARGV[4] then
   local written = 1
   if redis.call('EXISTS', KEYS[1]) == 1 then
-    written = redis.call('HKEYS', KEYS[1])
-    table.insert(written, 1, 1)
+    written = {1}
+    for _, f in ipairs(redis.call('HKEYS', KEYS[1])) do
+      if f ~= ARGV[6] then
+        table.insert(written, f)
+      end
+    end
   end
-  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+  local t = redis.call('TIME')
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2], ARGV[6], t[1] .. string.format('%06d', tonumber(t[2])))
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
   if redis.call('DEL', KEYS[2], KEYS[3]) == 2 then
     redis.call('PUBLISH', ARGV[5], KEYS[1])

@@ -1,0 +1,117 @@
+package aside
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/bloom"
+	"github.com/cacheguard/cacheguard/codec"
+	"github.com/cacheguard/cacheguard/internal/keyspace"
+	"github.com/cacheguard/cacheguard/internal/redisfail"
+)
+
+var (
+	//go:embed lua/inspect.lua
+	inspectLua string
+	inspect    = redis.NewScript(inspectLua)
+)
+
+// Held is what Redis holds of one ID, read as a Get in another process
+// reads it (no local cache, no copy of the filter), for the follower's
+// inspector. Now and Filled are on the clock of the Redis node that holds
+// the ID, so they compare with each other whatever the processes' clocks.
+type Held struct {
+	Now      time.Time // Redis's clock when read; zero: not read (an ID the Guard refuses)
+	Filled   time.Time // when the entry was written; zero: no entry, or one from before fill times
+	Values   int       // schema versions whose entry holds a value
+	Markers  int       // schema versions whose entry holds the empty marker
+	Admitted bool      // the filter may hold the ID (true too while it is not ready: Gets load through then)
+}
+
+// Inspect reads what Redis holds of ids in one round trip (one script and
+// one probe of the filter per ID); it writes nothing and loads nothing.
+func (g *Engine) Inspect(ctx context.Context, ids []string) ([]Held, error) {
+	pass, err := g.sup.enter()
+	if err != nil {
+		return nil, err
+	}
+	defer g.sup.leave(pass)
+	f, err := g.filter(ctx)
+	if err != nil {
+		return nil, err
+	}
+	held := make([]Held, len(ids))
+	cmds := make([]*redis.Cmd, len(ids))
+	probes := make([]bloom.Probe, len(ids))
+	for sha := true; ; sha = false { // the script by its SHA, sent whole if Redis lacks it
+		pipe := g.rdb.Pipeline()
+		for i, id := range ids {
+			vkey, err := g.keys.Value(id)
+			if err != nil {
+				continue // never cached: not read (Now stays zero)
+			}
+			args := []any{keyspace.Filled, codec.Empty()}
+			if sha {
+				cmds[i] = inspect.EvalSha(ctx, pipe, []string{vkey}, args...)
+			} else {
+				cmds[i] = inspect.Eval(ctx, pipe, []string{vkey}, args...)
+			}
+			probes[i] = f.Queue(ctx, pipe, id)
+		}
+		if pipe.Len() == 0 {
+			return held, nil
+		}
+		_, _ = pipe.Exec(ctx) // errors are read per command
+		if !sha || !slices.ContainsFunc(cmds, func(c *redis.Cmd) bool { return c != nil && redis.HasErrorPrefix(c.Err(), "NOSCRIPT") }) {
+			break
+		}
+	}
+	for i, c := range cmds {
+		if c == nil {
+			continue
+		}
+		if err := c.Err(); err != nil {
+			return nil, redisfail.Wrap(err)
+		}
+		h, err := parseHeld(c.Val())
+		if err != nil {
+			return nil, fmt.Errorf("cacheguard: %s %q: inspect: %w", g.name, ids[i], err)
+		}
+		maybe, err := probes[i].Result(ctx)
+		if err != nil && !errors.Is(err, bloom.ErrNotReady) {
+			return nil, err
+		}
+		h.Admitted = maybe || err != nil // not ready: Gets load through
+		held[i] = h
+	}
+	return held, nil
+}
+
+// parseHeld reads inspect.lua's reply.
+func parseHeld(v any) (Held, error) {
+	r, ok := v.([]any)
+	if !ok || len(r) != 5 {
+		return Held{}, fmt.Errorf("unexpected reply %v", v)
+	}
+	sec, err1 := strconv.ParseInt(fmt.Sprint(r[0]), 10, 64)
+	usec, err2 := strconv.ParseInt(fmt.Sprint(r[1]), 10, 64)
+	values, ok1 := r[3].(int64)
+	markers, ok2 := r[4].(int64)
+	if err1 != nil || err2 != nil || !ok1 || !ok2 {
+		return Held{}, fmt.Errorf("unexpected reply %v", v)
+	}
+	h := Held{Now: time.Unix(sec, usec*1000), Values: int(values), Markers: int(markers)}
+	if s, ok := r[2].(string); ok {
+		if us, err := strconv.ParseInt(s, 10, 64); err == nil {
+			h.Filled = time.UnixMicro(us)
+		}
+	}
+	return h, nil
+}

@@ -41,9 +41,11 @@ type change struct {
 // final is what a batch's changes say of one ID: the writes that make
 // the Guard agree with the row as the last of them left it.
 type final struct {
-	inserted bool // created in the batch: Add
-	changed  bool // updated or deleted in the batch: Invalidate
-	gone     bool // the last change deleted it: Delete instead
+	inserted bool      // created in the batch: Add
+	changed  bool      // updated or deleted in the batch: Invalidate
+	gone     bool      // the last change deleted it: Delete instead
+	last     op        // the last change (for the inspector's log)
+	commit   time.Time // its commit, on the server's clock (likewise)
 }
 
 // writeChunk bounds the IDs of one write (one round trip each).
@@ -56,28 +58,29 @@ const writeChunk = 1000
 // Invalidate a filter bit). A TRUNCATE ends the run before it.
 func (f *Follower) apply(ctx context.Context, txs []txn) error {
 	var run []change
+	var commits []time.Time // of run's changes, for the inspector
 	for _, tx := range txs {
 		for _, c := range tx.changes {
 			if c.op != opTruncate {
-				run = append(run, c)
+				run, commits = append(run, c), append(commits, tx.commit)
 				continue
 			}
-			if err := f.write(ctx, run); err != nil {
+			if err := f.write(ctx, run, commits); err != nil {
 				return err
 			}
-			run = run[:0]
+			run, commits = run[:0], commits[:0]
 			if err := f.reset(ctx, c.t, "TRUNCATE"); err != nil {
 				return err
 			}
 		}
 	}
-	return f.write(ctx, run)
+	return f.write(ctx, run, commits)
 }
 
-// write applies a run of row changes (no TRUNCATE).
-func (f *Follower) write(ctx context.Context, run []change) error {
+// write applies a run of row changes (no TRUNCATE), committed at commits.
+func (f *Follower) write(ctx context.Context, run []change, commits []time.Time) error {
 	byTable := map[*Table]map[string]*final{}
-	for _, c := range run {
+	for i, c := range run {
 		ids := byTable[c.t]
 		if ids == nil {
 			ids = map[string]*final{}
@@ -88,6 +91,7 @@ func (f *Follower) write(ctx context.Context, run []change) error {
 			st = &final{}
 			ids[c.key] = st
 		}
+		st.last, st.commit = c.op, commits[i]
 		switch c.op {
 		case opInsert:
 			st.inserted, st.gone = true, false
@@ -100,6 +104,9 @@ func (f *Follower) write(ctx context.Context, run []change) error {
 	for t, ids := range byTable {
 		var del, inv, add []string
 		for id, st := range ids {
+			if f.insp != nil {
+				f.wrote = append(f.wrote, written{t: t, id: id, st: *st})
+			}
 			switch {
 			case st.gone:
 				del = append(del, id)
@@ -160,6 +167,9 @@ func (f *Follower) writeEach(ctx context.Context, t *Table, fn func(context.Cont
 // table's keys as they are now (read on a connection of its own): after a
 // TRUNCATE, a lost slot, or when Redis lost writes no memory can replay.
 func (f *Follower) reset(ctx context.Context, t *Table, why string) error {
+	if f.insp != nil {
+		f.insp.reset(t)
+	}
 	n, err := t.Guard.InvalidateAll(ctx)
 	if err != nil {
 		return fmt.Errorf("pgfollow: %s of %s: %w", why, t.Name, err)

@@ -9,7 +9,11 @@ import (
 	"testing"
 	"time"
 
+	pgfollow "github.com/cacheguard/cacheguard/follow/postgres"
 	"github.com/cacheguard/cacheguard/guard"
+	"github.com/cacheguard/cacheguard/internal/aside"
+	"github.com/cacheguard/cacheguard/internal/cmdcount"
+	"github.com/cacheguard/cacheguard/internal/cputime"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
@@ -17,11 +21,22 @@ import (
 // PostgreSQL takes them, on 20,000 cached rows; one op is one UPDATE,
 // timed from the first commit until the follower has applied the last.
 // commits/s is the writers' own rate: the follower keeps up when its
-// changes/s is not below it.
+// changes/s is not below it. With the inspector off, and at its default.
 func BenchmarkFollow(b *testing.B) {
+	withInspector(b, benchFollow)
+}
+
+// withInspector runs bench with the inspector off, then at its default.
+func withInspector(b *testing.B, bench func(*testing.B, pgfollow.Inspect)) {
+	b.Run("inspect=off", func(b *testing.B) { bench(b, pgfollow.Inspect{Rate: -1}) })
+	b.Run("inspect=default", func(b *testing.B) { bench(b, pgfollow.Inspect{}) })
+}
+
+func benchFollow(b *testing.B, insp pgfollow.Inspect) {
 	const rows, writers = 20_000, 4
 	c := redistest.Connect(b)
 	fx := newFixture(b, os.Getenv(envPG), c, redistest.Connect(b), c.Prefix, rows)
+	fx.insp = insp
 	f, _ := fx.follow(fx.guard(fx.rdb))
 	fx.warm(rows)
 	fx.caughtUp(f)
@@ -52,11 +67,17 @@ func BenchmarkFollow(b *testing.B) {
 
 // BenchmarkCatchUp: 20,000 single-row UPDATEs committed while no follower
 // runs; one op is one UPDATE, timed from a follower's start until it has
-// applied the backlog: how fast it drains a lag.
+// applied the backlog: how fast it drains a lag. With the inspector off,
+// and at its default.
 func BenchmarkCatchUp(b *testing.B) {
+	withInspector(b, benchCatchUp)
+}
+
+func benchCatchUp(b *testing.B, insp pgfollow.Inspect) {
 	const rows = 20_000
 	c := redistest.Connect(b)
 	fx := newFixture(b, os.Getenv(envPG), c, redistest.Connect(b), c.Prefix, rows)
+	fx.insp = insp
 	g := fx.guard(fx.rdb)
 	_, stop := fx.follow(g) // a first start drops the entries: done before the timing
 	stop()
@@ -145,5 +166,49 @@ func BenchmarkLag(b *testing.B) {
 		b.ReportMetric(ms(lags[rows*99/100]), "p99-ms")
 		b.ReportMetric(ms(lags[rows-1]), "max-ms")
 	}
+	b.ReportMetric(0, "ns/op")
+}
+
+// BenchmarkInspect: the inspector's cost per check of one sampled ID, read
+// back as it reads them (256 IDs per round trip, of cached rows): round
+// trips, and the CPU of this process and of redis-server. A sampled change
+// costs one check per delay (two by default); the default rate samples 1%.
+func BenchmarkInspect(b *testing.B) {
+	const rows, batch = 10_000, 256
+	c := redistest.Connect(b)
+	fx := newFixture(b, os.Getenv(envPG), c, redistest.Connect(b), c.Prefix, rows)
+	var cnt cmdcount.Counter
+	rdb := redistest.Connect(b)
+	rdb.AddHook(&cnt)
+	e := aside.EngineOf(fx.guard(rdb))
+	fx.warm(rows)
+	ids := make([]string, batch)
+	ctx := context.Background()
+	redisCPU, err := cputime.Redis(ctx, c)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cpu := cputime.Process()
+	cnt.Reset()
+	n := 0
+	for b.Loop() {
+		for i := range ids {
+			ids[i] = fmt.Sprintf("id%d", (n+i)%rows)
+		}
+		held, err := e.Inspect(ctx, ids)
+		if err != nil || len(held) != batch || held[0].Values != 1 {
+			b.Fatalf("Inspect: %v, %+v", err, held[:1])
+		}
+		n += batch
+	}
+	redisAfter, err := cputime.Redis(ctx, c)
+	if err != nil {
+		b.Fatal(err)
+	}
+	per := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) / float64(n) }
+	b.ReportMetric(float64(cnt.RoundTrips())/float64(n), "trips/check")
+	b.ReportMetric(per(cputime.Process()-cpu), "client-µs/check")
+	b.ReportMetric(per(redisAfter-redisCPU), "redis-µs/check")
+	b.ReportMetric(float64(b.Elapsed())/float64(n), "ns/check")
 	b.ReportMetric(0, "ns/op")
 }

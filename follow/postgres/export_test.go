@@ -11,3 +11,13 @@ func SetRepair(f *Follower, on bool) { f.noRepair.Store(!on) }
 // SetBeforeStart sets the hook that runs between the check of the set-up
 // and START_REPLICATION (nil: none).
 func SetBeforeStart(fn func()) { beforeStart = fn }
+
+// InspectPending counts the samples waiting for their checks (0: off).
+func InspectPending(f *Follower) int {
+	if f.insp == nil {
+		return 0
+	}
+	f.insp.mu.Lock()
+	defer f.insp.mu.Unlock()
+	return f.insp.pending()
+}

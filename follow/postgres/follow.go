@@ -42,6 +42,10 @@ type Options struct {
 	// warning (at most every 10 s): the server keeps that WAL for the
 	// slot. Default 64 MiB.
 	LagWarn uint64
+	// Inspect samples the IDs the follower writes and reads each back
+	// later, counting what a Get elsewhere would find inconsistent with
+	// the table (Stats.Inspections); on by default at 1%.
+	Inspect Inspect
 }
 
 // Errors of a follower that will not run until its set-up is fixed; Run
@@ -58,17 +62,18 @@ var (
 
 // Stats is a snapshot of a Follower.
 type Stats struct {
-	Following    bool      // consuming the slot (false: connecting, standby, or retrying)
-	Standby      bool      // another follower consumes the slot: this one waits
-	AppliedLSN   uint64    // the slot's position as this follower confirmed it: every change before it landed
-	ServerLSN    uint64    // the server's WAL position, as last heard
-	LagBytes     uint64    // ServerLSN − AppliedLSN (0 when caught up)
-	LagSeconds   float64   // age of the oldest committed transaction not yet applied (0: none)
-	Transactions uint64    // transactions applied
-	Changes      uint64    // row changes applied
-	Retries      uint64    // batches tried again after Redis failed
-	Rollbacks    uint64    // times a Guard's Redis was found behind the slot (its writes repaired)
-	LastApplied  time.Time // when the last batch landed
+	Following    bool         // consuming the slot (false: connecting, standby, or retrying)
+	Standby      bool         // another follower consumes the slot: this one waits
+	AppliedLSN   uint64       // the slot's position as this follower confirmed it: every change before it landed
+	ServerLSN    uint64       // the server's WAL position, as last heard
+	LagBytes     uint64       // ServerLSN − AppliedLSN (0 when caught up)
+	LagSeconds   float64      // age of the oldest committed transaction not yet applied (0: none)
+	Transactions uint64       // transactions applied
+	Changes      uint64       // row changes applied
+	Retries      uint64       // batches tried again after Redis failed
+	Rollbacks    uint64       // times a Guard's Redis was found behind the slot (its writes repaired)
+	LastApplied  time.Time    // when the last batch landed
+	Inspections  []Inspection // the inspector's counts, by table and delay (nil: off)
 }
 
 // Follower follows one slot. Run it (or Recover) once at a time; Stats may
@@ -87,6 +92,9 @@ type Follower struct {
 	memChanges int
 	memFrom    pglogrepl.LSN
 	noRepair   atomic.Bool // set by tests alone: positions neither read nor written, so nothing repaired (a control)
+	wrote      []written   // what the batch being applied wrote, for the inspector (Run's goroutine alone)
+
+	insp *inspector // nil: off
 
 	mu sync.Mutex // guards stats and oldest
 	st Stats
@@ -106,6 +114,11 @@ func New(conn string, tables []Table, opts *Options) (*Follower, error) {
 		return nil, err
 	}
 	f.log = f.opts.Logger
+	insp, err := newInspector(f.opts.Inspect)
+	if err != nil {
+		return nil, err
+	}
+	f.insp = insp
 	if len(tables) == 0 {
 		return nil, fmt.Errorf("%w: no tables", ErrOptions)
 	}
@@ -156,6 +169,7 @@ func (f *Follower) Stats() Stats {
 	if !f.oldest.IsZero() {
 		s.LagSeconds = time.Since(f.oldest).Seconds()
 	}
+	s.Inspections = f.insp.inspections()
 	return s
 }
 
@@ -173,6 +187,18 @@ func (f *Follower) Stats() Stats {
 // slot PostgreSQL invalidated with one wrapping ErrSlotLost (see Recover),
 // and a Guard closed under it with one wrapping guard.ErrClosed.
 func (f *Follower) Run(ctx context.Context) error {
+	if f.insp != nil {
+		ictx, cancel := context.WithCancel(ctx)
+		checked := make(chan struct{})
+		go func() { // Run's: stopped and waited for as Run returns
+			defer close(checked)
+			f.insp.run(ictx, f)
+		}()
+		defer func() {
+			cancel()
+			<-checked
+		}()
+	}
 	pause := backoff.New(100*time.Millisecond, 5*time.Second, true)
 	var lastLog time.Time
 	for {

@@ -63,8 +63,9 @@ type fixture struct {
 	prefix string
 	rdb    redis.UniversalClient // the follower's Redis (the reader's too, through a client of its own)
 	reader *guard.Guard
-	loads  sync.Map     // id → loads of it by the reader
-	log    *slog.Logger // the next followers' (nil: slog.Default())
+	loads  sync.Map         // id → loads of it by the reader
+	log    *slog.Logger     // the next followers' (nil: slog.Default())
+	insp   pgfollow.Inspect // the next followers' inspector (zero: the default)
 }
 
 // newFixture creates a table of rows id0..id(rows-1), v 0, on the server at
@@ -213,7 +214,7 @@ func (fx *fixture) follow(g *guard.Guard) (*pgfollow.Follower, func()) {
 
 func (fx *fixture) followOn(url string, g *guard.Guard, before ...func(*pgfollow.Follower)) (*pgfollow.Follower, func()) {
 	fx.t.Helper()
-	f, err := pgfollow.New(url, fx.table(g), &pgfollow.Options{Slot: fx.name, Publication: fx.name, Logger: fx.log})
+	f, err := pgfollow.New(url, fx.table(g), &pgfollow.Options{Slot: fx.name, Publication: fx.name, Logger: fx.log, Inspect: fx.insp})
 	if err != nil {
 		fx.t.Fatal(err)
 	}

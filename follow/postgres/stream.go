@@ -369,7 +369,9 @@ func (s *session) apply(ctx context.Context) error {
 	}
 	pause := backoff.New(50*time.Millisecond, 2*time.Second, true)
 	var warned time.Time
+	began := time.Now()
 	for {
+		s.f.wrote = s.f.wrote[:0]
 		err := s.f.apply(ctx, s.pending)
 		if err == nil {
 			break
@@ -392,6 +394,9 @@ func (s *session) apply(ctx context.Context) error {
 		if err := pause.Wait(ctx, 0, nil); err != nil {
 			return err
 		}
+	}
+	if s.f.insp != nil {
+		s.f.insp.landed(s.f.wrote, began)
 	}
 	last := s.pending[len(s.pending)-1]
 	s.applied = last.end

@@ -275,6 +275,7 @@ func TestInspectorSeesRollback(t *testing.T) {
 	f, _ := fx.follow(g)
 	fx.warm(rollbackRows)
 	fx.caughtUp(f)
+	aged()
 	if err := rdb.Save(context.Background()).Err(); err != nil {
 		t.Fatal(err)
 	}

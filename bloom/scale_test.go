@@ -23,6 +23,9 @@ import (
 // over 250,000 absent IDs (about 2,500 expected: the bounds are some 12
 // standard deviations away), and each probe one command.
 func TestMillionItemsSharded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a million IDs: make test")
+	}
 	t.Parallel() // its own keys: runs beside the other slow one
 	ctx := context.Background()
 	c := redistest.Connect(t)

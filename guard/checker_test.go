@@ -390,6 +390,9 @@ func runChecker(t *testing.T, mode string, local, outage bool) checked {
 // operations in 3 processes (in each mode), with the write-through calls (Add, Set, Delete)
 // and with Add + Invalidate.
 func TestConsistencyChecker(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a long checked history: make test")
+	}
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	for _, mode := range []string{"set", "invalidate"} {
 		t.Run(mode, func(t *testing.T) {
@@ -449,6 +452,9 @@ func stopAndRestore(t *testing.T, srv *redisserver.Server, cache redis.Universal
 // stale reads, asserted. The other processes read stale entries until the
 // writer's replay lands: counted and reported.
 func TestConsistencyCheckerOutage(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a long checked history through an outage: make test")
+	}
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	standaloneOnly(t)
 	res := runChecker(t, "set", false, true)

@@ -56,6 +56,9 @@ func ownCluster(t *testing.T, replicas int) *redisserver.Cluster {
 }
 
 func TestClusterFailover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a cluster of its own and fails a master over: make test")
+	}
 	ctx := context.Background()
 	cl := ownCluster(t, 1)
 	// Short dial and read timeouts: during the failover, calls to the dead

@@ -344,6 +344,9 @@ func childStale(rdb redis.UniversalClient) int {
 // processes; afterwards every key's cache entry holds the source's final
 // value or nothing, never an older one.
 func TestStaleSetRace(t *testing.T) {
+	if testing.Short() {
+		t.Skip("many rounds across processes: make test")
+	}
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	const procs, rounds, keys = 4, 250, 8
 	ctx := context.Background()

@@ -29,6 +29,9 @@ import (
 // policy is warned about at New, a volatile-* one is not.
 // docs/operations.md (Eviction) quotes the figures it logs.
 func TestEvictingRedis(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fills Redis to its maxmemory under each eviction policy: make test")
+	}
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	standaloneOnly(t)
 	for _, policy := range []string{"allkeys-lru", "allkeys-lfu", "volatile-lru", "allkeys-random"} {

@@ -236,6 +236,9 @@ func TestUnwrittenOverflow(t *testing.T) {
 // serves the entry the Set replaced, and after the replay neither does any
 // other process.
 func TestAcknowledgedWriteLostInARestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("restarts Redis from a dump: make test")
+	}
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	standaloneOnly(t)
 	ctx := context.Background()

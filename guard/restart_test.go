@@ -254,6 +254,9 @@ func TestResizeDoesNotBreakStarts(t *testing.T) {
 // filter is gone, and are rejected again once the Guard has rebuilt it by
 // itself (the time it took is logged; docs/incidents.md quotes it).
 func TestFilterHealsAfterRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("restarts Redis: make test")
+	}
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	standaloneOnly(t)
 	ctx := context.Background()

@@ -12,6 +12,9 @@ import (
 )
 
 func TestCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster: make test")
+	}
 	ctx := context.Background()
 	c, err := redisserver.StartCluster(ctx, 3, 1)
 	if err != nil {

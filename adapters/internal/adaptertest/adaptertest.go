@@ -396,6 +396,9 @@ func unfilteredRouteIsReported(t *testing.T, f Framework) {
 // write a few lines, not one per request: the adapter logs through the
 // Guard's rate-limited logger.
 func outageLogsAFewLines(t *testing.T, f Framework) {
+	if testing.Short() {
+		t.Skip("10 s of an outage: make test")
+	}
 	srv, rdb := redistest.Private(t)
 	var logs bytes.Buffer
 	var mu sync.Mutex

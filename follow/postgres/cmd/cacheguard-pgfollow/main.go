@@ -16,12 +16,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/url"
 	"os"
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -30,6 +32,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	pgfollow "github.com/cacheguard/cacheguard/follow/postgres"
+	"github.com/cacheguard/cacheguard/follow/postgres/followprometheus"
 	"github.com/cacheguard/cacheguard/guard"
 )
 
@@ -58,6 +61,11 @@ max_slot_wal_keep_size set, PostgreSQL invalidates a slot that would keep
 more: the changes since are lost, and the follower stops with an error
 saying so. -recover then makes the slot anew, drops every entry of the
 tables' Guards and rebuilds their filters, and follows.
+
+The inspector samples the IDs written (-inspect-rate) and reads each back
+from Redis at each of -inspect-delays after its write, as a Get elsewhere
+would; it counts those found inconsistent with the table, per table and
+delay (-metrics, and -summary's log line), and -inspect-repair repairs them.
 
 Flags:
 `
@@ -98,7 +106,20 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		"drop the tables' entries and rebuild their filters, then follow")
 	lagWarn := fs.Uint64("lag-warn", 64<<20, "warn while the follower lags by more bytes of WAL than this")
 	metrics := fs.String("metrics", "", "serve Prometheus metrics on this address (e.g. :9187)")
+	rate := fs.Float64("inspect-rate", 0.01, "share of the IDs written that the inspector reads back, at most 1; 0 or negative turns it off")
+	delays := fs.String("inspect-delays", "1s,10s", "when the inspector reads each sampled ID back after its write, as comma-separated `durations`")
+	repair := fs.Bool("inspect-repair", false, "repair each inconsistency the inspector finds (Invalidate, or Add to the filter)")
+	summary := fs.Duration("summary", 0, "log the inspector's counts and the lag every interval (e.g. 1m; 0: never)")
 	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	inspect, err := inspectOptions(*rate, *delays, *repair)
+	if err != nil {
+		fmt.Fprintf(stderr, "cacheguard-pgfollow: %v\n", err)
+		return 2
+	}
+	if *summary < 0 {
+		fmt.Fprintf(stderr, "cacheguard-pgfollow: -summary %v: want 0 (never) or more\n", *summary)
 		return 2
 	}
 	*pg = or(*pg, getenv("DATABASE_URL"))
@@ -146,7 +167,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		defer g.Close()
 		specs = append(specs, pgfollow.Table{Name: name, Key: key, Guard: g})
 	}
-	opts := &pgfollow.Options{Slot: *slot, Publication: *pub, Logger: log, LagWarn: *lagWarn}
+	opts := &pgfollow.Options{Slot: *slot, Publication: *pub, Logger: log, LagWarn: *lagWarn, Inspect: inspect}
+	f, err := pgfollow.New(*pg, specs, opts) // checks the options before -create touches PostgreSQL
+	if errors.Is(err, pgfollow.ErrOptions) {
+		fmt.Fprintf(stderr, "cacheguard-pgfollow: %v\n", err)
+		return 2
+	} else if err != nil {
+		return fail(err)
+	}
 	if *create {
 		names := make([]string, len(specs))
 		for i, s := range specs {
@@ -156,12 +184,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 			return fail(err)
 		}
 	}
-	f, err := pgfollow.New(*pg, specs, opts)
-	if err != nil {
-		return fail(err)
-	}
 	if *metrics != "" {
-		srv := &http.Server{Addr: *metrics, Handler: metricsHandler(f), ReadHeaderTimeout: 5 * time.Second}
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(followprometheus.New(f))
+		srv := &http.Server{Addr: *metrics, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
 		served := make(chan struct{})
 		go func() { // run's: ended by the Shutdown below, which run waits for
 			defer close(served)
@@ -172,6 +198,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		defer func() {
 			_ = srv.Shutdown(context.WithoutCancel(ctx))
 			<-served
+		}()
+	}
+	if *summary > 0 {
+		sctx, cancel := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		wg.Go(func() { summarize(sctx, log, f, *summary) }) // run's: ended and waited for below
+		defer func() {
+			cancel()
+			wg.Wait()
 		}()
 	}
 	log.Info("cacheguard-pgfollow: following", "slot", *slot, "publication", *pub, "tables", len(specs))
@@ -227,29 +262,48 @@ func redisOptions(raw string) (*redis.Options, error) {
 	return o, nil
 }
 
-// metricsHandler serves the follower's lag and counters.
-func metricsHandler(f *pgfollow.Follower) http.Handler {
-	reg := prometheus.NewRegistry()
-	gauge := func(name, help string, v func(pgfollow.Stats) float64) {
-		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "cacheguard_pgfollow_" + name, Help: help},
-			func() float64 { return v(f.Stats()) }))
+// inspectOptions checks the -inspect flags: pgfollow.Inspect, whose Rate 0
+// would be the default (1%), so that -inspect-rate 0 turns it off.
+func inspectOptions(rate float64, delays string, repair bool) (pgfollow.Inspect, error) {
+	in := pgfollow.Inspect{Rate: rate, Repair: repair}
+	if !(rate <= 1) {
+		return in, fmt.Errorf("-inspect-rate %v: want at most 1 (0 or negative: off)", rate)
 	}
-	gauge("lag_bytes", "Bytes of WAL between the server's position and the last applied change.", func(s pgfollow.Stats) float64 { return float64(s.LagBytes) })
-	gauge("lag_seconds", "Age of the oldest committed transaction not yet applied.", func(s pgfollow.Stats) float64 { return s.LagSeconds })
-	gauge("following", "1 while the follower consumes the slot.", func(s pgfollow.Stats) float64 { return b2f(s.Following) })
-	gauge("standby", "1 while another follower consumes the slot.", func(s pgfollow.Stats) float64 { return b2f(s.Standby) })
-	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "cacheguard_pgfollow_changes_total", Help: "Row changes applied."},
-		func() float64 { return float64(f.Stats().Changes) }))
-	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "cacheguard_pgfollow_retries_total", Help: "Batches tried again after Redis failed."},
-		func() float64 { return float64(f.Stats().Retries) }))
-	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	if rate <= 0 {
+		in.Rate = -1
+	}
+	for _, d := range strings.Split(delays, ",") {
+		v, err := time.ParseDuration(strings.TrimSpace(d))
+		if err != nil {
+			return in, fmt.Errorf("-inspect-delays %q: %v", delays, err)
+		}
+		if v <= 0 {
+			return in, fmt.Errorf("-inspect-delays %q: %v: want each above 0", delays, v)
+		}
+		in.Delays = append(in.Delays, v)
+	}
+	return in, nil
 }
 
-func b2f(b bool) float64 {
-	if b {
-		return 1
+// summarize logs the inspector's counts, summed over tables and delays,
+// and the lag every interval until ctx ends.
+func summarize(ctx context.Context, log *slog.Logger, f *pgfollow.Follower, every time.Duration) {
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		st := f.Stats()
+		var sum pgfollow.Inspection
+		for _, in := range st.Inspections {
+			sum.Checked, sum.Inconsistent, sum.Repaired = sum.Checked+in.Checked, sum.Inconsistent+in.Inconsistent, sum.Repaired+in.Repaired
+		}
+		log.Info("cacheguard-pgfollow: inspector", "checked", sum.Checked, "inconsistent", sum.Inconsistent, "repaired", sum.Repaired,
+			"nines", math.Round(sum.Nines()*100)/100, "lag_bytes", st.LagBytes)
 	}
-	return 0
 }
 
 func or(a, b string) string {

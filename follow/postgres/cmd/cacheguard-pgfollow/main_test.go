@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -80,7 +81,8 @@ func TestCommand(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, m := range []string{"cacheguard_pgfollow_lag_bytes", "cacheguard_pgfollow_changes_total 1"} {
+	// The first start finds no position in Redis: a rollback.
+	for _, m := range []string{"cacheguard_pgfollow_lag_bytes", "cacheguard_pgfollow_changes_total 1", "cacheguard_pgfollow_rollbacks_total 1"} {
 		if !strings.Contains(string(body), m) {
 			t.Errorf("metrics lack %q:\n%s", m, body)
 		}
@@ -159,7 +161,8 @@ func TestUsage(t *testing.T) {
 	if code := run(context.Background(), []string{"-h"}, func(k string) string { return env[k] }, &out); code != 2 {
 		t.Fatalf("exit %d", code)
 	}
-	for _, s := range []string{"wal_level = logical", "REPLICATION", "REPLICA IDENTITY", "-drop-slot", "max_slot_wal_keep_size", "-recover"} {
+	for _, s := range []string{"wal_level = logical", "REPLICATION", "REPLICA IDENTITY", "-drop-slot", "max_slot_wal_keep_size", "-recover",
+		"-inspect-rate", "-inspect-delays durations", "-inspect-repair", "-summary"} {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("usage lacks %q", s)
 		}
@@ -171,6 +174,139 @@ func TestUsage(t *testing.T) {
 			t.Errorf("%s's help names %d defaults, or a URL from the environment: %q", flag, n, help)
 		}
 	}
+}
+
+// TestBadFlags: a flag value out of range, or not a duration, exits 2
+// saying which; nothing is connected to before (the PostgreSQL URL leads
+// nowhere), and -slot is checked before -create sets anything up.
+func TestBadFlags(t *testing.T) {
+	rs := redistest.Server(t)
+	c := redistest.Connect(t)
+	base := []string{"-pg", "postgres://postgres@127.0.0.1:1/none", "-redis", "unix://" + rs.Addr, "-prefix", c.Prefix,
+		"-table", "products=product"}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-inspect-rate", "1.5"}, "-inspect-rate 1.5: want at most 1"},
+		{[]string{"-inspect-rate", "NaN"}, "-inspect-rate NaN: want at most 1"},
+		{[]string{"-inspect-delays", "1s,0s"}, `-inspect-delays "1s,0s": 0s: want each above 0`},
+		{[]string{"-inspect-delays", "-1s"}, `-inspect-delays "-1s": -1s: want each above 0`},
+		{[]string{"-inspect-delays", "1s,soon"}, `-inspect-delays "1s,soon": time: invalid duration "soon"`},
+		{[]string{"-inspect-delays", ""}, `-inspect-delays "": time: invalid duration ""`},
+		{[]string{"-summary", "-1s"}, "-summary -1s: want 0 (never) or more"},
+		{[]string{"-summary", "often"}, `invalid value "often" for flag -summary`},
+		{[]string{"-slot", "Bad-Slot", "-create"}, `pgfollow: invalid options: slot "Bad-Slot"`},
+	} {
+		var out bytes.Buffer
+		code := run(context.Background(), append(base, tc.args...), func(string) string { return "" }, &out)
+		if code != 2 || !strings.Contains(out.String(), tc.want) {
+			t.Errorf("%q: exit %d, want 2 saying %q:\n%s", tc.args, code, tc.want, out.String())
+		}
+	}
+}
+
+// TestInspector: with every ID inspected 200 ms after its write, the
+// command's -summary line sums the checks of 100 changes (100 checks, none
+// inconsistent: 2 nines), and -metrics serves them by table and delay.
+func TestInspector(t *testing.T) {
+	ctx := context.Background()
+	srv, pool, c, _, _ := newProducts(t, "wal_level=logical")
+	port, err := redisserver.FreePort(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := redistest.Server(t)
+	args := []string{"-pg", srv.URL("postgres"), "-redis", "unix://" + rs.Addr, "-prefix", c.Prefix,
+		"-table", "products=product", "-create", "-metrics", fmt.Sprintf("127.0.0.1:%d", port),
+		"-inspect-rate", "1", "-inspect-delays", "200ms", "-summary", "200ms"}
+	cmdCtx, stop := context.WithCancel(ctx)
+	stderr, lines := logPipe()
+	var seen []string
+	done := make(chan int, 1)
+	go func() {
+		done <- run(cmdCtx, args, func(string) string { return "" }, stderr)
+		stderr.Close()
+	}()
+	defer func() {
+		stop()
+		for l := range lines {
+			seen = append(seen, l)
+		}
+		if code := <-done; code != 0 {
+			t.Errorf("exit %d\n%s", code, strings.Join(seen, "\n"))
+		}
+	}()
+	// waitLine reads the log up to a line holding each of parts.
+	waitLine := func(parts ...string) {
+		t.Helper()
+		timeout := time.After(30 * time.Second)
+		for {
+			select {
+			case l, ok := <-lines:
+				if !ok {
+					t.Fatalf("the log ended without a line holding %q:\n%s", parts, strings.Join(seen, "\n"))
+				}
+				seen = append(seen, l)
+				if all(l, parts) {
+					return
+				}
+			case <-timeout:
+				t.Fatalf("no line holding %q within 30 s:\n%s", parts, strings.Join(seen, "\n"))
+			}
+		}
+	}
+	waitLine("level=INFO", `msg="cacheguard-pgfollow: inspector" checked=0 inconsistent=0 repaired=0 nines=0 lag_bytes=`)
+	positioned(t, c)
+	for _, sql := range []string{"INSERT INTO products SELECT 'n' || i, i FROM generate_series(1, 99) i", "UPDATE products SET v = 2 WHERE id = 'p1'"} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitLine(`msg="cacheguard-pgfollow: inspector" checked=100 inconsistent=0 repaired=0 nines=2 lag_bytes=`)
+
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, m := range []string{
+		`cacheguard_pgfollow_inspected_total{delay="200ms",table="public.products"} 100`,
+		`cacheguard_pgfollow_inconsistent_total{delay="200ms",table="public.products"} 0`,
+		`cacheguard_pgfollow_inspect_repaired_total{delay="200ms",table="public.products"} 0`,
+		`cacheguard_pgfollow_consistency_nines{delay="200ms",table="public.products"} 2`,
+		"cacheguard_pgfollow_changes_total 100",
+		"cacheguard_pgfollow_rollbacks_total 1",
+	} {
+		if !strings.Contains(string(body), m+"\n") {
+			t.Errorf("metrics lack %q:\n%s", m, body)
+		}
+	}
+}
+
+// logPipe is a log sink for run whose lines a test reads as they come,
+// from the channel, which is closed once w is.
+func logPipe() (w *io.PipeWriter, lines <-chan string) {
+	r, w := io.Pipe()
+	ch := make(chan string, 1024)
+	go func() {
+		defer close(ch)
+		sc := bufio.NewScanner(r)
+		for sc.Scan() {
+			ch <- sc.Text()
+		}
+	}()
+	return w, ch
+}
+
+func all(s string, parts []string) bool {
+	for _, p := range parts {
+		if !strings.Contains(s, p) {
+			return false
+		}
+	}
+	return true
 }
 
 // TestRecover: changes made while the command is stopped, past the WAL

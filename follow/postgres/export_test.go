@@ -1,5 +1,7 @@
 package pgfollow
 
+import "time"
+
 // SetBeforeApply sets the hook that runs as each batch is about to be
 // applied (nil: none).
 func SetBeforeApply(fn func()) { beforeApply = fn }
@@ -20,4 +22,22 @@ func InspectPending(f *Follower) int {
 	f.insp.mu.Lock()
 	defer f.insp.mu.Unlock()
 	return f.insp.pending()
+}
+
+// InspectNow makes every queued sample of f due now, for tests that need
+// the checks made after an incident rather than at their delays.
+func InspectNow(f *Follower) {
+	in := f.insp
+	in.mu.Lock()
+	now := time.Now()
+	for _, q := range in.queues {
+		for i := range q {
+			q[i].due = now
+		}
+	}
+	in.mu.Unlock()
+	select {
+	case in.wake <- struct{}{}:
+	default:
+	}
 }

@@ -4,54 +4,80 @@ import (
 	"context"
 	"sync"
 	"time"
-
-	"github.com/cacheguard/cacheguard/internal/aside"
 )
 
-// ReadsWaiting is how many of g's reads wait for a round trip.
-func ReadsWaiting(g *Guard) int { return aside.ReadsWaiting(g.e) }
+// What guard's tests (package guard_test) reach inside a Guard.
 
-// Flush waits for the flights and refreshes under way on g.
-func Flush(ctx context.Context, g *Guard) error { return aside.Flush(ctx, g.e) }
+// ReadsWaiting is how many of g's reads wait for a round trip (see
+// runReads), for tests that hold one and queue others behind it.
+func ReadsWaiting(g *Guard) int { return g.rd.batch.Waiting() }
 
-// Field is the hash field of g's entries, once a Get or Set bound g.
-func Field(g *Guard) string { return aside.Field(g.e) }
+// Flush waits until the flights, refresh-ahead reloads, lock releases and
+// loads under way in g's process have ended, or until ctx is done (it then
+// returns ctx's error): tests call it instead of sleeping. A Get that served
+// a value past its refresh-at time returns before the reload it started,
+// and a caller that left on its own ctx leaves its flight running; after
+// Flush those have written what they loaded, or given up. Close waits for
+// these too (the supervisor).
+func Flush(ctx context.Context, g *Guard) error { return g.sup.idle(ctx) }
+
+// Field is the hash field of g's entries, once a Get or Set bound g to a
+// type (see schemaField).
+func Field(g *Guard) string { return g.field() }
 
 // MaxUnwritten is how many unwritten IDs a Guard keeps before it overflows.
-const MaxUnwritten = aside.MaxUnwritten
+const MaxUnwritten = maxUnwritten
 
-// AgeWrites makes the writes g remembers look d older.
-func AgeWrites(g *Guard, d time.Duration) { aside.AgeWrites(g.e, d) }
+// AgeWrites makes the writes g remembers (lost.go) look d older, for tests
+// of a restart from an old dump that cannot wait for it.
+func AgeWrites(g *Guard, d time.Duration) {
+	m := g.marks
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i := range m.ring {
+		m.ring[i].at = m.ring[i].at.Add(-d)
+	}
+}
 
 // SetAfterRead runs f between each Get's read and its answer until restore.
-func SetAfterRead(f func(id string)) (restore func()) { return aside.SetAfterRead(f) }
+func SetAfterRead(f func(id string)) (restore func()) {
+	afterRead = f
+	return func() { afterRead = nil }
+}
 
 // SetBeforeAutoRebuild runs f in each automatic rebuild between its checks
 // and the rebuild lock, until restore.
-func SetBeforeAutoRebuild(f func()) (restore func()) { return aside.SetBeforeAutoRebuild(f) }
+func SetBeforeAutoRebuild(f func()) (restore func()) {
+	beforeAutoRebuild = f
+	return func() { beforeAutoRebuild = nil }
+}
 
 // WatchEvery is how often the watcher of a Guard that wrote looks for a
-// restart of Redis.
-const WatchEvery = aside.WatchEvery
+// restart of Redis, for tests that wait for a number of its turns.
+const WatchEvery = watchEvery
 
-// SetWatch turns g's watcher off or back on: with it off, only a read
-// notices the writes Redis lost.
-func SetWatch(g *Guard, on bool) { aside.SetWatch(g.e, on) }
+// SetWatch turns g's watcher (see watch) off or back on: with it off, only
+// a read notices the writes Redis lost (tests of that, and the control of
+// the watcher's).
+func SetWatch(g *Guard, on bool) { g.watchOff.Store(!on) }
 
-// AutoRebuilding reports whether an automatic rebuild of g is under way.
-func AutoRebuilding(g *Guard) bool { return aside.AutoRebuilding(g.e) }
+// AutoRebuilding reports whether an automatic rebuild of g is under way
+// (see autoRebuild).
+func AutoRebuilding(g *Guard) bool { return g.bf.rebuilding.Load() }
 
 // Joins returns a channel that receives the value key of each caller that
 // joins a flight under way on g, until restore: tests wait for callers to
 // reach a flight instead of sleeping.
 func Joins(g *Guard, n int) (joins <-chan string, restore func()) {
 	ch := make(chan string, n)
-	return ch, aside.SetJoined(g.e, func(key string) {
+	f := func(key string) {
 		select {
 		case ch <- key:
 		default: // more joins than the test waits for
 		}
-	})
+	}
+	g.joinedHook.Store(&f)
+	return ch, func() { g.joinedHook.Store(nil) }
 }
 
 // HoldSharedRead makes the first shared read on g (readShared) wait, before
@@ -60,7 +86,7 @@ func Joins(g *Guard, n int) (joins <-chan string, restore func()) {
 func HoldSharedRead(g *Guard, n int) (restore func()) {
 	joined := make(chan struct{}, n)
 	var once sync.Once
-	return aside.SetShared(g.e, func(first bool) {
+	f := func(first bool) {
 		if !first {
 			select {
 			case joined <- struct{}{}:
@@ -78,16 +104,38 @@ func HoldSharedRead(g *Guard, n int) (restore func()) {
 				}
 			}
 		})
-	})
+	}
+	g.sharedHook.Store(&f)
+	return func() { g.sharedHook.Store(nil) }
 }
 
-// LocalCopy is what g's local cache holds for id: "none", "fresh" or
-// "gone" (its entry expired in Redis).
-func LocalCopy(g *Guard, id string) string { return aside.LocalCopy(g.e, id) }
+// LocalCopy reports what g's local cache holds for id: "none", "fresh" (a
+// copy to serve) or "gone" (a copy whose Redis entry has expired), for tests
+// that wait for a copy to expire instead of sleeping past its TTL.
+func LocalCopy(g *Guard, id string) string {
+	if g.local == nil {
+		return "none"
+	}
+	_, st := g.local.get(id)
+	return [...]string{localNone: "none", localFresh: "fresh", localGone: "gone"}[st]
+}
 
-// RefreshCopy fetches g's copy of its filter now.
-func RefreshCopy(ctx context.Context, g *Guard) error { return aside.RefreshCopy(ctx, g.e) }
+// RefreshCopy fetches g's copy of its filter now (see keepCopy), for tests
+// that need it taken at a known point.
+func RefreshCopy(ctx context.Context, g *Guard) error {
+	_, err := g.refreshCopy(ctx)
+	return err
+}
 
-// HoldCopy stops g's own refreshes of its copy of the filter (after the one
-// under way) until release.
-func HoldCopy(g *Guard) (release func()) { return aside.HoldCopy(g.e) }
+// HoldCopy stops g's own refreshes of its copy of the filter (keepCopy)
+// once the one under way ended, until release: a test takes the copy with
+// RefreshCopy alone.
+func HoldCopy(g *Guard) (release func()) {
+	set := func(held bool) {
+		g.bf.copyHold.Lock()
+		g.bf.copyHeld = held
+		g.bf.copyHold.Unlock()
+	}
+	set(true)
+	return func() { set(false) }
+}

@@ -3,7 +3,6 @@ package guard
 import (
 	"context"
 	"errors"
-	"github.com/cacheguard/cacheguard/internal/aside"
 )
 
 // Cache is a Guard bound to one value type and one load function: the shape
@@ -27,7 +26,7 @@ func For[T any](g *Guard, load LoadFunc[T]) (*Cache[T], error) {
 	if g == nil || load == nil {
 		return nil, errors.New("cacheguard: For needs a non-nil Guard and load function")
 	}
-	if err := aside.Bind[T](g.e); err != nil {
+	if err := bind[T](g); err != nil {
 		return nil, err
 	}
 	return &Cache[T]{g: g, load: load}, nil

@@ -2,6 +2,7 @@ package guard
 
 import (
 	"context"
+	"fmt"
 	"iter"
 	"log/slog"
 	"time"
@@ -10,7 +11,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/cacheguard/cacheguard/codec"
-	"github.com/cacheguard/cacheguard/internal/aside"
+	"github.com/cacheguard/cacheguard/internal/coord"
+	"github.com/cacheguard/cacheguard/internal/keyspace"
 )
 
 // Options configures a Guard. A nil *Options means all defaults; a zero field
@@ -102,88 +104,96 @@ type Tuning struct {
 	MaxKeyLen int
 }
 
-// OutageOptions says what Get does when Redis cannot answer: it is down,
-// times out, refuses writes under maxmemory, or an ACL refuses a command.
-//
-// By default Get loads through: it calls the load function directly and
-// returns its value (or ErrNotFound) uncached, merged per ID in the process
-// and capped across IDs by MaxLoads; a Get beyond the cap gets ErrUnavailable
-// at once. Load-through is the default because the cache exists to spare the
-// database, not to refuse its readers (the HTTP adapters fail open too). The
-// filter is in Redis as well: unknown IDs are judged by the Guard's copy of
-// it (FilterOptions.NoLocalCopy), and reach the loader, within the cap, only
-// when that copy may hold them. A circuit breaker (sony/gobreaker) opens
-// after 5 failed reads in a row, keeps Gets off Redis for a second, then
-// lets one probe.
-type OutageOptions struct {
-	// FailFast makes Get return ErrUnavailable (wrapped) instead of loading
-	// through.
-	FailFast bool
-	// MaxLoads caps the load-through calls in flight at once, across all
-	// IDs of the Guard, per process. Default 16.
-	MaxLoads int
-}
-
-// RefreshOptions turns on refresh-ahead (stale-while-revalidate for expiry):
-// a value is written with a refresh-at time inside its TTL, and a Get that
-// finds it past that time serves it at once and starts one refresh in the
-// background, so callers of a hot key never wait for its load. One refresh
-// per key per process at a time, and one across processes (it takes the
-// key's lock once, without waiting: a process that finds the lock held
-// leaves the refresh to its holder). The refresh's write checks its lock
-// like a fill's, and the Redis TTL is the hard expiry: past it the key is a plain
-// miss. Writes are never bypassed: Invalidate, Set and Delete replace or
-// drop the entry, so after they return no Get serves the old value, and a
-// refresh that read the old row is refused.
-//
-// Frames written with refresh-ahead carry the refresh-at time (a frame kind
-// that versions before this one read as corrupt: turn it on together with a
-// new Options.Version during a rolling deploy).
-type RefreshOptions struct {
-	// At is the share of a value's TTL after which a Get refreshes it, in
-	// (0, 1): about 1/At loads per TTL, and (1−At)·TTL for the refresh to
-	// land. Default 0.85.
-	At float64
-}
-
-// LocalOptions turns on an in-process cache in front of Redis: values this
-// process read or loaded are served from memory, with no round trip, for up
-// to TTL, and never past their entry's TTL in Redis.
-//
-// This process sees its own writes at once: Invalidate, Set and Delete drop
-// or replace its copy before they return. Other processes learn of a write
-// from a message on the Guard's pub/sub channel, sent in the write's round
-// trip: until it arrives (milliseconds) they may serve their copy, and TTL
-// bounds what a lost message can leave stale. Without Local the guarantee is
-// exact. docs/design-notes.md gives the measured window and alternatives.
-//
-// A local hit costs no decode for most types: a copy is kept decoded, and
-// handed out as is (no slices, maps or pointers) or deep-copied per caller
-// (internal/clone); other types are decoded on every hit.
-type LocalOptions struct {
-	// Size caps the values kept; when full, the eviction policy of
-	// github.com/maypok86/otter/v2 (adaptive W-TinyLFU: it keeps what is
-	// read often and recently) picks what goes. Default 10,000.
-	Size int
-	// TTL is how long a value is served from memory at most: a copy also
-	// never outlives its entry's TTL in Redis. Default 1 second.
-	TTL time.Duration
-}
-
-// engine is o in the engine's terms (nil stays nil: the defaults), which
-// resolves and checks it (aside.New).
-func (o *Options) engine() *aside.Options {
-	if o == nil {
-		return nil
+// resolve fills in the defaults: the one place where a Guard's defaults are
+// decided (the loader's come from its exported constants).
+func resolve(opts *Options) (Options, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
 	}
-	return &aside.Options{
-		KeyPrefix: o.KeyPrefix, TTL: o.TTL, EmptyTTL: o.EmptyTTL, Jitter: o.Jitter, Codec: o.Codec,
-		Version: o.Version, Logger: o.Logger, LoadTimeout: o.LoadTimeout,
-		Filter:       aside.FilterOptions(o.Filter),
-		Outage:       (*aside.OutageOptions)(o.Outage),
-		RefreshAhead: (*aside.RefreshOptions)(o.RefreshAhead),
-		Local:        (*aside.LocalOptions)(o.Local),
-		Telemetry:    aside.TelemetryOptions(o.Telemetry),
-		Tuning:       aside.Tuning(o.Tuning),
+	bad := func(format string, args ...any) (Options, error) {
+		return Options{}, fmt.Errorf("%w: "+format, append([]any{ErrInvalidOptions}, args...)...)
 	}
+	if o.KeyPrefix == "" {
+		o.KeyPrefix = "cg"
+	}
+	if !keyspace.ValidPrefix(o.KeyPrefix) {
+		return bad("KeyPrefix %q", o.KeyPrefix)
+	}
+	if o.TTL == 0 {
+		o.TTL = 10 * time.Minute
+	}
+	if o.EmptyTTL == 0 {
+		o.EmptyTTL = time.Minute
+	}
+	if o.TTL < time.Millisecond || o.EmptyTTL < time.Millisecond {
+		return bad("TTL %v and EmptyTTL %v must be at least 1ms", o.TTL, o.EmptyTTL)
+	}
+	switch {
+	case o.Jitter == 0:
+		o.Jitter = 0.10
+	case o.Jitter < 0:
+		o.Jitter = 0
+	case o.Jitter > 0.9:
+		return bad("Jitter %v above 0.9", o.Jitter)
+	}
+	if o.Tuning.MaxKeyLen == 0 {
+		o.Tuning.MaxKeyLen = keyspace.DefaultMaxKeyLen
+	}
+	if o.Tuning.MaxKeyLen < 1 || o.Tuning.MaxKeyLen > 4096 {
+		return bad("MaxKeyLen %d not in [1, 4096]", o.Tuning.MaxKeyLen)
+	}
+	if o.Codec == nil {
+		o.Codec = codec.Msgpack
+	}
+	if o.Version == "" {
+		o.Version = "1"
+	}
+	if !validVersion(o.Version) {
+		return bad("Version %q (want 1-32 printable ASCII bytes, no spaces)", o.Version)
+	}
+	if o.LoadTimeout == 0 {
+		o.LoadTimeout = 10 * time.Second
+	}
+	if o.Tuning.RedisTimeout == 0 {
+		o.Tuning.RedisTimeout = time.Second
+	}
+	if o.Tuning.RedisTimeout < time.Millisecond {
+		return bad("RedisTimeout %v below 1ms", o.Tuning.RedisTimeout)
+	}
+	if o.Tuning.ReadsInFlight == 0 {
+		o.Tuning.ReadsInFlight = 2
+	}
+	if o.Outage == nil {
+		o.Outage = &OutageOptions{}
+	}
+	var err error
+	if o.RefreshAhead, err = resolveRefresh(o.RefreshAhead); err != nil {
+		return Options{}, err
+	}
+	if o.Tuning.LockTTL == 0 {
+		o.Tuning.LockTTL = coord.DefaultLockTTL
+	}
+	if o.Tuning.LockWait == 0 {
+		o.Tuning.LockWait = o.LoadTimeout + o.Tuning.LockTTL
+	}
+	if o.LoadTimeout < 0 || o.Tuning.LockTTL < 10*time.Millisecond || o.Tuning.LockWait < 0 {
+		return bad("LoadTimeout %v, LockTTL %v (>= 10ms), LockWait %v", o.LoadTimeout, o.Tuning.LockTTL, o.Tuning.LockWait)
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o, nil
+}
+
+func validVersion(v string) bool {
+	if v == "" || len(v) > 32 {
+		return false
+	}
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c <= ' ' || c >= 0x7f {
+			return false
+		}
+	}
+	return true
 }

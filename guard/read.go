@@ -2,81 +2,401 @@ package guard
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
 
-	"github.com/cacheguard/cacheguard/internal/aside"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/bloom"
+	"github.com/cacheguard/cacheguard/internal/batch"
+	"github.com/cacheguard/cacheguard/internal/keyspace"
+	"github.com/cacheguard/cacheguard/internal/redisfail"
+	"github.com/cacheguard/cacheguard/loader"
+	"github.com/cacheguard/cacheguard/lock"
 )
 
-// LoadFunc loads the value of id from the source of truth. It reports an ID
-// that does not exist with an error wrapping ErrNotFound (for example
-// fmt.Errorf("%w: %w", guard.ErrNotFound, sql.ErrNoRows)); any other error
-// fails the Get and is not cached.
-type LoadFunc[T any] func(ctx context.Context, id string) (T, error)
-
-// BatchLoadFunc loads the values of ids from the source of truth, for
-// GetMany. An ID missing from the map does not exist (it gets an empty
-// marker); an error fails every ID of the call and nothing is cached.
-type BatchLoadFunc[T any] func(ctx context.Context, ids []string) (map[string]T, error)
-
-// Get returns the value of id: from the cache, or from load on a miss (see
-// the package doc for the steps). It returns ErrNotFound (test with
-// errors.Is) when the ID does not exist, ErrInvalidKey for a malformed ID,
-// the load's error wrapped when load fails, ErrBusy, ErrClosed, ErrWrongType
-// when g is bound to another type, and errors wrapping ErrUnavailable when
-// Redis fails (never ErrNotFound). load runs on a context detached from ctx
-// and bounded by LoadTimeout, shared by every caller of id in this process
-// whose Get started before the load did; Get itself returns as soon as ctx
-// is done.
-func Get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, error) {
-	if g == nil || load == nil {
-		var zero T
-		return zero, errNil("Get")
-	}
-	if g.e.Traced() {
-		return aside.GetTraced(ctx, g.e, id, aside.LoadFunc[T](load))
-	}
-	return aside.Get(ctx, g.e, id, aside.LoadFunc[T](load))
+// reader is the read path's state (Guard.rd).
+type reader struct {
+	batch    *batch.Batcher[readReq]   // every Get's read goes through it: concurrent reads share round trips (see runReads)
+	calls    sync.Pool                 // of *batch.Call[readReq], reused by read
+	shared   loader.Group[sharedRead]  // one Redis read per value key at a time, in its first caller (InCaller: see readShared)
+	credit   atomic.Int64              // > 0: recent reads missed: send the bloom probe with the HGET (see read)
+	locks    *lock.Client              // the locks reads take (see lockWithRead)
+	lockBias atomic.Int64              // > 0: reads that found nothing mostly loaded, and their locks were used (see Lock bias)
+	seen     atomic.Pointer[seenTable] // the IDs read lately, once a miss opened the gate (see lockWithRead)
+	ctxBound bool                      // the client bounds socket reads by ctx deadlines (see sendRead)
 }
 
-// GetMany returns the values of the ids that exist, in a map (an ID that
-// does not exist is not in it), for list pages and joins. One round trip
-// reads every ID's entry (with the bloom probes while reads miss; on a
-// cluster, each node its share in parallel): a warm page costs that alone.
-// The misses are loaded once per ID across processes, and those whose lock
-// this call takes load together in one call of load; IDs it does not return
-// get "not found" markers. With Options.Local, memory answers first.
-// Malformed IDs fail the call with ErrInvalidKey; if some IDs fail, the map
-// holds the others and the error joins the failures. When Redis cannot
-// answer, the misses load through in one call.
-func GetMany[T any](ctx context.Context, g *Guard, ids []string, load BatchLoadFunc[T]) (map[string]T, error) {
-	if g == nil || load == nil {
-		return nil, errNil("GetMany")
+// verdict is what the read round trip found.
+type verdict uint8
+
+const (
+	verdictMiss        verdict = iota // no entry, and the filter says maybe (or cannot say)
+	verdictRejected                   // no entry, and the filter says absent
+	verdictEntry                      // a cached value or empty marker: raw
+	verdictUnconfirmed                // no entry, the filter not ready, and its copy says absent (see absentInCopy)
+)
+
+type readResult struct {
+	verdict verdict
+	raw     []byte
+	ttl     time.Duration // the entry's remaining TTL in Redis, read with it when Local is on (0: unknown)
+	sent    time.Time     // with ttl: a clock read before the read was sent, which ttl counts from (see local.put)
+	held    *lock.Lock    // a miss's lock, taken with the read (see lockWithRead); the Get's flight uses it or gives it back
+}
+
+// read is the one round trip of every Get (step 3): the HGET of this
+// version's field of the value key, with the bloom probe pipelined before
+// it when recent reads missed (see missCredit), and with the entry's PTTL
+// when Local is on (a local copy must not outlive its entry). With
+// lockable, a read likely to miss takes the key's lock too, before the
+// HGET (see lockWithRead); a miss returns it in readResult.held, for the
+// Get's flight. Concurrent reads share round trips (see runReads). Redis
+// failures come back wrapping ErrUnavailable, and so does a deadline that
+// passes while the read waits for a round trip (Redis too slow); a
+// cancelled caller gets context.Canceled alone.
+func (g *Guard) read(ctx context.Context, id, vkey string, lockable bool) (readResult, error) {
+	f := g.bf.f.Load()
+	c := g.rd.calls.Get().(*batch.Call[readReq])
+	r := &c.Req
+	withTTL := g.local != nil
+	*r = readReq{id: id, vkey: vkey, withTTL: withTTL}
+	r.deadline, _ = ctx.Deadline()
+	probing := f != nil && g.rd.probing(withTTL)
+	if probing {
+		r.f = f
+		if lockable && g.lockWithRead(id) {
+			r.lockKey = keyspace.Lock(vkey)
+		}
 	}
-	return aside.GetMany(ctx, g.e, ids, aside.BatchLoadFunc[T](load))
+	var sent time.Time
+	if withTTL {
+		sent = time.Now()
+	}
+	if err := g.sendRead(ctx, c); err != nil { // c may still be answered: not reused; a lock it took lapses
+		return readResult{}, g.readFailed(ctx, "read", id, err)
+	}
+	raw, err := r.get.Bytes()
+	var held *lock.Lock
+	if r.lockQ != nil {
+		held, _ = r.lockQ.Result(ctx) // not taken (another flight holds it, or Redis failed): the flight attempts as before
+	}
+	var ttl time.Duration
+	if withTTL {
+		ttl = max(r.pttl.Val(), 0)
+	}
+	probe := r.probe
+	*r = readReq{}
+	g.rd.calls.Put(c)
+	switch {
+	case err == nil:
+		if held != nil { // another process filled it: a lock for nothing
+			g.giveBack(held, vkey)
+			g.lockUseless()
+		}
+		g.sawRead(id)
+		g.rd.settle(withTTL, probing, 1, 0)
+		return readResult{verdict: verdictEntry, raw: raw, ttl: ttl, sent: sent}, nil
+	case !errors.Is(err, redis.Nil):
+		g.giveBack(held, vkey)
+		return readResult{}, g.readFailed(ctx, "read", id, err)
+	}
+	g.rd.settle(withTTL, probing, 0, 1)
+	var maybe bool
+	switch {
+	case f == nil: // not opened yet (New without Redis): fail open
+		_, err = g.filterSays(ctx, id, false, bloom.ErrNotReady)
+		return readResult{verdict: verdictMiss}, err
+	case probing:
+		maybe, err = probe.Result(ctx)
+	default: // the value went alone: ask the filter now
+		maybe, err = f.Test(ctx, id)
+	}
+	res, err := g.verdict(ctx, id, maybe, err)
+	switch {
+	case err != nil:
+		g.giveBack(held, vkey)
+	case res.verdict == verdictMiss:
+		res.held = held
+		g.lockUseful() // first: the first miss makes the table
+		g.sawRead(id)
+	default: // rejected: no load follows, and the lock lapses (see lockWithRead)
+		g.lockUseless()
+	}
+	return res, err
 }
 
-// Peek does Get's read round trip (bloom probe and cache GET) without
-// loading, and reports whether id may exist: false when the filter has never
-// seen it or an empty marker is cached. It returns a context that carries
-// what it read, so that the next Get of the same id on this Guard with that
-// context (or one derived from it) skips its own read: HTTP middleware built
-// on Peek costs no extra round trip. Only that one Get uses it; any later Get
-// reads afresh (say, after the handler wrote and invalidated). A malformed id
-// gives ErrInvalidKey without a Redis command; Redis failures wrap
-// ErrUnavailable; after Close, ErrClosed. A filter that is not ready answers
-// true (fail open). Before the Guard's first Get it asks the filter alone.
-// It waits for Redis at most Tuning.RedisTimeout whatever ctx; when Redis
-// did not answer, the context it returns makes that Get load through at
-// once rather than wait for Redis again.
-func (g *Guard) Peek(ctx context.Context, id string) (context.Context, bool, error) {
-	return g.e.Peek(ctx, id)
+// sendRead sends a read (possibly with others: see runReads). A client
+// that bounds its socket reads by the ctx (ContextTimeoutEnabled) runs it
+// in the caller's goroutine. With any other client a stalled Redis would
+// hold the caller until the client's ReadTimeout and retries, past its
+// deadline: a read under a deadline then runs in a goroutine of its own,
+// and the caller waits for it at most half the time it has left, keeping
+// the rest to load through (the supervisor's goroutine ends when the client
+// gives up).
+func (g *Guard) sendRead(ctx context.Context, c *batch.Call[readReq]) error {
+	deadline, ok := ctx.Deadline()
+	if g.rd.ctxBound || !ok {
+		return g.rd.batch.Do(ctx, c)
+	}
+	done := make(chan error, 1)
+	g.sup.spawn(func() { done <- g.rd.batch.Do(ctx, c) })
+	t := time.NewTimer(time.Until(deadline) / 2)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+		return fmt.Errorf("read: no answer in half the Get's time left: %w", context.DeadlineExceeded)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
-// MayExist asks only the bloom filter whether id may exist: false means the
-// ID certainly does not (one GETRANGE). HTTP middleware uses Peek instead,
-// which also reads the cache for the handler's Get. A malformed ID gives
-// ErrInvalidKey without a Redis command; a filter that is not ready answers
-// true (fail open); Redis failures wrap ErrUnavailable; after Close,
-// ErrClosed.
-func (g *Guard) MayExist(ctx context.Context, id string) (bool, error) {
-	return g.e.MayExist(ctx, id)
+// readFailed is what a read that got no answer returns, whether it failed
+// in Redis or waited for a round trip past its ctx. A cancelled caller (a
+// client that disconnected) gets ctx.Err() alone: not Redis failing, so
+// neither logged nor counted by the breaker. Anything else wraps
+// ErrUnavailable, a deadline too: the round trip did not end in time,
+// Redis is slow or gone, and the breaker must hear it (or every Get would
+// queue behind a frozen Redis until its deadline).
+func (g *Guard) readFailed(ctx context.Context, op, id string, err error) error {
+	if errors.Is(err, context.Canceled) && errors.Is(ctx.Err(), context.Canceled) {
+		return ctx.Err()
+	}
+	return g.fail(ctx, op, id, redisfail.Wrap(err))
+}
+
+// verdict turns the filter's answer for an ID with no cache entry into the
+// read's result.
+func (g *Guard) verdict(ctx context.Context, id string, maybe bool, err error) (readResult, error) {
+	notReady := errors.Is(err, bloom.ErrNotReady)
+	if maybe, err = g.filterSays(ctx, id, maybe, err); err != nil {
+		return readResult{}, err
+	}
+	switch {
+	case !maybe:
+		return readResult{verdict: verdictRejected}, nil
+	case notReady && g.copySaysAbsent(id):
+		return readResult{verdict: verdictUnconfirmed}, nil
+	}
+	return readResult{verdict: verdictMiss}, nil
+}
+
+// filterSays turns a bloom answer into the Guard's: a filter that is not
+// ready means "maybe" (fail open: counted, logged once per episode, and a
+// rebuild started if Filter.IDs is set); Redis failures wrap ErrUnavailable.
+func (g *Guard) filterSays(ctx context.Context, id string, maybe bool, err error) (bool, error) {
+	switch {
+	case err == nil:
+		if g.bf.bypassing.Load() && g.bf.bypassing.CompareAndSwap(true, false) {
+			g.log.InfoContext(ctx, "cacheguard: bloom filter answering again")
+		}
+		return maybe, nil
+	case errors.Is(err, bloom.ErrNotReady):
+		g.stats.bypasses.Add(1)
+		if g.bf.bypassing.CompareAndSwap(false, true) {
+			if g.opts.Filter.IDs == nil {
+				g.log.ErrorContext(ctx, "cacheguard: bloom filter not ready (never rebuilt, or lost by Redis) and Options.Filter.IDs is not set: "+
+					"unknown IDs reach the database until you call Rebuild")
+			} else {
+				g.log.WarnContext(ctx, "cacheguard: bloom filter not ready (never rebuilt, or lost by Redis); failing open while it is rebuilt")
+			}
+		}
+		g.autoRebuild("filter not ready")
+		g.wakeCopy() // a new generation may follow: the copy fetches it as soon as it is ready
+		return true, nil
+	default:
+		return false, g.readFailed(ctx, "bloom probe", id, err)
+	}
+}
+
+// peekKey is the context key under which Peek leaves what it read.
+type peekKey struct{}
+
+type peeked struct {
+	g        *Guard
+	id       string
+	r        readResult
+	failed   error       // the read could not reach Redis: the Get loads through without waiting for it again
+	replays  uint64      // unwritten.replayed before the read: the Get checks it as its own (see get)
+	answered bool        // Peek counted its "not found" (the middleware's 404): the Get answers it uncounted
+	used     atomic.Bool // a peek serves one Get: a later Get in the same request reads afresh
+}
+
+// peekedFor is the read a Peek left in ctx for this Get, if any (nil: none).
+func peekedFor(ctx context.Context, g *Guard, id string) *peeked {
+	p, ok := ctx.Value(peekKey{}).(*peeked)
+	if !ok || p.g != g || p.id != id || p.used.Swap(true) {
+		return nil
+	}
+	return p
+}
+
+// readReq is one read in a batch (read, runReads): what to send, then the
+// commands that carry the answers.
+type readReq struct {
+	id, vkey string
+	f        *bloom.Filter // probe this filter too; nil: the value alone
+	withTTL  bool          // read the entry's PTTL too (Local)
+	deadline time.Time     // the Get's ctx's, if it has one
+	lockKey  string        // take this lock before the HGET (see lockWithRead); "": no
+
+	get   *redis.StringCmd
+	probe bloom.Probe
+	pttl  *redis.DurationCmd
+	lockQ *lock.Queued
+}
+
+// Read batching. Gets that read while Options.Tuning.ReadsInFlight round
+// trips of reads are already under way wait, and the first of them sends all
+// of theirs in one pipeline when one ends (package batch). A waiting read
+// is sent after its Get started, so the rule of join holds, and the waiting
+// reads of one key share one HGET (and one probe, whichever of them asks for
+// it; a read that takes the lock goes alone): a hot key costs one command
+// per round trip, not one per caller. The system calls and Redis event-loop
+// turns per read fall with the batch (docs/cost.md has the figures).
+// readBatchMax bounds one pipeline.
+const readBatchMax = 256
+
+// runReads sends calls' reads in one round trip. A read alone that needs
+// only the value is one command, as a plain GET is; anything else is a
+// pipeline. A round trip that carries several Gets' reads runs in a
+// goroutine of its own (package batch) on the leading caller's ctx without
+// its cancellation, until the latest of their deadlines, and at most
+// RedisTimeout; each Get, the leading one too, leaves at its own.
+func (g *Guard) runReads(ctx context.Context, calls []*batch.Call[readReq]) {
+	field := g.bound.Load().fieldArg // every read follows a bind
+	due := g.marks.due()             // a check of the marks rides along (lost.go)
+	if len(calls) == 1 && calls[0].Req.f == nil && !calls[0].Req.withTTL && calls[0].Req.lockKey == "" && !due {
+		r := &calls[0].Req
+		// rdb.HGet would box the field into the command's arguments on
+		// every call; fieldArg is boxed once, by bind.
+		r.get = redis.NewStringCmd(ctx, "hget", r.vkey, field)
+		_ = g.rdb.Process(ctx, r.get)
+		g.endCheck(ctx, nil) // the HGET dialed (Redis back, or a restart no command saw): check before it answers
+		return
+	}
+	if len(calls) > 1 {
+		end := time.Now().Add(g.opts.Tuning.RedisTimeout)
+		if latest := latestDeadline(calls); !latest.IsZero() && latest.Before(end) {
+			end = latest
+		}
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, end)
+		defer cancel()
+	}
+	pipe := g.rdb.Pipeline()
+	chk := g.queueCheck(ctx, pipe)
+	var first map[string]*readReq // each value key's first read: the key's other reads share its commands
+	if len(calls) > 1 {
+		first = make(map[string]*readReq, len(calls))
+	}
+	for _, c := range calls {
+		r := &c.Req
+		if first != nil && r.lockKey == "" { // a read that takes the lock is its caller's alone
+			if o := first[r.vkey]; o != nil && o.withTTL == r.withTTL {
+				r.get, r.pttl = o.get, o.pttl
+				// A Guard has one Filter (connect sets it once; a rebuild
+				// switches generations inside it), so o.f is nil or r.f.
+				if r.f != nil {
+					if o.f == nil { // the key's first read has no probe: queue one, for its next reads too
+						o.f, o.probe = r.f, r.f.Queue(ctx, pipe, r.id)
+					}
+					r.probe = o.probe
+				}
+				continue
+			}
+			first[r.vkey] = r
+		}
+		if r.f != nil {
+			r.probe = r.f.Queue(ctx, pipe, r.id)
+		}
+		if r.lockKey != "" { // before the HGET: Redis runs it with the lock taken, as the re-check
+			r.lockQ, _ = g.rd.locks.QueueTry(ctx, pipe, r.lockKey, readLockLease)
+		}
+		r.get = redis.NewStringCmd(ctx, "hget", r.vkey, field)
+		_ = pipe.Process(ctx, r.get)
+		if r.withTTL {
+			r.pttl = pipe.PTTL(ctx, r.vkey)
+		}
+	}
+	_, _ = pipe.Exec(ctx) // errors are read per command
+	g.endCheck(ctx, chk)  // before the read answers: it may hold an entry whose write Redis lost
+}
+
+// latestDeadline is the latest of calls' deadlines, or zero if one of
+// them has none.
+func latestDeadline(calls []*batch.Call[readReq]) time.Time {
+	var latest time.Time
+	for _, c := range calls {
+		d := c.Req.deadline
+		if d.IsZero() {
+			return time.Time{}
+		}
+		if d.After(latest) {
+			latest = d
+		}
+	}
+	return latest
+}
+
+// sharedRead is one read shared by the callers of a value key (readShared).
+type sharedRead struct {
+	r       readResult
+	started uint64 // its number from Guard.starts, before the read (see since)
+	epoch   uint64 // the local cache's epoch then
+}
+
+// readShared is read for a Guard with a local cache: when a hot key's copy
+// expires, its callers in this process share one Redis read instead of
+// sending one each, under the rule of join: a read that started before the
+// caller serves it only if no write was heard in between (the window of a
+// local copy); otherwise the caller reads again. Without a local cache
+// only a read that started after the caller serves it: fill uses it so
+// for the callers that waited for a flight older than them. The first
+// caller reads in its own goroutine, on its own ctx, as a Get without Local
+// does; each of the others leaves when its own ctx is done, and reads again
+// if the first one gave up (loader.Group's InCaller). With lockable, the
+// read may take the key's lock (see lockWithRead); the result carries it to
+// the caller whose read it was, and to no other.
+func (g *Guard) readShared(ctx context.Context, id, vkey string, from since, lockable bool) (readResult, error) {
+	for range 3 { // a second read already starts after this caller: see below
+		mine := false // this caller's function read (InCaller: in this goroutine)
+		hook := g.sharedHook.Load()
+		var onJoin func() // nil: nothing to tell
+		if hook != nil {
+			onJoin = func() { (*hook)(false) }
+		}
+		sr, _, err := g.rd.shared.DoOnJoin(ctx, vkey, func(ctx context.Context) (sharedRead, error) {
+			mine = true
+			if hook != nil {
+				(*hook)(true)
+			}
+			sr := sharedRead{started: g.starts.Add(1)}
+			if g.local != nil {
+				sr.epoch = g.local.epoch.Load()
+			}
+			var err error
+			sr.r, err = g.read(ctx, id, vkey, lockable)
+			return sr, err
+		}, onJoin)
+		if err != nil {
+			return readResult{}, err
+		}
+		if !mine {
+			// A lock the read took (see lockWithRead) is its caller's,
+			// for that caller's flight; the others join the flight.
+			sr.r.held = nil
+		}
+		if !from.startedBefore(sr.started) || g.noWriteHeard(sr.epoch, from.epoch) {
+			return sr.r, nil
+		}
+		// A read older than this caller, and a write heard since: the next
+		// one starts after this one ended, so after this caller.
+	}
+	return g.read(ctx, id, vkey, false) // only if reads were forgotten under it again and again: its own
 }

@@ -39,3 +39,14 @@ func Rows[R interface {
 		}
 	}
 }
+
+// IDs makes a slice a source for Rebuild (and Options' ID source).
+func IDs(ids []string) iter.Seq2[string, error] {
+	return func(yield func(string, error) bool) {
+		for _, id := range ids {
+			if !yield(id, nil) {
+				return
+			}
+		}
+	}
+}

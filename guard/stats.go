@@ -1,6 +1,11 @@
 package guard
 
-import "github.com/cacheguard/cacheguard/internal/aside"
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"unsafe"
+)
 
 // Stats are a Guard's counters since New. The first group counts Get calls by
 // how they ended (each caller once, even when callers shared a flight); the
@@ -42,14 +47,127 @@ type Stats struct {
 	FilterNotReady bool
 }
 
-// Outcome attribute values, one per Get.
+// counters is the live form of Stats; every field is updated atomically.
+// The outcomes every hit or reject counts are striped (see striped); the
+// rest are rare.
+type counters struct {
+	hits, empty, rejects, localHits                   striped
+	misses, coalesced                                 atomic.Uint64
+	loads, loadErrors, redisErrors, corrupt, bypasses atomic.Uint64
+	loadThroughs, shed, breakerOpens, abandonedLoads  atomic.Uint64
+	refreshes, schemaMisses, writesLost, unconfirmed  atomic.Uint64
+}
+
+func (c *counters) count(o outcome, coalesced bool) {
+	switch o {
+	case outHit:
+		c.hits.Add(1)
+	case outEmpty:
+		c.empty.Add(1)
+	case outRejected:
+		c.rejects.Add(1)
+	case outLoaded:
+		c.misses.Add(1)
+	case outLocalHit:
+		c.localHits.Add(1)
+	}
+	if coalesced {
+		c.coalesced.Add(1)
+	}
+}
+
+// answered counts how one Get was answered, in Stats and, with
+// OpenTelemetry on, on the gets counter and the Get's span: every count of
+// an answer goes through here (or answeredMany). coalesced: from another
+// caller's flight; through: loaded without Redis (the outage policy).
+func (g *Guard) answered(ctx context.Context, o outcome, coalesced, through bool) {
+	g.stats.count(o, coalesced)
+	if g.tel != nil {
+		g.tel.settled(ctx, o, coalesced, through)
+	}
+}
+
+// answeredMany is answered for one ID of a GetMany: its span is the
+// GetMany's, which gets no per-ID outcome.
+func (g *Guard) answeredMany(ctx context.Context, o outcome, coalesced, through bool) {
+	g.stats.count(o, coalesced)
+	if g.tel != nil {
+		g.tel.counted(ctx, o, through)
+	}
+}
+
+// loaded counts n IDs asked of a load function, and their failure if err
+// is one (ErrNotFound is an answer, not a failure): every load of every
+// entry point is counted here.
+func (g *Guard) loaded(n int, err error) {
+	g.stats.loads.Add(uint64(n))
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		g.stats.loadErrors.Add(uint64(n))
+	}
+}
+
+// Stats returns a snapshot of the Guard's counters.
+func (g *Guard) Stats() Stats {
+	c := &g.stats
+	cs := g.coord.Stats()
+	return Stats{
+		StaleWrites: cs.StaleWrites, LockWaits: cs.Waits, LockTimeouts: cs.Timeouts, Wakeups: cs.Wakeups,
+		Hits: c.hits.Load(), LocalHits: c.localHits.Load(), EmptyHits: c.empty.Load(), BloomRejects: c.rejects.Load(),
+		Misses: c.misses.Load(), Coalesced: c.coalesced.Load(),
+		Loads: c.loads.Load(), LoadErrors: c.loadErrors.Load(), RedisErrors: c.redisErrors.Load(),
+		CorruptValues: c.corrupt.Load(), SchemaMisses: c.schemaMisses.Load(), BloomBypasses: c.bypasses.Load(),
+		LoadThroughs: c.loadThroughs.Load(), Shed: c.shed.Load(), Unconfirmed: c.unconfirmed.Load(), BreakerOpens: c.breakerOpens.Load(),
+		AbandonedLoads: c.abandonedLoads.Load(), Refreshes: c.refreshes.Load(),
+		Unwritten: uint64(g.unw.n.Load()), WritesLost: c.writesLost.Load(), FilterCopy: uint64(g.copyBytes()),
+		FilterNotReady: g.bf.bypassing.Load(),
+	}
+}
+
+// striped is a counter that parallel hits update without sharing a cache
+// line (see stripes). Load is exact once the adds have returned.
+type striped struct{ s stripes }
+
+func (c *striped) Add(n uint64) { c.s.add(c.s.pick(), int64(n)) }
+
+func (c *striped) Load() uint64 { return uint64(c.s.sum()) }
+
+// stripes is a number spread over cache lines: each update goes to one
+// stripe and sum adds them up. Under parallel Gets, one shared word bounced
+// between cores on every call: the close gate's count of calls inside was
+// the most contended word of a local hit. The gate adds and takes back on
+// the stripe a call entered on; the hit counters (striped) add on any.
+type stripes struct {
+	s [numStripes]struct {
+		n atomic.Int64
+		_ [56]byte // a cache line each
+	}
+}
+
 const (
-	OutcomeHit         = aside.OutcomeHit
-	OutcomeLocalHit    = aside.OutcomeLocalHit
-	OutcomeReject      = aside.OutcomeReject
-	OutcomeMarker      = aside.OutcomeMarker
-	OutcomeMiss        = aside.OutcomeMiss
-	OutcomeCoalesced   = aside.OutcomeCoalesced
-	OutcomeLoadThrough = aside.OutcomeLoadThrough
-	OutcomeError       = aside.OutcomeError
+	stripeBits = 4
+	numStripes = 1 << stripeBits
 )
+
+// pick returns a stripe for this call: one derived from the address of the
+// calling goroutine's stack, so that a goroutine keeps adding on the same
+// stripe (its cache line stays with the core that runs it) and goroutines
+// with stacks of their own mostly land on different ones. A random stripe
+// per call moved the line between cores about every other add. The
+// address is only hashed, never turned back into a pointer; a stack that
+// grows and moves just picks another stripe.
+func (s *stripes) pick() int {
+	var onStack byte
+	a := uint64(uintptr(unsafe.Pointer(&onStack))) >> 10      // stacks are at least 2 KiB apart
+	return int((a * 0x9e3779b97f4a7c15) >> (64 - stripeBits)) // Fibonacci hashing onto the stripes
+}
+
+func (s *stripes) add(i int, d int64) { s.s[i].n.Add(d) }
+
+// sum is exact once every add has returned.
+func (s *stripes) sum() int64 {
+	var n int64
+	for i := range s.s {
+		n += s.s[i].n.Load()
+	}
+	return n
+}

@@ -11,9 +11,9 @@ import (
 
 	pgfollow "github.com/cacheguard/cacheguard/follow/postgres"
 	"github.com/cacheguard/cacheguard/guard"
-	"github.com/cacheguard/cacheguard/internal/aside"
 	"github.com/cacheguard/cacheguard/internal/cmdcount"
 	"github.com/cacheguard/cacheguard/internal/cputime"
+	"github.com/cacheguard/cacheguard/internal/feed"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
@@ -180,7 +180,7 @@ func BenchmarkInspect(b *testing.B) {
 	var cnt cmdcount.Counter
 	rdb := redistest.Connect(b)
 	rdb.AddHook(&cnt)
-	e := aside.EngineOf(fx.guard(rdb))
+	e := feed.Of(fx.guard(rdb))
 	fx.warm(rows)
 	ids := make([]string, batch)
 	ctx := context.Background()

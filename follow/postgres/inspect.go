@@ -10,12 +10,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cacheguard/cacheguard/internal/aside"
+	"github.com/cacheguard/cacheguard/internal/feed"
 )
 
 // The inspector: a sample of the IDs the follower writes is read back from
 // Redis at each of Inspect.Delays after the write landed, as a Get in
-// another process reads them (aside.Held). An entry the write should have
+// another process reads them (feed.Held). An entry the write should have
 // dropped (filled before it, on Redis's clock), a "not found" marker older
 // than an INSERT, or an inserted ID the filter does not admit is an
 // inconsistency. Fill times come from Redis's clock (the entry's fill-time
@@ -244,9 +244,9 @@ func (in *inspector) take(now time.Time) (due []sample, next time.Time) {
 // Redis fails is dropped (not counted), as are those of a closed Guard.
 func (f *Follower) inspectDue(ctx context.Context, due []sample) {
 	in := f.insp
-	byEngine := map[*aside.Engine][]int{}
+	byEngine := map[feed.Engine][]int{}
 	for i, s := range due {
-		e := aside.EngineOf(s.t.Guard)
+		e := feed.Of(s.t.Guard)
 		byEngine[e] = append(byEngine[e], i)
 	}
 	for e, idx := range byEngine {
@@ -283,7 +283,7 @@ func (f *Follower) inspectDue(ctx context.Context, due []sample) {
 // filled before the write only if it was filled before Redis's clock at the
 // check less the local time elapsed since the batch began (and the clock
 // allowance): the write ran later than that, whichever clocks are off.
-func (in *inspector) judge(s sample, h aside.Held, read time.Time) string {
+func (in *inspector) judge(s sample, h feed.Held, read time.Time) string {
 	before := h.Now.Add(-read.Sub(s.began) - clockAllowance)
 	old := !h.Filled.IsZero() && h.Filled.Before(before)
 	age := h.Now.Sub(h.Filled).Round(time.Millisecond)

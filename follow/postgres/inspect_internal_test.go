@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cacheguard/cacheguard/internal/aside"
+	"github.com/cacheguard/cacheguard/internal/feed"
 )
 
 // TestJudge: the inspector's rule on what Redis held, with Redis's clock an
@@ -30,20 +30,20 @@ func TestJudge(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		st   final
-		h    aside.Held
+		h    feed.Held
 		bad  bool
 	}{
-		{"updated: entry filled before the write", update, aside.Held{Filled: write.Add(-time.Second), Values: 1, Admitted: true}, true},
-		{"updated: entry refilled 5 ms after the write", update, aside.Held{Filled: write.Add(5 * time.Millisecond), Values: 1, Admitted: true}, false},
-		{"updated: marker filled before the write", update, aside.Held{Filled: write.Add(-time.Second), Markers: 1, Admitted: true}, true},
-		{"updated: entry of unknown fill time", update, aside.Held{Values: 1, Admitted: true}, false},
-		{"updated: no entry", update, aside.Held{Admitted: true}, false},
-		{"deleted: value filled before the write", del, aside.Held{Filled: write.Add(-time.Second), Values: 1, Admitted: true}, true},
-		{"deleted: the write's marker", del, aside.Held{Filled: write, Markers: 1, Admitted: true}, false},
-		{"inserted: marker filled before the write", insert, aside.Held{Filled: write.Add(-time.Second), Markers: 1, Admitted: true}, true},
-		{"inserted: value filled before the write (Set by the service)", insert, aside.Held{Filled: write.Add(-time.Second), Values: 1, Admitted: true}, false},
-		{"inserted: not admitted", insert, aside.Held{}, true},
-		{"inserted: admitted", insert, aside.Held{Admitted: true}, false},
+		{"updated: entry filled before the write", update, feed.Held{Filled: write.Add(-time.Second), Values: 1, Admitted: true}, true},
+		{"updated: entry refilled 5 ms after the write", update, feed.Held{Filled: write.Add(5 * time.Millisecond), Values: 1, Admitted: true}, false},
+		{"updated: marker filled before the write", update, feed.Held{Filled: write.Add(-time.Second), Markers: 1, Admitted: true}, true},
+		{"updated: entry of unknown fill time", update, feed.Held{Values: 1, Admitted: true}, false},
+		{"updated: no entry", update, feed.Held{Admitted: true}, false},
+		{"deleted: value filled before the write", del, feed.Held{Filled: write.Add(-time.Second), Values: 1, Admitted: true}, true},
+		{"deleted: the write's marker", del, feed.Held{Filled: write, Markers: 1, Admitted: true}, false},
+		{"inserted: marker filled before the write", insert, feed.Held{Filled: write.Add(-time.Second), Markers: 1, Admitted: true}, true},
+		{"inserted: value filled before the write (Set by the service)", insert, feed.Held{Filled: write.Add(-time.Second), Values: 1, Admitted: true}, false},
+		{"inserted: not admitted", insert, feed.Held{}, true},
+		{"inserted: admitted", insert, feed.Held{Admitted: true}, false},
 	} {
 		tc.h.Now = redisNow
 		if got := in.judge(sample(tc.st), tc.h, read) != ""; got != tc.bad {
@@ -57,7 +57,7 @@ func TestJudge(t *testing.T) {
 	}
 	// Superseded: an inserted ID written again, or its table reset, since.
 	in.watched[idOf{tbl, "a"}] = &watch{batch: 2}
-	if got := in.judge(sample(insert), aside.Held{Now: redisNow}, read); got != "" {
+	if got := in.judge(sample(insert), feed.Held{Now: redisNow}, read); got != "" {
 		t.Errorf("inserted, written again since, not admitted: %q, want nothing", got)
 	}
 }

@@ -15,7 +15,7 @@ import (
 
 	pgfollow "github.com/cacheguard/cacheguard/follow/postgres"
 	"github.com/cacheguard/cacheguard/guard"
-	"github.com/cacheguard/cacheguard/internal/aside"
+	"github.com/cacheguard/cacheguard/internal/feed"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
@@ -272,7 +272,7 @@ func TestInspectorSeesRollback(t *testing.T) {
 	fx := newFixture(t, os.Getenv(envPG), rdb, readerRDB, "inspect", rollbackRows)
 	fx.insp = pgfollow.Inspect{Rate: 1, Delays: []time.Duration{time.Hour}} // checked when the test says (InspectNow)
 	g := fx.guard(rdb)
-	aside.SetWatch(aside.EngineOf(g), false)
+	feed.Of(g).SetWatch(false)
 	f, _ := fx.follow(g)
 	fx.warm(rollbackRows)
 	fx.caughtUp(f)

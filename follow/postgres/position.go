@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/cacheguard/cacheguard/internal/aside"
+	"github.com/cacheguard/cacheguard/internal/feed"
 )
 
 // Writes Redis lost: the slot confirms a position only after the follower's
@@ -33,7 +33,7 @@ const (
 
 // held is one Guard's Redis as the follower knows it (Run's goroutine alone).
 type held struct {
-	e      *aside.Engine
+	e      feed.Engine
 	tables []*Table
 	at     uint64 // the position Redis held when last read or set
 	known  bool   // at was read or set in this session
@@ -198,11 +198,11 @@ func (f *Follower) replay(ctx context.Context, h *held, from pglogrepl.LSN) erro
 
 // heldGuards groups the followed tables by Guard.
 func (f *Follower) heldGuards() []*held {
-	by := map[*aside.Engine]*held{}
+	by := map[feed.Engine]*held{}
 	var hs []*held
 	for _, name := range f.names() {
 		t := f.tables[name]
-		e := aside.EngineOf(t.Guard)
+		e := feed.Of(t.Guard)
 		h := by[e]
 		if h == nil {
 			h = &held{e: e}

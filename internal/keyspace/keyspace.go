@@ -36,6 +36,11 @@ type Guard struct {
 	maxLen int
 }
 
+// DefaultMaxKeyLen is the longest ID a Guard accepts, in bytes, unless its
+// Options.Tuning.MaxKeyLen says otherwise (the admin command checks IDs with
+// it too).
+const DefaultMaxKeyLen = 128
+
 // ForGuard returns the names of the Guard called name under prefix, whose IDs
 // are at most maxLen bytes. Both must have been checked with ValidPrefix and
 // ValidName.

@@ -1,4 +1,4 @@
-package aside
+package guard
 
 import (
 	"context"
@@ -71,7 +71,7 @@ type telemetry struct {
 	spanOpts []trace.SpanStartOption
 }
 
-func newTelemetry(g *Engine, tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry, error) {
+func newTelemetry(g *Guard, tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry, error) {
 	if tp == nil && mp == nil {
 		return nil, nil
 	}

@@ -1,4 +1,4 @@
-package aside
+package guard
 
 import (
 	"context"
@@ -12,26 +12,45 @@ import (
 	"github.com/cacheguard/cacheguard/lock"
 )
 
-// LoadFunc is guard.LoadFunc.
+// LoadFunc loads the value of id from the source of truth. It reports an ID
+// that does not exist with an error wrapping ErrNotFound (for example
+// fmt.Errorf("%w: %w", guard.ErrNotFound, sql.ErrNoRows)); any other error
+// fails the Get and is not cached.
 type LoadFunc[T any] func(ctx context.Context, id string) (T, error)
 
-// Traced reports whether Gets run in spans (OpenTelemetry is on): guard.Get
-// then calls GetTraced, else Get, one call deep either way.
-func (g *Engine) Traced() bool { return g.tel != nil }
+// Get returns the value of id: from the cache, or from load on a miss (see
+// the package doc for the steps). It returns ErrNotFound (test with
+// errors.Is) when the ID does not exist, ErrInvalidKey for a malformed ID,
+// the load's error wrapped when load fails, ErrBusy, ErrClosed, ErrWrongType
+// when g is bound to another type, and errors wrapping ErrUnavailable when
+// Redis fails (never ErrNotFound). load runs on a context detached from ctx
+// and bounded by LoadTimeout, shared by every caller of id in this process
+// whose Get started before the load did; Get itself returns as soon as ctx
+// is done.
+func Get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, error) {
+	if g == nil || load == nil {
+		var zero T
+		return zero, errNil("Get")
+	}
+	if g.tel != nil { // one call deep either way
+		return getTraced(ctx, g, id, load)
+	}
+	return get(ctx, g, id, load)
+}
 
-// GetTraced is Get inside the Get's span.
-func GetTraced[T any](ctx context.Context, g *Engine, id string, load LoadFunc[T]) (T, error) {
+// getTraced is get inside the Get's span.
+func getTraced[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, error) {
 	ctx, span := g.tel.start(ctx, "cacheguard.Get")
-	v, err := Get(ctx, g, id, load)
+	v, err := get(ctx, g, id, load)
 	g.tel.end(ctx, span, err)
 	return v, err
 }
 
-// Get is guard.Get (documented there): the five steps of a Get, top-down
-// (g and load are not nil: guard checked them).
-func Get[T any](ctx context.Context, g *Engine, id string, load LoadFunc[T]) (T, error) {
+// get is the five steps of a Get, top-down (g and load are not nil: Get
+// checked them).
+func get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, error) {
 	var zero T
-	if err := Bind[T](g); err != nil {
+	if err := bind[T](g); err != nil {
 		return zero, err
 	}
 	// Before the local copy too: a read made after a failover, before the
@@ -122,7 +141,7 @@ var afterRead func(id string)
 // getUnwritten answers a Get of an ID whose last write did not reach Redis
 // from the load function alone, as in an outage, until the write is
 // replayed (replay.go).
-func getUnwritten[T any](ctx context.Context, g *Engine, id string, load LoadFunc[T]) (T, error) {
+func getUnwritten[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, error) {
 	pass, err := g.sup.enter()
 	if err != nil {
 		var zero T
@@ -138,7 +157,7 @@ func getUnwritten[T any](ctx context.Context, g *Engine, id string, load LoadFun
 	return loadThrough(ctx, g, id, vkey, load, since{at: g.starts.Load()}, cause)
 }
 
-// since is when a caller started: Engine.starts then, and the local cache's
+// since is when a caller started: Guard.starts then, and the local cache's
 // epoch then (0 without Options.Local). A flight or shared read takes its
 // number with starts.Add(1) as it starts, so it started after the caller
 // exactly when its number is greater than the caller's at: the atomic
@@ -156,7 +175,7 @@ func (from since) startedBefore(n uint64) bool { return n <= from.at }
 // readFor is step 3 for a caller that started at from: the probe and the
 // read (see read), or with Options.Local a read shared with the ID's other
 // callers (see readShared).
-func (g *Engine) readFor(ctx context.Context, id, vkey string, from since) (readResult, error) {
+func (g *Guard) readFor(ctx context.Context, id, vkey string, from since) (readResult, error) {
 	if g.local != nil {
 		return g.readShared(ctx, id, vkey, from, true)
 	}
@@ -167,7 +186,7 @@ func (g *Engine) readFor(ctx context.Context, id, vkey string, from since) (read
 // (ErrNotFound) or a value, which it keeps in the local cache and perhaps
 // refreshes. ok is false when the read answers nothing (a miss, or a
 // corrupt entry, dropped): load.
-func answerRead[T any](ctx context.Context, g *Engine, id, vkey string, r readResult, load LoadFunc[T], from since) (v T, ok bool, err error) {
+func answerRead[T any](ctx context.Context, g *Guard, id, vkey string, r readResult, load LoadFunc[T], from since) (v T, ok bool, err error) {
 	switch r.verdict {
 	case verdictRejected:
 		g.answered(ctx, outRejected, false, false)
@@ -195,7 +214,7 @@ func answerRead[T any](ctx context.Context, g *Engine, id, vkey string, r readRe
 // it; once Close has begun, it answers nothing and the caller's gate.enter
 // reports ErrClosed. IDs are not checked here: a malformed one was never
 // stored, so it misses and Get refuses it afterwards.
-func localHit[T any](ctx context.Context, g *Engine, id string) (T, localState) {
+func localHit[T any](ctx context.Context, g *Guard, id string) (T, localState) {
 	if g.sup.closed.Load() {
 		var zero T
 		return zero, localNone
@@ -209,7 +228,7 @@ func localHit[T any](ctx context.Context, g *Engine, id string) (T, localState) 
 
 // fromLocal is the copy of id in process memory, if there is one that
 // decodes (one that does not is dropped).
-func fromLocal[T any](g *Engine, id string) (T, localState) {
+func fromLocal[T any](g *Guard, id string) (T, localState) {
 	var zero T
 	e, st := g.local.get(id)
 	if st != localFresh {
@@ -298,7 +317,7 @@ func (s *seenTable) seen(id string) bool {
 // should take the key's lock too (see above). The table is allocated when
 // the first miss opens the gate: a Guard whose reads always hit never has
 // one.
-func (g *Engine) lockWithRead(id string) bool {
+func (g *Guard) lockWithRead(id string) bool {
 	if g.rd.lockBias.Load() <= 0 {
 		return false
 	}
@@ -309,7 +328,7 @@ func (g *Engine) lockWithRead(id string) bool {
 // sawRead records, after a read, that this process read id: a hit, or a
 // miss whose flight is about to fill it (the ID's other callers here then
 // join that flight instead of taking its lock).
-func (g *Engine) sawRead(id string) {
+func (g *Guard) sawRead(id string) {
 	if s := g.rd.seen.Load(); s != nil {
 		s.saw(id)
 	}
@@ -329,7 +348,7 @@ const (
 
 // lockUseful records a miss (see Lock bias); the first one makes the table
 // of IDs read lately.
-func (g *Engine) lockUseful() {
+func (g *Guard) lockUseful() {
 	if g.rd.seen.Load() == nil {
 		g.rd.seen.CompareAndSwap(nil, &seenTable{seed: maphash.MakeSeed()})
 	}
@@ -340,7 +359,7 @@ func (g *Engine) lockUseful() {
 
 // lockUseless records a reject, or a lock a read took for an entry that
 // was there (see Lock bias).
-func (g *Engine) lockUseless() {
+func (g *Guard) lockUseless() {
 	if g.rd.lockBias.Add(-lockPenalty) < 0 {
 		g.rd.lockBias.Store(0)
 	}
@@ -349,7 +368,7 @@ func (g *Engine) lockUseless() {
 // giveBack releases a lock that a read took and its Get did not use, in a
 // goroutine of the supervisor's: the Get does not wait for it. Close
 // waits for it (and cancels it: the lock then lapses); flush too.
-func (g *Engine) giveBack(l *lock.Lock, vkey string) {
+func (g *Guard) giveBack(l *lock.Lock, vkey string) {
 	if l == nil {
 		return
 	}

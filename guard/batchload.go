@@ -1,4 +1,4 @@
-package aside
+package guard
 
 import (
 	"context"
@@ -18,7 +18,7 @@ import (
 // asks later (it waited, then took over from a holder that died) loads on
 // its own.
 type batchLoad[T any] struct {
-	g         *Engine
+	g         *Guard
 	load      BatchLoadFunc[T]
 	loads     *batch.Batcher[loadReq[T]]
 	undecided atomic.Int64 // misses not decided yet; the last to decide releases the place
@@ -37,7 +37,7 @@ type member[T any] struct {
 	decided atomic.Bool
 }
 
-func newBatch[T any](g *Engine, load BatchLoadFunc[T], n int) *batchLoad[T] {
+func newBatch[T any](g *Guard, load BatchLoadFunc[T], n int) *batchLoad[T] {
 	b := &batchLoad[T]{g: g, load: load}
 	b.undecided.Store(int64(n))
 	b.loads = batch.New(1, n, b.run, g.sup.spawn)

@@ -1,4 +1,4 @@
-package aside
+package guard
 
 import (
 	"context"
@@ -6,7 +6,7 @@ import (
 	"sync/atomic"
 )
 
-// supervisor owns every goroutine an Engine starts and every flight under
+// supervisor owns every goroutine a Guard starts and every flight under
 // way: each runs through go (or holds a place with hold) on the
 // supervisor's ctx, which stop cancels before it waits for all of them.
 // Close stops it after the gate has drained, so no call can start one
@@ -15,7 +15,7 @@ import (
 // goroutine but the loops that wait for Redis: retry), instead of sleeping.
 type supervisor struct {
 	gate                   // every entry point and flight passes it; close shuts it before stop
-	ctx    context.Context // the Engine's own: New's values, not its cancellation; cancelled by stop
+	ctx    context.Context // the Guard's own: New's values, not its cancellation; cancelled by stop
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // one per goroutine or hold
 

@@ -1,4 +1,4 @@
-package aside
+package guard
 
 import (
 	"errors"

@@ -1,4 +1,4 @@
-package aside
+package guard
 
 import (
 	"context"
@@ -80,18 +80,29 @@ func (h *rateLimited) WithGroup(name string) slog.Handler {
 	return &rateLimited{next: h.next.WithGroup(name), state: h.state}
 }
 
-// RedisLog is guard.RedisLogger's: go-redis's lines at WARN, each format
-// (the cause, whatever its arguments) limited as rateLimited limits.
-type RedisLog struct {
+// RedisLogger returns a logger for go-redis's own lines (dial failures, pool
+// trouble) that writes them to log at WARN, each kind at most once per 10 s
+// with a count of those held back ("suppressed"), as a Guard's logger does:
+//
+//	redis.SetLogger(guard.RedisLogger(logger))
+func RedisLogger(log *slog.Logger) interface {
+	Printf(ctx context.Context, format string, v ...any)
+} {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &redisLog{log: log, state: newLimits()}
+}
+
+// redisLog is RedisLogger's: go-redis's lines at WARN, each format (the
+// cause, whatever its arguments) limited as rateLimited limits.
+type redisLog struct {
 	log   *slog.Logger
 	state *limits
 }
 
-// NewRedisLog is guard.RedisLogger.
-func NewRedisLog(log *slog.Logger) *RedisLog { return &RedisLog{log: log, state: newLimits()} }
-
 // Printf is redis.SetLogger's interface.
-func (l *RedisLog) Printf(ctx context.Context, format string, v ...any) {
+func (l *redisLog) Printf(ctx context.Context, format string, v ...any) {
 	if ctx == nil {
 		ctx = context.Background()
 	}

@@ -1,4 +1,4 @@
-package aside
+package guard
 
 import (
 	"context"
@@ -8,8 +8,25 @@ import (
 	"github.com/cacheguard/cacheguard/codec"
 )
 
-// RefreshOptions is guard.RefreshOptions (documented there).
+// RefreshOptions turns on refresh-ahead (stale-while-revalidate for expiry):
+// a value is written with a refresh-at time inside its TTL, and a Get that
+// finds it past that time serves it at once and starts one refresh in the
+// background, so callers of a hot key never wait for its load. One refresh
+// per key per process at a time, and one across processes (it takes the
+// key's lock once, without waiting: a process that finds the lock held
+// leaves the refresh to its holder). The refresh's write checks its lock
+// like a fill's, and the Redis TTL is the hard expiry: past it the key is a plain
+// miss. Writes are never bypassed: Invalidate, Set and Delete replace or
+// drop the entry, so after they return no Get serves the old value, and a
+// refresh that read the old row is refused.
+//
+// Frames written with refresh-ahead carry the refresh-at time (a frame kind
+// that versions before this one read as corrupt: turn it on together with a
+// new Options.Version during a rolling deploy).
 type RefreshOptions struct {
+	// At is the share of a value's TTL after which a Get refreshes it, in
+	// (0, 1): about 1/At loads per TTL, and (1−At)·TTL for the refresh to
+	// land. Default 0.85.
 	At float64
 }
 
@@ -24,7 +41,7 @@ func pastRefreshAt(raw []byte) bool {
 // a fill of the ID does not join it). Its goroutine is the supervisor's
 // (flush waits for it), started from inside the gate, so Close cannot miss
 // it; Close cancels it too, and waits for it.
-func refresh[T any](g *Engine, id, vkey string, raw []byte, load LoadFunc[T]) {
+func refresh[T any](g *Guard, id, vkey string, raw []byte, load LoadFunc[T]) {
 	if !pastRefreshAt(raw) {
 		return
 	}

@@ -1,4 +1,4 @@
-package aside
+package guard
 
 import (
 	"context"
@@ -13,9 +13,14 @@ import (
 
 	"github.com/cacheguard/cacheguard/bloom"
 	"github.com/cacheguard/cacheguard/codec"
+	"github.com/cacheguard/cacheguard/internal/feed"
 	"github.com/cacheguard/cacheguard/internal/keyspace"
 	"github.com/cacheguard/cacheguard/internal/redisfail"
 )
+
+// The follower's inspector reads back what Redis holds of the IDs it wrote,
+// as a Get in another process would find it, through internal/feed
+// (position.go): one round trip, nothing written, nothing loaded.
 
 var (
 	//go:embed lua/inspect.lua
@@ -23,21 +28,10 @@ var (
 	inspect    = redis.NewScript(inspectLua)
 )
 
-// Held is what Redis holds of one ID, read as a Get in another process
-// reads it (no local cache, no copy of the filter), for the follower's
-// inspector. Now and Filled are on the clock of the Redis node that holds
-// the ID, so they compare with each other whatever the processes' clocks.
-type Held struct {
-	Now      time.Time // Redis's clock when read; zero: not read (an ID the Guard refuses)
-	Filled   time.Time // when the entry was written; zero: no entry, or one from before fill times
-	Values   int       // schema versions whose entry holds a value
-	Markers  int       // schema versions whose entry holds the empty marker
-	Admitted bool      // the filter may hold the ID (true too while it is not ready: Gets load through then)
-}
-
 // Inspect reads what Redis holds of ids in one round trip (one script and
 // one probe of the filter per ID); it writes nothing and loads nothing.
-func (g *Engine) Inspect(ctx context.Context, ids []string) ([]Held, error) {
+func (v *followed) Inspect(ctx context.Context, ids []string) ([]feed.Held, error) {
+	g := (*Guard)(v)
 	pass, err := g.sup.enter()
 	if err != nil {
 		return nil, err
@@ -47,7 +41,7 @@ func (g *Engine) Inspect(ctx context.Context, ids []string) ([]Held, error) {
 	if err != nil {
 		return nil, err
 	}
-	held := make([]Held, len(ids))
+	held := make([]feed.Held, len(ids))
 	cmds := make([]*redis.Cmd, len(ids))
 	probes := make([]bloom.Probe, len(ids))
 	for sha := true; ; sha = false { // the script by its SHA, sent whole if Redis lacks it
@@ -95,19 +89,19 @@ func (g *Engine) Inspect(ctx context.Context, ids []string) ([]Held, error) {
 }
 
 // parseHeld reads inspect.lua's reply.
-func parseHeld(v any) (Held, error) {
+func parseHeld(v any) (feed.Held, error) {
 	r, ok := v.([]any)
 	if !ok || len(r) != 5 {
-		return Held{}, fmt.Errorf("unexpected reply %v", v)
+		return feed.Held{}, fmt.Errorf("unexpected reply %v", v)
 	}
 	sec, err1 := strconv.ParseInt(fmt.Sprint(r[0]), 10, 64)
 	usec, err2 := strconv.ParseInt(fmt.Sprint(r[1]), 10, 64)
 	values, ok1 := r[3].(int64)
 	markers, ok2 := r[4].(int64)
 	if err1 != nil || err2 != nil || !ok1 || !ok2 {
-		return Held{}, fmt.Errorf("unexpected reply %v", v)
+		return feed.Held{}, fmt.Errorf("unexpected reply %v", v)
 	}
-	h := Held{Now: time.Unix(sec, usec*1000), Values: int(values), Markers: int(markers)}
+	h := feed.Held{Now: time.Unix(sec, usec*1000), Values: int(values), Markers: int(markers)}
 	if s, ok := r[2].(string); ok {
 		if us, err := strconv.ParseInt(s, 10, 64); err == nil {
 			h.Filled = time.UnixMicro(us)

@@ -1,4 +1,4 @@
-package aside
+package guard
 
 import (
 	"context"
@@ -14,10 +14,28 @@ import (
 	"github.com/cacheguard/cacheguard/internal/pubsub"
 )
 
-// LocalOptions is guard.LocalOptions (documented there).
+// LocalOptions turns on an in-process cache in front of Redis: values this
+// process read or loaded are served from memory, with no round trip, for up
+// to TTL, and never past their entry's TTL in Redis.
+//
+// This process sees its own writes at once: Invalidate, Set and Delete drop
+// or replace its copy before they return. Other processes learn of a write
+// from a message on the Guard's pub/sub channel, sent in the write's round
+// trip: until it arrives (milliseconds) they may serve their copy, and TTL
+// bounds what a lost message can leave stale. Without Local the guarantee is
+// exact. docs/design-notes.md gives the measured window and alternatives.
+//
+// A local hit costs no decode for most types: a copy is kept decoded, and
+// handed out as is (no slices, maps or pointers) or deep-copied per caller
+// (internal/clone); other types are decoded on every hit.
 type LocalOptions struct {
+	// Size caps the values kept; when full, the eviction policy of
+	// github.com/maypok86/otter/v2 (adaptive W-TinyLFU: it keeps what is
+	// read often and recently) picks what goes. Default 10,000.
 	Size int
-	TTL  time.Duration
+	// TTL is how long a value is served from memory at most: a copy also
+	// never outlives its entry's TTL in Redis. Default 1 second.
+	TTL time.Duration
 }
 
 // local is the in-process cache: otter holds the copies, keyed by ID (a

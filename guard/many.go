@@ -1,4 +1,4 @@
-package aside
+package guard
 
 import (
 	"context"
@@ -12,13 +12,24 @@ import (
 	"github.com/cacheguard/cacheguard/internal/redisfail"
 )
 
-// BatchLoadFunc is guard.BatchLoadFunc.
+// BatchLoadFunc loads the values of ids from the source of truth, for
+// GetMany. An ID missing from the map does not exist (it gets an empty
+// marker); an error fails every ID of the call and nothing is cached.
 type BatchLoadFunc[T any] func(ctx context.Context, ids []string) (map[string]T, error)
 
-// GetMany is guard.GetMany (documented there).
-func GetMany[T any](ctx context.Context, g *Engine, ids []string, load BatchLoadFunc[T]) (map[string]T, error) {
+// GetMany returns the values of the ids that exist, in a map (an ID that
+// does not exist is not in it), for list pages and joins. One round trip
+// reads every ID's entry (with the bloom probes while reads miss; on a
+// cluster, each node its share in parallel): a warm page costs that alone.
+// The misses are loaded once per ID across processes, and those whose lock
+// this call takes load together in one call of load; IDs it does not return
+// get "not found" markers. With Options.Local, memory answers first.
+// Malformed IDs fail the call with ErrInvalidKey; if some IDs fail, the map
+// holds the others and the error joins the failures. When Redis cannot
+// answer, the misses load through in one call.
+func GetMany[T any](ctx context.Context, g *Guard, ids []string, load BatchLoadFunc[T]) (map[string]T, error) {
 	if g == nil || load == nil {
-		return nil, errors.New("cacheguard: GetMany needs a non-nil Guard and load function")
+		return nil, errNil("GetMany")
 	}
 	if g.tel == nil {
 		return getMany(ctx, g, ids, load)
@@ -30,13 +41,13 @@ func GetMany[T any](ctx context.Context, g *Engine, ids []string, load BatchLoad
 }
 
 // getMany is GetMany without its span.
-func getMany[T any](ctx context.Context, g *Engine, ids []string, load BatchLoadFunc[T]) (map[string]T, error) {
+func getMany[T any](ctx context.Context, g *Guard, ids []string, load BatchLoadFunc[T]) (map[string]T, error) {
 	pass, err := g.sup.enter()
 	if err != nil {
 		return nil, err
 	}
 	defer g.sup.leave(pass)
-	if err := Bind[T](g); err != nil {
+	if err := bind[T](g); err != nil {
 		return nil, err
 	}
 	ids = dedupe(ids)
@@ -108,7 +119,7 @@ func getMany[T any](ctx context.Context, g *Engine, ids []string, load BatchLoad
 // manyUnwritten loads through (as in an outage) the IDs whose writes have
 // not reached Redis, or were lost by it, and takes them out of ids, keys
 // and reads (nil: not read yet).
-func manyUnwritten[T any](ctx context.Context, g *Engine, ids, keys *[]string, reads *[]readResult, load BatchLoadFunc[T], out map[string]T) error {
+func manyUnwritten[T any](ctx context.Context, g *Guard, ids, keys *[]string, reads *[]readResult, load BatchLoadFunc[T], out map[string]T) error {
 	if g.unw.n.Load() == 0 {
 		return nil
 	}
@@ -137,7 +148,7 @@ func manyUnwritten[T any](ctx context.Context, g *Engine, ids, keys *[]string, r
 
 // localMany answers the IDs that the in-process cache holds (into out) and
 // returns the others, with their keys.
-func localMany[T any](ctx context.Context, g *Engine, ids, keys []string, out map[string]T) (restIDs, restKeys []string) {
+func localMany[T any](ctx context.Context, g *Guard, ids, keys []string, out map[string]T) (restIDs, restKeys []string) {
 	for i, id := range ids {
 		if v, st := fromLocal[T](g, id); st == localFresh {
 			out[id] = v
@@ -153,7 +164,7 @@ func localMany[T any](ctx context.Context, g *Engine, ids, keys []string, out ma
 // same pipeline while recent reads missed (the adaptive order of read: a
 // warm page is one command per ID; otherwise the probes of the IDs that
 // had no entry follow in a second round trip).
-func (g *Engine) readMany(ctx context.Context, ids, keys []string) ([]readResult, error) {
+func (g *Guard) readMany(ctx context.Context, ids, keys []string) ([]readResult, error) {
 	done, err := g.outage.before()
 	if err != nil {
 		return nil, fmt.Errorf("cacheguard: %s: read: %w", g.name, err)
@@ -163,7 +174,7 @@ func (g *Engine) readMany(ctx context.Context, ids, keys []string) ([]readResult
 	return out, err
 }
 
-func (g *Engine) readManyOnce(ctx context.Context, ids, keys []string) ([]readResult, error) {
+func (g *Guard) readManyOnce(ctx context.Context, ids, keys []string) ([]readResult, error) {
 	f := g.bf.f.Load()
 	local := g.local != nil
 	probeNow := f != nil && g.rd.probing(local)
@@ -235,7 +246,7 @@ func (g *Engine) readManyOnce(ctx context.Context, ids, keys []string) ([]readRe
 // of load (batchLoad): a Get or GetMany of the same ID in this process
 // joins the flight, and the flight keeps what it loaded in the local
 // cache. It adds what the flights found to out.
-func fillMany[T any](ctx context.Context, g *Engine, ids, keys []string, load BatchLoadFunc[T], out map[string]T, from since) error {
+func fillMany[T any](ctx context.Context, g *Guard, ids, keys []string, load BatchLoadFunc[T], out map[string]T, from since) error {
 	b := newBatch(g, load, len(ids))
 	type answer struct {
 		id  string
@@ -278,7 +289,7 @@ func fillMany[T any](ctx context.Context, g *Engine, ids, keys []string, load Ba
 
 // loadManyThrough answers GetMany without Redis (the outage policy): one
 // call of load for every ID, uncached, within the load-through cap.
-func loadManyThrough[T any](ctx context.Context, g *Engine, ids []string, load BatchLoadFunc[T], out map[string]T, cause error) error {
+func loadManyThrough[T any](ctx context.Context, g *Guard, ids []string, load BatchLoadFunc[T], out map[string]T, cause error) error {
 	if g.outage.failFast {
 		return cause
 	}

@@ -1,4 +1,4 @@
-package aside
+package guard
 
 import (
 	"context"
@@ -31,7 +31,7 @@ type joined[T any] struct {
 // (no write made or heard since). Every caller is answered when the flight
 // ends, after its write, release and publish ran in Redis: a process may
 // exit as soon as its Gets return, and must not leave the lock behind.
-func join[T any](ctx context.Context, g *Engine, key string, from since, proto flight[T],
+func join[T any](ctx context.Context, g *Guard, key string, from since, proto flight[T],
 	run func(c *flight[T], ctx context.Context) (flightResult, error),
 ) (joined[T], error) {
 	serves := func(fl flightResult) bool { // the rule above
@@ -63,7 +63,7 @@ func join[T any](ctx context.Context, g *Engine, key string, from since, proto f
 // joinServed joins flights of key until one serves the caller (join), four
 // times at most: the one retry loop of fill and loadThrough. Between two
 // rounds reread, if set, may answer instead (it reports whether it did).
-func joinServed[T any](ctx context.Context, g *Engine, key string, from since, proto flight[T],
+func joinServed[T any](ctx context.Context, g *Guard, key string, from since, proto flight[T],
 	run func(c *flight[T], ctx context.Context) (flightResult, error), reread func() bool,
 ) (j joined[T], err error) {
 	for attempt := 0; ; attempt++ {
@@ -77,7 +77,7 @@ func joinServed[T any](ctx context.Context, g *Engine, key string, from since, p
 
 // answerJoined is a caller's answer from its flight: counted, a panic made
 // ErrLoaderPanic, and its own copy of the value. through: a load-through.
-func answerJoined[T any](ctx context.Context, g *Engine, id string, j joined[T], err error, through bool) (T, error) {
+func answerJoined[T any](ctx context.Context, g *Guard, id string, j joined[T], err error, through bool) (T, error) {
 	g.answered(ctx, j.fl.outcome, j.shared && !j.mine, through)
 	if err != nil {
 		var zero T
@@ -87,7 +87,7 @@ func answerJoined[T any](ctx context.Context, g *Engine, id string, j joined[T],
 }
 
 // joinedValue is a caller's own copy of the value its flight found.
-func joinedValue[T any](g *Engine, id string, j joined[T]) (T, error) {
+func joinedValue[T any](g *Guard, id string, j joined[T]) (T, error) {
 	if j.mine && j.c.decoded {
 		return j.c.v, nil // the flight has put its answer in the local cache (keep)
 	}
@@ -97,7 +97,7 @@ func joinedValue[T any](g *Engine, id string, j joined[T]) (T, error) {
 // noWriteHeard reports whether the local cache heard of no write between
 // two epochs read while it was armed (arming raises the epoch, so an epoch
 // read before the subscription never equals one read after it).
-func (g *Engine) noWriteHeard(then, now uint64) bool {
+func (g *Guard) noWriteHeard(then, now uint64) bool {
 	return g.local != nil && then != 0 && then == now && g.local.sub.Load() != nil
 }
 
@@ -106,7 +106,7 @@ func (g *Engine) noWriteHeard(then, now uint64) bool {
 // caller's read took it (see lockWithRead): the flight the caller starts
 // loads under it; if the caller joins a flight already under way instead,
 // it gives the lock back.
-func fill[T any](ctx context.Context, g *Engine, id, vkey string, load LoadFunc[T], from since, held *lock.Lock) (T, error) {
+func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T], from since, held *lock.Lock) (T, error) {
 	// Between rounds: the flight that ended has written its answer (or
 	// another's write deleted it), and a read that starts now usually finds
 	// it, one round trip where a flight would take two. The callers in this
@@ -138,7 +138,7 @@ func fill[T any](ctx context.Context, g *Engine, id, vkey string, load LoadFunc[
 // which the Coordinator calls from the flight's goroutine), and the caller
 // that started it reads it after the flight returned: it needs no lock.
 type flight[T any] struct {
-	g        *Engine
+	g        *Guard
 	id, vkey string
 	load     LoadFunc[T]
 
@@ -149,7 +149,7 @@ type flight[T any] struct {
 	refresh  bool         // a refresh ahead of expiry: an entry past its refresh-at time does not answer
 	epoch    uint64       // the local cache's epoch when the flight began (0 without Options.Local)
 	began    time.Time    // with Options.Local: a clock read before the lock attempt and its re-check (see local.put)
-	loadedAt uint64       // the last load's number from Engine.starts, taken as it began (0: no load)
+	loadedAt uint64       // the last load's number from Guard.starts, taken as it began (0: no load)
 
 	found   flightResult // what the re-check or the load found
 	err     error        // the answer's error: ErrNotFound after a marker, or the load's failure
@@ -401,7 +401,7 @@ func (c *flight[T]) bounded(ctx context.Context) (T, error) {
 // the outage policy. cause is the Redis failure that sent it here. Loads are
 // merged per ID in this process (a flight keyed apart from the fill flights)
 // under the same started-after rule as fill (join), and capped by MaxLoads.
-func loadThrough[T any](ctx context.Context, g *Engine, id, vkey string, load LoadFunc[T], from since, cause error) (T, error) {
+func loadThrough[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T], from since, cause error) (T, error) {
 	var zero T
 	if g.outage.failFast || ctx.Err() != nil { // a caller whose ctx ended (its read timed out) gets nothing from a load
 		return zero, cause

@@ -1,4 +1,4 @@
-package aside
+package guard
 
 import (
 	"context"
@@ -24,9 +24,25 @@ import (
 // marks, replay.go replays what they say was lost), which the watcher
 // (watch) makes when no read comes.
 
-// OutageOptions is guard.OutageOptions (documented there).
+// OutageOptions says what Get does when Redis cannot answer: it is down,
+// times out, refuses writes under maxmemory, or an ACL refuses a command.
+//
+// By default Get loads through: it calls the load function directly and
+// returns its value (or ErrNotFound) uncached, merged per ID in the process
+// and capped across IDs by MaxLoads; a Get beyond the cap gets ErrUnavailable
+// at once. Load-through is the default because the cache exists to spare the
+// database, not to refuse its readers (the HTTP adapters fail open too). The
+// filter is in Redis as well: unknown IDs are judged by the Guard's copy of
+// it (FilterOptions.NoLocalCopy), and reach the loader, within the cap, only
+// when that copy may hold them. A circuit breaker (sony/gobreaker) opens
+// after 5 failed reads in a row, keeps Gets off Redis for a second, then
+// lets one probe.
 type OutageOptions struct {
+	// FailFast makes Get return ErrUnavailable (wrapped) instead of loading
+	// through.
 	FailFast bool
+	// MaxLoads caps the load-through calls in flight at once, across all
+	// IDs of the Guard, per process. Default 16.
 	MaxLoads int
 }
 
@@ -53,7 +69,7 @@ type outage struct {
 	lastSlotReload atomic.Int64
 }
 
-func newOutage(o OutageOptions, g *Engine) (*outage, error) {
+func newOutage(o OutageOptions, g *Guard) (*outage, error) {
 	if o.MaxLoads == 0 {
 		o.MaxLoads = 16
 	}
@@ -123,7 +139,7 @@ func (o *outage) after(done func(error), err error) {
 
 // admit takes one of the MaxLoads load-through slots (release it with
 // slots.Release(1)), or counts the Get shed and says the cap is reached.
-func (o *outage) admit(g *Engine, what string) error {
+func (o *outage) admit(g *Guard, what string) error {
 	if o.slots.TryAcquire(1) {
 		return nil
 	}
@@ -196,7 +212,7 @@ type check struct {
 
 // queueCheck queues a due check into pipe if no other is in flight (it
 // then holds m.check until endCheck); nil otherwise.
-func (g *Engine) queueCheck(ctx context.Context, pipe redis.Pipeliner) *check {
+func (g *Guard) queueCheck(ctx context.Context, pipe redis.Pipeliner) *check {
 	m := g.marks
 	if !m.due() || !m.check.TryLock() {
 		return nil
@@ -225,7 +241,7 @@ func (g *Engine) queueCheck(ctx context.Context, pipe redis.Pipeliner) *check {
 // endCheck finishes c after its round trip (nil: none rode in it): it
 // replays what Redis lost. Without c, a due check is waited for, or made
 // now in a round trip of its own. A failed check is tried by the next read.
-func (g *Engine) endCheck(ctx context.Context, c *check) {
+func (g *Guard) endCheck(ctx context.Context, c *check) {
 	m := g.marks
 	if c == nil {
 		if !m.due() {
@@ -280,7 +296,7 @@ const watchEvery = time.Second
 // watchEvery it touches the masters of the marks (touch) and, once they
 // answer, makes the check a read would make if one is due (endCheck): the
 // writes Redis lost are replayed and the filter rebuilt without any Get.
-func (g *Engine) watch(ctx context.Context) {
+func (g *Guard) watch(ctx context.Context) {
 	tick := time.NewTicker(watchEvery)
 	defer tick.Stop()
 	var masters map[*redis.Client]uint16 // touch's last, in a cluster
@@ -308,7 +324,7 @@ func (g *Engine) watch(ctx context.Context) {
 // a cluster, masters maps each master of a written slot to one such slot;
 // a change since last (a failover to a node the client was connected to
 // already, which dials nothing) counts as a dial too.
-func (g *Engine) touch(ctx context.Context, last map[*redis.Client]uint16) (masters map[*redis.Client]uint16, answered bool) {
+func (g *Guard) touch(ctx context.Context, last map[*redis.Client]uint16) (masters map[*redis.Client]uint16, answered bool) {
 	m := g.marks
 	cc, ok := g.rdb.(*redis.ClusterClient)
 	if !ok || !m.cluster {

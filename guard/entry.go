@@ -1,4 +1,4 @@
-package aside
+package guard
 
 import (
 	"context"
@@ -22,7 +22,7 @@ import (
 
 // panicked turns a flight's panic into an error wrapping ErrLoaderPanic;
 // other errors come back as they are.
-func panicked(g *Engine, id string, err error) error {
+func panicked(g *Guard, id string, err error) error {
 	if errors.Is(err, loader.ErrPanic) {
 		what := strings.TrimPrefix(err.Error(), loader.ErrPanic.Error()+": ") // the value and its one stack
 		return panicError{msg: fmt.Sprintf("%v: %s %q: %s", ErrLoaderPanic, g.name, id, what), err: err}
@@ -41,7 +41,7 @@ func (e panicError) Error() string   { return e.msg }
 func (e panicError) Unwrap() []error { return []error{ErrLoaderPanic, e.err} }
 
 // decodeFrame decodes a flight's frame into a caller's own copy.
-func decodeFrame[T any](g *Engine, id string, frame []byte) (T, error) {
+func decodeFrame[T any](g *Guard, id string, frame []byte) (T, error) {
 	var v T
 	if err := codec.Decode(g.opts.Codec, frame, &v); err != nil {
 		var zero T
@@ -64,7 +64,7 @@ type typeBinding struct {
 // types on one Guard would read each other's entries as corrupt and evict
 // them. It also settles, once, how the local cache hands out a T it keeps
 // decoded (see kept).
-func Bind[T any](g *Engine) error {
+func bind[T any](g *Guard) error {
 	t := reflect.TypeFor[T]()
 	b := g.bound.Load()
 	if b == nil {
@@ -99,7 +99,7 @@ func schemaField(version, shape string) string {
 }
 
 // field is the bound type's hash field, or "" before the first Get or Set.
-func (g *Engine) field() string {
+func (g *Guard) field() string {
 	if b := g.bound.Load(); b != nil {
 		return b.field
 	}
@@ -111,7 +111,7 @@ func (g *Engine) field() string {
 // a type whose copies share nothing, a private deep copy of it with the
 // copier that makes each caller's own (copied), or nil when the type can
 // only be decoded each time.
-func kept[T any](g *Engine, v T) any {
+func kept[T any](g *Guard, v T) any {
 	switch b := g.bound.Load(); {
 	case b == nil:
 		return nil
@@ -133,7 +133,7 @@ type copied[T any] struct {
 
 // keepsDecoded reports whether the local cache keeps the Guard's values
 // decoded (see kept).
-func (g *Engine) keepsDecoded() bool {
+func (g *Guard) keepsDecoded() bool {
 	b := g.bound.Load()
 	return b != nil && (b.shareable || b.copy != nil)
 }
@@ -159,7 +159,7 @@ type flightResult struct {
 	ttl     time.Duration // the TTL it wrote the frame with, or the re-check found it with (0: unknown)
 	sent    time.Time     // with ttl: a clock read before the round trip that wrote or read it (see local.put)
 	epoch   uint64        // the local cache's epoch when the flight began
-	started uint64        // its number from Engine.starts, taken before the reads it answers from (see since)
+	started uint64        // its number from Guard.starts, taken before the reads it answers from (see since)
 	by      any           // the *flight[T] that ran
 }
 
@@ -175,7 +175,7 @@ type entry[T any] struct {
 // ErrNotFound. A corrupt entry (or one this T cannot read) is counted,
 // logged and dropped unless a writer has already replaced it, and the caller
 // loads; the ID existed, so the filter is not asked again.
-func decodeEntry[T any](ctx context.Context, g *Engine, vkey string, raw []byte) entry[T] {
+func decodeEntry[T any](ctx context.Context, g *Guard, vkey string, raw []byte) entry[T] {
 	var e entry[T]
 	v := new(T) // the value alone escapes to the codec, not the whole entry
 	switch err := codec.Decode(g.opts.Codec, raw, v); {
@@ -190,7 +190,7 @@ func decodeEntry[T any](ctx context.Context, g *Engine, vkey string, raw []byte)
 }
 
 // jitter returns d spread uniformly over d·(1 ± Jitter), at least 1ms.
-func (g *Engine) jitter(d time.Duration) time.Duration {
+func (g *Guard) jitter(d time.Duration) time.Duration {
 	if j := g.opts.Jitter; j > 0 {
 		d = time.Duration(float64(d) * (1 + j*(2*rand.Float64()-1)))
 	}
@@ -199,7 +199,7 @@ func (g *Engine) jitter(d time.Duration) time.Duration {
 
 // dropCorrupt counts and logs (at warn level) an entry that does not decode,
 // and deletes it if it still holds those bytes.
-func (g *Engine) dropCorrupt(ctx context.Context, vkey string, raw []byte, why error) {
+func (g *Guard) dropCorrupt(ctx context.Context, vkey string, raw []byte, why error) {
 	g.stats.corrupt.Add(1)
 	g.log.WarnContext(ctx, "cacheguard: dropping a cache entry that does not decode (corrupt, or written by another type or version)",
 		"key", vkey, "field", g.field(), "err", why)
@@ -212,7 +212,7 @@ func (g *Engine) dropCorrupt(ctx context.Context, vkey string, raw []byte, why e
 // versions in the ID's hash, and warns once per pair of fields (for the
 // first maxSchemaPairs pairs): a deploy that changed the value type, or
 // an entry of an earlier cacheguard format, read once as a miss.
-func (g *Engine) otherSchemas(key, field string, others []string) {
+func (g *Guard) otherSchemas(key, field string, others []string) {
 	if len(others) == 0 {
 		return
 	}
@@ -248,7 +248,7 @@ var (
 
 // valueFrame encodes v for the cache and picks its TTL (with jitter): a
 // refresh frame when RefreshAhead is on.
-func (g *Engine) valueFrame(v any) ([]byte, time.Duration, error) {
+func (g *Guard) valueFrame(v any) ([]byte, time.Duration, error) {
 	ttl := g.jitter(g.opts.TTL)
 	if r := g.opts.RefreshAhead; r != nil {
 		frame, err := codec.EncodeRefresh(g.opts.Codec, v, time.Now().Add(time.Duration(float64(ttl)*r.At)))

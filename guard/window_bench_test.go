@@ -1,4 +1,4 @@
-package aside
+package guard
 
 import (
 	"context"
@@ -23,7 +23,7 @@ import (
 func BenchmarkInvalidationWindow(b *testing.B) {
 	ctx := context.Background()
 	c := redistest.Connect(b)
-	open := func() *Engine {
+	open := func() *Guard {
 		g, err := New(ctx, redistest.Connect(b), "window", &Options{
 			KeyPrefix: c.Prefix,
 			Local:     &LocalOptions{TTL: time.Minute},

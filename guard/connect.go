@@ -1,4 +1,4 @@
-package aside
+package guard
 
 import (
 	"context"
@@ -40,7 +40,7 @@ type filterState struct {
 // Options.Local, the invalidation subscription that makes the local cache
 // safe to use. Each step is done once; connect can be called again after a
 // failure. Errors wrap ErrUnavailable or come from the filter (ErrMismatch).
-func (g *Engine) connect(ctx context.Context) error {
+func (g *Guard) connect(ctx context.Context) error {
 	if g.bf.f.Load() == nil {
 		f, err := bloom.Open(ctx, g.rdb, g.keys.Filter().Base(), g.bf.opts)
 		if err != nil {
@@ -69,7 +69,7 @@ func (g *Engine) connect(ctx context.Context) error {
 // allkeys-* policy: it may evict the filter, which has no TTL, where
 // volatile-* evicts the values and markers alone (they all have one).
 // An ACL that refuses INFO (the least-privilege user's) is said once at Info.
-func (g *Engine) checkEviction(ctx context.Context) {
+func (g *Guard) checkEviction(ctx context.Context) {
 	if !g.bf.evictionChecked.CompareAndSwap(false, true) {
 		return
 	}
@@ -110,7 +110,7 @@ func (g *Engine) checkEviction(ctx context.Context) {
 
 // filter returns the Guard's bloom filter, opening it now if New could not
 // (Redis was down then).
-func (g *Engine) filter(ctx context.Context) (*bloom.Filter, error) {
+func (g *Guard) filter(ctx context.Context) (*bloom.Filter, error) {
 	if f := g.bf.f.Load(); f != nil {
 		return f, nil
 	}
@@ -124,7 +124,7 @@ func (g *Engine) filter(ctx context.Context) (*bloom.Filter, error) {
 // 2 s) until it succeeds or the Guard closes, in a goroutine of the
 // supervisor's. Until then Gets read the value alone (the filter fails
 // open), without the local cache, or load through while Redis stays down.
-func (g *Engine) connectLater() {
+func (g *Guard) connectLater() {
 	g.retry(func(ctx context.Context) bool {
 		ctx, cancel := context.WithTimeout(ctx, g.opts.Tuning.RedisTimeout)
 		defer cancel()
@@ -138,7 +138,7 @@ func (g *Engine) connectLater() {
 
 // checkClient warns (once, at New) about client settings under which ctx
 // deadlines do not bound a Get.
-func (g *Engine) checkClient(ctx context.Context) {
+func (g *Guard) checkClient(ctx context.Context) {
 	var ctxTimeouts bool
 	var dialRetries int
 	switch c := g.rdb.(type) {
@@ -184,7 +184,7 @@ const (
 // wait short. It is the one retry loop of the Guard's background work.
 // Call it from inside the gate (or from New), so that Close, which shuts
 // the gate before it waits, cannot miss one.
-func (g *Engine) retry(attempt func(ctx context.Context) bool, end func(), wake <-chan struct{}) {
+func (g *Guard) retry(attempt func(ctx context.Context) bool, end func(), wake <-chan struct{}) {
 	if !g.sup.goLoop(func(ctx context.Context) {
 		defer end()
 		pause := backoff.New(retryMin, retryMax, false)
@@ -212,7 +212,7 @@ const (
 // while the filter is not ready (or stale: Redis lost writes, lost.go): one at a time per
 // Guard, until it lands, the filter is found ready, or the Guard closes.
 // cause is logged with the rebuild.
-func (g *Engine) autoRebuild(cause string) {
+func (g *Guard) autoRebuild(cause string) {
 	if g.opts.Filter.IDs == nil || !g.bf.rebuilding.CompareAndSwap(false, true) {
 		return
 	}
@@ -221,7 +221,7 @@ func (g *Engine) autoRebuild(cause string) {
 
 // rebuildOnce makes one attempt: it reports whether the filter is ready now
 // (rebuilt here or by another process) or there is nothing to do.
-func (g *Engine) rebuildOnce(ctx context.Context, cause string) (done bool) {
+func (g *Guard) rebuildOnce(ctx context.Context, cause string) (done bool) {
 	defer func() { // Filter.IDs is the application's code: a panic fails this attempt only
 		if p := recover(); p != nil {
 			g.log.Error("cacheguard: automatic bloom rebuild: Filter.IDs panicked", "panic", p)
@@ -304,7 +304,7 @@ var beforeAutoRebuild func()
 
 // autoWaiting reports whether this Guard's back-off since its last
 // automatic rebuild is still running.
-func (g *Engine) autoWaiting() bool {
+func (g *Guard) autoWaiting() bool {
 	g.bf.mu.Lock()
 	defer g.bf.mu.Unlock()
 	return time.Since(g.bf.lastAuto) < g.bf.autoWait
@@ -314,7 +314,7 @@ func (g *Engine) autoWaiting() bool {
 // back-off since the last start, here or in another process, is over
 // (auto_rebuild.lua keeps it in Redis; autoWaiting, in this process, should
 // an evicting Redis drop that key).
-func (g *Engine) mayAutoRebuild(ctx context.Context) bool {
+func (g *Guard) mayAutoRebuild(ctx context.Context) bool {
 	wait, err := autoRebuildScript.Run(ctx, g.rdb, []string{g.keys.Filter().AutoRebuilt()},
 		autoMin.Milliseconds(), autoMax.Milliseconds()).Int64()
 	if err != nil || wait == 0 {

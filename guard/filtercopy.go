@@ -1,4 +1,4 @@
-package aside
+package guard
 
 import (
 	"context"
@@ -27,7 +27,7 @@ const (
 // at each interval, after a Rebuild here, when a probe finds the filter not
 // ready (a rebuild may follow), and every retryMax at most while a refresh
 // fails and a copy is held (an incident: the filter may be back).
-func (g *Engine) keepCopy() {
+func (g *Guard) keepCopy() {
 	if g.opts.Filter.NoLocalCopy {
 		return
 	}
@@ -55,7 +55,7 @@ func (g *Engine) keepCopy() {
 }
 
 // refreshCopy is one refresh of the copy (see keepCopy): its size in bytes.
-func (g *Engine) refreshCopy(ctx context.Context) (int, error) {
+func (g *Guard) refreshCopy(ctx context.Context) (int, error) {
 	f := g.bf.f.Load()
 	switch {
 	case g.opts.Filter.NoLocalCopy:
@@ -69,7 +69,7 @@ func (g *Engine) refreshCopy(ctx context.Context) (int, error) {
 // refreshHeld is refreshCopy unless a test holds the copy (HoldCopy), or,
 // unless force, a refresh landed less than copyFresh ago (Rebuild's: the
 // loop's first turn or retry need not fetch it again).
-func (g *Engine) refreshHeld(ctx context.Context, force bool) (int, error) {
+func (g *Guard) refreshHeld(ctx context.Context, force bool) (int, error) {
 	g.bf.copyHold.Lock()
 	defer g.bf.copyHold.Unlock()
 	if g.bf.copyHeld {
@@ -86,17 +86,17 @@ func (g *Engine) refreshHeld(ctx context.Context, force bool) (int, error) {
 }
 
 // wakeCopy cuts the copy's wait short: the filter may have a new generation.
-func (g *Engine) wakeCopy() {
+func (g *Guard) wakeCopy() {
 	select {
 	case g.bf.copyWake <- struct{}{}:
 	default:
 	}
 }
 
-func (g *Engine) copyHeld() bool { return g.copyBytes() != 0 }
+func (g *Guard) copyHeld() bool { return g.copyBytes() != 0 }
 
 // copyBytes is the size of the copy held (0: none).
-func (g *Engine) copyBytes() int {
+func (g *Guard) copyBytes() int {
 	if f := g.bf.f.Load(); f != nil {
 		_, n := f.CopyInfo()
 		return n
@@ -106,7 +106,7 @@ func (g *Engine) copyBytes() int {
 
 // copySaysAbsent reports whether the copy has never seen id (false when
 // there is no copy).
-func (g *Engine) copySaysAbsent(id string) bool {
+func (g *Guard) copySaysAbsent(id string) bool {
 	f := g.bf.f.Load()
 	if f == nil {
 		return false
@@ -119,7 +119,7 @@ func (g *Engine) copySaysAbsent(id string) bool {
 // (cause: the Redis failure, nil for a filter not ready): ErrUnconfirmed
 // when the copy has never seen id; nil when it has, or there is no copy
 // (the caller then fails open as before).
-func (g *Engine) absentInCopy(ctx context.Context, id string, cause error) error {
+func (g *Guard) absentInCopy(ctx context.Context, id string, cause error) error {
 	if !g.copySaysAbsent(id) {
 		return nil
 	}
@@ -127,7 +127,7 @@ func (g *Engine) absentInCopy(ctx context.Context, id string, cause error) error
 }
 
 // unconfirmed counts an ErrUnconfirmed answer for id and returns it.
-func (g *Engine) unconfirmed(ctx context.Context, id string, cause error) error {
+func (g *Guard) unconfirmed(ctx context.Context, id string, cause error) error {
 	g.stats.unconfirmed.Add(1)
 	g.log.WarnContext(ctx, "cacheguard: redis or its bloom filter cannot answer; IDs this process's copy of the filter "+
 		"has not seen answer ErrUnconfirmed (503), the others load through", "id", id, "err", cause)
@@ -140,7 +140,7 @@ func (g *Engine) unconfirmed(ctx context.Context, id string, cause error) error 
 
 // absentManyInCopy is absentInCopy for GetMany's IDs: the IDs to load
 // through, and the errors of the others joined.
-func (g *Engine) absentManyInCopy(ctx context.Context, ids []string, cause error) ([]string, error) {
+func (g *Guard) absentManyInCopy(ctx context.Context, ids []string, cause error) ([]string, error) {
 	var rest []string
 	var errs []error
 	for _, id := range ids {

@@ -1,4 +1,4 @@
-package aside
+package guard
 
 import (
 	"context"
@@ -50,7 +50,7 @@ func TestReadsOfOneKeyShareOneHGET(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	if err := Bind[string](e); err != nil {
+	if err := bind[string](e); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := e.Rebuild(ctx, func(yield func(string, error) bool) { yield("p1", nil) }, nil); err != nil {
@@ -61,13 +61,13 @@ func TestReadsOfOneKeyShareOneHGET(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := e.bf.f.Load()
-	// A rebuild switches generations inside the Engine's one Filter, which
+	// A rebuild switches generations inside the Guard's one Filter, which
 	// runReads relies on (a key's reads share one probe).
 	if _, err := e.Rebuild(ctx, func(yield func(string, error) bool) { yield("p1", nil) }, nil); err != nil {
 		t.Fatal(err)
 	}
 	if e.bf.f.Load() != f {
-		t.Fatal("a rebuild replaced the Engine's Filter: the reads of one key would probe two")
+		t.Fatal("a rebuild replaced the Guard's Filter: the reads of one key would probe two")
 	}
 	read := func(probe bool) *batch.Call[readReq] {
 		call := &batch.Call[readReq]{Req: readReq{id: "p1", vkey: vkey}}

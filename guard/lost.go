@@ -1,4 +1,4 @@
-package aside
+package guard
 
 import (
 	"context"
@@ -137,7 +137,7 @@ type queuedMarks struct {
 
 // queueMarks queues the increments of the marks of keys (the value keys of
 // ids) into pipe.
-func (g *Engine) queueMarks(ctx context.Context, pipe redis.Pipeliner, ids, keys []string) *queuedMarks {
+func (g *Guard) queueMarks(ctx context.Context, pipe redis.Pipeliner, ids, keys []string) *queuedMarks {
 	m := g.marks
 	q := &queuedMarks{ids: ids, slots: make([]uint16, len(keys)), incr: make([]*redis.IntCmd, len(keys))}
 	seen := map[uint16]bool{}
@@ -156,7 +156,7 @@ func (g *Engine) queueMarks(ctx context.Context, pipe redis.Pipeliner, ids, keys
 // landed records the writes whose marks advanced. A mark given twice says
 // Redis went back to before the first: the writes it counted since are
 // lost. (Replies of one mark may come back out of order; never twice.)
-func (g *Engine) landed(ctx context.Context, q *queuedMarks) {
+func (g *Guard) landed(ctx context.Context, q *queuedMarks) {
 	m := g.marks
 	now := time.Now()
 	var lost []string
@@ -239,7 +239,7 @@ func (m *marks) lostLocked(slot uint16, at, hi int64) (ids []string, overflow bo
 // writesLost replays the writes Redis lost (all the Guard's entries, with
 // overflow), and rebuilds the filter from Filter.IDs: the bits of lost Adds
 // are gone too.
-func (g *Engine) writesLost(ids []string, overflow bool) {
+func (g *Guard) writesLost(ids []string, overflow bool) {
 	g.stats.writesLost.Add(uint64(len(ids)) + uint64(b2i(overflow)))
 	g.log.Warn("cacheguard: redis lost acknowledged writes (a restart from an older dump, or a failover to a lagging "+
 		"replica): they are replayed, and the filter rebuilt", "ids", len(ids), "all_entries", overflow,
@@ -251,7 +251,7 @@ func (g *Engine) writesLost(ids []string, overflow bool) {
 
 // refused says once, at ERROR, that the ACL refuses a command the Guard
 // needs for what.
-func (g *Engine) refused(ctx context.Context, what string, err error) {
+func (g *Guard) refused(ctx context.Context, what string, err error) {
 	g.log.ErrorContext(ctx, "cacheguard: redis refuses a command the Guard needs (ACL?); "+what+" cannot work "+
 		"(docs/operations.md, Redis ACL)", "err", redisfail.Wrap(err))
 }

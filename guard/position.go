@@ -1,4 +1,4 @@
-package aside
+package guard
 
 import (
 	"context"
@@ -9,19 +9,29 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/cacheguard/cacheguard/internal/feed"
 	"github.com/cacheguard/cacheguard/internal/redisfail"
 )
 
-// Positions: a change feed that writes through a Guard (the PostgreSQL
-// follower) keeps, beside the Guard's keys, the position up to which its
-// writes landed. It is set after those writes were acknowledged, so a
-// Redis that still holds a position holds every write before it (a dump,
-// an AOF and a replica keep a prefix of the commands): a position Redis
-// shows lower than the feed confirmed means Redis lost writes.
+// What a change feed that writes through a Guard (the PostgreSQL follower,
+// in a module of its own) reaches beyond the API, through internal/feed: its
+// position here, and the inspector's read (inspect.go).
+//
+// Positions: the feed keeps, beside the Guard's keys, the position up to
+// which its writes landed. It is set after those writes were acknowledged,
+// so a Redis that still holds a position holds every write before it (a
+// dump, an AOF and a replica keep a prefix of the commands): a position
+// Redis shows lower than the feed confirmed means Redis lost writes.
 
-// EngineOf returns the Engine of a *guard.Guard (package guard sets it): the
-// follower reaches the positions through it without a public method.
-var EngineOf func(guard any) *Engine
+// followed is a Guard as a change feed sees it (feed.Engine): the same
+// struct, with the methods only the feed calls.
+type followed Guard
+
+func init() { feed.Of = func(g any) feed.Engine { return (*followed)(g.(*Guard)) } }
+
+// SetWatch turns g's watcher (see watch) off or back on: with it off, only
+// a read or the feed notices the writes Redis lost.
+func (g *followed) SetWatch(on bool) { g.watchOff.Store(!on) }
 
 var (
 	//go:embed lua/set_position.lua
@@ -30,7 +40,7 @@ var (
 )
 
 // Position returns the position stored for feed (0: none).
-func (g *Engine) Position(ctx context.Context, feed string) (uint64, error) {
+func (g *followed) Position(ctx context.Context, feed string) (uint64, error) {
 	pass, err := g.sup.enter()
 	if err != nil {
 		return 0, err
@@ -46,7 +56,7 @@ func (g *Engine) Position(ctx context.Context, feed string) (uint64, error) {
 // SetPosition sets feed's position to pos if Redis still holds from (0:
 // none), and returns what Redis holds now: pos, or the value it found
 // instead (a lower one says Redis lost writes).
-func (g *Engine) SetPosition(ctx context.Context, feed string, from, pos uint64) (uint64, error) {
+func (g *followed) SetPosition(ctx context.Context, feed string, from, pos uint64) (uint64, error) {
 	pass, err := g.sup.enter()
 	if err != nil {
 		return 0, err

@@ -1,4 +1,4 @@
-package aside
+package guard
 
 import (
 	"context"
@@ -34,7 +34,7 @@ const (
 // unwrittenAfter keeps ids if err says their write did not reach Redis,
 // and starts the replay (a write that landed is remembered by its mark:
 // lost.go). It returns err.
-func (g *Engine) unwrittenAfter(ctx context.Context, ids []string, err error) error {
+func (g *Guard) unwrittenAfter(ctx context.Context, ids []string, err error) error {
 	if errors.Is(err, ErrUnavailable) && ctx.Err() == nil {
 		g.rememberUnwritten(ids, false, "cacheguard: a write did not reach redis; this process loads those IDs through until it is replayed", err)
 	}
@@ -44,7 +44,7 @@ func (g *Engine) unwrittenAfter(ctx context.Context, ids []string, err error) er
 // rememberUnwritten adds ids to the unwritten set (with overflow, every ID: the Guard's
 // entries are dropped) and starts the replay if it is not running (logging
 // why, once per replay).
-func (g *Engine) rememberUnwritten(ids []string, overflow bool, why string, err error) {
+func (g *Guard) rememberUnwritten(ids []string, overflow bool, why string, err error) {
 	u := &g.unw
 	u.mu.Lock()
 	if u.ids == nil {
@@ -85,7 +85,7 @@ func b2i(b bool) int64 {
 // reports done when none is left; it then ends the replay under the mutex,
 // so an ID kept after that starts a new one. A failed round trip returns
 // false: retry waits, then calls it again.
-func (g *Engine) replayOnce(ctx context.Context) (done bool) {
+func (g *Guard) replayOnce(ctx context.Context) (done bool) {
 	u := &g.unw
 	for {
 		u.mu.Lock()
@@ -124,7 +124,7 @@ func (g *Engine) replayOnce(ctx context.Context) (done bool) {
 
 // replayBatch replays batch's IDs and, with dropAll, deletes every entry of
 // the Guard; it reports whether all of it reached Redis.
-func (g *Engine) replayBatch(ctx context.Context, batch map[string]uint64, dropAll bool) bool {
+func (g *Guard) replayBatch(ctx context.Context, batch map[string]uint64, dropAll bool) bool {
 	ctx, cancel := context.WithTimeout(ctx, 4*g.opts.Tuning.RedisTimeout)
 	defer cancel()
 	if err := g.rewrite(ctx, slices.Collect(maps.Keys(batch))); err != nil {
@@ -152,7 +152,7 @@ func (g *Engine) replayBatch(ctx context.Context, batch map[string]uint64, dropA
 // rewrite is the replay of ids' writes, in one round trip: they join the
 // filter, and their entries and load locks are deleted, with the message
 // that drops in-memory copies elsewhere.
-func (g *Engine) rewrite(ctx context.Context, ids []string) error {
+func (g *Guard) rewrite(ctx context.Context, ids []string) error {
 	keys, err := g.valueKeys(ids)
 	if err != nil {
 		return err

@@ -1,0 +1,126 @@
+package guard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/cacheguard/cacheguard/bloom"
+	"github.com/cacheguard/cacheguard/codec"
+)
+
+// Peek and MayExist answer whether an ID may exist without loading it, for
+// HTTP middleware that turns unknown IDs away before the handler runs. Peek
+// does a Get's read (read.go) and leaves it in the context it returns, so
+// the handler's Get answers from it without a round trip of its own
+// (peekedFor, read.go). MayExist asks the filter alone.
+
+// Peek does Get's read round trip (bloom probe and cache GET) without
+// loading, and reports whether id may exist: false when the filter has never
+// seen it or an empty marker is cached. It returns a context that carries
+// what it read, so that the next Get of the same id on this Guard with that
+// context (or one derived from it) skips its own read: HTTP middleware built
+// on Peek costs no extra round trip. Only that one Get uses it; any later Get
+// reads afresh (say, after the handler wrote and invalidated). A malformed id
+// gives ErrInvalidKey without a Redis command; Redis failures wrap
+// ErrUnavailable; after Close, ErrClosed. A filter that is not ready answers
+// true (fail open). Before the Guard's first Get it asks the filter alone.
+// It waits for Redis at most Tuning.RedisTimeout whatever ctx; when Redis
+// did not answer, the context it returns makes that Get load through at
+// once rather than wait for Redis again.
+func (g *Guard) Peek(ctx context.Context, id string) (context.Context, bool, error) {
+	// Its Redis work runs under bounded(ctx); the context it returns derives
+	// from ctx alone.
+	pass, err := g.sup.enter()
+	if err != nil {
+		return ctx, false, err
+	}
+	defer g.sup.leave(pass)
+	vkey, err := g.keys.Value(id)
+	if err != nil {
+		return ctx, false, err
+	}
+	rctx, cancel := g.bounded(ctx)
+	defer cancel()
+	if g.bound.Load() == nil { // before the first Get: the entry's field (its type's) is not known
+		exists, err := g.MayExist(rctx, id)
+		return ctx, exists, err
+	}
+	if g.local != nil {
+		if _, st := g.local.get(id); st == localFresh { // Get will answer from memory
+			return ctx, true, nil
+		}
+	}
+	var r readResult
+	replays := g.unw.replayed.Load()
+	done, err := g.outage.before()
+	if err != nil { // the breaker is open: Redis is not asked
+		err = fmt.Errorf("cacheguard: %s %q: read: %w", g.name, id, err)
+	} else {
+		r, err = g.read(rctx, id, vkey, true)
+		g.outage.after(done, err)
+	}
+	if downOrRefusing(err) && !g.unw.has(id) { // as Get: the copy answers what it has never seen
+		if err := g.absentInCopy(ctx, id, err); err != nil {
+			return ctx, false, err
+		}
+	}
+	if downOrRefusing(err) && ctx.Err() == nil { // Redis, not the caller, ran out: the Get loads through
+		return context.WithValue(ctx, peekKey{}, &peeked{g: g, id: id, replays: replays, failed: err}), false, err
+	}
+	if err != nil {
+		return ctx, false, err
+	}
+	if r.verdict == verdictUnconfirmed {
+		return ctx, false, g.unconfirmed(ctx, id, nil)
+	}
+	if g.unw.has(id) || g.unw.replayed.Load() != replays { // as in get: it may have read what a write replaced (the Get loads through)
+		g.giveBack(r.held, vkey)
+		return ctx, true, nil
+	}
+	exists := true
+	switch { // answered here: the middleware writes 404 without a Get
+	case r.verdict == verdictRejected:
+		g.answered(ctx, outRejected, false, false)
+		exists = false
+	case r.verdict == verdictEntry && len(r.raw) == 1 && r.raw[0] == codec.KindEmpty:
+		g.answered(ctx, outEmpty, false, false)
+		exists = false
+	}
+	return context.WithValue(ctx, peekKey{}, &peeked{g: g, id: id, r: r, replays: replays, answered: !exists}), exists, nil
+}
+
+// MayExist asks only the bloom filter whether id may exist: false means the
+// ID certainly does not (one GETRANGE). HTTP middleware uses Peek instead,
+// which also reads the cache for the handler's Get. A malformed ID gives
+// ErrInvalidKey without a Redis command; a filter that is not ready answers
+// true (fail open); Redis failures wrap ErrUnavailable; after Close,
+// ErrClosed.
+func (g *Guard) MayExist(ctx context.Context, id string) (bool, error) {
+	pass, err := g.sup.enter()
+	if err != nil {
+		return false, err
+	}
+	defer g.sup.leave(pass)
+	if err := g.keys.Check(id); err != nil {
+		return false, err
+	}
+	f, err := g.filter(ctx)
+	if err != nil {
+		return false, err
+	}
+	maybe, err := f.Test(ctx, id)
+	notReady := errors.Is(err, bloom.ErrNotReady)
+	maybe, err = g.filterSays(ctx, id, maybe, err)
+	if unw := g.unw.has(id); unw { // an Add that has not reached the filter yet
+		maybe = maybe || err == nil
+	} else if notReady || downOrRefusing(err) { // as Get: the copy answers what it has never seen
+		if err := g.absentInCopy(ctx, id, err); err != nil {
+			return false, err
+		}
+	}
+	if err == nil && !maybe {
+		g.answered(ctx, outRejected, false, false)
+	}
+	return maybe, err
+}

@@ -12,7 +12,7 @@ import "time"
 type Rules struct {
 	// Valid says whether an ID is well-formed; others get 400 before any
 	// Redis command. Default: URL-unreserved characters (letters, digits,
-	// '-', '.', '_', '~') plus ExtraIDChars. The Guard's MaxKeyLen bounds
+	// '-', '.', '_', '~') plus ExtraIDChars. The Guard's limit (4,096 bytes) bounds
 	// the length either way.
 	Valid func(id string) bool
 	// ExtraIDChars widens the default rule: "@+" for emails, ":" for

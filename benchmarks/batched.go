@@ -29,7 +29,7 @@ type batchedReq struct {
 func newBatchedGet(r raw) *batchedGet {
 	c := &batchedGet{raw: r}
 	// Two round trips in flight at most, of up to 256 GETs: cacheguard's
-	// defaults (Tuning.ReadsInFlight, readBatchMax).
+	// defaults (readsInFlight, readBatchMax).
 	c.b = batch.New(2, 256, func(ctx context.Context, calls []*batch.Call[batchedReq]) {
 		if len(calls) == 1 {
 			calls[0].Req.get = c.rdb.Get(ctx, calls[0].Req.key)

@@ -138,9 +138,9 @@ func newContender(ctx context.Context, name string, s setup) (Contender, error) 
 		case "cacheguard+local":
 			o.Local = &guard.LocalOptions{} // defaults: 10,000 values for 1 s
 		case "cacheguard+refresh":
-			o.RefreshAhead = &guard.RefreshOptions{} // refresh from 85% of the TTL
+			o.RefreshAhead = true // refresh from 85% of the TTL
 		case "cacheguard+local+refresh":
-			o.Local, o.RefreshAhead = &guard.LocalOptions{}, &guard.RefreshOptions{}
+			o.Local, o.RefreshAhead = &guard.LocalOptions{}, true
 		}
 		g, err := guard.New(ctx, rdb, "bench", o)
 		if err != nil {

@@ -69,7 +69,8 @@ func TestCloseWaitsForEveryJob(t *testing.T) {
 		c := redistest.Connect(t)
 		before := goleak.IgnoreCurrent()
 		p := newParked()
-		g := openRebuilt(t, c, guard.Options{KeyPrefix: c.Prefix, TTL: time.Minute, RefreshAhead: &guard.RefreshOptions{At: 1e-9}}, 1000, 10)
+		g := openRebuilt(t, c, guard.Options{KeyPrefix: c.Prefix, TTL: time.Minute, RefreshAhead: true}, 1000, 10)
+		guard.SetRefreshAt(g, 1e-9)
 		loads := 0
 		load := func(ctx context.Context, id string) (product, error) {
 			if loads++; loads > 1 { // the refresh (flights of one ID run one at a time)

@@ -250,8 +250,8 @@ var (
 // refresh frame when RefreshAhead is on.
 func (g *Guard) valueFrame(v any) ([]byte, time.Duration, error) {
 	ttl := g.jitter(g.opts.TTL)
-	if r := g.opts.RefreshAhead; r != nil {
-		frame, err := codec.EncodeRefresh(g.opts.Codec, v, time.Now().Add(time.Duration(float64(ttl)*r.At)))
+	if g.opts.RefreshAhead {
+		frame, err := codec.EncodeRefresh(g.opts.Codec, v, time.Now().Add(time.Duration(float64(ttl)*g.refreshAt)))
 		return frame, ttl, err
 	}
 	frame, err := codec.Encode(g.opts.Codec, v)

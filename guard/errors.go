@@ -18,7 +18,7 @@ var (
 	// filter has never seen it, an empty marker is cached, or load said so).
 	// A loader reports absence by returning an error that wraps ErrNotFound.
 	ErrNotFound = errors.New("cacheguard: not found")
-	// ErrInvalidKey: the ID is empty, longer than MaxKeyLen or holds
+	// ErrInvalidKey: the ID is empty, longer than 4,096 bytes or holds
 	// control bytes. No Redis command was sent.
 	ErrInvalidKey = keyspace.ErrInvalidKey
 	// ErrLoaderPanic is wrapped by the error callers get when load panicked

@@ -2,8 +2,11 @@ package guard
 
 import (
 	"context"
+	"math"
 	"sync"
 	"time"
+
+	"github.com/cacheguard/cacheguard/internal/batch"
 )
 
 // What guard's tests (package guard_test) reach inside a Guard.
@@ -138,4 +141,19 @@ func HoldCopy(g *Guard) (release func()) {
 	}
 	set(true)
 	return func() { set(false) }
+}
+
+// SetRefreshAt brings g's refresh-ahead time forward to at (a share of the
+// TTL) before its first write, for tests that cannot wait 85% of a TTL.
+func SetRefreshAt(g *Guard, at float64) { g.refreshAt = at }
+
+// SetReadsInFlight replaces g's read batcher, before its first Get: n round
+// trips at once (negative: every read alone, at once), for the control of
+// the batching and tests that need reads to queue behind one.
+func SetReadsInFlight(g *Guard, n int) {
+	if n < 0 {
+		g.rd.batch = batch.New(math.MaxInt, 1, g.runReads, g.sup.spawn)
+		return
+	}
+	g.rd.batch = batch.New(n, readBatchMax, g.runReads, g.sup.spawn)
 }

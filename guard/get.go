@@ -199,7 +199,7 @@ func answerRead[T any](ctx context.Context, g *Guard, id, vkey string, r readRes
 			if e.err == nil && g.local != nil {
 				g.local.put(id, r.raw, kept(g, e.v), r.ttl, r.sent, from.epoch)
 			}
-			if e.err == nil && g.opts.RefreshAhead != nil {
+			if e.err == nil && g.opts.RefreshAhead {
 				refresh(g, id, vkey, r.raw, load)
 			}
 			return e.v, true, e.err

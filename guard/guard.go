@@ -20,7 +20,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -48,8 +47,11 @@ type Guard struct {
 	rdb  redis.UniversalClient
 	name string
 	opts Options // resolved: no zero fields
-	keys keyspace.Guard
-	log  *slog.Logger
+	// refreshAt is the constant refreshAt (refresh.go); tests bring it
+	// forward (export_test.go) instead of waiting most of a TTL.
+	refreshAt float64
+	keys      keyspace.Guard
+	log       *slog.Logger
 
 	bound        atomic.Pointer[typeBinding] // the type values decode into, set by the first Get or For
 	starts       atomic.Uint64               // counts flights and shared reads as they start (see since)
@@ -93,20 +95,18 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 		return nil, err
 	}
 	g := &Guard{
-		rdb:  rdb,
-		name: name,
-		opts: o,
-		keys: keyspace.ForGuard(o.KeyPrefix, name, o.Tuning.MaxKeyLen),
-		log:  slog.New(newRateLimited(o.Logger.Handler())).With("guard", name),
+		rdb:       rdb,
+		name:      name,
+		opts:      o,
+		refreshAt: refreshAt,
+		keys:      keyspace.ForGuard(o.KeyPrefix, name, keyspace.MaxKeyLen),
+		log:       slog.New(newRateLimited(o.Logger.Handler())).With("guard", name),
 	}
 	g.marks = newMarks(ctx, rdb)
 	g.unw.wake = make(chan struct{}, 1)
 	g.bf.copyWake = make(chan struct{}, 1)
 	g.sup = newSupervisor(ctx)
-	g.rd.batch = batch.New(o.Tuning.ReadsInFlight, readBatchMax, g.runReads, g.sup.spawn)
-	if o.Tuning.ReadsInFlight < 0 { // off: every read alone, at once
-		g.rd.batch = batch.New(math.MaxInt, 1, g.runReads, g.sup.spawn)
-	}
+	g.rd.batch = batch.New(readsInFlight, readBatchMax, g.runReads, g.sup.spawn)
 	g.rd.calls.New = func() any { return new(batch.Call[readReq]) }
 	// A new Guard's first reads are likely misses (a cold cache, or a
 	// flood of unknown IDs already under way): they send the bloom probe

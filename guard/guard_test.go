@@ -867,7 +867,7 @@ func TestOptionsValidation(t *testing.T) {
 		{"ok", &guard.Options{Jitter: 1.5}},
 		{"ok", &guard.Options{TTL: -time.Second}},
 		{"ok", &guard.Options{Filter: guard.FilterOptions{FalsePositiveRate: 2}}},
-		{"ok", &guard.Options{Tuning: guard.Tuning{MaxKeyLen: -1}}},
+		{"ok", &guard.Options{Tuning: guard.Tuning{RedisTimeout: time.Microsecond}}},
 	}
 	for _, b := range bad {
 		if _, err := guard.New(ctx, c, b.name, b.o); !errors.Is(err, guard.ErrInvalidOptions) {

@@ -46,7 +46,7 @@ type Options struct {
 
 	Filter       FilterOptions    // the bloom filter: sizing and its ID source
 	Outage       *OutageOptions   // what Get does when Redis cannot answer (nil: load through)
-	RefreshAhead *RefreshOptions  // reload hot values before they expire (nil: off)
+	RefreshAhead bool             // reload hot values before they expire (refresh.go)
 	Local        *LocalOptions    // keep values in process memory too (nil: off)
 	Telemetry    TelemetryOptions // OpenTelemetry (off by default)
 	Tuning       Tuning           // knobs that rarely need turning
@@ -96,12 +96,6 @@ type Tuning struct {
 	// own, and a Peek's or a write's wait for Redis whatever their ctx (an
 	// HTTP request's has no deadline). Default 1 second.
 	RedisTimeout time.Duration
-	// ReadsInFlight caps concurrent read round trips; reads that wait go
-	// together in one pipeline. Default 2; negative: no batching.
-	ReadsInFlight int
-	// MaxKeyLen caps an ID's length in bytes (the HTTP adapters follow
-	// it). Default 128; at most 4096.
-	MaxKeyLen int
 }
 
 // resolve fills in the defaults: the one place where a Guard's defaults are
@@ -137,12 +131,6 @@ func resolve(opts *Options) (Options, error) {
 	case o.Jitter > 0.9:
 		return bad("Jitter %v above 0.9", o.Jitter)
 	}
-	if o.Tuning.MaxKeyLen == 0 {
-		o.Tuning.MaxKeyLen = keyspace.DefaultMaxKeyLen
-	}
-	if o.Tuning.MaxKeyLen < 1 || o.Tuning.MaxKeyLen > 4096 {
-		return bad("MaxKeyLen %d not in [1, 4096]", o.Tuning.MaxKeyLen)
-	}
 	if o.Codec == nil {
 		o.Codec = codec.Msgpack
 	}
@@ -161,15 +149,8 @@ func resolve(opts *Options) (Options, error) {
 	if o.Tuning.RedisTimeout < time.Millisecond {
 		return bad("RedisTimeout %v below 1ms", o.Tuning.RedisTimeout)
 	}
-	if o.Tuning.ReadsInFlight == 0 {
-		o.Tuning.ReadsInFlight = 2
-	}
 	if o.Outage == nil {
 		o.Outage = &OutageOptions{}
-	}
-	var err error
-	if o.RefreshAhead, err = resolveRefresh(o.RefreshAhead); err != nil {
-		return Options{}, err
 	}
 	if o.Tuning.LockTTL == 0 {
 		o.Tuning.LockTTL = coord.DefaultLockTTL

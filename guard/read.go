@@ -251,7 +251,7 @@ type readReq struct {
 	lockQ *lock.Queued
 }
 
-// Read batching. Gets that read while Options.Tuning.ReadsInFlight round
+// Read batching. Gets that read while readsInFlight round
 // trips of reads are already under way wait, and the first of them sends all
 // of theirs in one pipeline when one ends (package batch). A waiting read
 // is sent after its Get started, so the rule of join holds, and the waiting
@@ -260,7 +260,10 @@ type readReq struct {
 // per round trip, not one per caller. The system calls and Redis event-loop
 // turns per read fall with the batch (docs/cost.md has the figures).
 // readBatchMax bounds one pipeline.
-const readBatchMax = 256
+const (
+	readsInFlight = 2
+	readBatchMax  = 256
+)
 
 // runReads sends calls' reads in one round trip. A read alone that needs
 // only the value is one command, as a plain GET is; anything else is a

@@ -83,13 +83,13 @@ func payCredit(t *testing.T, g *guard.Guard, d *db) {
 	}
 }
 
-// TestReadsShareRoundTrips: while ReadsInFlight (2) reads are under way,
+// TestReadsShareRoundTrips: while readsInFlight (2) reads are under way,
 // the Gets that come wait, and all of them go in the next round trip: one
 // pipeline, one HGET each, every caller answered with its own value.
 // A Get whose ctx ends meanwhile leaves at once, and its read is not sent.
 func TestReadsShareRoundTrips(t *testing.T) {
 	ctx := context.Background()
-	c, g, d := setup(t, 60, &guard.Options{Tuning: guard.Tuning{ReadsInFlight: 2}})
+	c, g, d := setup(t, 60, nil)
 	h := warmThenHold(t, c, g, d, 60)
 	loads := d.calls.Load()
 	c.Counter.Reset()
@@ -151,11 +151,12 @@ func TestReadsShareRoundTrips(t *testing.T) {
 	}
 }
 
-// TestReadBatchingOff: with ReadsInFlight negative, concurrent Gets each
-// send their own read.
+// TestReadBatchingOff: with read batching off (a test's Guard alone),
+// concurrent Gets each send their own read: the control of the batching.
 func TestReadBatchingOff(t *testing.T) {
 	ctx := context.Background()
-	c, g, d := setup(t, 10, &guard.Options{Tuning: guard.Tuning{ReadsInFlight: -1}})
+	c, g, d := setup(t, 10, nil)
+	guard.SetReadsInFlight(g, -1)
 	if _, err := guard.Get(ctx, g, "p1", d.load); err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +183,8 @@ func TestSharedRoundTripFails(t *testing.T) {
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	standaloneOnly(t)
 	ctx := context.Background()
-	srv, rdb, g := privateGuard(t, &guard.Options{Outage: &guard.OutageOptions{FailFast: true}, Tuning: guard.Tuning{ReadsInFlight: 1}})
+	srv, rdb, g := privateGuard(t, &guard.Options{Outage: &guard.OutageOptions{FailFast: true}})
+	guard.SetReadsInFlight(g, 1)
 	d := newDB(10)
 	h := warmThenHold(t, rdb, g, d, 10)
 	errs := make(chan error, 10)
@@ -229,7 +231,7 @@ func TestCancelledCallerIsNotARedisFailure(t *testing.T) {
 // them answers the new value (their one read is sent after all started).
 func TestSameKeyReadsShareOneHGET(t *testing.T) {
 	ctx := context.Background()
-	c, g, d := setup(t, 10, &guard.Options{Tuning: guard.Tuning{ReadsInFlight: 2}})
+	c, g, d := setup(t, 10, nil)
 	h := warmThenHold(t, c, g, d, 10)
 	c.Counter.Reset()
 	answers := make(chan product, 60)

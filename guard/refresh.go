@@ -2,13 +2,12 @@ package guard
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/cacheguard/cacheguard/codec"
 )
 
-// RefreshOptions turns on refresh-ahead (stale-while-revalidate for expiry):
+// Refresh ahead (Options.RefreshAhead; stale-while-revalidate for expiry):
 // a value is written with a refresh-at time inside its TTL, and a Get that
 // finds it past that time serves it at once and starts one refresh in the
 // background, so callers of a hot key never wait for its load. One refresh
@@ -23,12 +22,10 @@ import (
 // Frames written with refresh-ahead carry the refresh-at time (a frame kind
 // that versions before this one read as corrupt: turn it on together with a
 // new Options.Version during a rolling deploy).
-type RefreshOptions struct {
-	// At is the share of a value's TTL after which a Get refreshes it, in
-	// (0, 1): about 1/At loads per TTL, and (1−At)·TTL for the refresh to
-	// land. Default 0.85.
-	At float64
-}
+
+// refreshAt is the share of a value's TTL after which a Get refreshes it:
+// about 1.2 loads per TTL, and 15% of the TTL for the refresh to land.
+const refreshAt = 0.85
 
 // pastRefreshAt reports whether a cached frame is past its refresh-at time.
 func pastRefreshAt(raw []byte) bool {
@@ -62,18 +59,4 @@ func refresh[T any](g *Guard, id, vkey string, raw []byte, load LoadFunc[T]) {
 		}
 		return flightResult{}, nil
 	})
-}
-
-func resolveRefresh(r *RefreshOptions) (*RefreshOptions, error) {
-	if r == nil {
-		return nil, nil
-	}
-	o := *r
-	if o.At == 0 {
-		o.At = 0.85
-	}
-	if !(o.At > 0 && o.At < 1) {
-		return nil, fmt.Errorf("%w: RefreshAhead.At %v not in (0, 1)", ErrInvalidOptions, o.At)
-	}
-	return &o, nil
 }

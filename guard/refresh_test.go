@@ -32,7 +32,7 @@ func TestRefreshAheadHotKey(t *testing.T) {
 
 func refreshAheadHotKey(t *testing.T, local *guard.LocalOptions) {
 	ctx := context.Background()
-	_, g, d := setup(t, 10, &guard.Options{TTL: 500 * time.Millisecond, Jitter: -1, RefreshAhead: &guard.RefreshOptions{}, Local: local})
+	_, g, d := setup(t, 10, &guard.Options{TTL: 500 * time.Millisecond, Jitter: -1, RefreshAhead: true, Local: local})
 	d.delay = 20 * time.Millisecond
 	if _, err := guard.Get(ctx, g, "p3", d.load); err != nil {
 		t.Fatal(err)
@@ -86,7 +86,8 @@ func refreshAheadHotKey(t *testing.T, local *guard.LocalOptions) {
 func TestRefreshAheadNeverServesOverAWrite(t *testing.T) {
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	ctx := context.Background()
-	_, g, d := setup(t, 10, &guard.Options{TTL: 200 * time.Millisecond, RefreshAhead: &guard.RefreshOptions{At: 0.3}})
+	_, g, d := setup(t, 10, &guard.Options{TTL: 200 * time.Millisecond, RefreshAhead: true})
+	guard.SetRefreshAt(g, 0.3)
 	d.delay = 5 * time.Millisecond
 	type read struct {
 		start time.Time
@@ -164,7 +165,8 @@ func TestRefreshAheadNeverServesOverAWrite(t *testing.T) {
 // take the process down; the value is served until it expires.
 func TestRefreshAheadLoaderPanic(t *testing.T) {
 	ctx := context.Background()
-	c, g, d := setup(t, 10, &guard.Options{TTL: 300 * time.Millisecond, Jitter: -1, RefreshAhead: &guard.RefreshOptions{At: 0.2}})
+	c, g, d := setup(t, 10, &guard.Options{TTL: 300 * time.Millisecond, Jitter: -1, RefreshAhead: true})
+	guard.SetRefreshAt(g, 0.2)
 	if _, err := guard.Get(ctx, g, "p5", d.load); err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +187,8 @@ func TestRefreshAheadLoaderPanic(t *testing.T) {
 // reload, and then the new value is in Redis (the next Get calls no loader).
 func TestFlushWaitsForRefresh(t *testing.T) {
 	ctx := context.Background()
-	c, g, d := setup(t, 10, &guard.Options{TTL: time.Minute, Jitter: -1, RefreshAhead: &guard.RefreshOptions{At: 0.001}})
+	c, g, d := setup(t, 10, &guard.Options{TTL: time.Minute, Jitter: -1, RefreshAhead: true})
+	guard.SetRefreshAt(g, 0.001)
 	if _, err := guard.Get(ctx, g, "p3", d.load); err != nil {
 		t.Fatal(err)
 	}

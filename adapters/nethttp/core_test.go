@@ -59,8 +59,8 @@ func TestRetryAfterIsTheConfiguredValue(t *testing.T) {
 	}
 }
 
-// TestIDRuleFollowsTheGuard: the length limit is the Guard's MaxKeyLen, and
-// ExtraIDChars admits emails and "user:1".
+// TestIDRuleFollowsTheGuard: the length limit is the Guard's (4096 bytes),
+// and ExtraIDChars admits emails and "user:1".
 func TestIDRuleFollowsTheGuard(t *testing.T) {
 	ctx := context.Background()
 	c := redistest.Connect(t)
@@ -68,13 +68,13 @@ func TestIDRuleFollowsTheGuard(t *testing.T) {
 		ctx,
 		c,
 		"user",
-		&guard.Options{KeyPrefix: c.Prefix, Filter: guard.FilterOptions{ExpectedItems: 1000}, Tuning: guard.Tuning{MaxKeyLen: 256}},
+		&guard.Options{KeyPrefix: c.Prefix, Filter: guard.FilterOptions{ExpectedItems: 1000}},
 	)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer g.Close()
-	long := strings.Repeat("a", 200)
+	long := strings.Repeat("a", 4096)
 	known := []string{"ada+news@example.com", "user:1", "0b9f3c1e-9d1a-4c2b-8f53-2f0c1a7d9e44", long}
 	if _, err := g.Rebuild(ctx, func(yield func(string, error) bool) {
 		for _, id := range known {
@@ -95,11 +95,11 @@ func TestIDRuleFollowsTheGuard(t *testing.T) {
 			t.Errorf("%q: %d, want 200", id, rec.Code)
 		}
 	}
-	if rec := get(t, mux, "/users/"+strings.Repeat("b", 200)); rec.Code != 404 {
-		t.Errorf("unknown 200-byte ID under MaxKeyLen 256: %d, want 404", rec.Code)
+	if rec := get(t, mux, "/users/"+strings.Repeat("b", 4096)); rec.Code != 404 {
+		t.Errorf("unknown 4096-byte ID: %d, want 404", rec.Code)
 	}
 	c.Counter.Reset()
-	for _, bad := range []string{strings.Repeat("a", 257), "a%20b", "a{b}"} {
+	for _, bad := range []string{strings.Repeat("a", 4097), "a%20b", "a{b}"} {
 		if rec := get(t, mux, "/users/"+bad); rec.Code != 400 {
 			t.Errorf("%q: %d, want 400", bad, rec.Code)
 		}

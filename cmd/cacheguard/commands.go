@@ -291,7 +291,7 @@ func rebuild(ctx context.Context, c *config, rdb redis.UniversalClient, args []s
 	start := time.Now()
 	// Each ID as check and a Guard's Get take it: a file with one they refuse
 	// is refused whole, by its line.
-	valid := keyspace.ForGuard(c.prefix, c.name, keyspace.DefaultMaxKeyLen).Check
+	valid := keyspace.ForGuard(c.prefix, c.name, keyspace.MaxKeyLen).Check
 	n, err := g.Rebuild(ctx, p.count(lines(in, valid)), opts)
 	p.done(err)
 	if err != nil {

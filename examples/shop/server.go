@@ -141,7 +141,7 @@ func newShop(ctx context.Context, db *sql.DB, redisOpts *redis.Options, dbLatenc
 	}{
 		{"local", "/local/products/", &guard.Options{Logger: log, Local: &guard.LocalOptions{},
 			Filter: guard.FilterOptions{ExpectedItems: 200_000}, Telemetry: guard.TelemetryOptions{MeterProvider: s.tel.meter}}},
-		{"refresh", "/refresh/products/", &guard.Options{Logger: log, TTL: time.Second, RefreshAhead: &guard.RefreshOptions{},
+		{"refresh", "/refresh/products/", &guard.Options{Logger: log, TTL: time.Second, RefreshAhead: true,
 			Filter: guard.FilterOptions{ExpectedItems: 200_000}, Telemetry: guard.TelemetryOptions{MeterProvider: s.tel.meter}}},
 	} {
 		vr, err := newVariant(ctx, db, redisOpts, dbLatency, v.label, v.prefix, v.opts)

@@ -497,7 +497,7 @@ func TestNullKey(t *testing.T) {
 	fx.exec("UPDATE "+fx.name+" SET email = $1 WHERE id = 'id2'", "m2@x")
 	fx.exec("UPDATE "+fx.name+" SET email = $1 WHERE id = 'id4'", long)
 	mail := func() *guard.Guard {
-		g, err := guard.New(ctx, fx.rdb, "mail", &guard.Options{KeyPrefix: fx.prefix, Tuning: guard.Tuning{MaxKeyLen: 4096}})
+		g, err := guard.New(ctx, fx.rdb, "mail", &guard.Options{KeyPrefix: fx.prefix})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -36,10 +36,10 @@ type Guard struct {
 	maxLen int
 }
 
-// DefaultMaxKeyLen is the longest ID a Guard accepts, in bytes, unless its
-// Options.Tuning.MaxKeyLen says otherwise (the admin command checks IDs with
-// it too).
-const DefaultMaxKeyLen = 128
+// MaxKeyLen is the longest ID a Guard accepts, in bytes (the HTTP adapters
+// and the admin command check IDs with it too): long enough for any key
+// column, short enough that Redis keys stay small.
+const MaxKeyLen = 4096
 
 // ForGuard returns the names of the Guard called name under prefix, whose IDs
 // are at most maxLen bytes. Both must have been checked with ValidPrefix and

@@ -19,6 +19,7 @@ import (
 // an Invalidate in another process (another Guard on its own client) drops
 // this process's copy.
 func TestLocalCache(t *testing.T) {
+	clusterToo(t)
 	ctx := context.Background()
 	c, g, d := setup(t, 10, &guard.Options{Local: &guard.LocalOptions{TTL: time.Minute}})
 	c2 := redistest.Connect(t)

@@ -153,6 +153,7 @@ func TestChangedTypeIsAMiss(t *testing.T) {
 // Set and Invalidate drop every shape's entry, Delete marks every shape
 // that had one.
 func TestWritesReachEveryShape(t *testing.T) {
+	clusterToo(t)
 	ctx := context.Background()
 	c := redistest.Connect(t)
 	old := openRelease(t, c, priceV1{ID: "42", Price: 4200})

@@ -169,6 +169,7 @@ func TestReadLockHolderJoinsAWaitingFlight(t *testing.T) {
 // the entries there and go unused; the gate closes after the first, and
 // the reads go on without locks.
 func TestReadLockGateClosesInAFleet(t *testing.T) {
+	t.Parallel() // its own keys, no process-wide state: runs beside the others
 	ctx := context.Background()
 	c, g, d := setup(t, 300, nil)
 	other := otherProcess(t, c)

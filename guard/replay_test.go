@@ -188,6 +188,7 @@ func TestUnwrittenIDsLoadThrough(t *testing.T) {
 // entry of the Guard is dropped; then Gets read the cache again.
 func TestUnwrittenOverflow(t *testing.T) {
 	clusterToo(t)
+	t.Parallel() // its own keys, no process-wide state: runs beside the others
 	ctx := context.Background()
 	c := redistest.Connect(t)
 	cut, writer := partitioned(t, c.Prefix)

@@ -1,7 +1,8 @@
 # make test : what CI runs (.ci/run): installs redis-server if missing, then
 #             gofmt check, go vet, go test -race over every package against a
 #             private redis-server, and the Redis-facing packages once more
-#             against a private 3-master, 3-replica Redis Cluster, then
+#             against a private 3-master, 3-replica Redis Cluster (in
+#             guard the tests marked clusterToo), then
 #             the fault suite (faults/: Redis killed, frozen, flushed, full,
 #             slowed, blackholed, reset, a cluster master killed, TLS) and
 #             its table.
@@ -40,6 +41,10 @@ release-check:
 vet:
 	$(GO) vet $(PKGS)
 
+# The Redis-facing packages, run a second time on a private Redis Cluster
+# (CG_TEST_CLUSTER=1). In guard that pass runs only the tests marked
+# clusterToo(t) (guard/cluster_test.go); the standalone pass runs them all.
+# A test that starts a cluster of its own and fails it over is in faults/.
 CLUSTER_PKGS := ./bloom ./lock ./loader ./internal/coord ./guard ./internal/cputime
 
 # Modules of their own beside the root (so the root module needs neither Echo, Gin,

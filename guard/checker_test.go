@@ -390,6 +390,7 @@ func runChecker(t *testing.T, mode string, local, outage bool) checked {
 // operations in 3 processes (in each mode), with the write-through calls (Add, Set, Delete)
 // and with Add + Invalidate.
 func TestConsistencyChecker(t *testing.T) {
+	clusterToo(t)
 	if testing.Short() {
 		t.Skip("a long checked history: make test")
 	}
@@ -456,7 +457,6 @@ func TestConsistencyCheckerOutage(t *testing.T) {
 		t.Skip("a long checked history through an outage: make test")
 	}
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
-	standaloneOnly(t)
 	res := runChecker(t, "set", false, true)
 	if res.OwnStale != 0 || res.Failed != 0 || res.Reads < 10_000 || res.Unwritten == 0 {
 		t.Fatalf("%+v", res)

@@ -2,9 +2,16 @@ package guard_test
 
 import (
 	"context"
-	"errors"
+	"flag"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,134 +22,104 @@ import (
 	"github.com/cacheguard/cacheguard/internal/redisserver"
 )
 
-// TestClusterFailover: a Guard on a real 3-master, 3-replica Redis Cluster
-// keeps serving when a master is SIGKILLed: after the replica takes over, the
-// same client answers every known ID again (never a false ErrNotFound, even
-// during the failover) and Info describes the filter.
-// readSome reads n known IDs and counts Redis errors; a false ErrNotFound
-// fails the test.
-func readSome(t *testing.T, g *guard.Guard, d *db, n int) (errs int) {
+// The cluster pass. `make test` runs every test of this package against
+// the package's standalone redis-server, then runs it again with
+// CG_TEST_CLUSTER=1 against a 3-master, 3-replica Redis Cluster. That second
+// pass runs only the tests whose first statement is clusterToo(t): those
+// whose behaviour can differ on a Cluster (keys and slots of multi-key
+// scripts and pipelines, the filter's shards, SCAN over every master, write
+// marks per slot, pub/sub wakes, Rebuild, processes meeting on one key).
+// A test of in-process logic (options, the local cache, codecs, one
+// process's flights, logging) or on servers of its own (redistest.Private,
+// ownCluster) leaves it out: the standalone pass covers it, and the
+// cluster pass would repeat it. Leaving it out never drops a test from
+// make test; it drops it from the cluster pass alone.
+//
+// TestMain finds the marked tests in this directory's source (a call
+// anywhere else, in a helper or a subtest, is not seen: clusterToo fails
+// the test then) and sets -test.run to them, unless -run was given: then
+// CG_TEST_CLUSTER=1 go test -run TestX ./guard runs TestX on a cluster,
+// marked or not.
+
+// clusterToo marks t (a Test function, calling it first) to run in the
+// cluster pass as well; see above.
+func clusterToo(t *testing.T) {
 	t.Helper()
-	for i := range n {
-		id := fmt.Sprintf("p%d", i)
-		p, err := guard.Get(context.Background(), g, id, d.load)
-		switch {
-		case errors.Is(err, guard.ErrNotFound):
-			t.Fatalf("%s: false ErrNotFound", id)
-		case err != nil:
-			if errs == 0 {
-				t.Logf("%s: %v", id, err)
+	name, _, _ := strings.Cut(t.Name(), "/")
+	marked, err := clusterTests()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if name != t.Name() || !slices.Contains(marked, name) {
+		t.Fatalf("clusterToo(t) must be the first statement of the Test function itself (%s): "+
+			"TestMain selects the cluster pass from the source", t.Name())
+	}
+}
+
+// clusterTests lists the Test functions of this directory whose first
+// statement is clusterToo(t).
+var clusterTests = sync.OnceValues(func() ([]string, error) {
+	files, err := filepath.Glob("*_test.go")
+	if err != nil || len(files) == 0 {
+		return nil, fmt.Errorf("cluster pass: no test source in the working directory (%v)", err)
+	}
+	var names []string
+	fset := token.NewFileSet()
+	for _, f := range files {
+		file, err := parser.ParseFile(fset, f, nil, parser.SkipObjectResolution)
+		if err != nil {
+			return nil, fmt.Errorf("cluster pass: %w", err)
+		}
+		for _, d := range file.Decls {
+			fn, ok := d.(*ast.FuncDecl)
+			if !ok || fn.Recv != nil || !strings.HasPrefix(fn.Name.Name, "Test") || len(fn.Body.List) == 0 {
+				continue
 			}
-			errs++
-		case p.ID != id:
-			t.Fatalf("%s: got %+v", id, p)
+			if st, ok := fn.Body.List[0].(*ast.ExprStmt); ok {
+				if call, ok := st.X.(*ast.CallExpr); ok {
+					if id, ok := call.Fun.(*ast.Ident); ok && id.Name == "clusterToo" {
+						names = append(names, fn.Name.Name)
+					}
+				}
+			}
 		}
 	}
-	return errs
+	if len(names) == 0 {
+		return nil, fmt.Errorf("cluster pass: no test calls clusterToo(t)")
+	}
+	slices.Sort(names)
+	return names, nil
+})
+
+// selectClusterPass sets -test.run to the tests marked clusterToo, unless
+// the command line chose tests itself. TestMain calls it in cluster mode.
+func selectClusterPass() {
+	flag.Parse()
+	if flag.Lookup("test.run").Value.String() != "" {
+		return
+	}
+	names, err := clusterTests()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	if err := flag.Set("test.run", "^("+strings.Join(names, "|")+")$"); err != nil {
+		fmt.Fprintln(os.Stderr, "cluster pass:", err)
+		os.Exit(2)
+	}
 }
 
 // ownCluster starts a 3-master cluster of the test's own, replicas per
 // master, stopped when it ends, and runs t in parallel with the other slow
-// tests (not in the cluster pass: standaloneOnly).
+// tests (in the standalone pass: its test is not clusterToo).
 func ownCluster(t *testing.T, replicas int) *redisserver.Cluster {
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
-	standaloneOnly(t)
 	cl, err := redisserver.StartCluster(context.Background(), 3, replicas)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(cl.Stop)
 	return cl
-}
-
-func TestClusterFailover(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a cluster of its own and fails a master over: make test")
-	}
-	ctx := context.Background()
-	cl := ownCluster(t, 1)
-	// Short dial and read timeouts: during the failover, calls to the dead
-	// master fail fast instead of stalling the test.
-	opts := cl.Options()
-	opts.DialTimeout, opts.ReadTimeout, opts.MaxRedirects = 200*time.Millisecond, 500*time.Millisecond, 1
-	rdb := redis.NewClusterClient(opts)
-	defer rdb.Close()
-	// Several shards, so the filter spreads over the masters too.
-	g, err := guard.New(
-		ctx,
-		rdb,
-		"product",
-		&guard.Options{Filter: guard.FilterOptions{ExpectedItems: 200_000}, Tuning: guard.Tuning{LockTTL: time.Second}},
-	)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
-	d := newDB(1000)
-	if _, err := g.Rebuild(ctx, ids("p", 1000), nil); err != nil {
-		t.Fatal(err)
-	}
-	readAll := func() int { return readSome(t, g, d, 1000) }
-	if errs := readAll(); errs != 0 {
-		t.Fatalf("%d errors on a healthy cluster", errs)
-	}
-	if _, err := guard.Get(ctx, g, "unknown", d.load); !errors.Is(err, guard.ErrNotFound) {
-		t.Fatalf("unknown: %v", err)
-	}
-
-	masters, err := cl.Masters(ctx)
-	if err != nil || len(masters) != 3 {
-		t.Fatalf("masters: %d, %v", len(masters), err)
-	}
-	// The master to kill must have handed its writes (the filter's shard,
-	// if it holds it) to its replica: a replica that is still catching up
-	// takes over without them, and the filter then reads as lost (that
-	// case is the heal tests'). Seen: a replica at offset 0 seconds after
-	// the cluster reported healthy.
-	mc := redis.NewClient(&redis.Options{Addr: masters[0].Addr})
-	acked, err := mc.Do(ctx, "WAIT", 1, 20_000).Int()
-	_ = mc.Close()
-	if err != nil || acked < 1 {
-		t.Fatalf("master %s: WAIT for its replica: %d replicas acknowledged, %v", masters[0].Addr, acked, err)
-	}
-	if err := masters[0].Kill(); err != nil {
-		t.Fatal(err)
-	}
-	killed := time.Now()
-	during := readSome(t, g, d, 30)
-	if err := cl.WaitHealthy(ctx, 30*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("cluster healthy again %v after the kill", time.Since(killed).Round(time.Millisecond))
-	// The same client, no restart: go-redis follows the new slot owners.
-	eventually(t, 5*time.Second, "reads without errors after the failover", func() bool {
-		after := readAll()
-		if after != 0 {
-			t.Logf("%d errors at %v", after, time.Since(killed).Round(time.Millisecond))
-		}
-		return after == 0
-	})
-	in, err := g.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf(
-		"master %s killed; %d Redis errors (no false not-found) during the failover; serving again "+
-			"%v after the kill; Info: generation %d, ready %v, %d shards, %d bits set, estimated FP "+
-			"%.4f%%, stats %+v",
-		masters[0].Addr,
-		during,
-		time.Since(killed).Round(time.Millisecond),
-		in.Generation,
-		in.Ready,
-		in.Config.Shards,
-		in.BitsSet,
-		in.EstimatedFPRate*100,
-		g.Stats(),
-	)
-	if !in.Ready || in.BitsSet == 0 {
-		t.Fatalf("Info %+v", in)
-	}
 }
 
 // TestIdleGuardRepairsLostWritesOnACluster: a master of a 3-master

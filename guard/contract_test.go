@@ -22,7 +22,6 @@ import (
 // of the Guard it returns report ErrUnavailable alike.
 func TestErrUnavailableFromEveryOperation(t *testing.T) {
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
-	standaloneOnly(t)
 	ctx := context.Background()
 	failFast := &guard.Options{Outage: &guard.OutageOptions{FailFast: true}}
 	srv, rdb, g := privateGuard(t, failFast)
@@ -70,7 +69,6 @@ func TestErrUnavailableFromEveryOperation(t *testing.T) {
 // TestErrUnavailableWhenRedisRefusesWrites: a Redis that refuses writes
 // (maxmemory reached under noeviction) is unavailable too.
 func TestErrUnavailableWhenRedisRefusesWrites(t *testing.T) {
-	standaloneOnly(t)
 	ctx := context.Background()
 	_, rdb := redistest.Private(t)
 	g, err := guard.New(ctx, rdb, "product", &guard.Options{Filter: guard.FilterOptions{ExpectedItems: 10_000}})
@@ -132,6 +130,7 @@ func aclUser(t *testing.T, c *redistest.Conn, user, prefix string) redis.Univers
 // with the prefix); a user limited to another prefix gets ErrUnavailable,
 // never a wrong answer.
 func TestLeastPrivilegeACL(t *testing.T) {
+	clusterToo(t)
 	ctx := context.Background()
 	c := redistest.Connect(t)
 	prefix := c.Prefix

@@ -128,6 +128,7 @@ func printJSON(v any) int {
 // TestStampedeAcrossProcesses: 4 processes × 100 goroutines on one cold key
 // at the same instant, over 20 keys: exactly one loader call per key.
 func TestStampedeAcrossProcesses(t *testing.T) {
+	clusterToo(t)
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	const procs, rounds, goroutines = 4, 20, 100
 	c, _, _ := setup(t, rounds, nil)
@@ -238,6 +239,7 @@ func childCrashWaiter(rdb redis.UniversalClient) int {
 // TestHolderCrash: the process holding the lock is SIGKILLed mid-load; the
 // others get the value about one lock TTL later, with one more loader call.
 func TestHolderCrash(t *testing.T) {
+	clusterToo(t)
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	const lockTTL = time.Second
 	ctx := context.Background()
@@ -344,6 +346,7 @@ func childStale(rdb redis.UniversalClient) int {
 // processes; afterwards every key's cache entry holds the source's final
 // value or nothing, never an older one.
 func TestStaleSetRace(t *testing.T) {
+	clusterToo(t)
 	if testing.Short() {
 		t.Skip("many rounds across processes: make test")
 	}

@@ -71,6 +71,7 @@ var entryPoints = map[string]func(ctx context.Context, g *guard.Guard, d *db, id
 // "down", Redis failures never read as "not found", and a write that
 // failed in an outage is never undone by the entry Redis kept.
 func TestGuaranteesOnEveryEntryPoint(t *testing.T) {
+	clusterToo(t)
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	ctx := context.Background()
 	for name, read := range entryPoints {

@@ -33,7 +33,6 @@ func TestEvictingRedis(t *testing.T) {
 		t.Skip("fills Redis to its maxmemory under each eviction policy: make test")
 	}
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
-	standaloneOnly(t)
 	for _, policy := range []string{"allkeys-lru", "allkeys-lfu", "volatile-lru", "allkeys-random"} {
 		t.Run(policy, func(t *testing.T) {
 			_, rdb := redistest.Private(t)

@@ -171,7 +171,6 @@ func copyIncident(t *testing.T, o guard.Options, freeze, noCopy bool) copyCounts
 // saw the filter ready, the same incident loads every unknown ID, as
 // before.
 func TestCopyThroughIncidents(t *testing.T) {
-	standaloneOnly(t)
 	for _, freeze := range []bool{false, true} {
 		incident := "empty restart"
 		if freeze {

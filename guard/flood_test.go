@@ -41,7 +41,6 @@ func TestFloodThroughIncidents(t *testing.T) {
 	if os.Getenv("CG_FLOOD") == "" {
 		t.Skip("a measurement: CG_FLOOD=1 runs it")
 	}
-	standaloneOnly(t)
 	var rows []string
 	for _, noCopy := range []bool{true, false} {
 		restart, freeze := flood(t, noCopy)

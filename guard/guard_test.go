@@ -22,7 +22,14 @@ import (
 	"github.com/cacheguard/cacheguard/lock"
 )
 
-func TestMain(m *testing.M) { redistest.Main(m, childRoles) }
+// TestMain runs the package's tests against a redis-server of its own, or
+// (CG_TEST_CLUSTER=1) those marked clusterToo against a Redis Cluster.
+func TestMain(m *testing.M) {
+	if redistest.ClusterMode() && !redistest.IsChild() {
+		selectClusterPass()
+	}
+	redistest.Main(m, childRoles)
+}
 
 type product struct {
 	ID    string
@@ -93,15 +100,6 @@ func setup(t *testing.T, n int, opts *guard.Options) (*redistest.Conn, *guard.Gu
 	g := openRebuilt(t, c, o, 10_000, n)
 	c.Counter.Reset()
 	return c, g, newDB(n)
-}
-
-// standaloneOnly skips t in the cluster pass (CG_TEST_CLUSTER): t runs on
-// servers of its own alone (standalone ones, or a cluster it starts), so
-// that pass would repeat the standalone run exactly.
-func standaloneOnly(t *testing.T) {
-	if redistest.ClusterMode() {
-		t.Skip("runs on servers of its own alone; the standalone run covers it")
-	}
 }
 
 // privateGuard opens a Guard (opts; ExpectedItems 1000 unless set) on a
@@ -196,6 +194,7 @@ func warmScripts(t *testing.T) {
 }
 
 func TestRoundTrips(t *testing.T) {
+	clusterToo(t)
 	ctx := context.Background()
 	warmScripts(t)
 	c, g, d := setup(t, 100, nil)
@@ -275,6 +274,7 @@ func TestRoundTrips(t *testing.T) {
 // loader call, then a marker), so the average stays within 1.05 at p = 1%,
 // and the loader is called for at most 1.2·p·N of them.
 func TestRejectFloodAfterHits(t *testing.T) {
+	clusterToo(t)
 	ctx := context.Background()
 	const n, p = 5_000, 0.01
 	c, g, d := setup(t, 1000, &guard.Options{Filter: guard.FilterOptions{ExpectedItems: 1000, FalsePositiveRate: p}})
@@ -317,6 +317,7 @@ func TestRejectFloodAfterHits(t *testing.T) {
 // of them a second time (empty markers). The markers outlive both passes
 // however slow the machine (EmptyTTL), and 8 goroutines share each pass.
 func TestPenetration(t *testing.T) {
+	clusterToo(t)
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	ctx := context.Background()
 	_, g, d := setup(t, 10_000, &guard.Options{EmptyTTL: time.Hour, Filter: guard.FilterOptions{ExpectedItems: 10_000, FalsePositiveRate: 0.01}})
@@ -397,6 +398,7 @@ func TestStampedeOneProcess(t *testing.T) {
 // shared by the reads that waited together), never by joining a flight;
 // each gets its own copy of the value.
 func TestHitsReadForEachCaller(t *testing.T) {
+	clusterToo(t)
 	ctx := context.Background()
 	c, g, d := setup(t, 10, nil)
 	cache(t, g, d, "p1")
@@ -531,6 +533,7 @@ func TestCorruptValueIsDroppedAndReloaded(t *testing.T) {
 // TestKeysAreInjective: IDs built to collide with other keys each get their
 // own entry, and never read or overwrite another's.
 func TestKeysAreInjective(t *testing.T) {
+	clusterToo(t)
 	ctx := context.Background()
 	seeds := []string{
 		"42",
@@ -586,6 +589,7 @@ func TestKeysAreInjective(t *testing.T) {
 }
 
 func TestInvalidate(t *testing.T) {
+	clusterToo(t)
 	ctx := context.Background()
 	_, g, d := setup(t, 10, nil)
 	if p, _ := guard.Get(ctx, g, "p5", d.load); p.Price != 5 {
@@ -732,6 +736,7 @@ func (o *overtaken) finish() product {
 // load's write is refused and its flight's re-check finds the newer row
 // (no second load), which its caller gets.
 func TestWriteFreesTheLockForANewerLoad(t *testing.T) {
+	clusterToo(t)
 	ctx := context.Background()
 	c, g, d := setup(t, 10, nil)
 	other := otherProcess(t, c)
@@ -774,6 +779,7 @@ func TestWriteFreesTheLockForANewerLoad(t *testing.T) {
 // update cannot cache it after the Invalidate: its flight loads again
 // under a new lock and caches the new row, which its caller gets.
 func TestInvalidateBeatsSlowLoader(t *testing.T) {
+	clusterToo(t)
 	ctx := context.Background()
 	c, g, d := setup(t, 10, nil)
 	slow := overtake(t, g, d, "p3")                  // the loader has the old row
@@ -825,6 +831,7 @@ func TestContextDeadlineHonoured(t *testing.T) {
 // TestFailOpenUntilRebuilt: a filter that was never rebuilt (or that Redis
 // lost) must not reject existing IDs.
 func TestFailOpenUntilRebuilt(t *testing.T) {
+	clusterToo(t)
 	ctx := context.Background()
 	c := redistest.Connect(t)
 	g, err := guard.New(ctx, c, "product", &guard.Options{KeyPrefix: c.Prefix, Filter: guard.FilterOptions{ExpectedItems: 1000}})
@@ -880,6 +887,7 @@ func TestOptionsValidation(t *testing.T) {
 }
 
 func TestMayExist(t *testing.T) {
+	clusterToo(t)
 	ctx := context.Background()
 	c, g, _ := setup(t, 10, nil)
 	for id, want := range map[string]bool{"p1": true, "p9": true, "nope": false} {
@@ -909,6 +917,7 @@ func TestMayExist(t *testing.T) {
 // TestPeek: Peek's read serves the next Get of the same ID (one round trip in
 // all), and only that one.
 func TestPeek(t *testing.T) {
+	clusterToo(t)
 	ctx := context.Background()
 	c, g, d := setup(t, 10, nil)
 	if _, err := guard.Get(ctx, g, "p1", d.load); err != nil { // cache it

@@ -19,6 +19,7 @@ import (
 // an Invalidate in another process (another Guard on its own client) drops
 // this process's copy.
 func TestLocalCache(t *testing.T) {
+	clusterToo(t)
 	ctx := context.Background()
 	c, g, d := setup(t, 10, &guard.Options{Local: &guard.LocalOptions{TTL: time.Minute}})
 	c2 := redistest.Connect(t)
@@ -141,6 +142,7 @@ func TestLocalCopyNeverOutlivesRedis(t *testing.T) {
 // that flight ended, to see any write that returned before it started; a
 // local copy has the same window).
 func TestLocalLateCallerSharesTheLoad(t *testing.T) {
+	t.Parallel() // its own keys, no process-wide state: runs beside the others
 	ctx := context.Background()
 	for _, tc := range []struct {
 		name   string
@@ -205,6 +207,7 @@ func TestLocalLateCallerSharesTheLoad(t *testing.T) {
 // copy just expired sends one, not one per caller). Redis is paused while
 // they arrive, so that they all find the first read under way.
 func TestLocalCallersShareOneRead(t *testing.T) {
+	t.Parallel() // its own keys, no process-wide state: runs beside the others
 	ctx := context.Background()
 	c, g, d := setup(t, 10, &guard.Options{Local: &guard.LocalOptions{TTL: time.Minute}})
 	other := otherProcess(t, c)

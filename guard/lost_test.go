@@ -18,7 +18,6 @@ import (
 // a writer and another Guard that both cached p0..p9 as loaded from d.
 func lostWrites(t *testing.T) (*redisserver.Server, *db, *guard.Guard, *guard.Guard) {
 	t.Helper()
-	standaloneOnly(t)
 	srv, _ := redistest.Private(t)
 	d := newDB(10)
 	var gs []*guard.Guard

@@ -37,6 +37,7 @@ func (b *batchDB) loadMany(ctx context.Context, ids []string) (map[string]produc
 // call; unknown IDs rejected without it; IDs the loader did not return get
 // markers (so the next GetMany answers them without a load).
 func TestGetMany(t *testing.T) {
+	clusterToo(t)
 	ctx := context.Background()
 	c, g, d := setup(t, 200, nil)
 	b := &batchDB{db: d}
@@ -89,6 +90,7 @@ func TestGetMany(t *testing.T) {
 // same 50 cold IDs at once: each ID is loaded once in all, and no batch
 // waits for another (no deadlock between batches holding each other's IDs).
 func TestGetManyAcrossProcesses(t *testing.T) {
+	clusterToo(t)
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	ctx := context.Background()
 	c, g0, d := setup(t, 100, nil)
@@ -155,6 +157,7 @@ func sorted(s []string) []string {
 // ErrLoaderPanic instead of taking the process down, releases its locks,
 // and the next call works.
 func TestGetManyLoaderPanic(t *testing.T) {
+	clusterToo(t)
 	ctx := context.Background()
 	c, g, d := setup(t, 10, nil)
 	boom := func(context.Context, []string) (map[string]product, error) { panic("boom") }
@@ -178,7 +181,6 @@ func TestGetManyLoaderPanic(t *testing.T) {
 // not loaded but answered ErrUnconfirmed.
 func TestGetManyWhenRedisIsDown(t *testing.T) {
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
-	standaloneOnly(t)
 	ctx := context.Background()
 	srv, _, g := privateGuard(t, &guard.Options{})
 	if err := srv.Kill(); err != nil {

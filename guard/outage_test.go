@@ -27,7 +27,6 @@ import (
 // Redis at all.
 func TestLoadThroughWhenRedisIsDown(t *testing.T) {
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
-	standaloneOnly(t)
 	ctx := context.Background()
 	srv, _, g := privateGuard(t, &guard.Options{})
 	d := newDB(10)
@@ -87,7 +86,6 @@ func TestLoadThroughWhenRedisIsDown(t *testing.T) {
 // truth are capped across IDs; the rest get ErrUnavailable at once.
 func TestLoadThroughIsCapped(t *testing.T) {
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
-	standaloneOnly(t)
 	ctx := context.Background()
 	srv, rdb := redistest.Private(t)
 	g, err := guard.New(ctx, rdb, "product", &guard.Options{Outage: &guard.OutageOptions{MaxLoads: 2}, Filter: guard.FilterOptions{ExpectedItems: 1000}})
@@ -136,7 +134,6 @@ func TestLoadThroughIsCapped(t *testing.T) {
 // TestLoadThroughWhenRedisRefusesWrites: under maxmemory with noeviction the
 // lock cannot be taken; a known, uncached ID is served from the loader.
 func TestLoadThroughWhenRedisRefusesWrites(t *testing.T) {
-	standaloneOnly(t)
 	ctx := context.Background()
 	_, rdb, g := privateGuard(t, &guard.Options{})
 	d := newDB(10)
@@ -161,7 +158,6 @@ func TestLoadThroughWhenRedisRefusesWrites(t *testing.T) {
 // loader, and starts caching by itself when Redis comes back.
 func TestNewWithoutRedis(t *testing.T) {
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
-	standaloneOnly(t)
 	ctx := context.Background()
 	srv, rdb := redistest.Private(t)
 	if err := srv.Kill(); err != nil {
@@ -283,7 +279,6 @@ func (s *syncBuffer) String() string {
 // at once, and the whole outage writes at most 10 lines.
 func TestOutageLogsAFewLines(t *testing.T) {
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
-	standaloneOnly(t)
 	var logs syncBuffer
 	srv, _, g := privateGuard(t, &guard.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	d := newDB(10)
@@ -325,7 +320,6 @@ func TestOutageLogsAFewLines(t *testing.T) {
 // its deadline, not the client's ReadTimeout, and most are answered from the
 // database within it.
 func TestDeadlinesHoldWithADefaultClient(t *testing.T) {
-	standaloneOnly(t)
 	srv, _, g := privateGuard(t, &guard.Options{Logger: slog.New(slog.DiscardHandler)})
 	d := newDB(10)
 	ctx := context.Background()
@@ -376,7 +370,6 @@ func TestDeadlinesHoldWithADefaultClient(t *testing.T) {
 // TestWriteFailureLogsTheID: each write of one ID that cannot reach Redis
 // logs a line that carries that ID (and its error names it too).
 func TestWriteFailureLogsTheID(t *testing.T) {
-	standaloneOnly(t)
 	var logs syncBuffer
 	srv, _, g := privateGuard(t, &guard.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err := srv.Kill(); err != nil {
@@ -421,7 +414,6 @@ func TestRedisLoggerWhileRedisIsDown(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits out go-redis's dial retries and the logger's 10 s window: make test")
 	}
-	standaloneOnly(t)
 	var logs syncBuffer
 	log := slog.New(slog.NewTextHandler(&logs, nil)) // not limited itself
 	srv, _, g := privateGuard(t, &guard.Options{Logger: log})
@@ -460,7 +452,6 @@ func TestRedisLoggerWhileRedisIsDown(t *testing.T) {
 // when Redis resumes; the writes are kept for replay, and the Get behind a
 // Peek that could not read loads through at once, from the database.
 func TestFrozenRedisBoundsPeekAndWrites(t *testing.T) {
-	standaloneOnly(t)
 	srv, _ := redistest.Private(t)
 	o := srv.Options()
 	o.ContextTimeoutEnabled, o.DialerRetries, o.MaxRetries = true, 1, -1

@@ -88,6 +88,7 @@ func payCredit(t *testing.T, g *guard.Guard, d *db) {
 // pipeline, one HGET each, every caller answered with its own value.
 // A Get whose ctx ends meanwhile leaves at once, and its read is not sent.
 func TestReadsShareRoundTrips(t *testing.T) {
+	clusterToo(t)
 	ctx := context.Background()
 	c, g, d := setup(t, 60, nil)
 	h := warmThenHold(t, c, g, d, 60)
@@ -181,7 +182,6 @@ func TestReadBatchingOff(t *testing.T) {
 // ErrNotFound.
 func TestSharedRoundTripFails(t *testing.T) {
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
-	standaloneOnly(t)
 	ctx := context.Background()
 	srv, rdb, g := privateGuard(t, &guard.Options{Outage: &guard.OutageOptions{FailFast: true}})
 	guard.SetReadsInFlight(g, 1)
@@ -230,6 +230,7 @@ func TestCancelledCallerIsNotARedisFailure(t *testing.T) {
 // while the first of them wait, the rest start after it, and every one of
 // them answers the new value (their one read is sent after all started).
 func TestSameKeyReadsShareOneHGET(t *testing.T) {
+	clusterToo(t)
 	ctx := context.Background()
 	c, g, d := setup(t, 10, nil)
 	h := warmThenHold(t, c, g, d, 10)

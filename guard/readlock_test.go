@@ -15,6 +15,7 @@ import (
 // (another process filled it) answers from it and gives the lock back; a
 // Get of the same ID after that takes no lock.
 func TestReadLockGivenBack(t *testing.T) {
+	clusterToo(t)
 	ctx := context.Background()
 	c, g, d := setup(t, 20, nil)
 	cache(t, g, d, "p1", "p2") // misses: g's reads now take the lock of IDs they have not read
@@ -51,6 +52,7 @@ func TestReadLockGivenBack(t *testing.T) {
 // process's callers share one read there, and the lock it took goes to
 // its first caller's flight.
 func TestReadLockStampede(t *testing.T) {
+	clusterToo(t)
 	for _, tc := range []struct {
 		name  string
 		local *guard.LocalOptions
@@ -167,6 +169,7 @@ func TestReadLockHolderJoinsAWaitingFlight(t *testing.T) {
 // the entries there and go unused; the gate closes after the first, and
 // the reads go on without locks.
 func TestReadLockGateClosesInAFleet(t *testing.T) {
+	t.Parallel() // its own keys, no process-wide state: runs beside the others
 	ctx := context.Background()
 	c, g, d := setup(t, 300, nil)
 	other := otherProcess(t, c)

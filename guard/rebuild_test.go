@@ -83,6 +83,7 @@ func waitReady(t *testing.T, g *guard.Guard, after int64) bloom.Info {
 // the order the Guard used before (source read, Add, then the rebuild
 // announced): the row answers "not found", so the assertion can fail.
 func TestIDSourceReadAfterAnnounce(t *testing.T) {
+	clusterToo(t)
 	ctx := context.Background()
 	c := redistest.Connect(t)
 	d := newDB(10)
@@ -144,6 +145,7 @@ func TestIDSourceReadAfterAnnounce(t *testing.T) {
 // through Rebuild (ErrShortSource) or the automatic rebuild (refused with
 // an ERROR; Gets fail open meanwhile); with Force a rebuild goes through.
 func TestShortSourceKeepsTheFilter(t *testing.T) {
+	clusterToo(t)
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	ctx := context.Background()
 	c := redistest.Connect(t)
@@ -201,6 +203,7 @@ func TestShortSourceKeepsTheFilter(t *testing.T) {
 // say true for an unknown ID). The control holds it the same way with no
 // Rebuild meanwhile: it must range Filter.IDs, so the count can fail.
 func TestAutoRebuildAfterRebuild(t *testing.T) {
+	clusterToo(t)
 	ctx := context.Background()
 	c := redistest.Connect(t)
 	for _, tc := range []struct {

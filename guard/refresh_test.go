@@ -84,6 +84,7 @@ func refreshAheadHotKey(t *testing.T, local *guard.LocalOptions) {
 // hot, every Get that starts after an Invalidate or a Set returned gets that
 // write's value or a later one: a refresh never brings back older data.
 func TestRefreshAheadNeverServesOverAWrite(t *testing.T) {
+	clusterToo(t)
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	ctx := context.Background()
 	_, g, d := setup(t, 10, &guard.Options{TTL: 200 * time.Millisecond, RefreshAhead: true})

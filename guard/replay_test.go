@@ -27,7 +27,6 @@ import (
 // restart is not counted as losing any.
 func TestFailedWritesAreReplayed(t *testing.T) {
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
-	standaloneOnly(t)
 	ctx := context.Background()
 	srv, rdb := redistest.Private(t)
 	d := newDB(100)
@@ -140,6 +139,7 @@ func partitioned(t *testing.T, prefix string) (*partition, *guard.Guard) {
 // from the entry; once the partition heals the replay lands and the other
 // processes read the new row too.
 func TestUnwrittenIDsLoadThrough(t *testing.T) {
+	clusterToo(t)
 	ctx := context.Background()
 	c := redistest.Connect(t)
 	cut, writer := partitioned(t, c.Prefix)
@@ -187,6 +187,8 @@ func TestUnwrittenIDsLoadThrough(t *testing.T) {
 // Get of the Guard load through, until the held IDs are replayed and every
 // entry of the Guard is dropped; then Gets read the cache again.
 func TestUnwrittenOverflow(t *testing.T) {
+	clusterToo(t)
+	t.Parallel() // its own keys, no process-wide state: runs beside the others
 	ctx := context.Background()
 	c := redistest.Connect(t)
 	cut, writer := partitioned(t, c.Prefix)
@@ -240,7 +242,6 @@ func TestAcknowledgedWriteLostInARestart(t *testing.T) {
 		t.Skip("restarts Redis from a dump: make test")
 	}
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
-	standaloneOnly(t)
 	ctx := context.Background()
 	srv, rdb := redistest.Private(t)
 	d := newDB(10)
@@ -341,6 +342,7 @@ func TestReplayLandsBetweenPeekAndGet(t *testing.T) {
 // filter yet; until the Add is replayed, no entry point answers "not found"
 // for it (MayExist, the middleware's check before the first Get, included).
 func TestUnwrittenAddIsNotRejected(t *testing.T) {
+	clusterToo(t)
 	ctx := context.Background()
 	c := redistest.Connect(t)
 	cut, g := partitioned(t, c.Prefix)

@@ -159,6 +159,7 @@ func TestSaturationWarning(t *testing.T) {
 // the loader for good). Now a process with an ID source heals it by itself,
 // and a process without one can start meanwhile.
 func TestFilterStuckSequenceHeals(t *testing.T) {
+	clusterToo(t)
 	ctx := context.Background()
 	c := redistest.Connect(t)
 	d := newDB(1000)
@@ -208,6 +209,7 @@ func TestFilterStuckSequenceHeals(t *testing.T) {
 // process started with the old sizing adopts the stored layout (and says so
 // once in its log).
 func TestResizeDoesNotBreakStarts(t *testing.T) {
+	clusterToo(t)
 	ctx := context.Background()
 	c, g, d := setup(t, 100, nil) // ExpectedItems 10,000
 	if _, err := g.Rebuild(ctx, ids("p", 100), &bloom.RebuildOptions{ExpectedItems: 50_000}); err != nil {
@@ -258,7 +260,6 @@ func TestFilterHealsAfterRestart(t *testing.T) {
 		t.Skip("restarts Redis: make test")
 	}
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
-	standaloneOnly(t)
 	ctx := context.Background()
 	srv, rdb := redistest.Private(t) // a client at go-redis's defaults but MaxRetries (off)
 	d := newDB(100)

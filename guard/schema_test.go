@@ -122,6 +122,7 @@ func readAcross[A, B any](t *testing.T, c *redistest.Conn, id string, a *release
 // entry as a miss, never as a value with zeros, and keeps its own entry
 // beside it while both releases run.
 func TestChangedTypeIsAMiss(t *testing.T) {
+	t.Parallel() // its own keys, no process-wide state: runs beside the others
 	v1 := priceV1{ID: "42", Price: 4200}
 	zeros := 0
 	t.Run("renamed", func(t *testing.T) {
@@ -153,6 +154,7 @@ func TestChangedTypeIsAMiss(t *testing.T) {
 // Set and Invalidate drop every shape's entry, Delete marks every shape
 // that had one.
 func TestWritesReachEveryShape(t *testing.T) {
+	clusterToo(t)
 	ctx := context.Background()
 	c := redistest.Connect(t)
 	old := openRelease(t, c, priceV1{ID: "42", Price: 4200})

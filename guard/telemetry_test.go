@@ -263,7 +263,6 @@ func TestOpenTelemetryOffRecordsNothing(t *testing.T) {
 // counter.
 func TestOpenTelemetryOtherOutcomes(t *testing.T) {
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
-	standaloneOnly(t)
 	ctx := context.Background()
 	rig := newOtelRig(t)
 	srv, _, g := privateGuard(t, &guard.Options{

@@ -41,6 +41,7 @@ func twoGuards(t *testing.T, n int, opts *guard.Options) (c1 *redistest.Conn, g1
 // filter is lost) and IDs deleted then re-created are served by another
 // process right after the create and its Add.
 func TestCreatedIDsAreServedAtOnce(t *testing.T) {
+	clusterToo(t)
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	for _, filter := range []string{"full", "lost"} {
 		t.Run(filter, func(t *testing.T) {
@@ -122,6 +123,7 @@ func TestCreatedIDsAreServedAtOnce(t *testing.T) {
 // cached value, in one round trip; a load that read "absent" before the
 // create cannot write its marker after the Add.
 func TestAddKeepsValuesAndBeatsAMarkerLoad(t *testing.T) {
+	clusterToo(t)
 	ctx := context.Background()
 	c, g, d := setup(t, 10, nil)
 	if _, err := guard.Get(ctx, g, "p1", d.load); err != nil {
@@ -178,6 +180,7 @@ func TestAddKeepsValuesAndBeatsAMarkerLoad(t *testing.T) {
 // TestSetWritesThrough: after Set, every process reads the new value without
 // a load; Set is one round trip and beats a slow load in flight.
 func TestSetWritesThrough(t *testing.T) {
+	clusterToo(t)
 	ctx := context.Background()
 	c, g1, g2, d := twoGuards(t, 10, nil)
 	if _, err := guard.Get(ctx, g2, "p4", d.load); err != nil {
@@ -223,6 +226,7 @@ func TestSetWritesThrough(t *testing.T) {
 // TestDeleteAnswersNotFoundWithoutALoad: after Delete, every process answers
 // ErrNotFound from the marker, without calling the loader.
 func TestDeleteAnswersNotFoundWithoutALoad(t *testing.T) {
+	clusterToo(t)
 	ctx := context.Background()
 	_, g1, g2, d := twoGuards(t, 10, &guard.Options{Local: &guard.LocalOptions{TTL: time.Minute}})
 	if _, err := guard.Get(ctx, g2, "p6", d.load); err != nil {
@@ -279,6 +283,7 @@ func TestOneTypePerGuard(t *testing.T) {
 // Guard (as in a rolling deploy) cache side by side without evicting each
 // other, and a write through either drops both.
 func TestVersionsKeepSeparateEntriesAndWritesDropAll(t *testing.T) {
+	clusterToo(t)
 	ctx := context.Background()
 	c, gOld, d := setup(t, 10, nil)
 	type productV2 struct {
@@ -386,6 +391,7 @@ func (h *holdRelease) hold(cmd redis.Cmder) {
 // that loaded before the write (here: held after its cache write, before it
 // answered), but by a newer read.
 func TestNoAnswerFromAFlightOlderThanTheGet(t *testing.T) {
+	clusterToo(t)
 	ctx := context.Background()
 	c, g1, d := setup(t, 10, nil)
 	c2 := redistest.Connect(t)
@@ -439,6 +445,7 @@ func pausedAfterRead(d *db) (slow func(context.Context, string) (product, error)
 // no lock behind (TestStampedeOfExitingProcesses); right after the Get the
 // entry is in Redis and the lock is gone, with no Flush.
 func TestMissAnswersAfterItsWrite(t *testing.T) {
+	clusterToo(t)
 	ctx := context.Background()
 	c, _, d := setup(t, 10, nil)
 	c2 := redistest.Connect(t)
@@ -482,6 +489,7 @@ func TestMissAnswersAfterItsWrite(t *testing.T) {
 // Control: with a scan of value keys alone (the lock not found), the
 // overtaken load caches the old row and the test fails.
 func TestInvalidateAll(t *testing.T) {
+	clusterToo(t)
 	ctx := context.Background()
 	c, g, d := setup(t, 10, nil)
 	other, err := guard.New(ctx, c, "product2", &guard.Options{KeyPrefix: c.Prefix, Filter: guard.FilterOptions{ExpectedItems: 1000}})

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,28 +16,7 @@ import (
 	"github.com/cacheguard/cacheguard/codec"
 	"github.com/cacheguard/cacheguard/internal/clone"
 	"github.com/cacheguard/cacheguard/internal/redisfail"
-	"github.com/cacheguard/cacheguard/loader"
 )
-
-// panicked turns a flight's panic into an error wrapping ErrLoaderPanic;
-// other errors come back as they are.
-func panicked(g *Guard, id string, err error) error {
-	if errors.Is(err, loader.ErrPanic) {
-		what := strings.TrimPrefix(err.Error(), loader.ErrPanic.Error()+": ") // the value and its one stack
-		return panicError{msg: fmt.Sprintf("%v: %s %q: %s", ErrLoaderPanic, g.name, id, what), err: err}
-	}
-	return err
-}
-
-// panicError says "load panicked" once and wraps both ErrLoaderPanic and
-// the flight's loader.ErrPanic.
-type panicError struct {
-	msg string
-	err error
-}
-
-func (e panicError) Error() string   { return e.msg }
-func (e panicError) Unwrap() []error { return []error{ErrLoaderPanic, e.err} }
 
 // decodeFrame decodes a flight's frame into a caller's own copy.
 func decodeFrame[T any](g *Guard, id string, frame []byte) (T, error) {
@@ -104,63 +82,6 @@ func (g *Guard) field() string {
 		return b.field
 	}
 	return ""
-}
-
-// kept returns what the local cache keeps of v, a value that a caller
-// also gets (or, for Set, that the application still holds): v itself for
-// a type whose copies share nothing, a private deep copy of it with the
-// copier that makes each caller's own (copied), or nil when the type can
-// only be decoded each time.
-func kept[T any](g *Guard, v T) any {
-	switch b := g.bound.Load(); {
-	case b == nil:
-		return nil
-	case b.shareable:
-		return v
-	case b.copy != nil:
-		fn := b.copy.(func(T) T)
-		return copied[T]{v: fn(v), copy: fn}
-	}
-	return nil
-}
-
-// copied is what the local cache keeps of a value whose type needs a deep
-// copy per caller: nobody outside the cache reaches v.
-type copied[T any] struct {
-	v    T
-	copy func(T) T
-}
-
-// keepsDecoded reports whether the local cache keeps the Guard's values
-// decoded (see kept).
-func (g *Guard) keepsDecoded() bool {
-	b := g.bound.Load()
-	return b != nil && (b.shareable || b.copy != nil)
-}
-
-// outcome is how a flight ended, counted once per caller.
-type outcome uint8
-
-const (
-	outHit outcome = iota + 1
-	outEmpty
-	outRejected
-	outLoaded
-	outFailed
-	outLocalHit // answered from process memory (Options.Local); never a flight's
-)
-
-// flightResult is what one flight hands to all its callers: the frame to
-// decode (each caller decodes its own copy, so no two callers share a T),
-// and how it ended.
-type flightResult struct {
-	frame   []byte
-	outcome outcome
-	ttl     time.Duration // the TTL it wrote the frame with, or the re-check found it with (0: unknown)
-	sent    time.Time     // with ttl: a clock read before the round trip that wrote or read it (see local.put)
-	epoch   uint64        // the local cache's epoch when the flight began
-	started uint64        // its number from Guard.starts, taken before the reads it answers from (see since)
-	by      any           // the *flight[T] that ran
 }
 
 // entry is a cache entry judged.

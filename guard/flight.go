@@ -133,6 +133,19 @@ func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T
 	return answerJoined(ctx, g, id, j, err, false)
 }
 
+// flightResult is what one flight hands to all its callers: the frame to
+// decode (each caller decodes its own copy, so no two callers share a T),
+// and how it ended.
+type flightResult struct {
+	frame   []byte
+	outcome outcome
+	ttl     time.Duration // the TTL it wrote the frame with, or the re-check found it with (0: unknown)
+	sent    time.Time     // with ttl: a clock read before the round trip that wrote or read it (see local.put)
+	epoch   uint64        // the local cache's epoch when the flight began
+	started uint64        // its number from Guard.starts, taken before the reads it answers from (see since)
+	by      any           // the *flight[T] that ran
+}
+
 // flight is the state of one flight (a fill, a load-through, a refresh, or
 // a GetMany member). Only the flight writes it (run and the Filler methods,
 // which the Coordinator calls from the flight's goroutine), and the caller

@@ -213,3 +213,35 @@ func (l *local) put(id string, frame []byte, value any, redisTTL time.Duration, 
 }
 
 func (l *local) drop(id string) { l.c.Invalidate(id) }
+
+// kept returns what the local cache keeps of v, a value that a caller
+// also gets (or, for Set, that the application still holds): v itself for
+// a type whose copies share nothing, a private deep copy of it with the
+// copier that makes each caller's own (copied), or nil when the type can
+// only be decoded each time.
+func kept[T any](g *Guard, v T) any {
+	switch b := g.bound.Load(); {
+	case b == nil:
+		return nil
+	case b.shareable:
+		return v
+	case b.copy != nil:
+		fn := b.copy.(func(T) T)
+		return copied[T]{v: fn(v), copy: fn}
+	}
+	return nil
+}
+
+// copied is what the local cache keeps of a value whose type needs a deep
+// copy per caller: nobody outside the cache reaches v.
+type copied[T any] struct {
+	v    T
+	copy func(T) T
+}
+
+// keepsDecoded reports whether the local cache keeps the Guard's values
+// decoded (see kept).
+func (g *Guard) keepsDecoded() bool {
+	b := g.bound.Load()
+	return b != nil && (b.shareable || b.copy != nil)
+}

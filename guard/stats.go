@@ -47,6 +47,18 @@ type Stats struct {
 	FilterNotReady bool
 }
 
+// outcome is how a flight ended, counted once per caller.
+type outcome uint8
+
+const (
+	outHit outcome = iota + 1
+	outEmpty
+	outRejected
+	outLoaded
+	outFailed
+	outLocalHit // answered from process memory (Options.Local); never a flight's
+)
+
 // counters is the live form of Stats; every field is updated atomically.
 // The outcomes every hit or reject counts are striped (see striped); the
 // rest are rare.

@@ -147,6 +147,46 @@ func (l *local) close() error {
 	return nil
 }
 
+// localHit answers id from the in-process cache (Options.Local) if it holds
+// a copy. It runs outside the close gate's count: it touches no Redis
+// connection, and the otter cache stays safe to read while Close empties
+// it; once Close has begun, it answers nothing and the caller's gate.enter
+// reports ErrClosed. IDs are not checked here: a malformed one was never
+// stored, so it misses and Get refuses it afterwards.
+func localHit[T any](ctx context.Context, g *Guard, id string) (T, localState) {
+	if g.sup.closed.Load() {
+		var zero T
+		return zero, localNone
+	}
+	v, st := fromLocal[T](g, id)
+	if st == localFresh {
+		g.answered(ctx, outLocalHit, false, false)
+	}
+	return v, st
+}
+
+// fromLocal is the copy of id in process memory, if there is one that
+// decodes (one that does not is dropped).
+func fromLocal[T any](g *Guard, id string) (T, localState) {
+	var zero T
+	e, st := g.local.get(id)
+	if st != localFresh {
+		return zero, st
+	}
+	if v, ok := e.value.(T); ok { // decoded once; assignment copies it all
+		return v, localFresh
+	}
+	if c, ok := e.value.(copied[T]); ok { // decoded once, a deep copy for each caller
+		return c.copy(c.v), localFresh
+	}
+	var v T
+	if codec.Decode(g.opts.Codec, e.frame, &v) == nil {
+		return v, localFresh
+	}
+	g.local.drop(id)
+	return zero, localNone
+}
+
 // localState is what the local cache holds for an ID.
 type localState uint8
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/cacheguard/cacheguard/bloom"
 	"github.com/cacheguard/cacheguard/codec"
@@ -123,4 +124,26 @@ func (g *Guard) MayExist(ctx context.Context, id string) (bool, error) {
 		g.answered(ctx, outRejected, false, false)
 	}
 	return maybe, err
+}
+
+// peekKey is the context key under which Peek leaves what it read.
+type peekKey struct{}
+
+type peeked struct {
+	g        *Guard
+	id       string
+	r        readResult
+	failed   error       // the read could not reach Redis: the Get loads through without waiting for it again
+	replays  uint64      // unwritten.replayed before the read: the Get checks it as its own (see get)
+	answered bool        // Peek counted its "not found" (the middleware's 404): the Get answers it uncounted
+	used     atomic.Bool // a peek serves one Get: a later Get in the same request reads afresh
+}
+
+// peekedFor is the read a Peek left in ctx for this Get, if any (nil: none).
+func peekedFor(ctx context.Context, g *Guard, id string) *peeked {
+	p, ok := ctx.Value(peekKey{}).(*peeked)
+	if !ok || p.g != g || p.id != id || p.used.Swap(true) {
+		return nil
+	}
+	return p
 }

@@ -13,6 +13,12 @@ import (
 	"github.com/cacheguard/cacheguard/lock"
 )
 
+// The flight, step 5 of a Get: a miss loads once per ID in this process
+// (join) and once across processes, under the key's Redis lock. A flight
+// answers only the callers that started before it did (an older one may
+// predate a write), after its write landed; each caller decodes its own
+// copy. Load-through (Redis cannot answer) runs the load alone.
+
 // joined is a caller's part in a flight: the call that ran it, what it
 // found, and how the caller stood to it.
 type joined[T any] struct {

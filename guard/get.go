@@ -5,6 +5,11 @@ import (
 	"fmt"
 )
 
+// Get, the five steps of the package doc, top-down in get: memory answers
+// first (Local), then one read (read.go) answers a value, a reject or a
+// marker; a miss joins its flight (flight.go); an ID whose write Redis has
+// not taken, or a Redis that cannot answer, loads through.
+
 // LoadFunc loads the value of id from the source of truth. It reports an ID
 // that does not exist with an error wrapping ErrNotFound (for example
 // fmt.Errorf("%w: %w", guard.ErrNotFound, sql.ErrNoRows)); any other error

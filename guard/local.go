@@ -14,6 +14,12 @@ import (
 	"github.com/cacheguard/cacheguard/internal/pubsub"
 )
 
+// The local cache (Options.Local): a copy in process memory never outlives
+// its Redis entry; this process's writes replace or drop it before they
+// return, other processes' when their invalidation message arrives (TTL
+// bounds a lost one). Values are kept decoded where the type allows, and
+// every caller gets its own copy.
+
 // LocalOptions turns on an in-process cache in front of Redis: values this
 // process read or loaded are served from memory, with no round trip, for up
 // to TTL, and never past their entry's TTL in Redis.

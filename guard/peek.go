@@ -14,7 +14,7 @@ import (
 // HTTP middleware that turns unknown IDs away before the handler runs. Peek
 // does a Get's read (read.go) and leaves it in the context it returns, so
 // the handler's Get answers from it without a round trip of its own
-// (peekedFor, read.go). MayExist asks the filter alone.
+// (peekedFor, below). MayExist asks the filter alone.
 
 // Peek does Get's read round trip (bloom probe and cache GET) without
 // loading, and reports whether id may exist: false when the filter has never

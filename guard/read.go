@@ -20,6 +20,12 @@ import (
 	"github.com/cacheguard/cacheguard/lock"
 )
 
+// Step 3, the read: one round trip per Get (the HGET of the type's field,
+// with the bloom probe and the key's lock pipelined when the read plan
+// expects a miss), shared with concurrent Gets' reads but never sent before
+// the Get started. The plan (lock with the read, seen table, lock bias,
+// probe credit) learns from what reads found; docs/cost.md has the figures.
+
 // reader is the read path's state (Guard.rd).
 type reader struct {
 	batch    *batch.Batcher[readReq]   // every Get's read goes through it: concurrent reads share round trips (see runReads)

@@ -2,6 +2,11 @@ package guard
 
 import "context"
 
+// The shared read: a key's concurrent callers in this process share one
+// Redis read, and a read that started before a caller answers it only if no
+// write was heard in between (with Local); otherwise the caller reads again.
+// A lock the read took stays with the caller whose read it was.
+
 // sharedRead is one read shared by the callers of a value key (readShared).
 type sharedRead struct {
 	r       readResult

@@ -7,6 +7,10 @@ import (
 	"unsafe"
 )
 
+// Stats: each Get counted once, by how it was answered (answered), and each
+// load by loaded; the counters every hit touches are striped, so hits on
+// many cores do not contend. Stats reads a snapshot.
+
 // Stats are a Guard's counters since New. The first group counts Get calls by
 // how they ended (each caller once, even when callers shared a flight); the
 // second counts operations.

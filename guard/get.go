@@ -136,6 +136,15 @@ func get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 // to replay a replay landing there.
 var afterRead func(id string)
 
+// peekedFor is the read a Peek left in ctx for this Get, if any (nil: none).
+func peekedFor(ctx context.Context, g *Guard, id string) *peeked {
+	p, ok := ctx.Value(peekKey{}).(*peeked)
+	if !ok || p.g != g || p.id != id || p.used.Swap(true) {
+		return nil
+	}
+	return p
+}
+
 // getUnwritten answers a Get of an ID whose last write did not reach Redis
 // from the load function alone, as in an outage, until the write is
 // replayed (replay.go).

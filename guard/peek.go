@@ -14,7 +14,7 @@ import (
 // HTTP middleware that turns unknown IDs away before the handler runs. Peek
 // does a Get's read (read.go) and leaves it in the context it returns, so
 // the handler's Get answers from it without a round trip of its own
-// (peekedFor, below). MayExist asks the filter alone.
+// (peekedFor, get.go). MayExist asks the filter alone.
 
 // Peek does Get's read round trip (bloom probe and cache GET) without
 // loading, and reports whether id may exist: false when the filter has never
@@ -137,13 +137,4 @@ type peeked struct {
 	replays  uint64      // unwritten.replayed before the read: the Get checks it as its own (see get)
 	answered bool        // Peek counted its "not found" (the middleware's 404): the Get answers it uncounted
 	used     atomic.Bool // a peek serves one Get: a later Get in the same request reads afresh
-}
-
-// peekedFor is the read a Peek left in ctx for this Get, if any (nil: none).
-func peekedFor(ctx context.Context, g *Guard, id string) *peeked {
-	p, ok := ctx.Value(peekKey{}).(*peeked)
-	if !ok || p.g != g || p.id != id || p.used.Swap(true) {
-		return nil
-	}
-	return p
 }

@@ -9,6 +9,11 @@ import (
 	"github.com/cacheguard/cacheguard/internal/batch"
 )
 
+// GetMany's batch load: the misses of one GetMany whose locks it holds load
+// together in one call of its BatchLoadFunc, each ID still written by its
+// own flight under its own lock (flight.go); a miss that waited for another
+// process first loads on its own.
+
 // batchLoad gathers the loads of one GetMany's miss flights into one call
 // of its load function, as a batch (package batch) whose one place in
 // flight the GetMany holds while a miss is undecided: it has neither asked

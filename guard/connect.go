@@ -15,6 +15,12 @@ import (
 	"github.com/cacheguard/cacheguard/internal/backoff"
 )
 
+// Connecting: what a Guard keeps in Redis (its bloom filter, the miss's
+// scripts, the invalidation subscription) is opened once, at New or, if
+// Redis was down then, by a retry in the background; until then Gets fail
+// open or load through. While the filter is not ready it is rebuilt from
+// Filter.IDs (if set), one rebuild at a time, backing off across processes.
+
 // filterState is the Guard's bloom filter and what it knows of its health
 // (Guard.bf).
 type filterState struct {

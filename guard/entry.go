@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,38 +16,13 @@ import (
 	"github.com/cacheguard/cacheguard/codec"
 	"github.com/cacheguard/cacheguard/internal/clone"
 	"github.com/cacheguard/cacheguard/internal/redisfail"
-	"github.com/cacheguard/cacheguard/loader"
 )
 
-// panicked turns a flight's panic into an error wrapping ErrLoaderPanic;
-// other errors come back as they are.
-func panicked(g *Guard, id string, err error) error {
-	if errors.Is(err, loader.ErrPanic) {
-		what := strings.TrimPrefix(err.Error(), loader.ErrPanic.Error()+": ") // the value and its one stack
-		return panicError{msg: fmt.Sprintf("%v: %s %q: %s", ErrLoaderPanic, g.name, id, what), err: err}
-	}
-	return err
-}
-
-// panicError says "load panicked" once and wraps both ErrLoaderPanic and
-// the flight's loader.ErrPanic.
-type panicError struct {
-	msg string
-	err error
-}
-
-func (e panicError) Error() string   { return e.msg }
-func (e panicError) Unwrap() []error { return []error{ErrLoaderPanic, e.err} }
-
-// decodeFrame decodes a flight's frame into a caller's own copy.
-func decodeFrame[T any](g *Guard, id string, frame []byte) (T, error) {
-	var v T
-	if err := codec.Decode(g.opts.Codec, frame, &v); err != nil {
-		var zero T
-		return zero, fmt.Errorf("cacheguard: %s %q: decode: %w", g.name, id, err)
-	}
-	return v, nil
-}
+// The cache entry: the field of the ID's hash a value type owns (Version and
+// shape: two types or two releases never read each other's bytes), the frame
+// a value is written in with its jittered TTL, and how a frame read back
+// decodes: a value, a marker (ErrNotFound), or a corrupt entry, dropped and
+// loaded again.
 
 // typeBinding is the type a Guard's values decode into, and how the local
 // cache hands out a value it keeps decoded (see kept).
@@ -106,108 +80,6 @@ func (g *Guard) field() string {
 	return ""
 }
 
-// kept returns what the local cache keeps of v, a value that a caller
-// also gets (or, for Set, that the application still holds): v itself for
-// a type whose copies share nothing, a private deep copy of it with the
-// copier that makes each caller's own (copied), or nil when the type can
-// only be decoded each time.
-func kept[T any](g *Guard, v T) any {
-	switch b := g.bound.Load(); {
-	case b == nil:
-		return nil
-	case b.shareable:
-		return v
-	case b.copy != nil:
-		fn := b.copy.(func(T) T)
-		return copied[T]{v: fn(v), copy: fn}
-	}
-	return nil
-}
-
-// copied is what the local cache keeps of a value whose type needs a deep
-// copy per caller: nobody outside the cache reaches v.
-type copied[T any] struct {
-	v    T
-	copy func(T) T
-}
-
-// keepsDecoded reports whether the local cache keeps the Guard's values
-// decoded (see kept).
-func (g *Guard) keepsDecoded() bool {
-	b := g.bound.Load()
-	return b != nil && (b.shareable || b.copy != nil)
-}
-
-// outcome is how a flight ended, counted once per caller.
-type outcome uint8
-
-const (
-	outHit outcome = iota + 1
-	outEmpty
-	outRejected
-	outLoaded
-	outFailed
-	outLocalHit // answered from process memory (Options.Local); never a flight's
-)
-
-// flightResult is what one flight hands to all its callers: the frame to
-// decode (each caller decodes its own copy, so no two callers share a T),
-// and how it ended.
-type flightResult struct {
-	frame   []byte
-	outcome outcome
-	ttl     time.Duration // the TTL it wrote the frame with, or the re-check found it with (0: unknown)
-	sent    time.Time     // with ttl: a clock read before the round trip that wrote or read it (see local.put)
-	epoch   uint64        // the local cache's epoch when the flight began
-	started uint64        // its number from Guard.starts, taken before the reads it answers from (see since)
-	by      any           // the *flight[T] that ran
-}
-
-// entry is a cache entry judged.
-type entry[T any] struct {
-	v     T
-	found flightResult
-	err   error // ErrNotFound for a marker
-	ok    bool  // false: the entry was corrupt (and dropped): load
-}
-
-// decodeEntry decodes a cache entry: a value into v, an empty marker into
-// ErrNotFound. A corrupt entry (or one this T cannot read) is counted,
-// logged and dropped unless a writer has already replaced it, and the caller
-// loads; the ID existed, so the filter is not asked again.
-func decodeEntry[T any](ctx context.Context, g *Guard, vkey string, raw []byte) entry[T] {
-	var e entry[T]
-	v := new(T) // the value alone escapes to the codec, not the whole entry
-	switch err := codec.Decode(g.opts.Codec, raw, v); {
-	case err == nil:
-		e.v, e.found, e.ok = *v, flightResult{frame: raw, outcome: outHit}, true
-	case errors.Is(err, codec.ErrEmpty):
-		e.found, e.err, e.ok = flightResult{outcome: outEmpty}, ErrNotFound, true
-	default: // no field of the failed decode survives: e.v stays zero
-		g.dropCorrupt(ctx, vkey, raw, err)
-	}
-	return e
-}
-
-// jitter returns d spread uniformly over d·(1 ± Jitter), at least 1ms.
-func (g *Guard) jitter(d time.Duration) time.Duration {
-	if j := g.opts.Jitter; j > 0 {
-		d = time.Duration(float64(d) * (1 + j*(2*rand.Float64()-1)))
-	}
-	return max(d, time.Millisecond)
-}
-
-// dropCorrupt counts and logs (at warn level) an entry that does not decode,
-// and deletes it if it still holds those bytes.
-func (g *Guard) dropCorrupt(ctx context.Context, vkey string, raw []byte, why error) {
-	g.stats.corrupt.Add(1)
-	g.log.WarnContext(ctx, "cacheguard: dropping a cache entry that does not decode (corrupt, or written by another type or version)",
-		"key", vkey, "field", g.field(), "err", why)
-	if err := delIfEqual.Run(ctx, g.rdb, []string{vkey}, g.field(), raw).Err(); err != nil {
-		_ = g.fail(ctx, "delete corrupt entry", "", redisfail.Wrap(err))
-	}
-}
-
 // otherSchemas counts a load whose write found entries of other schema
 // versions in the ID's hash, and warns once per pair of fields (for the
 // first maxSchemaPairs pairs): a deploy that changed the value type, or
@@ -240,12 +112,6 @@ type warnedPairs struct {
 	n     atomic.Int64
 }
 
-var (
-	//go:embed lua/del_if_equal.lua
-	delIfEqualLua string
-	delIfEqual    = redis.NewScript(delIfEqualLua)
-)
-
 // valueFrame encodes v for the cache and picks its TTL (with jitter): a
 // refresh frame when RefreshAhead is on.
 func (g *Guard) valueFrame(v any) ([]byte, time.Duration, error) {
@@ -257,3 +123,64 @@ func (g *Guard) valueFrame(v any) ([]byte, time.Duration, error) {
 	frame, err := codec.Encode(g.opts.Codec, v)
 	return frame, ttl, err
 }
+
+// jitter returns d spread uniformly over d·(1 ± Jitter), at least 1ms.
+func (g *Guard) jitter(d time.Duration) time.Duration {
+	if j := g.opts.Jitter; j > 0 {
+		d = time.Duration(float64(d) * (1 + j*(2*rand.Float64()-1)))
+	}
+	return max(d, time.Millisecond)
+}
+
+// entry is a cache entry judged.
+type entry[T any] struct {
+	v     T
+	found flightResult
+	err   error // ErrNotFound for a marker
+	ok    bool  // false: the entry was corrupt (and dropped): load
+}
+
+// decodeEntry decodes a cache entry: a value into v, an empty marker into
+// ErrNotFound. A corrupt entry (or one this T cannot read) is counted,
+// logged and dropped unless a writer has already replaced it, and the caller
+// loads; the ID existed, so the filter is not asked again.
+func decodeEntry[T any](ctx context.Context, g *Guard, vkey string, raw []byte) entry[T] {
+	var e entry[T]
+	v := new(T) // the value alone escapes to the codec, not the whole entry
+	switch err := codec.Decode(g.opts.Codec, raw, v); {
+	case err == nil:
+		e.v, e.found, e.ok = *v, flightResult{frame: raw, outcome: outHit}, true
+	case errors.Is(err, codec.ErrEmpty):
+		e.found, e.err, e.ok = flightResult{outcome: outEmpty}, ErrNotFound, true
+	default: // no field of the failed decode survives: e.v stays zero
+		g.dropCorrupt(ctx, vkey, raw, err)
+	}
+	return e
+}
+
+// decodeFrame decodes a flight's frame into a caller's own copy.
+func decodeFrame[T any](g *Guard, id string, frame []byte) (T, error) {
+	var v T
+	if err := codec.Decode(g.opts.Codec, frame, &v); err != nil {
+		var zero T
+		return zero, fmt.Errorf("cacheguard: %s %q: decode: %w", g.name, id, err)
+	}
+	return v, nil
+}
+
+// dropCorrupt counts and logs (at warn level) an entry that does not decode,
+// and deletes it if it still holds those bytes.
+func (g *Guard) dropCorrupt(ctx context.Context, vkey string, raw []byte, why error) {
+	g.stats.corrupt.Add(1)
+	g.log.WarnContext(ctx, "cacheguard: dropping a cache entry that does not decode (corrupt, or written by another type or version)",
+		"key", vkey, "field", g.field(), "err", why)
+	if err := delIfEqual.Run(ctx, g.rdb, []string{vkey}, g.field(), raw).Err(); err != nil {
+		_ = g.fail(ctx, "delete corrupt entry", "", redisfail.Wrap(err))
+	}
+}
+
+var (
+	//go:embed lua/del_if_equal.lua
+	delIfEqualLua string
+	delIfEqual    = redis.NewScript(delIfEqualLua)
+)

@@ -5,13 +5,19 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cacheguard/cacheguard/internal/keyspace"
 	"github.com/cacheguard/cacheguard/internal/redisfail"
+	"github.com/cacheguard/cacheguard/loader"
 )
+
+// The errors a Guard returns (test them with errors.Is), and fail: the one
+// exit of a Redis failure, counted in Stats.RedisErrors and logged there,
+// once. A load's panic comes back as an error wrapping ErrLoaderPanic.
 
 var (
 	// ErrNotFound: the ID does not exist in the source of truth (the bloom
@@ -94,3 +100,23 @@ func (g *Guard) reloadSlots(ctx context.Context, err error) {
 		}
 	}
 }
+
+// panicked turns a flight's panic into an error wrapping ErrLoaderPanic;
+// other errors come back as they are.
+func panicked(g *Guard, id string, err error) error {
+	if errors.Is(err, loader.ErrPanic) {
+		what := strings.TrimPrefix(err.Error(), loader.ErrPanic.Error()+": ") // the value and its one stack
+		return panicError{msg: fmt.Sprintf("%v: %s %q: %s", ErrLoaderPanic, g.name, id, what), err: err}
+	}
+	return err
+}
+
+// panicError says "load panicked" once and wraps both ErrLoaderPanic and
+// the flight's loader.ErrPanic.
+type panicError struct {
+	msg string
+	err error
+}
+
+func (e panicError) Error() string   { return e.msg }
+func (e panicError) Unwrap() []error { return []error{ErrLoaderPanic, e.err} }

@@ -13,6 +13,12 @@ import (
 	"github.com/cacheguard/cacheguard/lock"
 )
 
+// The flight, step 5 of a Get: a miss loads once per ID in this process
+// (join) and once across processes, under the key's Redis lock. A flight
+// answers only the callers that started before it did (an older one may
+// predate a write), after its write landed; each caller decodes its own
+// copy. Load-through (Redis cannot answer) runs the load alone.
+
 // joined is a caller's part in a flight: the call that ran it, what it
 // found, and how the caller stood to it.
 type joined[T any] struct {
@@ -131,6 +137,19 @@ func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T
 		return loadThrough(ctx, g, id, vkey, load, from, err)
 	}
 	return answerJoined(ctx, g, id, j, err, false)
+}
+
+// flightResult is what one flight hands to all its callers: the frame to
+// decode (each caller decodes its own copy, so no two callers share a T),
+// and how it ended.
+type flightResult struct {
+	frame   []byte
+	outcome outcome
+	ttl     time.Duration // the TTL it wrote the frame with, or the re-check found it with (0: unknown)
+	sent    time.Time     // with ttl: a clock read before the round trip that wrote or read it (see local.put)
+	epoch   uint64        // the local cache's epoch when the flight began
+	started uint64        // its number from Guard.starts, taken before the reads it answers from (see since)
+	by      any           // the *flight[T] that ran
 }
 
 // flight is the state of one flight (a fill, a load-through, a refresh, or

@@ -34,13 +34,14 @@ import (
 	"github.com/cacheguard/cacheguard/lock"
 )
 
-// The files, for a maintainer reading top-down: a Get runs through get.go
-// (check, local copy, the read plan, answer), read.go (the one round trip,
-// shared by concurrent Gets), entry.go (decoding), and on a miss flight.go
-// (one flight per key in the process, run through internal/coord across
-// processes); health.go decides whether Redis answers and what to do when it
-// does not, lost.go and replay.go keep writes Redis did not take. Every
-// goroutine belongs to the supervisor (supervisor.go), which Close stops.
+// New opens a Guard and Close drains it. The files, for a maintainer reading
+// top-down: a Get runs through get.go (its steps), read.go (the one round
+// trip, the plan of what it sends, shared by concurrent Gets), entry.go (the
+// entry's field and frame), and on a miss flight.go (one flight per key in
+// the process, under the key's lock across processes); health.go decides
+// whether Redis answers and what to do when it does not, lost.go and
+// replay.go keep writes Redis did not take. Every goroutine belongs to the
+// supervisor (supervisor.go), which Close stops.
 
 // Guard guards the reads of one kind of entity. It is safe for concurrent use.
 type Guard struct {

@@ -5,6 +5,10 @@ import (
 	"errors"
 )
 
+// Cache, the typed handle: a Guard bound to one value type and one load
+// function, so that a repository call becomes a cached one of the same
+// signature. It adds nothing to the Guard's guarantees and removes none.
+
 // Cache is a Guard bound to one value type and one load function: the shape
 // of "wrapping repository calls". Its Get has the repository's own signature
 // for string IDs, so a repository method can be swapped for a cached one in

@@ -14,6 +14,12 @@ import (
 	"github.com/cacheguard/cacheguard/internal/pubsub"
 )
 
+// The local cache (Options.Local): a copy in process memory never outlives
+// its Redis entry; this process's writes replace or drop it before they
+// return, other processes' when their invalidation message arrives (TTL
+// bounds a lost one). Values are kept decoded where the type allows, and
+// every caller gets its own copy.
+
 // LocalOptions turns on an in-process cache in front of Redis: values this
 // process read or loaded are served from memory, with no round trip, for up
 // to TTL, and never past their entry's TTL in Redis.
@@ -147,6 +153,46 @@ func (l *local) close() error {
 	return nil
 }
 
+// localHit answers id from the in-process cache (Options.Local) if it holds
+// a copy. It runs outside the close gate's count: it touches no Redis
+// connection, and the otter cache stays safe to read while Close empties
+// it; once Close has begun, it answers nothing and the caller's gate.enter
+// reports ErrClosed. IDs are not checked here: a malformed one was never
+// stored, so it misses and Get refuses it afterwards.
+func localHit[T any](ctx context.Context, g *Guard, id string) (T, localState) {
+	if g.sup.closed.Load() {
+		var zero T
+		return zero, localNone
+	}
+	v, st := fromLocal[T](g, id)
+	if st == localFresh {
+		g.answered(ctx, outLocalHit, false, false)
+	}
+	return v, st
+}
+
+// fromLocal is the copy of id in process memory, if there is one that
+// decodes (one that does not is dropped).
+func fromLocal[T any](g *Guard, id string) (T, localState) {
+	var zero T
+	e, st := g.local.get(id)
+	if st != localFresh {
+		return zero, st
+	}
+	if v, ok := e.value.(T); ok { // decoded once; assignment copies it all
+		return v, localFresh
+	}
+	if c, ok := e.value.(copied[T]); ok { // decoded once, a deep copy for each caller
+		return c.copy(c.v), localFresh
+	}
+	var v T
+	if codec.Decode(g.opts.Codec, e.frame, &v) == nil {
+		return v, localFresh
+	}
+	g.local.drop(id)
+	return zero, localNone
+}
+
 // localState is what the local cache holds for an ID.
 type localState uint8
 
@@ -213,3 +259,35 @@ func (l *local) put(id string, frame []byte, value any, redisTTL time.Duration, 
 }
 
 func (l *local) drop(id string) { l.c.Invalidate(id) }
+
+// kept returns what the local cache keeps of v, a value that a caller
+// also gets (or, for Set, that the application still holds): v itself for
+// a type whose copies share nothing, a private deep copy of it with the
+// copier that makes each caller's own (copied), or nil when the type can
+// only be decoded each time.
+func kept[T any](g *Guard, v T) any {
+	switch b := g.bound.Load(); {
+	case b == nil:
+		return nil
+	case b.shareable:
+		return v
+	case b.copy != nil:
+		fn := b.copy.(func(T) T)
+		return copied[T]{v: fn(v), copy: fn}
+	}
+	return nil
+}
+
+// copied is what the local cache keeps of a value whose type needs a deep
+// copy per caller: nobody outside the cache reaches v.
+type copied[T any] struct {
+	v    T
+	copy func(T) T
+}
+
+// keepsDecoded reports whether the local cache keeps the Guard's values
+// decoded (see kept).
+func (g *Guard) keepsDecoded() bool {
+	b := g.bound.Load()
+	return b != nil && (b.shareable || b.copy != nil)
+}

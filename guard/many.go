@@ -12,6 +12,11 @@ import (
 	"github.com/cacheguard/cacheguard/internal/redisfail"
 )
 
+// GetMany: Get for many IDs, with Get's answers and guarantees for each.
+// One round trip reads them all (on a cluster, each node its share in
+// parallel); the misses load once per ID across processes, and those whose
+// locks this call holds together in one call (batchload.go).
+
 // BatchLoadFunc loads the values of ids from the source of truth, for
 // GetMany. An ID missing from the map does not exist (it gets an empty
 // marker); an error fails every ID of the call and nothing is cached.

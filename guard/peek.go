@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/cacheguard/cacheguard/bloom"
 	"github.com/cacheguard/cacheguard/codec"
@@ -13,7 +14,7 @@ import (
 // HTTP middleware that turns unknown IDs away before the handler runs. Peek
 // does a Get's read (read.go) and leaves it in the context it returns, so
 // the handler's Get answers from it without a round trip of its own
-// (peekedFor, read.go). MayExist asks the filter alone.
+// (peekedFor, get.go). MayExist asks the filter alone.
 
 // Peek does Get's read round trip (bloom probe and cache GET) without
 // loading, and reports whether id may exist: false when the filter has never
@@ -123,4 +124,17 @@ func (g *Guard) MayExist(ctx context.Context, id string) (bool, error) {
 		g.answered(ctx, outRejected, false, false)
 	}
 	return maybe, err
+}
+
+// peekKey is the context key under which Peek leaves what it read.
+type peekKey struct{}
+
+type peeked struct {
+	g        *Guard
+	id       string
+	r        readResult
+	failed   error       // the read could not reach Redis: the Get loads through without waiting for it again
+	replays  uint64      // unwritten.replayed before the read: the Get checks it as its own (see get)
+	answered bool        // Peek counted its "not found" (the middleware's 404): the Get answers it uncounted
+	used     atomic.Bool // a peek serves one Get: a later Get in the same request reads afresh
 }

@@ -9,6 +9,11 @@ import (
 	"time"
 )
 
+// Logging under load: each cause (level and message) writes at most one
+// line per logEvery, with the count held back, so an outage at thousands of
+// Gets a second writes a few lines a minute. RedisLogger limits go-redis's
+// own lines the same way.
+
 // logEvery is how often one cause may write a line: the first at once, then
 // at most one per logEvery, carrying how many were held back.
 const logEvery = 10 * time.Second

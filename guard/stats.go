@@ -7,6 +7,10 @@ import (
 	"unsafe"
 )
 
+// Stats: each Get counted once, by how it was answered (answered), and each
+// load by loaded; the counters every hit touches are striped, so hits on
+// many cores do not contend. Stats reads a snapshot.
+
 // Stats are a Guard's counters since New. The first group counts Get calls by
 // how they ended (each caller once, even when callers shared a flight); the
 // second counts operations.
@@ -46,6 +50,18 @@ type Stats struct {
 	// built, or lost by Redis), so Gets fail open until it is rebuilt.
 	FilterNotReady bool
 }
+
+// outcome is how a flight ended, counted once per caller.
+type outcome uint8
+
+const (
+	outHit outcome = iota + 1
+	outEmpty
+	outRejected
+	outLoaded
+	outFailed
+	outLocalHit // answered from process memory (Options.Local); never a flight's
+)
 
 // counters is the live form of Stats; every field is updated atomically.
 // The outcomes every hit or reject counts are striped (see striped); the

@@ -6,6 +6,10 @@ import (
 	"sync/atomic"
 )
 
+// The supervisor: every goroutine and flight of a Guard runs under it,
+// and every entry point that reaches Redis passes its gate, so Close stops
+// them all and waits for them: nothing a Guard started outlives its Close.
+
 // supervisor owns every goroutine a Guard starts and every flight under
 // way: each runs through go (or holds a place with hold) on the
 // supervisor's ctx, which stop cancels before it waits for all of them.

@@ -316,7 +316,7 @@ func (g *Guard) runReads(ctx context.Context, calls []*batch.Call[readReq]) {
 			r.probe = r.f.Queue(ctx, pipe, r.id)
 		}
 		if r.lockKey != "" { // before the HGET: Redis runs it with the lock taken, as the re-check
-			r.lockQ, _ = g.rd.locks.QueueTry(ctx, pipe, r.lockKey, readLockLease)
+			r.lockQ, _ = g.rd.locks.Queue(ctx, pipe, r.lockKey, readLockLease)
 		}
 		r.get = redis.NewStringCmd(ctx, "hget", r.vkey, field)
 		_ = pipe.Process(ctx, r.get)

@@ -12,9 +12,9 @@ import (
 
 	"github.com/cacheguard/cacheguard/bloom"
 	"github.com/cacheguard/cacheguard/internal/batch"
+	"github.com/cacheguard/cacheguard/internal/flightgroup"
 	"github.com/cacheguard/cacheguard/internal/keyspace"
 	"github.com/cacheguard/cacheguard/internal/redisfail"
-	"github.com/cacheguard/cacheguard/loader"
 	"github.com/cacheguard/cacheguard/lock"
 )
 
@@ -22,7 +22,7 @@ import (
 type reader struct {
 	batch    *batch.Batcher[readReq]   // every Get's read goes through it: concurrent reads share round trips (see runReads)
 	calls    sync.Pool                 // of *batch.Call[readReq], reused by read
-	shared   loader.Group[sharedRead]  // one Redis read per value key at a time, in its first caller (InCaller: see readShared)
+	shared   readGroup                 // one Redis read per value key at a time, in its first caller (InCaller: see readShared)
 	credit   atomic.Int64              // > 0: recent reads missed: send the bloom probe with the HGET (see read)
 	locks    *lock.Client              // the locks reads take (see lockWithRead)
 	lockBias atomic.Int64              // > 0: reads that found nothing mostly loaded, and their locks were used (see Lock bias)
@@ -344,6 +344,9 @@ func latestDeadline(calls []*batch.Call[readReq]) time.Time {
 	return latest
 }
 
+// readGroup runs the shared reads (reader.shared), one per value key at a time.
+type readGroup = flightgroup.Group[string, sharedRead]
+
 // sharedRead is one read shared by the callers of a value key (readShared).
 type sharedRead struct {
 	r       readResult
@@ -360,7 +363,7 @@ type sharedRead struct {
 // for the callers that waited for a flight older than them. The first
 // caller reads in its own goroutine, on its own ctx, as a Get without Local
 // does; each of the others leaves when its own ctx is done, and reads again
-// if the first one gave up (loader.Group's InCaller). With lockable, the
+// if the first one gave up (flightgroup.Group's InCaller). With lockable, the
 // read may take the key's lock (see lockWithRead); the result carries it to
 // the caller whose read it was, and to no other.
 func (g *Guard) readShared(ctx context.Context, id, vkey string, from since, lockable bool) (readResult, error) {

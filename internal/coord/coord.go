@@ -1,9 +1,9 @@
 // Package coord makes the flights of different processes take turns through
 // a Redis lock per key: one holder loads and writes while the lock still
 // holds its token, the others wait for its PUBLISH and read what it stored.
-// Package loader's Coordinator is its public face; the guard uses this
-// package directly for what only it needs (a lock its read took, refreshes
-// ahead of expiry, the entry's TTL with the re-check, wait observers).
+// It is the guard's alone: it writes the guard's layout (a hash per value
+// key, a field per schema version, the waiting mark, the filled marker);
+// docs/design.md says why it is not in package loader.
 package coord
 
 import (

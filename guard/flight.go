@@ -10,6 +10,7 @@ import (
 
 	"github.com/cacheguard/cacheguard/codec"
 	"github.com/cacheguard/cacheguard/internal/coord"
+	"github.com/cacheguard/cacheguard/internal/flightgroup"
 	"github.com/cacheguard/cacheguard/lock"
 )
 
@@ -37,7 +38,7 @@ type joined[T any] struct {
 // (no write made or heard since). Every caller is answered when the flight
 // ends, after its write, release and publish ran in Redis: a process may
 // exit as soon as its Gets return, and must not leave the lock behind.
-func join[T any](ctx context.Context, g *Guard, key string, from since, proto flight[T],
+func join[T any](ctx context.Context, g *Guard, key flightKey, from since, proto flight[T],
 	run func(c *flight[T], ctx context.Context) (flightResult, error),
 ) (joined[T], error) {
 	serves := func(fl flightResult) bool { // the rule above
@@ -53,7 +54,7 @@ func join[T any](ctx context.Context, g *Guard, key string, from since, proto fl
 	}
 	onJoin := giveBack
 	if hook := g.joinedHook.Load(); hook != nil {
-		onJoin = func() { giveBack(); (*hook)(key) }
+		onJoin = func() { giveBack(); (*hook)(key.vkey) }
 	}
 	var err error
 	j.fl, j.shared, err = g.flights.DoOnJoin(ctx, key, func(ctx context.Context) (flightResult, error) {
@@ -66,10 +67,29 @@ func join[T any](ctx context.Context, g *Guard, key string, from since, proto fl
 	return j, err
 }
 
+// flightKey keys the Guard's flights (Guard.flights): the fills of a value
+// key, its load-throughs and its refresh ahead of expiry are flights apart.
+type flightKey struct {
+	kind flightKind
+	vkey string
+}
+
+// flightGroup runs the Guard's flights, one per flightKey at a time.
+type flightGroup = flightgroup.Group[flightKey, flightResult]
+
+// flightKind tells the flights of one value key apart.
+type flightKind uint8
+
+const (
+	fillFlight    flightKind = iota // fill: the miss, through the Coordinator
+	throughFlight                   // loadThrough: the load alone, without Redis
+	refreshFlight                   // refresh: ahead of expiry, nobody waits
+)
+
 // joinServed joins flights of key until one serves the caller (join), four
 // times at most: the one retry loop of fill and loadThrough. Between two
 // rounds reread, if set, may answer instead (it reports whether it did).
-func joinServed[T any](ctx context.Context, g *Guard, key string, from since, proto flight[T],
+func joinServed[T any](ctx context.Context, g *Guard, key flightKey, from since, proto flight[T],
 	run func(c *flight[T], ctx context.Context) (flightResult, error), reread func() bool,
 ) (j joined[T], err error) {
 	for attempt := 0; ; attempt++ {
@@ -129,7 +149,7 @@ func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T
 		}
 		return early.ok
 	}
-	j, err := joinServed(ctx, g, vkey, from, flight[T]{g: g, id: id, vkey: vkey, load: load, held: held}, (*flight[T]).run, reread)
+	j, err := joinServed(ctx, g, flightKey{vkey: vkey}, from, flight[T]{g: g, id: id, vkey: vkey, load: load, held: held}, (*flight[T]).run, reread)
 	switch {
 	case early.ok:
 		return early.v, early.err
@@ -364,7 +384,7 @@ func (c *flight[T]) Waited(ctx context.Context, began time.Time, result string) 
 }
 
 // loadPanic is a load's panic, raised again in the flight with the stack of
-// the load's goroutine, which loader.Group reports instead of its own.
+// the load's goroutine, which flightgroup.Group reports instead of its own.
 type loadPanic struct {
 	value any
 	stack []byte
@@ -385,7 +405,7 @@ type loaded[T any] struct {
 // result that comes later is dropped (never cached: nothing waits for it).
 // The goroutine is the supervisor's (Close waits for it) and ends when the
 // load function returns; a panic in it is carried back and raised again
-// here, in the flight, where loader.Group turns it into ErrLoaderPanic.
+// here, in the flight, where flightgroup.Group turns it into ErrLoaderPanic.
 func (c *flight[T]) bounded(ctx context.Context) (T, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.g.opts.LoadTimeout)
 	defer cancel()
@@ -425,7 +445,7 @@ func loadThrough[T any](ctx context.Context, g *Guard, id, vkey string, load Loa
 	if g.outage.failFast || ctx.Err() != nil { // a caller whose ctx ended (its read timed out) gets nothing from a load
 		return zero, cause
 	}
-	j, err := joinServed(ctx, g, "\x00through:"+vkey, from, flight[T]{g: g, id: id, vkey: vkey, load: load}, (*flight[T]).runThrough, nil)
+	j, err := joinServed(ctx, g, flightKey{kind: throughFlight, vkey: vkey}, from, flight[T]{g: g, id: id, vkey: vkey, load: load}, (*flight[T]).runThrough, nil)
 	return answerJoined(ctx, g, id, j, err, true)
 }
 

@@ -30,7 +30,6 @@ import (
 	"github.com/cacheguard/cacheguard/internal/batch"
 	"github.com/cacheguard/cacheguard/internal/coord"
 	"github.com/cacheguard/cacheguard/internal/keyspace"
-	"github.com/cacheguard/cacheguard/loader"
 	"github.com/cacheguard/cacheguard/lock"
 )
 
@@ -58,7 +57,7 @@ type Guard struct {
 	starts       atomic.Uint64               // counts flights and shared reads as they start (see since)
 	rd           reader                      // the read of step 3 (read.go)
 	local        *local                      // the in-process cache, or nil
-	flights      loader.Group[flightResult]  // one flight per value key in this process
+	flights      flightGroup                 // one flight per value key in this process
 	coord        *coord.Coordinator          // one load per value key across processes
 	bf           filterState                 // the bloom filter, once opened (connect.go)
 	outage       *outage                     // what Get does when Redis cannot answer

@@ -266,7 +266,7 @@ func fillMany[T any](ctx context.Context, g *Guard, ids, keys []string, load Bat
 			m := &member[T]{b: b}
 			defer m.Waiting() // answered, loaded, failed or panicked: no longer undecided
 			proto := flight[T]{g: g, id: ids[i], vkey: keys[i], load: m.load, waiter: m}
-			j, err := joinServed(context.WithoutCancel(ctx), g, keys[i], from, proto, (*flight[T]).run, nil)
+			j, err := joinServed(context.WithoutCancel(ctx), g, flightKey{vkey: keys[i]}, from, proto, (*flight[T]).run, nil)
 			answers <- answer{id: ids[i], j: j, err: err}
 		})
 	}

@@ -16,7 +16,6 @@ import (
 	"github.com/cacheguard/cacheguard/internal/batch"
 	"github.com/cacheguard/cacheguard/internal/keyspace"
 	"github.com/cacheguard/cacheguard/internal/redisfail"
-	"github.com/cacheguard/cacheguard/loader"
 	"github.com/cacheguard/cacheguard/lock"
 )
 
@@ -30,7 +29,7 @@ import (
 type reader struct {
 	batch    *batch.Batcher[readReq]   // every Get's read goes through it: concurrent reads share round trips (see runReads)
 	calls    sync.Pool                 // of *batch.Call[readReq], reused by read
-	shared   loader.Group[sharedRead]  // one Redis read per value key at a time, in its first caller (InCaller: see readShared)
+	shared   readGroup                 // one Redis read per value key at a time, in its first caller (InCaller: see readShared)
 	credit   atomic.Int64              // > 0: recent reads missed: send the bloom probe with the HGET (see read)
 	locks    *lock.Client              // the locks reads take (see lockWithRead)
 	lockBias atomic.Int64              // > 0: reads that found nothing mostly loaded, and their locks were used (see Lock bias)
@@ -471,7 +470,7 @@ func (g *Guard) runReads(ctx context.Context, calls []*batch.Call[readReq]) {
 			r.probe = r.f.Queue(ctx, pipe, r.id)
 		}
 		if r.lockKey != "" { // before the HGET: Redis runs it with the lock taken, as the re-check
-			r.lockQ, _ = g.rd.locks.QueueTry(ctx, pipe, r.lockKey, readLockLease)
+			r.lockQ, _ = g.rd.locks.Queue(ctx, pipe, r.lockKey, readLockLease)
 		}
 		r.get = redis.NewStringCmd(ctx, "hget", r.vkey, field)
 		_ = pipe.Process(ctx, r.get)

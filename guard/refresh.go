@@ -42,7 +42,7 @@ func refresh[T any](g *Guard, id, vkey string, raw []byte, load LoadFunc[T]) {
 	if !pastRefreshAt(raw) {
 		return
 	}
-	g.flights.Go(g.sup.ctx, "\x00refresh:"+vkey, func(ctx context.Context) (flightResult, error) {
+	g.flights.Go(g.sup.ctx, flightKey{kind: refreshFlight, vkey: vkey}, func(ctx context.Context) (flightResult, error) {
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		stop := context.AfterFunc(g.sup.ctx, cancel) // Close cancels it

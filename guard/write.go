@@ -163,7 +163,7 @@ func (g *Guard) replace(ctx context.Context, op string, add, ids, keys []string,
 // before the write cannot store its copy after it.
 func (g *Guard) forget(keys []string, copy *localEntry, sent time.Time) {
 	for _, k := range keys {
-		g.flights.Forget(k)
+		g.flights.Forget(flightKey{vkey: k})
 		if g.local != nil {
 			g.rd.shared.Forget(k)
 			g.local.epoch.Add(1)

@@ -12,7 +12,7 @@ import (
 )
 
 func ExampleGroup() {
-	g := loader.Group[string]{Timeout: time.Second}
+	g := loader.Group[string, string]{Timeout: time.Second}
 	var loads atomic.Int32
 	var wg sync.WaitGroup
 	for range 10 {
@@ -34,7 +34,7 @@ func ExampleGroup() {
 
 // A panicking load reaches every caller as an error wrapping ErrPanic.
 func ExampleGroup_Do() {
-	var g loader.Group[int]
+	var g loader.Group[string, int]
 	_, _, err := g.Do(context.Background(), "k", func(ctx context.Context) (int, error) { panic("boom") })
 	fmt.Println(errors.Is(err, loader.ErrPanic))
 	// Output: true
@@ -43,7 +43,7 @@ func ExampleGroup_Do() {
 // Forget lets the next caller start a new flight while one is under way
 // (after a write, say, so that nobody takes the older flight's answer).
 func ExampleGroup_Forget() {
-	var g loader.Group[int]
+	var g loader.Group[string, int]
 	started, release := make(chan struct{}), make(chan struct{})
 	go g.Do(context.Background(), "k", func(ctx context.Context) (int, error) {
 		close(started)
@@ -56,45 +56,4 @@ func ExampleGroup_Forget() {
 	close(release)
 	fmt.Println(v)
 	// Output: 2
-}
-
-// DoOnJoin tells a caller that it joined a flight under way, before it
-// waits: the moment to give up what that flight may need.
-func ExampleGroup_DoOnJoin() {
-	var g loader.Group[string]
-	started, joined := make(chan struct{}), make(chan struct{})
-	done := make(chan string)
-	go func() {
-		v, _, _ := g.Do(context.Background(), "k", func(ctx context.Context) (string, error) {
-			close(started)
-			<-joined // waits for what the joiner gives up
-			return "shared", nil
-		})
-		done <- v
-	}()
-	<-started
-	v, shared, _ := g.DoOnJoin(context.Background(), "k", func(ctx context.Context) (string, error) {
-		return "never runs", nil
-	}, func() { close(joined) })
-	fmt.Println(v, shared, <-done)
-	// Output: shared true shared
-}
-
-// Go starts a flight nobody waits for, as a refresh ahead of expiry does: a
-// second Go of the key while it runs starts nothing, and a Do joins it.
-func ExampleGroup_Go() {
-	var g loader.Group[string]
-	release := make(chan struct{})
-	refresh := func(ctx context.Context) (string, error) {
-		<-release
-		return "fresh", nil
-	}
-	fmt.Println(g.Go(context.Background(), "user:42", refresh))
-	fmt.Println(g.Go(context.Background(), "user:42", refresh))
-	v, shared, _ := g.DoOnJoin(context.Background(), "user:42", refresh, func() { close(release) })
-	fmt.Println(v, shared)
-	// Output:
-	// true
-	// false
-	// fresh true
 }

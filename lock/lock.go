@@ -1,17 +1,28 @@
-// Package lock is a Redis lock with a token and a watchdog, usable without
-// the rest of cacheguard.
+// Package lock is a fenced Redis lock with a watchdog, usable without the
+// rest of cacheguard (package bloom takes its rebuild lock with it; the
+// guard's flights take theirs).
 //
-// [Client.Obtain] sets the lock key to a token unique to the attempt (SET NX
-// PX), retrying as [Options] say; [Client.Queue] queues one attempt in a
-// caller's pipeline, so that the commands queued behind it run with the lock
-// taken. [Lock.Release] and [Lock.Refresh] act only while the key still
-// holds that token (compare-and-act scripts), so a holder whose lock expired
-// can never free or extend the next holder's lock; [Lock.KeepAlive] renews
-// it while the holder works. A lock protects nothing once it has expired:
-// make the holder's write check [Lock.Token] against the lock key in the
-// same script, as cacheguard's own writes do. Give the key a hash tag to
+// What it guarantees:
+//
+//   - At most one holder at a time per key while the lock lives: [Client.Obtain]
+//     sets the key to a token unique to the attempt (SET NX PX), retrying
+//     as [Options] say; [Client.Queue] queues that one attempt in the
+//     caller's pipeline, so that the commands queued behind it run with
+//     the lock taken (a read of what the lock guards, say: lock and
+//     re-check in one round trip).
+//   - Only the holder frees or extends it: [Lock.Release] and [Lock.Refresh]
+//     act only while the key still holds the lock's token (compare-and-act
+//     scripts), so a holder whose lock expired can never free or extend the
+//     next holder's lock; they return [ErrNotHeld] instead.
+//   - [Lock.KeepAlive] renews it while the holder works, and says when it
+//     was lost.
+//
+// What it does not: a lock protects nothing once it has expired (a paused
+// process, a lost connection). Fence the work: make the holder's write
+// check [Lock.Token] against the lock key in the same script, as
+// cacheguard's own writes do (see the example). Give the key a hash tag to
 // keep it in the slot of what it guards on a cluster. Redis failures wrap
-// ErrUnavailable.
+// [ErrUnavailable].
 package lock
 
 import (
@@ -74,19 +85,23 @@ type Options struct {
 	MinBackoff, MaxBackoff time.Duration
 }
 
-// HeldError is the error Obtain returns when another holder keeps the lock;
+// heldError is the error Obtain returns when another holder keeps the lock:
 // it wraps ErrNotObtained and tells how long the holder's lock had left at
-// the last attempt, so a waiter knows when to try again.
-type HeldError struct {
-	TTL time.Duration
+// the last attempt (0 after Queue, which does not ask), which bounds
+// Obtain's next pause.
+type heldError struct {
+	ttl time.Duration
 }
 
-func (e *HeldError) Error() string {
-	return fmt.Sprintf("%v (held by another for %v more)", ErrNotObtained, e.TTL)
+func (e *heldError) Error() string {
+	if e.ttl <= 0 {
+		return ErrNotObtained.Error()
+	}
+	return fmt.Sprintf("%v (held by another for %v more)", ErrNotObtained, e.ttl)
 }
 
 // Unwrap makes errors.Is(err, ErrNotObtained) true.
-func (e *HeldError) Unwrap() error { return ErrNotObtained }
+func (e *heldError) Unwrap() error { return ErrNotObtained }
 
 // Lock is an obtained lock.
 type Lock struct {
@@ -97,8 +112,8 @@ type Lock struct {
 }
 
 // Obtain takes the lock key for ttl, retrying as opts says. It returns
-// an error wrapping ErrNotObtained (a *HeldError) when another holder keeps
-// it; Redis errors are wrapped.
+// an error wrapping ErrNotObtained when another holder keeps it (it says
+// how long that holder's lock had left); Redis errors wrap ErrUnavailable.
 func (c *Client) Obtain(ctx context.Context, key string, ttl time.Duration, opts *Options) (*Lock, error) {
 	o, err := resolve(key, ttl, opts)
 	if err != nil {
@@ -115,7 +130,7 @@ func (c *Client) Obtain(ctx context.Context, key string, ttl time.Duration, opts
 		q := c.queue(ctx, pipe, key, ttl, token, true)
 		_, _ = pipe.Exec(ctx) // errors are read per command
 		l, err := q.Result(ctx)
-		var held *HeldError
+		var held *heldError
 		if !errors.As(err, &held) {
 			return l, err
 		}
@@ -124,8 +139,8 @@ func (c *Client) Obtain(ctx context.Context, key string, ttl time.Duration, opts
 			return nil, held
 		}
 		bound := left // and never past the holder's remaining lease
-		if held.TTL > 0 {
-			bound = min(bound, held.TTL)
+		if held.ttl > 0 {
+			bound = min(bound, held.ttl)
 		}
 		if err := pause.Wait(ctx, bound, nil); err != nil {
 			return nil, err
@@ -159,25 +174,16 @@ type Queued struct {
 	key, token string
 	ttl        time.Duration
 	set        *redis.BoolCmd     // SET NX PX
-	pttl       *redis.DurationCmd // and the lock's PTTL behind it (nil after QueueTry)
+	pttl       *redis.DurationCmd // and the lock's PTTL behind it (Obtain's; nil after Queue)
 }
 
-// Queue adds one attempt to obtain key to pipe: SET key token NX PX
-// ttl, and the key's PTTL behind it (the holder's remaining lease when the
-// attempt fails). Redis runs a connection's commands in order, so commands
+// Queue adds one attempt to obtain key to pipe: SET key token NX PX ttl,
+// one command. Redis runs a connection's commands in order, so commands
 // queued after it on keys of the same slot run with the lock taken (or
-// not). Read the outcome with Result after the pipeline ran.
+// not): a read queued behind it is, for the winner, the re-check of what
+// the lock guards, in the same round trip. Read the outcome with Result
+// after the pipeline ran.
 func (c *Client) Queue(ctx context.Context, pipe redis.Pipeliner, key string, ttl time.Duration) (*Queued, error) {
-	return c.queueNew(ctx, pipe, key, ttl, true)
-}
-
-// QueueTry is Queue without the PTTL, for a caller that does not
-// wait on a lock it finds held; its HeldError carries a TTL of 0.
-func (c *Client) QueueTry(ctx context.Context, pipe redis.Pipeliner, key string, ttl time.Duration) (*Queued, error) {
-	return c.queueNew(ctx, pipe, key, ttl, false)
-}
-
-func (c *Client) queueNew(ctx context.Context, pipe redis.Pipeliner, key string, ttl time.Duration, withTTL bool) (*Queued, error) {
 	if _, err := resolve(key, ttl, nil); err != nil {
 		return nil, err
 	}
@@ -185,7 +191,7 @@ func (c *Client) queueNew(ctx context.Context, pipe redis.Pipeliner, key string,
 	if err != nil {
 		return nil, err
 	}
-	return c.queue(ctx, pipe, key, ttl, token, withTTL), nil
+	return c.queue(ctx, pipe, key, ttl, token, false), nil
 }
 
 func (c *Client) queue(ctx context.Context, pipe redis.Pipeliner, key string, ttl time.Duration, token string, withTTL bool) *Queued {
@@ -197,8 +203,8 @@ func (c *Client) queue(ctx context.Context, pipe redis.Pipeliner, key string, tt
 	return q
 }
 
-// Result returns the lock, an error wrapping ErrNotObtained (a *HeldError),
-// or a Redis error wrapping ErrUnavailable.
+// Result returns the lock, an error wrapping ErrNotObtained (another holder
+// has it), or a Redis error wrapping ErrUnavailable.
 func (q *Queued) Result(context.Context) (*Lock, error) {
 	got, err := q.set.Result()
 	if err != nil {
@@ -209,7 +215,7 @@ func (q *Queued) Result(context.Context) (*Lock, error) {
 		if q.pttl != nil {
 			left = max(q.pttl.Val(), 0)
 		}
-		return nil, &HeldError{TTL: left}
+		return nil, &heldError{ttl: left}
 	}
 	return &Lock{c: q.c, key: q.key, token: q.token, lease: q.ttl}, nil
 }
@@ -238,7 +244,10 @@ func newToken() (string, error) {
 	return hex.EncodeToString(b[:]), nil
 }
 
-// Token returns the lock's token: unique to this lock (see newToken).
+// Token returns the lock's token: unique to this lock (see newToken), and
+// what the lock key holds while the lock is this one. A write that must not
+// land once the lock has expired compares it with the lock key in the same
+// script (the fence).
 func (l *Lock) Token() string { return l.token }
 
 // Release frees the lock. ErrNotHeld if it had expired or was taken over.

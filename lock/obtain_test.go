@@ -197,39 +197,9 @@ func TestKeepAliveShortHold(t *testing.T) {
 	}
 }
 
-// TestQueue: a plain SET NX PX in the caller's pipeline; the commands
-// queued after it see the lock; a second attempt learns the holder's lease;
+// TestQueue: a plain SET NX PX in the caller's pipeline, one command; the
+// commands queued after it see the lock; a second attempt is not obtained;
 // the lock is released and refreshed by its token.
-// TestQueueTry: the attempt alone, one command; a held lock's error
-// carries no TTL.
-func TestQueueTry(t *testing.T) {
-	ctx := context.Background()
-	c := redistest.Connect(t)
-	lc := lock.New(c)
-	key := c.Prefix + ":{k}:lock"
-	try := func() (*lock.Lock, error) {
-		t.Helper()
-		pipe := c.Pipeline()
-		q, err := lc.QueueTry(ctx, pipe, key, time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n := pipe.Len(); n != 1 {
-			t.Fatalf("QueueTry queued %d commands, want 1", n)
-		}
-		_, _ = pipe.Exec(ctx)
-		return q.Result(ctx)
-	}
-	l, err := try()
-	if err != nil || c.Get(ctx, key).Val() != l.Token() {
-		t.Fatalf("first try: %v", err)
-	}
-	var held *lock.HeldError
-	if _, err := try(); !errors.As(err, &held) || held.TTL != 0 || !errors.Is(err, lock.ErrNotObtained) {
-		t.Fatalf("second try: %v", err)
-	}
-}
-
 func TestQueue(t *testing.T) {
 	ctx := context.Background()
 	c := redistest.Connect(t)
@@ -239,6 +209,9 @@ func TestQueue(t *testing.T) {
 	q, err := lc.Queue(ctx, pipe, key, time.Minute)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if n := pipe.Len(); n != 1 {
+		t.Fatalf("Queue queued %d commands, want 1", n)
 	}
 	after := pipe.Get(ctx, key)
 	_, _ = pipe.Exec(ctx)
@@ -252,8 +225,7 @@ func TestQueue(t *testing.T) {
 	pipe = c.Pipeline()
 	q2, _ := lc.Queue(ctx, pipe, key, time.Minute)
 	_, _ = pipe.Exec(ctx)
-	var held *lock.HeldError
-	if _, err := q2.Result(ctx); !errors.As(err, &held) || held.TTL <= 0 || held.TTL > time.Minute || !errors.Is(err, lock.ErrNotObtained) {
+	if _, err := q2.Result(ctx); !errors.Is(err, lock.ErrNotObtained) {
 		t.Fatalf("second attempt: %v", err)
 	}
 	if err := l.Refresh(ctx, 2*time.Minute); err != nil {

@@ -1,9 +1,9 @@
 // Package coord makes the flights of different processes take turns through
 // a Redis lock per key: one holder loads and writes while the lock still
 // holds its token, the others wait for its PUBLISH and read what it stored.
-// Package loader's Coordinator is its public face; the guard uses this
-// package directly for what only it needs (a lock its read took, refreshes
-// ahead of expiry, the entry's TTL with the re-check, wait observers).
+// It is the guard's alone: it writes the guard's layout (a hash per value
+// key, a field per schema version, the waiting mark, the filled marker);
+// docs/design.md says why it is not in package loader.
 package coord
 
 import (
@@ -231,7 +231,7 @@ func (c *Coordinator) Run(ctx context.Context, key, field string, f Filler) erro
 			w.Waiting()
 		}
 		began := time.Now()
-		done, result, err := c.wait(ctx, key, field, held.TTL, deadline, f)
+		done, result, err := c.wait(ctx, key, field, held.ttl, deadline, f)
 		if o, ok := f.(WaitObserver); ok {
 			o.Waited(ctx, began, result)
 		}
@@ -302,10 +302,10 @@ func (c *Coordinator) TryRun(ctx context.Context, key, field string, f Filler) e
 	return nil
 }
 
-// attempt is step 1: the lock attempt with the HGET queued behind it, in one
-// round trip (and the key's PTTL behind that for a TTLFiller). held is set
-// when another holder has the lock.
-func (c *Coordinator) attempt(ctx context.Context, key, field string, f Filler) (l *lock.Lock, get reading, held *lock.HeldError, err error) {
+// attempt is step 1: the lock attempt with the lock's PTTL and the HGET
+// queued behind it, in one round trip (and the key's PTTL behind that for a
+// TTLFiller). held is set when another holder has the lock: its PTTL then.
+func (c *Coordinator) attempt(ctx context.Context, key, field string, f Filler) (l *lock.Lock, get reading, held *heldBy, err error) {
 	opCtx, cancel := c.op(ctx)
 	defer cancel()
 	_, withTTL := f.(TTLFiller)
@@ -313,9 +313,13 @@ func (c *Coordinator) attempt(ctx context.Context, key, field string, f Filler) 
 	// still run, into variables nobody reads (not the results).
 	var q *lock.Queued
 	var qerr error
+	var lockTTL *redis.DurationCmd
 	var r reading
 	if err := c.send(opCtx, func(ctx context.Context, pipe redis.Pipeliner) {
 		q, qerr = c.locks.Queue(ctx, pipe, keyspace.Lock(key), c.opts.LockTTL)
+		if qerr == nil {
+			lockTTL = pipe.PTTL(ctx, keyspace.Lock(key)) // the holder's lease, if the attempt fails
+		}
 		r.get = pipe.HGet(ctx, key, field)
 		if withTTL {
 			r.pttl = pipe.PTTL(ctx, key)
@@ -333,11 +337,15 @@ func (c *Coordinator) attempt(ctx context.Context, key, field string, f Filler) 
 	switch {
 	case err == nil:
 		return l, get, nil, nil
-	case errors.As(err, &held):
-		return nil, get, held, err
+	case errors.Is(err, lock.ErrNotObtained):
+		// -2: the holder's lock expired between the two commands
+		return nil, get, &heldBy{ttl: max(lockTTL.Val(), 0)}, err
 	}
 	return nil, reading{}, nil, err
 }
+
+// heldBy is another holder's lock, found by an attempt: its remaining lease.
+type heldBy struct{ ttl time.Duration }
 
 // op bounds one Redis round trip by OpTimeout.
 func (c *Coordinator) op(ctx context.Context) (context.Context, context.CancelFunc) {

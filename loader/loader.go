@@ -1,25 +1,17 @@
 // Package loader makes a cache miss cost one load per key, however many
-// goroutines ask at once, usable without the rest of cacheguard.
+// goroutines ask at once, usable without the rest of cacheguard. For the
+// callers of one key in one process, a [Group] guarantees:
+//   - one flight at a time: callers that arrive while it runs join it and
+//     share its result; [Group.Forget] makes the next caller start anew;
+//   - the flight runs detached from its first caller's ctx, bounded by
+//     Timeout: a caller whose ctx ends leaves at once, the flight goes on;
+//   - a panic in the flight reaches every caller as an error wrapping
+//     [ErrPanic], with its stack; it never crashes the process.
 //
-// What a [Group] guarantees, for the callers of one key in one process:
-//
-//   - One flight at a time: callers that arrive while a flight runs join it
-//     and get its result (shared says so); the next caller after it ends
-//     starts a new one, and [Group.Forget] makes it start one at once
-//     (after a write, so that nobody takes an answer read before it).
-//   - The flight runs on a context detached from its first caller's, bounded
-//     by Timeout: a caller whose ctx ends leaves at once with ctx.Err(), and
-//     the flight goes on for the others.
-//   - A panic in the flight reaches every caller as an error wrapping
-//     [ErrPanic], with the panic's stack; it does not crash the process.
-//
-// It is golang.org/x/sync/singleflight with what that package cannot do
-// (singleflight.DoChan re-panics on a goroutine nobody can recover) and a
-// key of the caller's type. Across processes, one load per key takes a
-// Redis lock per key besides (package lock; the example of Group shows
-// the two together). cacheguard's guard does that with a protocol of its
-// own (internal/coord), whose waiters are woken by a PUBLISH instead of
-// polling: docs/design.md says why it is not here.
+// It is golang.org/x/sync/singleflight with recoverable panics and a typed
+// key. Across processes, add a Redis lock per key (package lock; Group's
+// example shows both). docs/design.md says why cacheguard's own protocol,
+// woken by PUBLISH, is not here.
 package loader
 
 import (

@@ -1,28 +1,17 @@
 // Package lock is a fenced Redis lock with a watchdog, usable without the
-// rest of cacheguard (package bloom takes its rebuild lock with it; the
-// guard's flights take theirs).
+// rest of cacheguard. It guarantees:
+//   - one holder at a time per key while the lock lives: [Client.Obtain]
+//     sets a token unique to the attempt (SET NX PX), retrying as [Options]
+//     say; [Client.Queue] queues one attempt in the caller's pipeline, so
+//     the commands behind it run with the lock taken;
+//   - only the holder frees or extends it: [Lock.Release] and [Lock.Refresh]
+//     check the token in a script, else return [ErrNotHeld];
+//   - [Lock.KeepAlive] renews it while the holder works, and says if lost.
 //
-// What it guarantees:
-//
-//   - At most one holder at a time per key while the lock lives: [Client.Obtain]
-//     sets the key to a token unique to the attempt (SET NX PX), retrying
-//     as [Options] say; [Client.Queue] queues that one attempt in the
-//     caller's pipeline, so that the commands queued behind it run with
-//     the lock taken (a read of what the lock guards, say: lock and
-//     re-check in one round trip).
-//   - Only the holder frees or extends it: [Lock.Release] and [Lock.Refresh]
-//     act only while the key still holds the lock's token (compare-and-act
-//     scripts), so a holder whose lock expired can never free or extend the
-//     next holder's lock; they return [ErrNotHeld] instead.
-//   - [Lock.KeepAlive] renews it while the holder works, and says when it
-//     was lost.
-//
-// What it does not: a lock protects nothing once it has expired (a paused
-// process, a lost connection). Fence the work: make the holder's write
-// check [Lock.Token] against the lock key in the same script, as
-// cacheguard's own writes do (see the example). Give the key a hash tag to
-// keep it in the slot of what it guards on a cluster. Redis failures wrap
-// [ErrUnavailable].
+// An expired lock protects nothing (a paused process): fence the work by
+// checking [Lock.Token] in the holder's write script, as the example does.
+// Hash-tag the key to keep it beside what it guards on a cluster. Redis
+// failures wrap [ErrUnavailable].
 package lock
 
 import (

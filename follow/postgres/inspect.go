@@ -135,8 +135,9 @@ func newInspector(o Inspect) (*inspector, error) {
 }
 
 // landed takes the IDs a batch wrote (began: before the batch's first try);
-// it samples some and marks the watched ones written again.
-func (in *inspector) landed(ws []written, began time.Time) {
+// it samples some and marks the watched ones written again. It reports
+// whether the queue has just filled (samples are skipped until it drains).
+func (in *inspector) landed(ws []written, began time.Time) (filled bool) {
 	now := time.Now()
 	in.mu.Lock()
 	defer in.mu.Unlock()
@@ -152,6 +153,7 @@ func (in *inspector) landed(ws []written, began time.Time) {
 			continue
 		}
 		if in.pending() >= inspectPending {
+			filled = filled || !in.full
 			in.full = true
 			continue
 		}
@@ -172,6 +174,7 @@ func (in *inspector) landed(ws []written, began time.Time) {
 		default:
 		}
 	}
+	return filled
 }
 
 // pending counts the samples queued or being checked (in.mu held).

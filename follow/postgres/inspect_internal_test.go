@@ -1,6 +1,7 @@
 package pgfollow
 
 import (
+	"strconv"
 	"testing"
 	"time"
 
@@ -59,5 +60,34 @@ func TestJudge(t *testing.T) {
 	in.watched[idOf{tbl, "a"}] = &watch{batch: 2}
 	if got := in.judge(sample(insert), feed.Held{Now: redisNow}, read); got != "" {
 		t.Errorf("inserted, written again since, not admitted: %q, want nothing", got)
+	}
+}
+
+// TestInspectorQueueBound: samples stop at inspectPending (said once, so the
+// follower warns once per filling), and the IDs past it are not sampled.
+func TestInspectorQueueBound(t *testing.T) {
+	in, err := newInspector(Inspect{Rate: 1}) // two delays: two samples an ID
+	if err != nil {
+		t.Fatal(err)
+	}
+	tbl := &Table{Name: "public.t"}
+	batch := func(n int) []written {
+		ws := make([]written, n)
+		for i := range ws {
+			ws[i] = written{t: tbl, id: "id" + strconv.Itoa(i), st: final{changed: true}}
+		}
+		return ws
+	}
+	if !in.landed(batch(inspectPending), time.Now()) {
+		t.Fatal("the queue filled and landed did not say so")
+	}
+	if n := in.pending(); n != inspectPending {
+		t.Fatalf("%d samples queued, want %d", n, inspectPending)
+	}
+	if in.landed(batch(10), time.Now()) {
+		t.Fatal("landed said the queue filled twice in one filling")
+	}
+	if n := in.pending(); n != inspectPending {
+		t.Fatalf("%d samples queued after more IDs, want %d", n, inspectPending)
 	}
 }

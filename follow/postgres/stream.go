@@ -395,8 +395,9 @@ func (s *session) apply(ctx context.Context) error {
 			return err
 		}
 	}
-	if s.f.insp != nil {
-		s.f.insp.landed(s.f.wrote, began)
+	if s.f.insp != nil && s.f.insp.landed(s.f.wrote, began) {
+		s.f.log.Warn("cacheguard: pgfollow: inspector: 100,000 samples wait for their checks; fewer are taken until "+
+			"they drain (lower Inspect.Rate or the Delays)", "slot", s.f.opts.Slot)
 	}
 	last := s.pending[len(s.pending)-1]
 	s.applied = last.end

@@ -92,6 +92,7 @@ type inspector struct {
 	warned  time.Time               // when an inconsistency was last logged
 	quiet   int                     // inconsistencies not logged since (inspectWarnGap)
 	wake    chan struct{}           // a sample was queued
+	failed  time.Time               // when a failed read-back was last logged (the inspector's goroutine alone)
 }
 
 type idOf struct {
@@ -260,7 +261,8 @@ func (f *Follower) inspectDue(ctx context.Context, due []sample) {
 		held, err := e.Inspect(ctx, ids)
 		read := time.Now()
 		if err != nil {
-			if ctx.Err() == nil {
+			if ctx.Err() == nil && time.Since(in.failed) >= 10*time.Second { // Redis down: a line per 10 s
+				in.failed = time.Now()
 				f.log.Warn("cacheguard: pgfollow: inspector: reading back failed; those checks are dropped", "err", err)
 			}
 			in.done(due, idx, nil)

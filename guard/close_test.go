@@ -70,7 +70,6 @@ func TestCloseWaitsForEveryJob(t *testing.T) {
 		before := goleak.IgnoreCurrent()
 		p := newParked()
 		g := openRebuilt(t, c, guard.Options{KeyPrefix: c.Prefix, TTL: time.Minute, RefreshAhead: true}, 1000, 10)
-		guard.SetRefreshAt(g, 1e-9)
 		loads := 0
 		load := func(ctx context.Context, id string) (product, error) {
 			if loads++; loads > 1 { // the refresh (flights of one ID run one at a time)
@@ -82,7 +81,8 @@ func TestCloseWaitsForEveryJob(t *testing.T) {
 			t.Fatal(err)
 		}
 		flush(t, g)
-		if _, err := guard.Get(ctx, g, "p1", load); err != nil { // past its refresh-at time (60 ns in): starts the refresh
+		refreshDue(t, c, g, "p1")
+		if _, err := guard.Get(ctx, g, "p1", load); err != nil { // past its refresh-at time: starts the refresh
 			t.Fatal(err)
 		}
 		closeWaits(t, g, p, before)

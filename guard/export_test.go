@@ -143,10 +143,6 @@ func HoldCopy(g *Guard) (release func()) {
 	return func() { set(false) }
 }
 
-// SetRefreshAt brings g's refresh-ahead time forward to at (a share of the
-// TTL) before its first write, for tests that cannot wait 85% of a TTL.
-func SetRefreshAt(g *Guard, at float64) { g.refreshAt = at }
-
 // SetReadsInFlight replaces g's read batcher, before its first Get: n round
 // trips at once (negative: every read alone, at once), for the control of
 // the batching and tests that need reads to queue behind one.

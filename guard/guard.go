@@ -47,11 +47,8 @@ type Guard struct {
 	rdb  redis.UniversalClient
 	name string
 	opts Options // resolved: no zero fields
-	// refreshAt is the constant refreshAt (refresh.go); tests bring it
-	// forward (export_test.go) instead of waiting most of a TTL.
-	refreshAt float64
-	keys      keyspace.Guard
-	log       *slog.Logger
+	keys keyspace.Guard
+	log  *slog.Logger
 
 	bound        atomic.Pointer[typeBinding] // the type values decode into, set by the first Get or For
 	starts       atomic.Uint64               // counts flights and shared reads as they start (see since)
@@ -95,12 +92,11 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 		return nil, err
 	}
 	g := &Guard{
-		rdb:       rdb,
-		name:      name,
-		opts:      o,
-		refreshAt: refreshAt,
-		keys:      keyspace.ForGuard(o.KeyPrefix, name, keyspace.MaxKeyLen),
-		log:       slog.New(newRateLimited(o.Logger.Handler())).With("guard", name),
+		rdb:  rdb,
+		name: name,
+		opts: o,
+		keys: keyspace.ForGuard(o.KeyPrefix, name, keyspace.MaxKeyLen),
+		log:  slog.New(newRateLimited(o.Logger.Handler())).With("guard", name),
 	}
 	g.marks = newMarks(ctx, rdb)
 	g.unw.wake = make(chan struct{}, 1)

@@ -82,13 +82,13 @@ func refreshAheadHotKey(t *testing.T, local *guard.LocalOptions) {
 
 // TestRefreshAheadNeverServesOverAWrite: with refresh-ahead on and the key
 // hot, every Get that starts after an Invalidate or a Set returned gets that
-// write's value or a later one: a refresh never brings back older data.
+// write's value or a later one: a refresh never brings back older data. The
+// TTL (200 ms) puts the refresh-at time 170 ms after each write's fill.
 func TestRefreshAheadNeverServesOverAWrite(t *testing.T) {
 	clusterToo(t)
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	ctx := context.Background()
 	_, g, d := setup(t, 10, &guard.Options{TTL: 200 * time.Millisecond, RefreshAhead: true})
-	guard.SetRefreshAt(g, 0.3)
 	d.delay = 5 * time.Millisecond
 	type read struct {
 		start time.Time
@@ -127,7 +127,7 @@ func TestRefreshAheadNeverServesOverAWrite(t *testing.T) {
 	var writes []write
 	for i := 1; i <= 15; i++ {
 		// A refresh runs between two writes (the readers hit past the
-		// refresh-at time, 60ms after the entry's write).
+		// refresh-at time, 170ms after the entry's write).
 		n := g.Stats().Refreshes
 		eventually(t, 10*time.Second, "a refresh", func() bool { return g.Stats().Refreshes > n })
 		price := 1000 + i
@@ -166,8 +166,7 @@ func TestRefreshAheadNeverServesOverAWrite(t *testing.T) {
 // take the process down; the value is served until it expires.
 func TestRefreshAheadLoaderPanic(t *testing.T) {
 	ctx := context.Background()
-	c, g, d := setup(t, 10, &guard.Options{TTL: 300 * time.Millisecond, Jitter: -1, RefreshAhead: true})
-	guard.SetRefreshAt(g, 0.2)
+	c, g, d := setup(t, 10, &guard.Options{TTL: time.Minute, Jitter: -1, RefreshAhead: true})
 	if _, err := guard.Get(ctx, g, "p5", d.load); err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +188,6 @@ func TestRefreshAheadLoaderPanic(t *testing.T) {
 func TestFlushWaitsForRefresh(t *testing.T) {
 	ctx := context.Background()
 	c, g, d := setup(t, 10, &guard.Options{TTL: time.Minute, Jitter: -1, RefreshAhead: true})
-	guard.SetRefreshAt(g, 0.001)
 	if _, err := guard.Get(ctx, g, "p3", d.load); err != nil {
 		t.Fatal(err)
 	}
@@ -227,17 +225,28 @@ func TestFlushWaitsForRefresh(t *testing.T) {
 	}
 }
 
-// refreshDue waits until id's entry in Redis is past its refresh-at time
-// (read from the entry itself), so that the next hit starts a refresh.
+// refreshDue makes id's entry in Redis due for a refresh now: its frame is
+// written again with a refresh-at time of now (the TTL left as it is), so
+// that the next hit starts a refresh without waiting 85% of a TTL.
 func refreshDue(t *testing.T, c *redistest.Conn, g *guard.Guard, id string) {
 	t.Helper()
+	ctx := context.Background()
 	key := c.Prefix + ":product:{" + id + "}"
-	eventually(t, 5*time.Second, "the entry's refresh-at time", func() bool {
-		raw, err := c.HGet(context.Background(), key, guard.Field(g)).Bytes()
-		if err != nil {
-			return false
-		}
-		at, ok := codec.RefreshAt(raw)
-		return ok && !time.Now().Before(at)
-	})
+	raw, err := c.HGet(ctx, key, guard.Field(g)).Bytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := codec.RefreshAt(raw); !ok {
+		t.Fatalf("the entry of %s holds no refresh-at time", id)
+	}
+	var p product
+	if err := codec.Decode(codec.Msgpack, raw, &p); err != nil {
+		t.Fatal(err)
+	}
+	if raw, err = codec.EncodeRefresh(codec.Msgpack, p, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.HSet(ctx, key, guard.Field(g), raw).Err(); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -22,7 +22,22 @@ func ReadsWaiting(g *Guard) int { return g.rd.batch.Waiting() }
 // and a caller that left on its own ctx leaves its flight running; after
 // Flush those have written what they loaded, or given up. Close waits for
 // these too (the supervisor).
-func Flush(ctx context.Context, g *Guard) error { return g.sup.idle(ctx) }
+func Flush(ctx context.Context, g *Guard) error {
+	s := g.sup
+	for {
+		s.mu.Lock()
+		n, quiet := s.running, s.quiet
+		s.mu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-quiet:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
 
 // Field is the hash field of g's entries, once a Get or Set bound g to a
 // type (see schemaField).

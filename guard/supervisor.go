@@ -15,8 +15,8 @@ import (
 // supervisor's ctx, which stop cancels before it waits for all of them.
 // Close stops it after the gate has drained, so no call can start one
 // afterwards; one that tries anyway runs nothing (goRun reports false).
-// idle lets tests wait until the work counted as busy has ended (every
-// goroutine but the loops that wait for Redis: retry), instead of sleeping.
+// The busy work (every goroutine but the loops that wait for Redis: retry)
+// is counted: tests wait for it to end (Flush, export_test.go).
 type supervisor struct {
 	gate                   // every entry point and flight passes it; close shuts it before stop
 	ctx    context.Context // the Guard's own: New's values, not its cancellation; cancelled by stop
@@ -71,8 +71,8 @@ func (s *supervisor) end() {
 // reports whether it did (not once stop has begun).
 func (s *supervisor) goRun(fn func(ctx context.Context)) bool { return s.start(true, fn) }
 
-// goLoop is goRun for a loop that waits for Redis (retry): idle does not
-// wait for it.
+// goLoop is goRun for a loop that waits for Redis (retry): not counted as
+// busy.
 func (s *supervisor) goLoop(fn func(ctx context.Context)) bool { return s.start(false, fn) }
 
 func (s *supervisor) start(busy bool, fn func(ctx context.Context)) bool {
@@ -114,23 +114,6 @@ func (s *supervisor) stop() {
 	s.mu.Unlock()
 	s.cancel()
 	s.wg.Wait()
-}
-
-// idle waits until nothing the supervisor counts runs, or ctx ends.
-func (s *supervisor) idle(ctx context.Context) error {
-	for {
-		s.mu.Lock()
-		n, quiet := s.running, s.quiet
-		s.mu.Unlock()
-		if n == 0 {
-			return nil
-		}
-		select {
-		case <-quiet:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
 }
 
 // growFrame is grow's frame: with the caller's frames and the stack guard

@@ -74,11 +74,6 @@ func SetBeforeAutoRebuild(f func()) (restore func()) {
 // restart of Redis, for tests that wait for a number of its turns.
 const WatchEvery = watchEvery
 
-// SetWatch turns g's watcher (see watch) off or back on: with it off, only
-// a read notices the writes Redis lost (tests of that, and the control of
-// the watcher's).
-func SetWatch(g *Guard, on bool) { g.watchOff.Store(!on) }
-
 // AutoRebuilding reports whether an automatic rebuild of g is under way
 // (see autoRebuild).
 func AutoRebuilding(g *Guard) bool { return g.bf.rebuilding.Load() }

@@ -66,7 +66,6 @@ type Guard struct {
 	sup          *supervisor                      // every goroutine and flight of the Guard, stopped and waited for by Close
 	joinedHook   atomic.Pointer[func(key string)] // set by tests alone: told of each caller that joins a flight (export_test.go)
 	sharedHook   atomic.Pointer[func(first bool)] // set by tests alone: told of each shared read's first caller and of each joiner (export_test.go)
-	watchOff     atomic.Bool                      // set by tests alone: the watcher skips its turns (export_test.go)
 	closeOnce    sync.Once
 	closeErr     error // set once by Close
 }

@@ -306,9 +306,6 @@ func (g *Guard) watch(ctx context.Context) {
 			return
 		case <-tick.C:
 		}
-		if g.watchOff.Load() {
-			continue
-		}
 		tctx, cancel := context.WithTimeout(ctx, g.opts.Tuning.RedisTimeout)
 		var answered bool
 		if masters, answered = g.touch(tctx, masters); answered {

@@ -2,6 +2,11 @@ package guard_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,18 +18,80 @@ import (
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
+// watchSwitch is a redis.Hook on a Guard's client that, while off, fails
+// the watcher's EXISTS of the Guard's marks without sending them (see
+// touch): the watcher takes Redis for down and checks nothing, so only a
+// read notices the writes Redis lost (tests of that, and the control of
+// the watcher's). No other command of the Guard's is an EXISTS of a mark.
+type watchSwitch struct{ off atomic.Bool }
+
+var (
+	errWatchOff = errors.New("test: the watcher's EXISTS not sent")
+	watches     sync.Map // *guard.Guard → its client's *watchSwitch
+)
+
+// watchable installs a watchSwitch on rdb, before a Guard uses it; register
+// that Guard with watches.Store(g, w) for setWatch.
+func watchable(rdb redis.UniversalClient) *watchSwitch {
+	w := &watchSwitch{}
+	rdb.AddHook(w)
+	return w
+}
+
+// setWatch turns g's watcher off or back on (its client is watchable).
+func setWatch(t *testing.T, g *guard.Guard, on bool) {
+	t.Helper()
+	w, ok := watches.Load(g)
+	if !ok {
+		t.Fatal("setWatch: the Guard's client has no watchSwitch")
+	}
+	w.(*watchSwitch).off.Store(!on)
+}
+
+func (w *watchSwitch) touches(cmd redis.Cmder) bool {
+	return w.off.Load() && cmd.Name() == "exists" && len(cmd.Args()) > 1 && strings.Contains(fmt.Sprint(cmd.Args()[1]), ":mark:")
+}
+
+func (w *watchSwitch) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (w *watchSwitch) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if w.touches(cmd) {
+			cmd.SetErr(errWatchOff)
+			return errWatchOff
+		}
+		return next(ctx, cmd)
+	}
+}
+func (w *watchSwitch) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if len(cmds) > 0 && w.touches(cmds[0]) { // in a cluster, one EXISTS per master
+			for _, c := range cmds {
+				c.SetErr(errWatchOff)
+			}
+			return errWatchOff
+		}
+		return next(ctx, cmds)
+	}
+}
+
 // lostWrites sets up the scenario of the tests below: a private Redis, a
 // client with go-redis's defaults (it redials and retries without a word),
-// a writer and another Guard that both cached p0..p9 as loaded from d.
+// a writer (its client watchable) and another Guard that both cached p0..p9
+// as loaded from d.
 func lostWrites(t *testing.T) (*redisserver.Server, *db, *guard.Guard, *guard.Guard) {
 	t.Helper()
 	srv, _ := redistest.Private(t)
 	d := newDB(10)
 	var gs []*guard.Guard
-	for range 2 {
+	for i := range 2 {
 		rdb := redis.NewClient(srv.Options())
 		t.Cleanup(func() { _ = rdb.Close() })
+		w := watchable(rdb)
 		g := openRebuilt(t, rdb, guard.Options{}, 1000, 10)
+		if i == 0 {
+			watches.Store(g, w)
+			t.Cleanup(func() { watches.Delete(g) })
+		}
 		for i := range 10 {
 			if _, err := guard.Get(context.Background(), g, pid(i), d.load); err != nil {
 				t.Fatal(err)
@@ -107,7 +174,7 @@ func TestQuickRestartFromADump(t *testing.T) {
 		t.Fatal(err)
 	}
 	update(t, writer, d, 303, "p3")
-	guard.SetWatch(writer, false) // the writer's Gets notice, not its watcher (TestIdleGuardRepairsLostWrites)
+	setWatch(t, writer, false) // the writer's Gets notice, not its watcher (TestIdleGuardRepairsLostWrites)
 	crash(t, srv)
 	if p, err := guard.Get(ctx, other, "p3", d.load); err != nil || p.Price != 3 {
 		t.Fatalf("control: the other process reads %+v, %v; want the old row Redis came back with", p, err)
@@ -178,7 +245,7 @@ func TestReplayLandsBetweenReadAndAnswer(t *testing.T) {
 	srv, d, writer, rdb := saved(t)
 	ctx := context.Background()
 	update(t, writer, d, 303, "p3")
-	guard.SetWatch(writer, false) // the Get's read finds the Set lost
+	setWatch(t, writer, false) // the Get's read finds the Set lost
 	crash(t, srv)
 	interleaved := false
 	restore := guard.SetAfterRead(func(id string) {
@@ -219,7 +286,7 @@ func TestIdleGuardRepairsLostWrites(t *testing.T) {
 				t.Fatal(err)
 			}
 			update(t, writer, d, 404, "p4")
-			guard.SetWatch(writer, false) // until the old entries are seen back
+			setWatch(t, writer, false) // until the old entries are seen back
 			before := writer.Stats()
 			crash(t, srv)
 			back := time.Now()
@@ -230,7 +297,7 @@ func TestIdleGuardRepairsLostWrites(t *testing.T) {
 			if n, err := rdb.Exists(ctx, p3, p4).Result(); err != nil || n != 2 {
 				t.Fatalf("Redis came back with %d of the 2 old entries (%v): the test proves nothing", n, err)
 			}
-			guard.SetWatch(writer, watch)
+			setWatch(t, writer, watch)
 			if !watch {
 				// Three turns of a watcher: nothing but it would mend them.
 				if redistest.Poll(3*guard.WatchEvery, gone) {

@@ -29,10 +29,6 @@ type followed Guard
 
 func init() { feed.Of = func(g any) feed.Engine { return (*followed)(g.(*Guard)) } }
 
-// SetWatch turns g's watcher (see watch) off or back on: with it off, only
-// a read or the feed notices the writes Redis lost.
-func (g *followed) SetWatch(on bool) { g.watchOff.Store(!on) }
-
 var (
 	//go:embed lua/set_position.lua
 	setPositionLua string

@@ -2,6 +2,7 @@ package pgfollow_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -15,7 +16,6 @@ import (
 
 	pgfollow "github.com/cacheguard/cacheguard/follow/postgres"
 	"github.com/cacheguard/cacheguard/guard"
-	"github.com/cacheguard/cacheguard/internal/feed"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
@@ -256,6 +256,28 @@ func TestInspectorRepairs(t *testing.T) {
 	}
 }
 
+// unwatched is a redis.Hook that fails a Guard's watcher's EXISTS of its
+// marks without sending them (guard's touch): the watcher takes Redis for
+// down and never notices a restart, so that only the follower would. No
+// other command of a Guard's or the follower's is an EXISTS of a mark.
+type unwatched struct{}
+
+var errUnwatched = errors.New("test: the watcher's EXISTS not sent")
+
+func (unwatched) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (unwatched) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if a := cmd.Args(); cmd.Name() == "exists" && len(a) > 1 && strings.Contains(fmt.Sprint(a[1]), ":mark:") {
+			cmd.SetErr(errUnwatched)
+			return errUnwatched
+		}
+		return next(ctx, cmd)
+	}
+}
+func (unwatched) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
 // TestInspectorSeesRollback: Redis restarts from a dump taken before 50
 // UPDATEs the follower applied, with the follower's repair and its Guard's
 // replay of lost writes both off (each would mend it): the inspector counts
@@ -266,12 +288,12 @@ func TestInspectorSeesRollback(t *testing.T) {
 	}
 	t.Parallel()
 	srv, rdb := redistest.Private(t)
+	rdb.AddHook(unwatched{}) // the Guard's watcher would replay the lost writes
 	readerRDB := redis.NewClient(srv.Options())
 	t.Cleanup(func() { _ = readerRDB.Close() })
 	fx := newFixture(t, os.Getenv(envPG), rdb, readerRDB, "inspect", rollbackRows)
 	fx.insp = pgfollow.Inspect{Rate: 1, Delays: []time.Duration{time.Hour}} // checked when the test says (InspectNow)
 	g := fx.guard(rdb)
-	feed.Of(g).SetWatch(false)
 	f, _ := fx.follow(g)
 	fx.warm(rollbackRows)
 	fx.caughtUp(f)

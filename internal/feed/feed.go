@@ -23,10 +23,6 @@ type Engine interface {
 	// and one probe of the filter per ID); it writes nothing and loads
 	// nothing.
 	Inspect(ctx context.Context, ids []string) ([]Held, error)
-	// SetWatch turns the Guard's watcher for writes Redis lost off or back
-	// on: the follower's tests turn it off, so that only the follower
-	// notices a restart of Redis.
-	SetWatch(on bool)
 }
 
 // Of returns the Engine of a *guard.Guard. Package guard sets it when it

@@ -136,7 +136,7 @@ func TestIdleGuardRepairsLostWritesOnACluster(t *testing.T) {
 	defer rdb.Close()
 	const n = 30
 	d := newDB(n)
-	w := watchable(rdb)
+	h := hooked(rdb)
 	g := openRebuilt(t, rdb, guard.Options{}, 1000, n)
 	names := make([]string, n)
 	for i := range names {
@@ -159,7 +159,7 @@ func TestIdleGuardRepairsLostWritesOnACluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	i := slices.IndexFunc(cl.Nodes, func(s *redisserver.Server) bool { return s.Addr == master.Options().Addr })
-	w.off.Store(true) // until the old entries are seen back
+	h.watchOff.Store(true) // until the old entries are seen back
 	crash(t, cl.Nodes[i])
 	back := time.Now()
 	// old counts the entries Redis holds, and the keys it did not answer for.
@@ -180,7 +180,7 @@ func TestIdleGuardRepairsLostWritesOnACluster(t *testing.T) {
 		t.Fatalf("all %d old entries back: the other masters lost the Invalidates too", n)
 	}
 	answered := time.Now()
-	w.off.Store(false)
+	h.watchOff.Store(false)
 	eventually(t, 20*time.Second, "the old entries deleted without a Get", func() bool { h, f := old(); return h == 0 && f == 0 })
 	t.Logf("repaired %v after the master restarted, %v after it answered",
 		time.Since(back).Round(time.Millisecond), time.Since(answered).Round(time.Millisecond))

@@ -57,12 +57,6 @@ func AgeWrites(g *Guard, d time.Duration) {
 	}
 }
 
-// SetAfterRead runs f between each Get's read and its answer until restore.
-func SetAfterRead(f func(id string)) (restore func()) {
-	afterRead = f
-	return func() { afterRead = nil }
-}
-
 // SetBeforeAutoRebuild runs f in each automatic rebuild between its checks
 // and the rebuild lock, until restore.
 func SetBeforeAutoRebuild(f func()) (restore func()) {

@@ -117,9 +117,6 @@ func get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 			return zero, err
 		}
 	}
-	if afterRead != nil {
-		afterRead(id)
-	}
 	// The read's check found the ID's write lost by Redis (lost.go), or a
 	// replay landed while it read: the entry may be the one a write replaced.
 	if g.unw.has(id) || g.unw.replayed.Load() != replays {
@@ -131,10 +128,6 @@ func get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 	}
 	return fill(ctx, g, id, vkey, load, from, r.held)
 }
-
-// afterRead, set by tests alone, runs between a Get's read and its answer,
-// to replay a replay landing there.
-var afterRead func(id string)
 
 // peekedFor is the read a Peek left in ctx for this Get, if any (nil: none).
 func peekedFor(ctx context.Context, g *Guard, id string) *peeked {

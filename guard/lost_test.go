@@ -18,65 +18,83 @@ import (
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
-// watchSwitch is a redis.Hook on a Guard's client that, while off, fails
-// the watcher's EXISTS of the Guard's marks without sending them (see
-// touch): the watcher takes Redis for down and checks nothing, so only a
-// read notices the writes Redis lost (tests of that, and the control of
-// the watcher's). No other command of the Guard's is an EXISTS of a mark.
-type watchSwitch struct{ off atomic.Bool }
+// writerHook is a redis.Hook on a Guard's client. While watchOff, it
+// fails the watcher's EXISTS of the Guard's marks without sending them
+// (see touch): the watcher takes Redis for down and checks nothing, so only
+// a read notices the writes Redis lost (tests of that, and the control of
+// the watcher's); no other command of the Guard's is an EXISTS of a mark.
+// answered, if set, runs after each command's answer, before the Guard
+// sees it.
+type writerHook struct {
+	watchOff atomic.Bool
+	answered atomic.Pointer[func(cmd redis.Cmder)]
+}
 
 var (
 	errWatchOff = errors.New("test: the watcher's EXISTS not sent")
-	watches     sync.Map // *guard.Guard → its client's *watchSwitch
+	writerHooks sync.Map // *guard.Guard → its client's *writerHook
 )
 
-// watchable installs a watchSwitch on rdb, before a Guard uses it; register
-// that Guard with watches.Store(g, w) for setWatch.
-func watchable(rdb redis.UniversalClient) *watchSwitch {
-	w := &watchSwitch{}
-	rdb.AddHook(w)
-	return w
+// hooked installs a writerHook on rdb, before a Guard uses it; register
+// that Guard with writerHooks.Store(g, h) for hookOf.
+func hooked(rdb redis.UniversalClient) *writerHook {
+	h := &writerHook{}
+	rdb.AddHook(h)
+	return h
 }
 
-// setWatch turns g's watcher off or back on (its client is watchable).
-func setWatch(t *testing.T, g *guard.Guard, on bool) {
+// hookOf is the writerHook of g's client.
+func hookOf(t *testing.T, g *guard.Guard) *writerHook {
 	t.Helper()
-	w, ok := watches.Load(g)
+	h, ok := writerHooks.Load(g)
 	if !ok {
-		t.Fatal("setWatch: the Guard's client has no watchSwitch")
+		t.Fatal("the Guard's client has no writerHook")
 	}
-	w.(*watchSwitch).off.Store(!on)
+	return h.(*writerHook)
 }
 
-func (w *watchSwitch) touches(cmd redis.Cmder) bool {
-	return w.off.Load() && cmd.Name() == "exists" && len(cmd.Args()) > 1 && strings.Contains(fmt.Sprint(cmd.Args()[1]), ":mark:")
+// setWatch turns g's watcher off or back on (its client is hooked).
+func setWatch(t *testing.T, g *guard.Guard, on bool) { hookOf(t, g).watchOff.Store(!on) }
+
+func (h *writerHook) touches(cmd redis.Cmder) bool {
+	return h.watchOff.Load() && cmd.Name() == "exists" && len(cmd.Args()) > 1 && strings.Contains(fmt.Sprint(cmd.Args()[1]), ":mark:")
 }
 
-func (w *watchSwitch) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (w *watchSwitch) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (h *writerHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *writerHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if w.touches(cmd) {
+		if h.touches(cmd) {
 			cmd.SetErr(errWatchOff)
 			return errWatchOff
 		}
-		return next(ctx, cmd)
+		err := next(ctx, cmd)
+		if f := h.answered.Load(); f != nil {
+			(*f)(cmd)
+		}
+		return err
 	}
 }
-func (w *watchSwitch) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (h *writerHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if len(cmds) > 0 && w.touches(cmds[0]) { // in a cluster, one EXISTS per master
+		if len(cmds) > 0 && h.touches(cmds[0]) { // in a cluster, one EXISTS per master
 			for _, c := range cmds {
 				c.SetErr(errWatchOff)
 			}
 			return errWatchOff
 		}
-		return next(ctx, cmds)
+		err := next(ctx, cmds)
+		if f := h.answered.Load(); f != nil {
+			for _, c := range cmds {
+				(*f)(c)
+			}
+		}
+		return err
 	}
 }
 
 // lostWrites sets up the scenario of the tests below: a private Redis, a
 // client with go-redis's defaults (it redials and retries without a word),
-// a writer (its client watchable) and another Guard that both cached p0..p9
+// a writer (its client hooked) and another Guard that both cached p0..p9
 // as loaded from d.
 func lostWrites(t *testing.T) (*redisserver.Server, *db, *guard.Guard, *guard.Guard) {
 	t.Helper()
@@ -86,11 +104,11 @@ func lostWrites(t *testing.T) (*redisserver.Server, *db, *guard.Guard, *guard.Gu
 	for i := range 2 {
 		rdb := redis.NewClient(srv.Options())
 		t.Cleanup(func() { _ = rdb.Close() })
-		w := watchable(rdb)
+		h := hooked(rdb)
 		g := openRebuilt(t, rdb, guard.Options{}, 1000, 10)
 		if i == 0 {
-			watches.Store(g, w)
-			t.Cleanup(func() { watches.Delete(g) })
+			writerHooks.Store(g, h)
+			t.Cleanup(func() { writerHooks.Delete(g) })
 		}
 		for i := range 10 {
 			if _, err := guard.Get(context.Background(), g, pid(i), d.load); err != nil {
@@ -237,30 +255,43 @@ func TestRestartFromAnOldDump(t *testing.T) {
 
 // TestReplayLandsBetweenReadAndAnswer replays a race step by step: the
 // Get's read (over the connection redialed after a restart) returns the
-// old entry and finds the Set lost; the replay, started by that finding,
-// deletes the entry before the Get answers. The Get must not answer what
+// old entry; before the Get goes on (a hook on the writer's client holds
+// the answer), another Get's read makes the check that finds the Set lost,
+// and the replay it starts deletes the entry. The Get must not answer what
 // it read. The hook checks that the interleaving happened: the entry the
 // read returned is gone from Redis when the Get goes on.
 func TestReplayLandsBetweenReadAndAnswer(t *testing.T) {
 	srv, d, writer, rdb := saved(t)
 	ctx := context.Background()
 	update(t, writer, d, 303, "p3")
-	setWatch(t, writer, false) // the Get's read finds the Set lost
+	setWatch(t, writer, false) // a read finds the Set lost
+	if _, err := guard.Get(ctx, writer, "p1", d.load); err != nil { // makes the check due since the Set: none is due after the crash
+		t.Fatal(err)
+	}
 	crash(t, srv)
-	interleaved := false
-	restore := guard.SetAfterRead(func(id string) {
-		if id != "p3" || interleaved {
+	vkey, _ := keyspace.ForGuard("cg", "product", 128).Value("p3") // the default KeyPrefix
+	var held, interleaved atomic.Bool
+	other := make(chan error, 1)
+	hold := func(cmd redis.Cmder) {
+		if a := cmd.Args(); cmd.Name() != "hget" || len(a) < 2 || a[1] != vkey || !held.CompareAndSwap(false, true) {
 			return
 		}
-		waitReplayed(t, writer)
-		vkey, _ := keyspace.ForGuard("cg", "product", 128).Value("p3") // the default KeyPrefix
-		n, err := rdb.Exists(ctx, vkey).Result()
-		interleaved = err == nil && n == 0 && writer.Stats().WritesLost == 1
-	})
-	defer restore()
+		go func() { _, err := guard.Get(ctx, writer, "p0", d.load); other <- err }()
+		interleaved.Store(redistest.Poll(10*time.Second, func() bool {
+			n, err := rdb.Exists(ctx, vkey).Result()
+			st := writer.Stats()
+			return err == nil && n == 0 && st.WritesLost == 1 && st.Unwritten == 0
+		}))
+
+	}
+	hookOf(t, writer).answered.Store(&hold)
 	p, err := guard.Get(ctx, writer, "p3", d.load)
-	if !interleaved {
+	hookOf(t, writer).answered.Store(nil)
+	if !interleaved.Load() {
 		t.Fatal("control: the replay did not land between the read and the answer; the test proves nothing")
+	}
+	if err := <-other; err != nil {
+		t.Fatalf("the other Get: %v", err)
 	}
 	if err != nil || p.Price != 303 {
 		t.Fatalf("a Get whose read a replay overtook answered %+v, %v; want the updated row", p, err)

@@ -264,7 +264,7 @@ func TestReplayLandsBetweenReadAndAnswer(t *testing.T) {
 	srv, d, writer, rdb := saved(t)
 	ctx := context.Background()
 	update(t, writer, d, 303, "p3")
-	setWatch(t, writer, false) // a read finds the Set lost
+	setWatch(t, writer, false)                                      // a read finds the Set lost
 	if _, err := guard.Get(ctx, writer, "p1", d.load); err != nil { // makes the check due since the Set: none is due after the crash
 		t.Fatal(err)
 	}

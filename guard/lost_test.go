@@ -264,8 +264,9 @@ func TestReplayLandsBetweenReadAndAnswer(t *testing.T) {
 	srv, d, writer, rdb := saved(t)
 	ctx := context.Background()
 	update(t, writer, d, 303, "p3")
-	setWatch(t, writer, false)                                      // a read finds the Set lost
-	if _, err := guard.Get(ctx, writer, "p1", d.load); err != nil { // makes the check due since the Set: none is due after the crash
+	setWatch(t, writer, false) // a read finds the Set lost
+	// A read makes the check due since the Set: none is due after the crash.
+	if _, err := guard.Get(ctx, writer, "p1", d.load); err != nil {
 		t.Fatal(err)
 	}
 	crash(t, srv)

@@ -252,9 +252,6 @@ func (g *Guard) rebuildOnce(ctx context.Context, cause string) (done bool) {
 	if !g.mayAutoRebuild(ctx) {
 		return false
 	}
-	if beforeAutoRebuild != nil {
-		beforeAutoRebuild()
-	}
 	// The source is called once the rebuild announced its generation, not
 	// before: an ID created after the call then reaches the new generation
 	// through its Add, whatever the source collects when it is called.
@@ -303,10 +300,6 @@ func (g *Guard) rebuildOnce(ctx context.Context, cause string) (done bool) {
 	}
 	return false
 }
-
-// beforeAutoRebuild, set by tests alone, runs in an automatic rebuild
-// between its checks and the rebuild lock, to replay a Rebuild landing there.
-var beforeAutoRebuild func()
 
 // autoWaiting reports whether this Guard's back-off since its last
 // automatic rebuild is still running.

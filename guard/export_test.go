@@ -57,13 +57,6 @@ func AgeWrites(g *Guard, d time.Duration) {
 	}
 }
 
-// SetBeforeAutoRebuild runs f in each automatic rebuild between its checks
-// and the rebuild lock, until restore.
-func SetBeforeAutoRebuild(f func()) (restore func()) {
-	beforeAutoRebuild = f
-	return func() { beforeAutoRebuild = nil }
-}
-
 // WatchEvery is how often the watcher of a Guard that wrote looks for a
 // restart of Redis, for tests that wait for a number of its turns.
 const WatchEvery = watchEvery

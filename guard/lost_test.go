@@ -18,50 +18,50 @@ import (
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
-// writerHook is a redis.Hook on a Guard's client. While watchOff, it
+// clientHook is a redis.Hook on a Guard's client. While watchOff, it
 // fails the watcher's EXISTS of the Guard's marks without sending them
 // (see touch): the watcher takes Redis for down and checks nothing, so only
 // a read notices the writes Redis lost (tests of that, and the control of
 // the watcher's); no other command of the Guard's is an EXISTS of a mark.
 // answered, if set, runs after each command's answer, before the Guard
 // sees it.
-type writerHook struct {
+type clientHook struct {
 	watchOff atomic.Bool
 	answered atomic.Pointer[func(cmd redis.Cmder)]
 }
 
 var (
 	errWatchOff = errors.New("test: the watcher's EXISTS not sent")
-	writerHooks sync.Map // *guard.Guard → its client's *writerHook
+	clientHooks sync.Map // *guard.Guard → its client's *clientHook
 )
 
-// hooked installs a writerHook on rdb, before a Guard uses it; register
-// that Guard with writerHooks.Store(g, h) for hookOf.
-func hooked(rdb redis.UniversalClient) *writerHook {
-	h := &writerHook{}
+// hooked installs a clientHook on rdb, before a Guard uses it; register
+// that Guard with clientHooks.Store(g, h) for hookOf.
+func hooked(rdb redis.UniversalClient) *clientHook {
+	h := &clientHook{}
 	rdb.AddHook(h)
 	return h
 }
 
-// hookOf is the writerHook of g's client.
-func hookOf(t *testing.T, g *guard.Guard) *writerHook {
+// hookOf is the clientHook of g's client.
+func hookOf(t *testing.T, g *guard.Guard) *clientHook {
 	t.Helper()
-	h, ok := writerHooks.Load(g)
+	h, ok := clientHooks.Load(g)
 	if !ok {
-		t.Fatal("the Guard's client has no writerHook")
+		t.Fatal("the Guard's client has no clientHook")
 	}
-	return h.(*writerHook)
+	return h.(*clientHook)
 }
 
 // setWatch turns g's watcher off or back on (its client is hooked).
 func setWatch(t *testing.T, g *guard.Guard, on bool) { hookOf(t, g).watchOff.Store(!on) }
 
-func (h *writerHook) touches(cmd redis.Cmder) bool {
+func (h *clientHook) touches(cmd redis.Cmder) bool {
 	return h.watchOff.Load() && cmd.Name() == "exists" && len(cmd.Args()) > 1 && strings.Contains(fmt.Sprint(cmd.Args()[1]), ":mark:")
 }
 
-func (h *writerHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *writerHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (h *clientHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *clientHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		if h.touches(cmd) {
 			cmd.SetErr(errWatchOff)
@@ -74,7 +74,7 @@ func (h *writerHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		return err
 	}
 }
-func (h *writerHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (h *clientHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		if len(cmds) > 0 && h.touches(cmds[0]) { // in a cluster, one EXISTS per master
 			for _, c := range cmds {
@@ -107,8 +107,8 @@ func lostWrites(t *testing.T) (*redisserver.Server, *db, *guard.Guard, *guard.Gu
 		h := hooked(rdb)
 		g := openRebuilt(t, rdb, guard.Options{}, 1000, 10)
 		if i == 0 {
-			writerHooks.Store(g, h)
-			t.Cleanup(func() { writerHooks.Delete(g) })
+			clientHooks.Store(g, h)
+			t.Cleanup(func() { clientHooks.Delete(g) })
 		}
 		for i := range 10 {
 			if _, err := guard.Get(context.Background(), g, pid(i), d.load); err != nil {

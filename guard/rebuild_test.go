@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/cacheguard/cacheguard/bloom"
 	"github.com/cacheguard/cacheguard/guard"
 	"github.com/cacheguard/cacheguard/internal/keyspace"
@@ -196,7 +198,8 @@ func TestShortSourceKeepsTheFilter(t *testing.T) {
 
 // TestAutoRebuildAfterRebuild replays a start-up race step by step: New
 // starts the automatic rebuild (the filter was never built), which is held
-// after its checks, before the rebuild lock, while the application's own
+// after its checks, before the rebuild lock (a hook on the client holds the
+// answer of its last check, auto_rebuild.lua), while the application's own
 // Rebuild runs and makes the filter ready. Released, it must not rebuild
 // again: a second rebuild read every ID once more, and reads failed open
 // while it switched generations (the fault suite's TestTLS saw MayExist
@@ -206,6 +209,7 @@ func TestAutoRebuildAfterRebuild(t *testing.T) {
 	clusterToo(t)
 	ctx := context.Background()
 	c := redistest.Connect(t)
+	h := hooked(c)
 	for _, tc := range []struct {
 		name    string
 		rebuild bool // the application's Rebuild runs while the automatic one is held
@@ -216,16 +220,27 @@ func TestAutoRebuildAfterRebuild(t *testing.T) {
 				ranged.Add(1)
 				return ids("p", 10)
 			}
+			name := strings.ReplaceAll(tc.name, " ", "-")
+			auto := keyspace.ForFilter(c.Prefix + ":" + name + ":bf").AutoRebuilt()
 			reached, release := make(chan struct{}), make(chan struct{})
 			var held atomic.Bool
-			restore := guard.SetBeforeAutoRebuild(func() {
-				if held.CompareAndSwap(false, true) { // the first automatic rebuild only
+			hold := func(cmd redis.Cmder) {
+				if a := cmd.Args(); len(a) < 4 || a[3] != auto {
+					return
+				}
+				r, ok := cmd.(*redis.Cmd)
+				if !ok {
+					return
+				}
+				may, err := r.Int64()                                           // auto_rebuild.lua's answer: not 0, the rebuild may start
+				if err == nil && may != 0 && held.CompareAndSwap(false, true) { // the first one only
 					close(reached)
 					<-release
 				}
-			})
-			defer restore()
-			g, err := guard.New(ctx, c, strings.ReplaceAll(tc.name, " ", "-"), &guard.Options{KeyPrefix: c.Prefix,
+			}
+			h.answered.Store(&hold)
+			defer h.answered.Store(nil)
+			g, err := guard.New(ctx, c, name, &guard.Options{KeyPrefix: c.Prefix,
 				Filter: guard.FilterOptions{ExpectedItems: 1000, IDs: source}})
 			if err != nil {
 				t.Fatal(err)

@@ -33,8 +33,7 @@ type filterState struct {
 	lastAuto   time.Time     // when this Guard last started an automatic rebuild
 	autoWait   time.Duration // the back-off after it (see mayAutoRebuild)
 	copyWake   chan struct{} // cuts the wait of the filter's copy short (keepCopy); made by New, buffer 1
-	copyHold   sync.Mutex    // held by each refresh of the copy; guards copyHeld and copyAt
-	copyHeld   bool          // set by tests alone: keepCopy refreshes nothing (HoldCopy)
+	copyHold   sync.Mutex    // held by each refresh of the copy; guards copyAt
 	copyAt     time.Time     // when a refresh last landed; guarded by copyHold
 	// evictionChecked: the eviction policy was read (or refused) once.
 	evictionChecked atomic.Bool

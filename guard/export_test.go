@@ -127,19 +127,6 @@ func RefreshCopy(ctx context.Context, g *Guard) error {
 	return err
 }
 
-// HoldCopy stops g's own refreshes of its copy of the filter (keepCopy)
-// once the one under way ended, until release: a test takes the copy with
-// RefreshCopy alone.
-func HoldCopy(g *Guard) (release func()) {
-	set := func(held bool) {
-		g.bf.copyHold.Lock()
-		g.bf.copyHeld = held
-		g.bf.copyHold.Unlock()
-	}
-	set(true)
-	return func() { set(false) }
-}
-
 // SetReadsInFlight replaces g's read batcher, before its first Get: n round
 // trips at once (negative: every read alone, at once), for the control of
 // the batching and tests that need reads to queue behind one.

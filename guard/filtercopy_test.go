@@ -33,6 +33,32 @@ type copyCounts struct {
 
 const copyUnknowns = 300
 
+// copyByTest marks the ctx of the test's own refreshes of a Guard's copy.
+type copyByTest struct{}
+
+var errCopyHeld = errors.New("test: the copy's fetch not sent")
+
+// holdCopy is a redis.Hook that fails every GETRANGE (the fetch of a copy
+// of the filter: bloom's RefreshCopy, the one command that sends it) but
+// those on a ctx marked copyByTest, without sending it: a failed fetch
+// leaves the copy as it was, so the Guard's own refreshes (keepCopy) change
+// nothing, and the test takes the copy when it says.
+type holdCopy struct{}
+
+func (holdCopy) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (holdCopy) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "getrange" && ctx.Value(copyByTest{}) == nil {
+			cmd.SetErr(errCopyHeld)
+			return errCopyHeld
+		}
+		return next(ctx, cmd)
+	}
+}
+func (holdCopy) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
 // copyIncident runs one incident on a Guard of its own Redis: the filter
 // rebuilt from p0..p99 and its copy taken (unless o turns it off, or
 // noCopy: the Guard opens after the filter is lost), p100 added here and
@@ -42,6 +68,7 @@ func copyIncident(t *testing.T, o guard.Options, freeze, noCopy bool) copyCounts
 	t.Helper()
 	ctx := context.Background()
 	srv, rdb := redistest.Private(t)
+	rdb.AddHook(holdCopy{}) // the copy is taken below, and only then
 	o.Filter.ExpectedItems = 1000
 	other, err := guard.New(ctx, redis.NewClient(srv.Options()), "product", &o)
 	if err != nil {
@@ -57,11 +84,10 @@ func copyIncident(t *testing.T, o guard.Options, freeze, noCopy bool) copyCounts
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = g.Close() })
-		t.Cleanup(guard.HoldCopy(g)) // the copy is taken below, and only then
 	}
 	if !noCopy {
 		open()
-		if err := guard.RefreshCopy(ctx, g); err != nil && !o.Filter.NoLocalCopy {
+		if err := guard.RefreshCopy(context.WithValue(ctx, copyByTest{}, true), g); err != nil && !o.Filter.NoLocalCopy {
 			t.Fatal(err)
 		}
 		if err := g.Add(ctx, "p100"); err != nil {

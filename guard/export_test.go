@@ -3,7 +3,6 @@ package guard
 import (
 	"context"
 	"math"
-	"sync"
 	"time"
 
 	"github.com/cacheguard/cacheguard/internal/batch"
@@ -68,45 +67,24 @@ func AutoRebuilding(g *Guard) bool { return g.bf.rebuilding.Load() }
 // Joins returns a channel that receives the value key of each caller that
 // joins a flight under way on g, until restore: tests wait for callers to
 // reach a flight instead of sleeping.
-func Joins(g *Guard, n int) (joins <-chan string, restore func()) {
+func Joins(g *Guard, n int) (joins <-chan string, restore func()) { return joinsOf(g, n, false) }
+
+// ReadJoins is Joins for the callers that join a shared read (readShared).
+func ReadJoins(g *Guard, n int) (joins <-chan string, restore func()) { return joinsOf(g, n, true) }
+
+func joinsOf(g *Guard, n int, reads bool) (<-chan string, func()) {
 	ch := make(chan string, n)
-	f := func(key string) {
+	f := func(vkey string, read bool) {
+		if read != reads {
+			return
+		}
 		select {
-		case ch <- key:
+		case ch <- vkey:
 		default: // more joins than the test waits for
 		}
 	}
 	g.joinedHook.Store(&f)
 	return ch, func() { g.joinedHook.Store(nil) }
-}
-
-// HoldSharedRead makes the first shared read on g (readShared) wait, before
-// it reads, until n other callers have joined it, until restore: a test of
-// callers that share one read does not depend on when each arrives.
-func HoldSharedRead(g *Guard, n int) (restore func()) {
-	joined := make(chan struct{}, n)
-	var once sync.Once
-	f := func(first bool) {
-		if !first {
-			select {
-			case joined <- struct{}{}:
-			default:
-			}
-			return
-		}
-		once.Do(func() {
-			give := time.After(10 * time.Second) // callers that never join: the test fails on its counts, not by hanging
-			for range n {
-				select {
-				case <-joined:
-				case <-give:
-					return
-				}
-			}
-		})
-	}
-	g.sharedHook.Store(&f)
-	return func() { g.sharedHook.Store(nil) }
 }
 
 // LocalCopy reports what g's local cache holds for id: "none", "fresh" (a

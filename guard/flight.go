@@ -54,7 +54,7 @@ func join[T any](ctx context.Context, g *Guard, key flightKey, from since, proto
 	}
 	onJoin := giveBack
 	if hook := g.joinedHook.Load(); hook != nil {
-		onJoin = func() { giveBack(); (*hook)(key.vkey) }
+		onJoin = func() { giveBack(); (*hook)(key.vkey, false) }
 	}
 	var err error
 	j.fl, j.shared, err = g.flights.DoOnJoin(ctx, key, func(ctx context.Context) (flightResult, error) {

@@ -59,15 +59,15 @@ type Guard struct {
 	bf           filterState                 // the bloom filter, once opened (connect.go)
 	outage       *outage                     // what Get does when Redis cannot answer
 	stats        counters
-	unw          unwritten                        // the IDs whose writes failed, until replayed (replay.go)
-	marks        *marks                           // this Guard's writes in Redis, to notice those Redis lost (lost.go)
-	schemaWarned warnedPairs                      // the pairs of schema versions warned of (otherSchemas)
-	tel          *telemetry                       // OpenTelemetry instruments, or nil (off)
-	sup          *supervisor                      // every goroutine and flight of the Guard, stopped and waited for by Close
-	joinedHook   atomic.Pointer[func(key string)] // set by tests alone: told of each caller that joins a flight (export_test.go)
-	sharedHook   atomic.Pointer[func(first bool)] // set by tests alone: told of each shared read's first caller and of each joiner (export_test.go)
+	unw          unwritten   // the IDs whose writes failed, until replayed (replay.go)
+	marks        *marks      // this Guard's writes in Redis, to notice those Redis lost (lost.go)
+	schemaWarned warnedPairs // the pairs of schema versions warned of (otherSchemas)
+	tel          *telemetry  // OpenTelemetry instruments, or nil (off)
+	sup          *supervisor // every goroutine and flight of the Guard, stopped and waited for by Close
 	closeOnce    sync.Once
 	closeErr     error // set once by Close
+
+	joinedHook atomic.Pointer[func(vkey string, read bool)] // tests alone: told of each caller that joins a flight or a shared read
 }
 
 // New opens the Guard called name (letters, digits, '_', '-', '.') on rdb,

@@ -18,15 +18,16 @@ import (
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
-// clientHook is a redis.Hook on a Guard's client. While watchOff, it
+// clientHook is a redis.Hook on a Guard's client (hooked). While watchOff, it
 // fails the watcher's EXISTS of the Guard's marks without sending them
 // (see touch): the watcher takes Redis for down and checks nothing, so only
 // a read notices the writes Redis lost (tests of that, and the control of
 // the watcher's); no other command of the Guard's is an EXISTS of a mark.
-// answered, if set, runs after each command's answer, before the Guard
-// sees it.
+// sending, if set, runs before each command is sent; answered, after
+// each command's answer, before the Guard sees it.
 type clientHook struct {
 	watchOff atomic.Bool
+	sending  atomic.Pointer[func(cmd redis.Cmder)]
 	answered atomic.Pointer[func(cmd redis.Cmder)]
 }
 
@@ -67,6 +68,9 @@ func (h *clientHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			cmd.SetErr(errWatchOff)
 			return errWatchOff
 		}
+		if f := h.sending.Load(); f != nil {
+			(*f)(cmd)
+		}
 		err := next(ctx, cmd)
 		if f := h.answered.Load(); f != nil {
 			(*f)(cmd)
@@ -81,6 +85,11 @@ func (h *clientHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 				c.SetErr(errWatchOff)
 			}
 			return errWatchOff
+		}
+		if f := h.sending.Load(); f != nil {
+			for _, c := range cmds {
+				(*f)(c)
+			}
 		}
 		err := next(ctx, cmds)
 		if f := h.answered.Load(); f != nil {

@@ -36,16 +36,12 @@ type sharedRead struct {
 func (g *Guard) readShared(ctx context.Context, id, vkey string, from since, lockable bool) (readResult, error) {
 	for range 3 { // a second read already starts after this caller: see below
 		mine := false // this caller's function read (InCaller: in this goroutine)
-		hook := g.sharedHook.Load()
-		var onJoin func() // nil: nothing to tell
-		if hook != nil {
-			onJoin = func() { (*hook)(false) }
+		var onJoin func()
+		if hook := g.joinedHook.Load(); hook != nil { // tests alone (export_test.go)
+			onJoin = func() { (*hook)(vkey, true) }
 		}
 		sr, _, err := g.rd.shared.DoOnJoin(ctx, vkey, func(ctx context.Context) (sharedRead, error) {
 			mine = true
-			if hook != nil {
-				(*hook)(true)
-			}
 			sr := sharedRead{started: g.starts.Add(1)}
 			if g.local != nil {
 				sr.epoch = g.local.epoch.Load()

@@ -148,6 +148,8 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 			g.log.Warn("cacheguard: load lock lost while loading (a write voided the load, or the lock expired); its result will not be cached", "key", key, "err", err)
 		},
 		OnOtherFields: g.otherSchemas,
+		OnWaited:      g.tel.waited,   // a nil telemetry records nothing
+		ReadTTL:       g.local != nil, // a flight keeps what its re-check found (see miss.accept)
 		Spawn:         g.sup.spawn,
 		OnWriteFailed: func(key string, err error) {
 			// The load's result is good and served; only caching it failed.

@@ -12,13 +12,13 @@ import (
 
 // wait blocks until the holder publishes key, its lease (holderTTL) runs out,
 // or the deadline passes. done reports that f accepted what the cache holds;
-// result says how the wait ended (see WaitObserver).
+// result says how the wait ended (see Options.OnWaited).
 func (c *Coordinator) wait(
 	ctx context.Context,
 	key, field string,
 	holderTTL time.Duration,
 	deadline time.Time,
-	f Filler,
+	f Fill,
 ) (done bool, result string, err error) {
 	opCtx, cancelOp := c.op(ctx)
 	woken, cancel, err := c.wake.register(opCtx, key)
@@ -39,7 +39,7 @@ func (c *Coordinator) wait(
 	// publishes). The mark outlives this wait; a wait that the holder's
 	// renewed lease outlasts marks again on its next round. A holder that
 	// released the lock without writing before the mark was left (its load
-	// failed, or it was a read's lock given back: see RunHeld) published to
+	// failed, or it was a read's lock given back: see Run's held) published to
 	// nobody: the lock's PTTL, read behind the mark, says it is gone, and
 	// the flight attempts again at once instead of waiting out the lease.
 	r, lockGone := c.markAndRead(ctx, key, field, lease)

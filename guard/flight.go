@@ -341,7 +341,9 @@ func (c *flight[T]) decode(ctx context.Context, raw []byte) bool {
 }
 
 // Load is loadFrame, recorded by the telemetry (coord.Fill.Load).
-func (c *flight[T]) Load(ctx context.Context) ([]byte, time.Duration, error) { return c.loadFrame(ctx, true) }
+func (c *flight[T]) Load(ctx context.Context) ([]byte, time.Duration, error) {
+	return c.loadFrame(ctx, true)
+}
 
 // loadFrame calls the load function under LoadTimeout (traced: in a span of
 // its own) and returns the frame to cache: the value's, or an empty marker

@@ -20,6 +20,75 @@ import (
 // predate a write), after its write landed; each caller decodes its own
 // copy. Load-through (Redis cannot answer) runs the load alone.
 
+// fill runs a miss (step 5) through a flight shared with the other callers
+// of the ID in this process (see join). held is the key's lock if the
+// caller's read took it (see lockWithRead): the flight the caller starts
+// loads under it; if the caller joins a flight already under way instead,
+// it gives the lock back.
+func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T], from since, held *lock.Lock) (T, error) {
+	// Between rounds: the flight that ended has written its answer (or
+	// another's write deleted it), and a read that starts now usually finds
+	// it, one round trip where a flight would take two. The callers in this
+	// case share it (they all started before that flight ended), with no
+	// lock: the next join attempts it.
+	var early struct {
+		v   T
+		ok  bool
+		err error
+	}
+	reread := func() bool {
+		if r, err := g.readShared(ctx, id, vkey, from, false); err == nil {
+			early.v, early.ok, early.err = answerRead(ctx, g, id, vkey, r, load, from)
+		}
+		return early.ok
+	}
+	c := &miss[T]{flight: flight[T]{g: g, id: id, vkey: vkey, load: load}, held: held}
+	j, err := join(ctx, g, flightKey{vkey: vkey}, from, &c.flight, c.run, c.giveBack, reread)
+	switch {
+	case early.ok:
+		return early.v, early.err
+	case downOrRefusing(err): // the lock or the re-check failed: Redis cannot fill
+		return loadThrough(ctx, g, id, vkey, load, from, err)
+	}
+	return answerJoined(ctx, g, id, j, err, false)
+}
+
+// join runs c as the flight key in this process (run), or joins the one
+// under way, for a caller that started at from; giveBack gives up what the
+// caller holds that the flight under way may wait for (the lock its read
+// took). A flight's answer serves a caller only if the flight (or its load)
+// started after the caller did: otherwise a write that returned between the
+// two could be missing from it (older), and join goes again, four rounds at
+// most (c ran only in the last: an older flight is never the caller's own);
+// between two rounds reread, if set, may answer instead (it reports whether
+// it did). With Options.Local an older flight serves too when the local
+// epoch did not move (no write made or heard since). Every caller is
+// answered when the flight ends, after its write, release and publish ran
+// in Redis: a process may exit as soon as its Gets return, and must not
+// leave the lock behind.
+func join[T any](ctx context.Context, g *Guard, key flightKey, from since, c *flight[T],
+	run func(ctx context.Context) (flightResult, error), giveBack func(), reread func() bool,
+) (j joined[T], err error) {
+	serves := func(fl flightResult) bool { // the rule above
+		return !from.startedBefore(fl.started) || g.noWriteHeard(fl.epoch, from.epoch)
+	}
+	onJoin := giveBack
+	if hook := g.joinedHook.Load(); hook != nil {
+		onJoin = func() { giveBack(); (*hook)(key.vkey) }
+	}
+	for attempt := 0; ; attempt++ {
+		j = joined[T]{c: c}
+		j.fl, j.shared, err = g.flights.DoOnJoin(ctx, key, run, onJoin)
+		giveBack()                 // or it left before its own flight took the lock
+		j.mine = j.fl.by == any(c) // this caller's flight ran
+		answered := err == nil || errors.Is(err, ErrNotFound)
+		j.older = j.fl.by != nil && answered && !serves(j.fl)
+		if !j.older || attempt == 3 || reread != nil && reread() {
+			return j, err
+		}
+	}
+}
+
 // joined is a caller's part in a flight: the core of the flight it
 // offered, what the flight that answered found, and how the caller stood to it.
 type joined[T any] struct {
@@ -28,70 +97,6 @@ type joined[T any] struct {
 	shared bool // the answer went to more than one caller
 	mine   bool // this caller's flight (c) ran
 	older  bool // the flight started before the caller: its answer may predate a write
-}
-
-// join runs c as the flight key in this process (run), or joins the one under
-// way, for a caller that started at from; giveBack gives up what the
-// caller holds that the flight under way may wait for. A flight's answer serves a caller only if
-// the flight (or its load) started after the caller did: otherwise a write
-// that returned between the two could be missing from it (older). With
-// Options.Local an older flight serves too when the local epoch did not move
-// (no write made or heard since). Every caller is answered when the flight
-// ends, after its write, release and publish ran in Redis: a process may
-// exit as soon as its Gets return, and must not leave the lock behind.
-func join[T any](ctx context.Context, g *Guard, key flightKey, from since, c *flight[T],
-	run func(ctx context.Context) (flightResult, error), giveBack func(),
-) (joined[T], error) {
-	serves := func(fl flightResult) bool { // the rule above
-		return !from.startedBefore(fl.started) || g.noWriteHeard(fl.epoch, from.epoch)
-	}
-	j := joined[T]{c: c}
-	onJoin := giveBack
-	if hook := g.joinedHook.Load(); hook != nil {
-		onJoin = func() { giveBack(); (*hook)(key.vkey) }
-	}
-	var err error
-	j.fl, j.shared, err = g.flights.DoOnJoin(ctx, key, run, onJoin)
-	giveBack()                 // or it left before its own flight took the lock
-	j.mine = j.fl.by == any(c) // this caller's flight ran
-	answered := err == nil || errors.Is(err, ErrNotFound)
-	j.older = j.fl.by != nil && answered && !serves(j.fl)
-	return j, err
-}
-
-// flightKey keys the Guard's flights (Guard.flights): the fills of a value
-// key, its load-throughs and its refresh ahead of expiry are flights apart.
-type flightKey struct {
-	kind flightKind
-	vkey string
-}
-
-// flightGroup runs the Guard's flights, one per flightKey at a time.
-type flightGroup = flightgroup.Group[flightKey, flightResult]
-
-// flightKind tells the flights of one value key apart.
-type flightKind uint8
-
-const (
-	fillFlight    flightKind = iota // fill: the miss, through the Coordinator
-	throughFlight                   // loadThrough: the load alone, without Redis
-	refreshFlight                   // refresh: ahead of expiry, nobody waits
-)
-
-// joinServed joins flights of key until one serves the caller (join), four
-// times at most: the one retry loop of fill and loadThrough. c is offered
-// each round: it ran only in the last (an older flight is never the
-// caller's own). Between two rounds reread, if set, may answer instead (it
-// reports whether it did).
-func joinServed[T any](ctx context.Context, g *Guard, key flightKey, from since, c *flight[T],
-	run func(ctx context.Context) (flightResult, error), giveBack func(), reread func() bool,
-) (j joined[T], err error) {
-	for attempt := 0; ; attempt++ {
-		j, err = join(ctx, g, key, from, c, run, giveBack)
-		if !j.older || attempt == 3 || reread != nil && reread() {
-			return j, err
-		}
-	}
 }
 
 // answerJoined is a caller's answer from its flight: counted, a panic made
@@ -120,38 +125,24 @@ func (g *Guard) noWriteHeard(then, now uint64) bool {
 	return g.local != nil && then != 0 && then == now && g.local.sub.Load() != nil
 }
 
-// fill runs a miss (step 5) through a flight shared with the other callers
-// of the ID in this process (see join). held is the key's lock if the
-// caller's read took it (see lockWithRead): the flight the caller starts
-// loads under it; if the caller joins a flight already under way instead,
-// it gives the lock back.
-func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T], from since, held *lock.Lock) (T, error) {
-	// Between rounds: the flight that ended has written its answer (or
-	// another's write deleted it), and a read that starts now usually finds
-	// it, one round trip where a flight would take two. The callers in this
-	// case share it (they all started before that flight ended), with no
-	// lock: the next join attempts it.
-	var early struct {
-		v   T
-		ok  bool
-		err error
-	}
-	reread := func() bool {
-		if r, err := g.readShared(ctx, id, vkey, from, false); err == nil {
-			early.v, early.ok, early.err = answerRead(ctx, g, id, vkey, r, load, from)
-		}
-		return early.ok
-	}
-	c := &miss[T]{flight: flight[T]{g: g, id: id, vkey: vkey, load: load}, held: held}
-	j, err := joinServed(ctx, g, flightKey{vkey: vkey}, from, &c.flight, c.run, c.giveBack, reread)
-	switch {
-	case early.ok:
-		return early.v, early.err
-	case downOrRefusing(err): // the lock or the re-check failed: Redis cannot fill
-		return loadThrough(ctx, g, id, vkey, load, from, err)
-	}
-	return answerJoined(ctx, g, id, j, err, false)
+// flightKey keys the Guard's flights (Guard.flights): the fills of a value
+// key, its load-throughs and its refresh ahead of expiry are flights apart.
+type flightKey struct {
+	kind flightKind
+	vkey string
 }
+
+// flightGroup runs the Guard's flights, one per flightKey at a time.
+type flightGroup = flightgroup.Group[flightKey, flightResult]
+
+// flightKind tells the flights of one value key apart.
+type flightKind uint8
+
+const (
+	fillFlight    flightKind = iota // fill: the miss, through the Coordinator
+	throughFlight                   // loadThrough: the load alone, without Redis
+	refreshFlight                   // refresh: ahead of expiry, nobody waits
+)
 
 // flightResult is what one flight hands to all its callers: the frame to
 // decode (each caller decodes its own copy, so no two callers share a T),
@@ -448,7 +439,7 @@ func loadThrough[T any](ctx context.Context, g *Guard, id, vkey string, load Loa
 		return zero, cause
 	}
 	c := &flight[T]{g: g, id: id, vkey: vkey, load: load}
-	j, err := joinServed(ctx, g, flightKey{kind: throughFlight, vkey: vkey}, from, c, c.through, func() {}, nil)
+	j, err := join(ctx, g, flightKey{kind: throughFlight, vkey: vkey}, from, c, c.through, func() {}, nil)
 	return answerJoined(ctx, g, id, j, err, true)
 }
 

@@ -34,9 +34,9 @@ import (
 )
 
 // New opens a Guard and Close drains it. The files, for a maintainer reading
-// top-down: a Get runs through get.go (its steps), read.go (the one round
-// trip, the plan of what it sends, shared by concurrent Gets), entry.go (the
-// entry's field and frame), and on a miss flight.go (one flight per key in
+// top-down: a Get runs through get.go (its steps, and the entry's field and
+// frame), read.go (the one round trip, the plan of what it sends, shared by
+// concurrent Gets), and on a miss flight.go (one flight per key in
 // the process, under the key's lock across processes); health.go decides
 // whether Redis answers and what to do when it does not, lost.go and
 // replay.go keep writes Redis did not take. Every goroutine belongs to the

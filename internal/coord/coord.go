@@ -204,7 +204,7 @@ func (c *Coordinator) Run(ctx context.Context, key, field string, held *lock.Loc
 	}
 	deadline := time.Now().Add(c.opts.LockWait)
 	for {
-		l, get, other, err := c.attempt(ctx, key, field, c.opts.ReadTTL)
+		l, get, lease, err := c.attempt(ctx, key, field, c.opts.ReadTTL)
 		switch {
 		case err == nil:
 			err = c.hold(ctx, l, key, field, get, f)
@@ -215,7 +215,7 @@ func (c *Coordinator) Run(ctx context.Context, key, field string, held *lock.Loc
 				return nil // invalidated again and again: serve the last load, uncached
 			}
 			continue // overtaken by an invalidation: load again, under a new lock
-		case other == nil:
+		case !errors.Is(err, lock.ErrNotObtained):
 			return err
 		}
 		if done, err := c.cached(ctx, get, f); done || err != nil {
@@ -226,7 +226,7 @@ func (c *Coordinator) Run(ctx context.Context, key, field string, held *lock.Loc
 			f.Waiting()
 		}
 		began := time.Now()
-		done, result, err := c.wait(ctx, key, field, other.ttl, deadline, f)
+		done, result, err := c.wait(ctx, key, field, lease, deadline, f)
 		if c.opts.OnWaited != nil {
 			c.opts.OnWaited(ctx, began, result)
 		}
@@ -267,9 +267,9 @@ func (c *Coordinator) Release(ctx context.Context, l *lock.Lock, key string) err
 // entry was invalidated or replaced), TryRun returns nil having written
 // nothing.
 func (c *Coordinator) TryRun(ctx context.Context, key, field string, f Fill) error {
-	l, get, other, err := c.attempt(ctx, key, field, false)
+	l, get, _, err := c.attempt(ctx, key, field, false)
 	switch {
-	case other != nil:
+	case errors.Is(err, lock.ErrNotObtained):
 		return nil
 	case err != nil:
 		return err
@@ -282,8 +282,9 @@ func (c *Coordinator) TryRun(ctx context.Context, key, field string, f Fill) err
 
 // attempt is step 1: the lock attempt with the lock's PTTL and the HGET
 // queued behind it, in one round trip (and the key's PTTL behind that
-// withTTL). other is set when another holder has the lock: its PTTL then.
-func (c *Coordinator) attempt(ctx context.Context, key, field string, withTTL bool) (l *lock.Lock, get reading, other *heldBy, err error) {
+// withTTL). When another holder has the lock (lock.ErrNotObtained), lease
+// is what is left of its lease.
+func (c *Coordinator) attempt(ctx context.Context, key, field string, withTTL bool) (l *lock.Lock, get reading, lease time.Duration, err error) {
 	opCtx, cancel := c.op(ctx)
 	defer cancel()
 	// The closure writes only these locals: after a failed send it may
@@ -302,27 +303,24 @@ func (c *Coordinator) attempt(ctx context.Context, key, field string, withTTL bo
 			r.pttl = pipe.PTTL(ctx, key)
 		}
 	}); err != nil {
-		return nil, reading{}, nil, err
+		return nil, reading{}, 0, err
 	}
 	get = r
 	if qerr != nil {
-		return nil, reading{}, nil, qerr
+		return nil, reading{}, 0, qerr
 	}
 	// The attempt is a plain SET NX in the pipeline: the HGET behind it ran
 	// after it, so for the winner it is the re-check (lock.TestQueue).
 	l, err = q.Result(opCtx)
 	switch {
 	case err == nil:
-		return l, get, nil, nil
+		return l, get, 0, nil
 	case errors.Is(err, lock.ErrNotObtained):
 		// -2: the holder's lock expired between the two commands
-		return nil, get, &heldBy{ttl: max(lockTTL.Val(), 0)}, err
+		return nil, get, max(lockTTL.Val(), 0), err
 	}
-	return nil, reading{}, nil, err
+	return nil, reading{}, 0, err
 }
-
-// heldBy is another holder's lock, found by an attempt: its remaining lease.
-type heldBy struct{ ttl time.Duration }
 
 // op bounds one Redis round trip by OpTimeout.
 func (c *Coordinator) op(ctx context.Context) (context.Context, context.CancelFunc) {

@@ -50,10 +50,10 @@ func newBatch[T any](g *Guard, load BatchLoadFunc[T], n int) *batchLoad[T] {
 	return b
 }
 
-// Waiting records that the miss is decided (once): called by the
+// decide records that the miss is decided (once): called by the
 // Coordinator when the miss starts waiting for another holder, by join when
 // it joins another flight, when it asks to load, and when it ended.
-func (m *member[T]) Waiting() {
+func (m *member[T]) decide() {
 	if m.decided.CompareAndSwap(false, true) && m.b.undecided.Add(-1) == 0 {
 		m.b.loads.Release()
 	}
@@ -62,7 +62,7 @@ func (m *member[T]) Waiting() {
 // load is the miss's load function: it queues its ID for the batch load
 // and waits for its answer (or loads on its own once the batch has run).
 func (m *member[T]) load(ctx context.Context, id string) (T, error) {
-	c := &batch.Call[loadReq[T]]{Req: loadReq[T]{id: id}, Queued: m.Waiting}
+	c := &batch.Call[loadReq[T]]{Req: loadReq[T]{id: id}, Queued: m.decide}
 	if err := m.b.loads.Do(ctx, c); err != nil {
 		var zero T
 		if errors.Is(err, batch.ErrPanicked) {

@@ -20,85 +20,83 @@ import (
 // predate a write), after its write landed; each caller decodes its own
 // copy. Load-through (Redis cannot answer) runs the load alone.
 
-// joined is a caller's part in a flight: the call that ran it, what it
-// found, and how the caller stood to it.
-type joined[T any] struct {
-	c      *flight[T]
-	fl     flightResult
-	shared bool // the answer went to more than one caller
-	mine   bool // this caller's function ran the flight
-	older  bool // the flight started before the caller: its answer may predate a write
+// fill runs a miss (step 5) through a flight shared with the other callers
+// of the ID in this process (see join). held is the key's lock if the
+// caller's read took it (see lockWithRead): the flight the caller starts
+// loads under it; if the caller joins a flight already under way instead,
+// it gives the lock back.
+func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T], from since, held *lock.Lock) (T, error) {
+	// Between rounds: the flight that ended has written its answer (or
+	// another's write deleted it), and a read that starts now usually finds
+	// it, one round trip where a flight would take two. The callers in this
+	// case share it (they all started before that flight ended), with no
+	// lock: the next join attempts it.
+	var early struct {
+		v   T
+		ok  bool
+		err error
+	}
+	reread := func() bool {
+		if r, err := g.readShared(ctx, id, vkey, from, false); err == nil {
+			early.v, early.ok, early.err = answerRead(ctx, g, id, vkey, r, load, from)
+		}
+		return early.ok
+	}
+	c := &miss[T]{flight: flight[T]{g: g, id: id, vkey: vkey, load: load}, held: held}
+	j, err := join(ctx, g, flightKey{vkey: vkey}, from, &c.flight, c.run, c.giveBack, reread)
+	switch {
+	case early.ok:
+		return early.v, early.err
+	case downOrRefusing(err): // the lock or the re-check failed: Redis cannot fill
+		return loadThrough(ctx, g, id, vkey, load, from, err)
+	}
+	return answerJoined(ctx, g, id, j, err, false)
 }
 
-// join runs the flight key in this process, or joins the one under way, for
-// a caller that started at from. A flight's answer serves a caller only if
-// the flight (or its load) started after the caller did: otherwise a write
-// that returned between the two could be missing from it (older). With
-// Options.Local an older flight serves too when the local epoch did not move
-// (no write made or heard since). Every caller is answered when the flight
-// ends, after its write, release and publish ran in Redis: a process may
-// exit as soon as its Gets return, and must not leave the lock behind.
-func join[T any](ctx context.Context, g *Guard, key flightKey, from since, proto flight[T],
-	run func(c *flight[T], ctx context.Context) (flightResult, error),
-) (joined[T], error) {
+// join runs c as the flight key in this process (run), or joins the one
+// under way, for a caller that started at from; giveBack gives up what the
+// caller holds that the flight under way may wait for (the lock its read
+// took). A flight's answer serves a caller only if the flight (or its load)
+// started after the caller did: otherwise a write that returned between the
+// two could be missing from it (older), and join goes again, four rounds at
+// most (c ran only in the last: an older flight is never the caller's own);
+// between two rounds reread, if set, may answer instead (it reports whether
+// it did). With Options.Local an older flight serves too when the local
+// epoch did not move (no write made or heard since). Every caller is
+// answered when the flight ends, after its write, release and publish ran
+// in Redis: a process may exit as soon as its Gets return, and must not
+// leave the lock behind.
+func join[T any](ctx context.Context, g *Guard, key flightKey, from since, c *flight[T],
+	run func(ctx context.Context) (flightResult, error), giveBack func(), reread func() bool,
+) (j joined[T], err error) {
 	serves := func(fl flightResult) bool { // the rule above
 		return !from.startedBefore(fl.started) || g.noWriteHeard(fl.epoch, from.epoch)
-	}
-	j := joined[T]{c: &flight[T]{g: proto.g, id: proto.id, vkey: proto.vkey, load: proto.load, held: proto.held, waiter: proto.waiter}}
-	c := j.c
-	giveBack := func() { // a flight under way may wait for the lock this caller's read took
-		if c.claimHeld(heldByCaller) {
-			g.giveBack(c.held, c.vkey)
-		}
-		c.Waiting() // a GetMany member that joins another flight does not load: its batch need not wait for it
 	}
 	onJoin := giveBack
 	if hook := g.joinedHook.Load(); hook != nil {
 		onJoin = func() { giveBack(); (*hook)(key.vkey, false) }
 	}
-	var err error
-	j.fl, j.shared, err = g.flights.DoOnJoin(ctx, key, func(ctx context.Context) (flightResult, error) {
-		return run(c, ctx)
-	}, onJoin)
-	giveBack()                 // or it left before its own flight took the lock
-	j.mine = j.fl.by == any(c) // this caller's function ran the flight
-	answered := err == nil || errors.Is(err, ErrNotFound)
-	j.older = j.fl.by != nil && answered && !serves(j.fl)
-	return j, err
-}
-
-// flightKey keys the Guard's flights (Guard.flights): the fills of a value
-// key, its load-throughs and its refresh ahead of expiry are flights apart.
-type flightKey struct {
-	kind flightKind
-	vkey string
-}
-
-// flightGroup runs the Guard's flights, one per flightKey at a time.
-type flightGroup = flightgroup.Group[flightKey, flightResult]
-
-// flightKind tells the flights of one value key apart.
-type flightKind uint8
-
-const (
-	fillFlight    flightKind = iota // fill: the miss, through the Coordinator
-	throughFlight                   // loadThrough: the load alone, without Redis
-	refreshFlight                   // refresh: ahead of expiry, nobody waits
-)
-
-// joinServed joins flights of key until one serves the caller (join), four
-// times at most: the one retry loop of fill and loadThrough. Between two
-// rounds reread, if set, may answer instead (it reports whether it did).
-func joinServed[T any](ctx context.Context, g *Guard, key flightKey, from since, proto flight[T],
-	run func(c *flight[T], ctx context.Context) (flightResult, error), reread func() bool,
-) (j joined[T], err error) {
 	for attempt := 0; ; attempt++ {
-		j, err = join(ctx, g, key, from, proto, run)
-		proto.held = nil // join gave it to the flight or back; a later round attempts as usual
+		j = joined[T]{c: c}
+		j.fl, j.shared, err = g.flights.DoOnJoin(ctx, key, run, onJoin)
+		giveBack()                 // or it left before its own flight took the lock
+		j.mine = j.fl.by == any(c) // this caller's flight ran
+		answered := err == nil || errors.Is(err, ErrNotFound)
+		j.older = j.fl.by != nil && answered && !serves(j.fl)
 		if !j.older || attempt == 3 || reread != nil && reread() {
 			return j, err
 		}
 	}
+}
+
+// joined is a caller's part in a flight: the core of the flight it
+// offered, what the flight that answered found, and how the caller stood to it.
+type joined[T any] struct {
+	c      *flight[T]
+	fl     flightResult
+	shared bool // the answer went to more than one caller
+	mine   bool // this caller's flight (c) ran
+	older  bool // the flight started before the caller: its answer may predate a write
 }
 
 // answerJoined is a caller's answer from its flight: counted, a panic made
@@ -127,37 +125,24 @@ func (g *Guard) noWriteHeard(then, now uint64) bool {
 	return g.local != nil && then != 0 && then == now && g.local.sub.Load() != nil
 }
 
-// fill runs a miss (step 5) through a flight shared with the other callers
-// of the ID in this process (see join). held is the key's lock if the
-// caller's read took it (see lockWithRead): the flight the caller starts
-// loads under it; if the caller joins a flight already under way instead,
-// it gives the lock back.
-func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T], from since, held *lock.Lock) (T, error) {
-	// Between rounds: the flight that ended has written its answer (or
-	// another's write deleted it), and a read that starts now usually finds
-	// it, one round trip where a flight would take two. The callers in this
-	// case share it (they all started before that flight ended), with no
-	// lock: the next join attempts it.
-	var early struct {
-		v   T
-		ok  bool
-		err error
-	}
-	reread := func() bool {
-		if r, err := g.readShared(ctx, id, vkey, from, false); err == nil {
-			early.v, early.ok, early.err = answerRead(ctx, g, id, vkey, r, load, from)
-		}
-		return early.ok
-	}
-	j, err := joinServed(ctx, g, flightKey{vkey: vkey}, from, flight[T]{g: g, id: id, vkey: vkey, load: load, held: held}, (*flight[T]).run, reread)
-	switch {
-	case early.ok:
-		return early.v, early.err
-	case downOrRefusing(err): // the lock or the re-check failed: Redis cannot fill
-		return loadThrough(ctx, g, id, vkey, load, from, err)
-	}
-	return answerJoined(ctx, g, id, j, err, false)
+// flightKey keys the Guard's flights (Guard.flights): the fills of a value
+// key, its load-throughs and its refresh ahead of expiry are flights apart.
+type flightKey struct {
+	kind flightKind
+	vkey string
 }
+
+// flightGroup runs the Guard's flights, one per flightKey at a time.
+type flightGroup = flightgroup.Group[flightKey, flightResult]
+
+// flightKind tells the flights of one value key apart.
+type flightKind uint8
+
+const (
+	fillFlight    flightKind = iota // fill: the miss, through the Coordinator
+	throughFlight                   // loadThrough: the load alone, without Redis
+	refreshFlight                   // refresh: ahead of expiry, nobody waits
+)
 
 // flightResult is what one flight hands to all its callers: the frame to
 // decode (each caller decodes its own copy, so no two callers share a T),
@@ -172,35 +157,39 @@ type flightResult struct {
 	by      any           // the *flight[T] that ran
 }
 
-// flight is the state of one flight (a fill, a load-through, a refresh, or
-// a GetMany member). Only the flight writes it (run and the Filler methods,
-// which the Coordinator calls from the flight's goroutine), and the caller
-// that started it reads it after the flight returned: it needs no lock.
+// flight is the core every role of a flight shares (a miss, a
+// load-through, a refresh): the ID it loads, and what its re-check or load
+// found. Only the flight writes it (its run and the calls the Coordinator
+// makes from the flight's goroutine); the caller that offered it reads it
+// after the flight returned: it needs no lock.
 type flight[T any] struct {
 	g        *Guard
 	id, vkey string
 	load     LoadFunc[T]
-
-	held      *lock.Lock // the key's lock, taken by the caller's read (see lockWithRead), or nil
-	heldClaim int32      // who uses held, the first to claim it (claimHeld; an int32 because join copies a prototype call)
-
-	waiter   coord.Waiter // told when the Coordinator waits for another holder (GetMany's batch), or nil
-	refresh  bool         // a refresh ahead of expiry: an entry past its refresh-at time does not answer
-	epoch    uint64       // the local cache's epoch when the flight began (0 without Options.Local)
-	began    time.Time    // with Options.Local: a clock read before the lock attempt and its re-check (see local.put)
 	loadedAt uint64       // the last load's number from Guard.starts, taken as it began (0: no load)
+	found    flightResult // what the re-check or the load found
+	err      error        // the answer's error: ErrNotFound after a marker, or the load's failure
+	v        T            // the value decoded from found.frame: on a hit, or by keep when the local cache keeps values decoded
+	decoded  bool         // v holds it
+}
 
-	found   flightResult // what the re-check or the load found
-	err     error        // the answer's error: ErrNotFound after a marker, or the load's failure
-	v       T            // the value decoded from found.frame: on a hit, or by keep when the local cache keeps values decoded
-	decoded bool         // v holds it
-	kept    bool         // the current load's answer is in the local cache (keep)
+// miss is the flight of a miss, a Get's or a GetMany member's: through the
+// Coordinator, under the lock the caller's read took if any, and kept in
+// the local cache.
+type miss[T any] struct {
+	flight[T]
+	member    *member[T]   // the GetMany member it loads for (nil: a Get's): its batch loads and records the load
+	held      *lock.Lock   // the key's lock, taken by the caller's read (see lockWithRead), or nil
+	heldClaim atomic.Int32 // who uses held, the first to claim it (claimHeld)
+	epoch     uint64       // the local cache's epoch when the flight began (0 without Options.Local)
+	began     time.Time    // with Options.Local: a clock read before the lock attempt and its re-check (see local.put)
+	kept      bool         // the current load's answer is in the local cache (keep)
 }
 
 // run is the flight: step 5 of the package doc, once for the callers of the
 // ID in this process. It passes the gate itself: it can outlive the caller
 // that started it.
-func (c *flight[T]) run(ctx context.Context) (flightResult, error) {
+func (c *miss[T]) run(ctx context.Context) (flightResult, error) {
 	g := c.g
 	pass, err := g.sup.enter()
 	if err != nil {
@@ -221,7 +210,7 @@ func (c *flight[T]) run(ctx context.Context) (flightResult, error) {
 		// was taken: it serves every caller that started before (see join).
 		started = c.loadedAt
 	}
-	fl.epoch, fl.started, fl.by = c.epoch, started, c
+	fl.epoch, fl.started, fl.by = c.epoch, started, &c.flight
 	if g.local != nil && err == nil && !c.kept {
 		c.keep(fl)
 	}
@@ -234,9 +223,9 @@ func (c *flight[T]) run(ctx context.Context) (flightResult, error) {
 // finding the expired copy (see goneGrace) and starting a flight of its
 // own, a lock attempt and a release. A type that can be handed out without
 // a decode is kept decoded (see kept). An entry the lock attempt's re-check
-// found is kept too, for the TTL the re-check read with it (see keeping);
+// found is kept too, for the TTL the re-check read with it (see accept);
 // a marker is not (as on the read path).
-func (c *flight[T]) keep(fl flightResult) {
+func (c *miss[T]) keep(fl flightResult) {
 	g := c.g
 	if fl.ttl <= 0 {
 		return
@@ -256,7 +245,7 @@ func (c *flight[T]) keep(fl flightResult) {
 	c.kept = true
 }
 
-// Claims on call.held: the caller's read took the key's lock, and either
+// Claims on miss.held: the caller's read took the key's lock, and either
 // the flight the caller started loads under it, or the caller gives it back
 // once join returns (it joined another flight, or left before its own
 // began). Whichever claims it first.
@@ -266,51 +255,75 @@ const (
 )
 
 // claimHeld claims c.held for who, and reports whether who got it.
-func (c *flight[T]) claimHeld(who int32) bool {
-	return c.held != nil && atomic.CompareAndSwapInt32(&c.heldClaim, 0, who)
+func (c *miss[T]) claimHeld(who int32) bool {
+	return c.held != nil && c.heldClaim.CompareAndSwap(0, who)
+}
+
+// giveBack is the miss's part when its caller joins a flight under way, or
+// leaves join: that flight may wait for the lock the caller's read took,
+// so it goes back unless this flight took it; and a GetMany member that
+// does not load is decided (its batch need not wait for it).
+func (c *miss[T]) giveBack() {
+	if c.claimHeld(heldByCaller) {
+		c.g.giveBack(c.held, c.vkey)
+	}
+	if c.member != nil {
+		c.member.decide()
+	}
 }
 
 // coordinate runs the miss through the Coordinator (see coord.Coordinator):
 // one load per ID across processes, written only while its lock is its own.
-// Under the lock the caller's read took, it starts at the load (RunHeld).
-func (c *flight[T]) coordinate(ctx context.Context) (flightResult, error) {
-	var f coord.Filler = c
-	if c.g.local != nil {
-		f = keeping[T]{c}
-	}
+// Under the lock the caller's read took, it starts at the load.
+func (c *miss[T]) coordinate(ctx context.Context) (flightResult, error) {
 	if c.g.local != nil {
 		c.began = time.Now()
 	}
-	var err error
-	if c.claimHeld(heldByFlight) {
-		err = c.g.coord.RunHeld(ctx, c.held, c.vkey, c.g.field(), f)
-	} else {
-		err = c.g.coord.Run(ctx, c.vkey, c.g.field(), f)
+	f := coord.Fill{Accept: c.accept, Load: c.Load}
+	if c.member != nil {
+		f.Waiting = c.member.decide // it waits for another holder: its load will not be the batch's now
 	}
-	switch {
+	var held *lock.Lock
+	if c.claimHeld(heldByFlight) {
+		held = c.held
+	}
+	switch err := c.g.coord.Run(ctx, c.vkey, c.g.field(), held, f); {
 	case err == nil:
 		return c.found, c.err // c.err is ErrNotFound after a marker
 	case errors.Is(err, coord.ErrBusy):
 		return flightResult{outcome: outFailed}, fmt.Errorf("cacheguard: %s %q: %w", c.g.name, c.id, ErrBusy)
 	case errors.Is(err, ErrUnavailable):
 		return flightResult{outcome: outFailed}, c.g.fail(ctx, "fill", c.id, err)
-	}
-	return flightResult{outcome: outFailed}, err
-}
-
-// Waiting passes the Coordinator's news on to the call's waiter
-// (coord.Waiter).
-func (c *flight[T]) Waiting() {
-	if c.waiter != nil {
-		c.waiter.Waiting()
+	default:
+		return flightResult{outcome: outFailed}, err
 	}
 }
 
-// Cached judges a cache entry (coord.Filler): see decodeEntry.
-func (c *flight[T]) Cached(ctx context.Context, raw []byte) bool {
-	if c.refresh && pastRefreshAt(raw) {
-		return false // still the value to refresh: load it
+// accept judges an entry the Coordinator read (coord.Fill.Accept): see
+// decodeEntry. One the lock attempt's re-check read with its TTL
+// (Options.Local) the flight keeps for that long at most (see keep):
+// without it, a copy that expired in memory before its entry did in Redis
+// sent every Get of the key to a flight of its own until the entry expired
+// there too (docs/design-notes.md has the figures).
+func (c *miss[T]) accept(ctx context.Context, raw []byte, ttl time.Duration) bool {
+	if !c.decode(ctx, raw) {
+		return false
 	}
+	if ttl > 0 && c.err == nil {
+		c.found.ttl, c.found.sent = ttl, c.began
+	}
+	return true
+}
+
+// Load is the miss's load (coord.Fill.Load). A GetMany member's is its
+// batch's, which records its one call (batchLoad.run).
+func (c *miss[T]) Load(ctx context.Context) ([]byte, time.Duration, error) {
+	c.kept = false
+	return c.loadFrame(ctx, c.member == nil)
+}
+
+// decode judges a cache entry: see decodeEntry.
+func (c *flight[T]) decode(ctx context.Context, raw []byte) bool {
 	e := decodeEntry[T](ctx, c.g, c.vkey, raw)
 	if e.ok {
 		c.found, c.err, c.v, c.decoded = e.found, e.err, e.v, e.err == nil
@@ -318,30 +331,15 @@ func (c *flight[T]) Cached(ctx context.Context, raw []byte) bool {
 	return e.ok
 }
 
-// keeping is a flight that keeps what it finds in the local cache
-// (Options.Local): a coord.TTLFiller, so that the lock attempt's re-check
-// reads the entry's TTL too and the flight can keep what it found (see
-// keep). Without it, a copy that expired in memory before its entry did in
-// Redis sent every Get of the key to a flight of its own until the entry
-// expired there too (docs/design-notes.md has the figures).
-type keeping[T any] struct{ *flight[T] }
-
-// CachedTTL is Cached for an entry that expires in ttl
-// (coord.TTLFiller): the flight then keeps it for that long at most.
-func (k keeping[T]) CachedTTL(ctx context.Context, raw []byte, ttl time.Duration) bool {
-	if !k.Cached(ctx, raw) {
-		return false
-	}
-	if k.err == nil {
-		k.found.ttl, k.found.sent = ttl, k.began
-	}
-	return true
+// Load is loadFrame, recorded by the telemetry (coord.Fill.Load).
+func (c *flight[T]) Load(ctx context.Context) ([]byte, time.Duration, error) {
+	return c.loadFrame(ctx, true)
 }
 
-// Load calls the load function (coord.Filler) under LoadTimeout and returns
-// the frame to cache: the value's, or an empty marker when it said
-// ErrNotFound.
-func (c *flight[T]) Load(ctx context.Context) (_ []byte, _ time.Duration, err error) {
+// loadFrame calls the load function under LoadTimeout (traced: in a span of
+// its own) and returns the frame to cache: the value's, or an empty marker
+// when it said ErrNotFound.
+func (c *flight[T]) loadFrame(ctx context.Context, traced bool) (_ []byte, _ time.Duration, err error) {
 	g := c.g
 	defer func() {
 		if p := recover(); p != nil { // a panicking load is a failed one: counted so, then raised again
@@ -350,10 +348,10 @@ func (c *flight[T]) Load(ctx context.Context) (_ []byte, _ time.Duration, err er
 		}
 		g.loaded(1, err)
 	}()
-	c.decoded, c.kept = false, false
+	c.decoded = false
 	c.loadedAt = g.starts.Add(1) // before the load reads: see join
 	done := func(error) {}
-	if c.waiter == nil && g.tel != nil { // a batch records its own call
+	if traced && g.tel != nil {
 		ctx, done = g.tel.load(ctx)
 	}
 	val, err := c.bounded(ctx)
@@ -376,11 +374,6 @@ func (c *flight[T]) Load(ctx context.Context) (_ []byte, _ time.Duration, err er
 		c.found.sent = time.Now() // before the write: its TTL counts from later (see local.put)
 	}
 	return frame, ttl, nil
-}
-
-// Waited records a wait on another process's load (coord.WaitObserver).
-func (c *flight[T]) Waited(ctx context.Context, began time.Time, result string) {
-	c.g.tel.waited(ctx, began, result)
 }
 
 // loadPanic is a load's panic, raised again in the flight with the stack of
@@ -445,12 +438,13 @@ func loadThrough[T any](ctx context.Context, g *Guard, id, vkey string, load Loa
 	if g.outage.failFast || ctx.Err() != nil { // a caller whose ctx ended (its read timed out) gets nothing from a load
 		return zero, cause
 	}
-	j, err := joinServed(ctx, g, flightKey{kind: throughFlight, vkey: vkey}, from, flight[T]{g: g, id: id, vkey: vkey, load: load}, (*flight[T]).runThrough, nil)
+	c := &flight[T]{g: g, id: id, vkey: vkey, load: load}
+	j, err := join(ctx, g, flightKey{kind: throughFlight, vkey: vkey}, from, c, c.through, func() {}, nil)
 	return answerJoined(ctx, g, id, j, err, true)
 }
 
-// runThrough is the flight of a load-through: one load, no Redis.
-func (c *flight[T]) runThrough(ctx context.Context) (flightResult, error) {
+// through is the flight of a load-through: one load, no Redis.
+func (c *flight[T]) through(ctx context.Context) (flightResult, error) {
 	g := c.g
 	pass, err := g.sup.enter()
 	if err != nil {

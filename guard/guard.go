@@ -34,9 +34,9 @@ import (
 )
 
 // New opens a Guard and Close drains it. The files, for a maintainer reading
-// top-down: a Get runs through get.go (its steps), read.go (the one round
-// trip, the plan of what it sends, shared by concurrent Gets), entry.go (the
-// entry's field and frame), and on a miss flight.go (one flight per key in
+// top-down: a Get runs through get.go (its steps, and the entry's field and
+// frame), read.go (the one round trip, the plan of what it sends, shared by
+// concurrent Gets), and on a miss flight.go (one flight per key in
 // the process, under the key's lock across processes); health.go decides
 // whether Redis answers and what to do when it does not, lost.go and
 // replay.go keep writes Redis did not take. Every goroutine belongs to the
@@ -143,6 +143,8 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 			g.log.Warn("cacheguard: load lock lost while loading (a write voided the load, or the lock expired); its result will not be cached", "key", key, "err", err)
 		},
 		OnOtherFields: g.otherSchemas,
+		OnWaited:      g.tel.waited,   // a nil telemetry records nothing
+		ReadTTL:       g.local != nil, // a flight keeps what its re-check found (see miss.accept)
 		Spawn:         g.sup.spawn,
 		OnWriteFailed: func(key string, err error) {
 			// The load's result is good and served; only caching it failed.

@@ -264,9 +264,9 @@ func fillMany[T any](ctx context.Context, g *Guard, ids, keys []string, load Bat
 		// its ctx cannot cut short (the flight bound, RedisTimeout, does).
 		g.sup.spawn(func() {
 			m := &member[T]{b: b}
-			defer m.Waiting() // answered, loaded, failed or panicked: no longer undecided
-			proto := flight[T]{g: g, id: ids[i], vkey: keys[i], load: m.load, waiter: m}
-			j, err := joinServed(context.WithoutCancel(ctx), g, flightKey{vkey: keys[i]}, from, proto, (*flight[T]).run, nil)
+			defer m.decide() // answered, loaded, failed or panicked: no longer undecided
+			c := &miss[T]{flight: flight[T]{g: g, id: ids[i], vkey: keys[i], load: m.load}, member: m}
+			j, err := join(context.WithoutCancel(ctx), g, flightKey{vkey: keys[i]}, from, &c.flight, c.run, c.giveBack, nil)
 			answers <- answer{id: ids[i], j: j, err: err}
 		})
 	}

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/cacheguard/cacheguard/codec"
+	"github.com/cacheguard/cacheguard/internal/coord"
 )
 
 // Refresh ahead (Options.RefreshAhead; stale-while-revalidate for expiry):
@@ -52,9 +53,12 @@ func refresh[T any](g *Guard, id, vkey string, raw []byte, load LoadFunc[T]) {
 				g.log.Error("cacheguard: refresh ahead: load panicked", "id", id, "panic", p)
 			}
 		}()
-		c := &flight[T]{g: g, id: id, vkey: vkey, load: load, refresh: true}
+		c := &flight[T]{g: g, id: id, vkey: vkey, load: load}
+		fresh := func(ctx context.Context, raw []byte, _ time.Duration) bool { // still the value to refresh: load it
+			return !pastRefreshAt(raw) && c.decode(ctx, raw)
+		}
 		g.stats.refreshes.Add(1)
-		if err := g.coord.TryRun(ctx, vkey, g.field(), c); err != nil && g.sup.ctx.Err() == nil { // not Close
+		if err := g.coord.TryRun(ctx, vkey, g.field(), coord.Fill{Accept: fresh, Load: c.Load}); err != nil && g.sup.ctx.Err() == nil { // not Close
 			g.log.Warn("cacheguard: refresh ahead failed; the value expires at its TTL", "id", id, "err", g.fail(ctx, "refresh", id, err))
 		}
 		return flightResult{}, nil

@@ -72,51 +72,36 @@ type Options struct {
 	// found in the hash: entries of other schema versions, which its
 	// re-check did not read.
 	OnOtherFields func(key, field string, others []string)
+	// OnWaited, if set, is told after each wait for another holder's load
+	// when it began and how it ended: "woken" (the holder published),
+	// "expired" (its lease ran out first), "timeout" (LockWait ran out
+	// first) or "cancelled" (ctx ended, or Redis failed).
+	OnWaited func(ctx context.Context, began time.Time, result string)
+	// ReadTTL makes Run's lock attempt read the entry's PTTL behind its
+	// re-check, in the same round trip, for an Accept that keeps what it
+	// found no longer than Redis does (TryRun's attempt reads none).
+	ReadTTL bool
 	// Spawn, if set, starts the goroutines of shared round trips, so that
 	// their owner waits for them (nil: a plain go statement).
 	Spawn func(func())
 }
 
-// Filler is what a Coordinator fills a key for: it judges what the cache
-// holds and loads what it lacks.
-type Filler interface {
-	// Cached is given what the cache holds under the key; it reports
+// Fill is the engine's part in a Run: the calls the protocol cannot make
+// without it, mid-way. Everything else Run returns or counts (Stats).
+type Fill struct {
+	// Accept is given what the cache holds under the key; it reports
 	// whether that answers the call (false: load it, e.g. because it was
-	// corrupt).
-	Cached(ctx context.Context, raw []byte) bool
+	// corrupt). ttl is the entry's remaining TTL when the holder's re-check
+	// read it with the entry (Options.ReadTTL), else 0.
+	Accept func(ctx context.Context, raw []byte, ttl time.Duration) bool
 	// Load loads the key's value. What it returns is written under the key
-	// for ttl if the holder's lock is still its own. An error is
-	// returned by Run as is, and nothing is written.
-	Load(ctx context.Context) (frame []byte, ttl time.Duration, err error)
-}
-
-// TTLFiller is a Filler that keeps what the lock attempt's re-check finds
-// (the guard's in-process cache) and so needs the entry's remaining TTL
-// with it, to keep it no longer than Redis does. For such a Filler the
-// attempt queues a PTTL of the key behind its HGET, in the same round
-// trip, and a re-check that finds the entry calls CachedTTL with it
-// instead of Cached. The other reads (a waiter's) call Cached.
-type TTLFiller interface {
-	Filler
-	// CachedTTL is Cached for an entry that expires in ttl.
-	CachedTTL(ctx context.Context, raw []byte, ttl time.Duration) bool
-}
-
-// Waiter is an optional interface of a Filler: Waiting is called each time
-// Run finds the key's lock held by another and starts waiting for it (so
-// that a caller that batches loads knows this key will not join the batch
-// now).
-type Waiter interface {
-	Waiting()
-}
-
-// WaitObserver is an optional interface of a Filler: Waited is called
-// after each wait for another holder's load, with when the wait began and
-// how it ended: "woken" (the holder published), "expired" (its lease ran
-// out first), "timeout" (LockWait ran out first) or "cancelled" (ctx ended,
-// or Redis failed).
-type WaitObserver interface {
-	Waited(ctx context.Context, began time.Time, result string)
+	// for ttl if the holder's lock is still its own. An error is returned
+	// by Run as is, and nothing is written.
+	Load func(ctx context.Context) (frame []byte, ttl time.Duration, err error)
+	// Waiting, if set, is called each time Run finds the key's lock held by
+	// another and starts waiting for it (a caller that batches loads learns
+	// that this key will not join the batch now).
+	Waiting func()
 }
 
 // Coordinator makes one process at a time load a key, across the processes
@@ -202,14 +187,24 @@ func (c *Coordinator) Stats() Stats {
 }
 
 // Run fills field of key once across processes (see Coordinator for the
-// steps). It
-// returns nil when f answered (from the cache or from a load), the load's
-// error, ErrBusy, ctx's error, or a Redis error wrapping
-// redisfail.ErrUnavailable.
-func (c *Coordinator) Run(ctx context.Context, key, field string, f Filler) error {
+// steps). With held, a lock on key the caller took itself in a round trip of
+// its own (lock.Client.Queue, with the HGET of field queued behind the
+// attempt: the re-check of step 1) that found nothing under field, it
+// starts at step 2, the load, under held, whose lease may be shorter than
+// LockTTL: the watchdog's first refresh comes within it (see
+// lock.Lock.KeepAlive). It returns nil when f answered (from the cache or
+// from a load), the load's error, ErrBusy, ctx's error, or a Redis error
+// wrapping redisfail.ErrUnavailable.
+func (c *Coordinator) Run(ctx context.Context, key, field string, held *lock.Lock, f Fill) error {
+	if held != nil {
+		nothing := redis.NewStringResult("", redis.Nil) // what the caller's re-check found
+		if err := c.hold(ctx, held, key, field, reading{get: nothing}, f); !errors.Is(err, errOvertaken) {
+			return err
+		}
+	}
 	deadline := time.Now().Add(c.opts.LockWait)
 	for {
-		l, get, held, err := c.attempt(ctx, key, field, f)
+		l, get, lease, err := c.attempt(ctx, key, field, c.opts.ReadTTL)
 		switch {
 		case err == nil:
 			err = c.hold(ctx, l, key, field, get, f)
@@ -220,20 +215,20 @@ func (c *Coordinator) Run(ctx context.Context, key, field string, f Filler) erro
 				return nil // invalidated again and again: serve the last load, uncached
 			}
 			continue // overtaken by an invalidation: load again, under a new lock
-		case held == nil:
+		case !errors.Is(err, lock.ErrNotObtained):
 			return err
 		}
 		if done, err := c.cached(ctx, get, f); done || err != nil {
 			return err // filled meanwhile by the holder
 		}
 		c.waits.Add(1)
-		if w, ok := f.(Waiter); ok {
-			w.Waiting()
+		if f.Waiting != nil {
+			f.Waiting()
 		}
 		began := time.Now()
-		done, result, err := c.wait(ctx, key, field, held.ttl, deadline, f)
-		if o, ok := f.(WaitObserver); ok {
-			o.Waited(ctx, began, result)
+		done, result, err := c.wait(ctx, key, field, lease, deadline, f)
+		if c.opts.OnWaited != nil {
+			c.opts.OnWaited(ctx, began, result)
 		}
 		if done || err != nil {
 			return err
@@ -247,23 +242,6 @@ func (c *Coordinator) Run(ctx context.Context, key, field string, f Filler) erro
 			return ErrBusy
 		}
 	}
-}
-
-// RunHeld is Run for a caller that took key's lock itself, in a round trip
-// of its own (lock.Client.Queue, with the HGET of field queued
-// behind the attempt: Redis ran that HGET with the lock taken, so it is the
-// re-check of step 1) and found nothing under field. It goes straight to
-// step 2, the load, under l, whose lease may be shorter than LockTTL: the
-// watchdog's first refresh comes within it (see lock.Lock.KeepAlive). If
-// the write is refused (a write to the source of truth deleted the lock,
-// or its lease ran out), RunHeld goes on as Run does, with a lock of its
-// own.
-func (c *Coordinator) RunHeld(ctx context.Context, l *lock.Lock, key, field string, f Filler) error {
-	nothing := redis.NewStringResult("", redis.Nil) // what the caller's re-check found
-	if err := c.hold(ctx, l, key, field, reading{get: nothing}, f); !errors.Is(err, errOvertaken) {
-		return err
-	}
-	return c.Run(ctx, key, field, f)
 }
 
 // Release gives back key's lock l without a write (step 4), and PUBLISHes
@@ -288,10 +266,10 @@ func (c *Coordinator) Release(ctx context.Context, l *lock.Lock, key string) err
 // write to the source of truth overtook the load (its lock is gone: the
 // entry was invalidated or replaced), TryRun returns nil having written
 // nothing.
-func (c *Coordinator) TryRun(ctx context.Context, key, field string, f Filler) error {
-	l, get, held, err := c.attempt(ctx, key, field, f)
+func (c *Coordinator) TryRun(ctx context.Context, key, field string, f Fill) error {
+	l, get, _, err := c.attempt(ctx, key, field, false)
 	switch {
-	case held != nil:
+	case errors.Is(err, lock.ErrNotObtained):
 		return nil
 	case err != nil:
 		return err
@@ -303,12 +281,12 @@ func (c *Coordinator) TryRun(ctx context.Context, key, field string, f Filler) e
 }
 
 // attempt is step 1: the lock attempt with the lock's PTTL and the HGET
-// queued behind it, in one round trip (and the key's PTTL behind that for a
-// TTLFiller). held is set when another holder has the lock: its PTTL then.
-func (c *Coordinator) attempt(ctx context.Context, key, field string, f Filler) (l *lock.Lock, get reading, held *heldBy, err error) {
+// queued behind it, in one round trip (and the key's PTTL behind that
+// withTTL). When another holder has the lock (lock.ErrNotObtained), lease
+// is what is left of its lease.
+func (c *Coordinator) attempt(ctx context.Context, key, field string, withTTL bool) (l *lock.Lock, get reading, lease time.Duration, err error) {
 	opCtx, cancel := c.op(ctx)
 	defer cancel()
-	_, withTTL := f.(TTLFiller)
 	// The closure writes only these locals: after a failed send it may
 	// still run, into variables nobody reads (not the results).
 	var q *lock.Queued
@@ -325,27 +303,24 @@ func (c *Coordinator) attempt(ctx context.Context, key, field string, f Filler) 
 			r.pttl = pipe.PTTL(ctx, key)
 		}
 	}); err != nil {
-		return nil, reading{}, nil, err
+		return nil, reading{}, 0, err
 	}
 	get = r
 	if qerr != nil {
-		return nil, reading{}, nil, qerr
+		return nil, reading{}, 0, qerr
 	}
 	// The attempt is a plain SET NX in the pipeline: the HGET behind it ran
 	// after it, so for the winner it is the re-check (lock.TestQueue).
 	l, err = q.Result(opCtx)
 	switch {
 	case err == nil:
-		return l, get, nil, nil
+		return l, get, 0, nil
 	case errors.Is(err, lock.ErrNotObtained):
 		// -2: the holder's lock expired between the two commands
-		return nil, get, &heldBy{ttl: max(lockTTL.Val(), 0)}, err
+		return nil, get, max(lockTTL.Val(), 0), err
 	}
-	return nil, reading{}, nil, err
+	return nil, reading{}, 0, err
 }
-
-// heldBy is another holder's lock, found by an attempt: its remaining lease.
-type heldBy struct{ ttl time.Duration }
 
 // op bounds one Redis round trip by OpTimeout.
 func (c *Coordinator) op(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -359,9 +334,9 @@ type reading struct {
 	pttl *redis.DurationCmd
 }
 
-// cached reads a reading's reply: done when f accepts what the cache holds.
-// A TTLFiller is given the entry's TTL when the reading carries one.
-func (c *Coordinator) cached(ctx context.Context, r reading, f Filler) (done bool, err error) {
+// cached reads a reading's reply: done when f accepts what the cache holds,
+// given with the entry's TTL when the reading carries one.
+func (c *Coordinator) cached(ctx context.Context, r reading, f Fill) (done bool, err error) {
 	raw, err := r.get.Bytes()
 	switch {
 	case errors.Is(err, redis.Nil):
@@ -369,19 +344,20 @@ func (c *Coordinator) cached(ctx context.Context, r reading, f Filler) (done boo
 	case err != nil:
 		return true, fmt.Errorf("coord: read: %w", redisfail.Wrap(err))
 	}
-	if tf, ok := f.(TTLFiller); ok && r.pttl != nil {
-		if ttl, err := r.pttl.Result(); err == nil && ttl > 0 {
-			return tf.CachedTTL(ctx, raw, ttl), nil
+	var ttl time.Duration
+	if r.pttl != nil {
+		if d, err := r.pttl.Result(); err == nil && d > 0 {
+			ttl = d
 		}
 	}
-	return f.Cached(ctx, raw), nil
+	return f.Accept(ctx, raw, ttl), nil
 }
 
 // hold runs steps 2 to 4 with the lock held: the re-check's answer, the load,
 // and the write with the release and publish, or the release and publish
 // alone when it did not get that far (also when the load panics). It
 // returns errOvertaken when the write was refused.
-func (c *Coordinator) hold(ctx context.Context, l *lock.Lock, key, field string, get reading, f Filler) error {
+func (c *Coordinator) hold(ctx context.Context, l *lock.Lock, key, field string, get reading, f Fill) error {
 	stop := l.KeepAlive(ctx, c.opts.LockTTL, func(err error) {
 		if c.opts.OnLockLost != nil {
 			c.opts.OnLockLost(key, err)

@@ -17,16 +17,11 @@ import (
 )
 
 // filler answers from any cached bytes and loads with load.
-type filler struct {
-	load func(ctx context.Context) ([]byte, time.Duration, error)
+func filler(load func(ctx context.Context) ([]byte, time.Duration, error)) coord.Fill {
+	return coord.Fill{Accept: func(context.Context, []byte, time.Duration) bool { return true }, Load: load}
 }
 
 func TestMain(m *testing.M) { redistest.Main(m) }
-
-func (f filler) Cached(context.Context, []byte) bool { return true }
-func (f filler) Load(ctx context.Context) ([]byte, time.Duration, error) {
-	return f.load(ctx)
-}
 
 // newCoordinator connects to the test's Redis and opens a Coordinator on
 // the channel <prefix>:ch, closed when the test ends.
@@ -59,7 +54,7 @@ func TestCoordinatorOneLoadManyCoordinators(t *testing.T) {
 	c := redistest.Connect(t)
 	key := c.Prefix + ":{k}"
 	var loads, wakeups atomic.Int32
-	f := filler{load: func(ctx context.Context) ([]byte, time.Duration, error) {
+	f := filler(func(ctx context.Context) ([]byte, time.Duration, error) {
 		loads.Add(1)
 		// Until a waiter has subscribed and left its mark: then the publish
 		// must wake it, however slow the machine (a fixed sleep could end
@@ -68,7 +63,7 @@ func TestCoordinatorOneLoadManyCoordinators(t *testing.T) {
 			return nil, 0, errors.New("no waiter left its mark in 10s")
 		}
 		return []byte("v"), time.Minute, nil
-	}}
+	})
 	var wg sync.WaitGroup
 	for range 8 {
 		co := coord.New(redistest.Connect(t).UniversalClient, c.Prefix+":ch", nil)
@@ -76,7 +71,7 @@ func TestCoordinatorOneLoadManyCoordinators(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := co.Run(ctx, key, "1", f); err != nil {
+			if err := co.Run(ctx, key, "1", nil, f); err != nil {
 				t.Error(err)
 			}
 			wakeups.Add(int32(co.Stats().Wakeups))
@@ -104,7 +99,7 @@ func TestCoordinatorReleasesOnPanicAndError(t *testing.T) {
 	c.Set(ctx, keyspace.Waiting(key), "1", time.Minute) // as a flight elsewhere waits
 	func() {
 		defer func() { _ = recover() }()
-		_ = co.Run(ctx, key, "1", filler{load: func(context.Context) ([]byte, time.Duration, error) { panic("boom") }})
+		_ = co.Run(ctx, key, "1", nil, filler(func(context.Context) ([]byte, time.Duration, error) { panic("boom") }))
 	}()
 	if pttl := c.PTTL(ctx, keyspace.Lock(key)).Val(); pttl != -2 {
 		t.Fatalf("after a panic the lock has PTTL %v, want -2", pttl)
@@ -113,7 +108,7 @@ func TestCoordinatorReleasesOnPanicAndError(t *testing.T) {
 		t.Fatalf("after a panic waiters were not told: %v, %v", msg, err)
 	}
 	boom := errors.New("db down")
-	if err := co.Run(ctx, key, "1", filler{load: func(context.Context) ([]byte, time.Duration, error) { return nil, 0, boom }}); !errors.Is(err, boom) {
+	if err := co.Run(ctx, key, "1", nil, filler(func(context.Context) ([]byte, time.Duration, error) { return nil, 0, boom })); !errors.Is(err, boom) {
 		t.Fatalf("err = %v", err)
 	}
 	if n := c.Exists(ctx, keyspace.Lock(key), key).Val(); n != 0 {
@@ -122,13 +117,13 @@ func TestCoordinatorReleasesOnPanicAndError(t *testing.T) {
 	// An invalidation (the lock deleted) during the load refuses the
 	// write: Run loads again under a new lock, with a new token.
 	var tokens []string
-	err := co.Run(ctx, key, "1", filler{load: func(ctx context.Context) ([]byte, time.Duration, error) {
+	err := co.Run(ctx, key, "1", nil, filler(func(ctx context.Context) ([]byte, time.Duration, error) {
 		tokens = append(tokens, c.Get(ctx, keyspace.Lock(key)).Val())
 		if len(tokens) < 3 {
 			c.Del(ctx, keyspace.Lock(key))
 		}
 		return []byte("v"), time.Minute, nil
-	}})
+	}))
 	if err != nil || len(tokens) != 3 || tokens[0] == "" || tokens[0] == tokens[1] || tokens[1] == tokens[2] || tokens[0] == tokens[2] {
 		t.Fatalf("err %v, tokens %v", err, tokens)
 	}
@@ -178,15 +173,15 @@ func TestCoordinatorPublishesOnlyWhenAwaited(t *testing.T) {
 	holder := coord.New(c.UniversalClient, channel, nil)
 	defer holder.Close()
 	key := c.Prefix + ":{k}"
-	value := filler{load: func(context.Context) ([]byte, time.Duration, error) { return []byte("v"), time.Minute, nil }}
-	if err := holder.Run(ctx, key, "1", value); err != nil {
+	value := filler(func(context.Context) ([]byte, time.Duration, error) { return []byte("v"), time.Minute, nil })
+	if err := holder.Run(ctx, key, "1", nil, value); err != nil {
 		t.Fatal(err)
 	}
 	if got := next(); got != "sentinel" {
 		t.Fatalf("a load nobody waited for published %q", got)
 	}
-	failing := filler{load: func(context.Context) ([]byte, time.Duration, error) { return nil, 0, errors.New("db down") }}
-	if err := holder.Run(ctx, c.Prefix+":{gone}", "1", failing); err == nil {
+	failing := filler(func(context.Context) ([]byte, time.Duration, error) { return nil, 0, errors.New("db down") })
+	if err := holder.Run(ctx, c.Prefix+":{gone}", "1", nil, failing); err == nil {
 		t.Fatal("the failing load's error was lost")
 	}
 	if got := next(); got != "sentinel" {
@@ -197,19 +192,19 @@ func TestCoordinatorPublishesOnlyWhenAwaited(t *testing.T) {
 	// waiter's mark is there.
 	key = c.Prefix + ":{w}"
 	marked := make(chan struct{})
-	slow := filler{load: func(ctx context.Context) ([]byte, time.Duration, error) {
+	slow := filler(func(ctx context.Context) ([]byte, time.Duration, error) {
 		<-marked
 		return []byte("w"), time.Minute, nil
-	}}
+	})
 	holding := make(chan error, 1)
-	go func() { holding <- holder.Run(ctx, key, "1", slow) }()
+	go func() { holding <- holder.Run(ctx, key, "1", nil, slow) }()
 	until(t, func() bool { return c.Exists(ctx, keyspace.Lock(key)).Val() == 1 }) // the holder's lock attempt
 	waiter := coord.New(redistest.Connect(t).UniversalClient, channel, nil)
 	defer waiter.Close()
 	waiting := make(chan error, 1)
 	var got []byte
 	go func() {
-		waiting <- waiter.Run(ctx, key, "1", cachedInto{&got})
+		waiting <- waiter.Run(ctx, key, "1", nil, cachedInto(&got))
 	}()
 	until(t, func() bool { return c.Exists(ctx, keyspace.Waiting(key)).Val() == 1 })
 	close(marked)
@@ -233,15 +228,15 @@ func TestCoordinatorPublishesOnlyWhenAwaited(t *testing.T) {
 	}
 }
 
-// cachedInto is a Filler that keeps what the cache answered and never loads.
-type cachedInto struct{ got *[]byte }
-
-func (p cachedInto) Cached(_ context.Context, raw []byte) bool {
-	*p.got = append([]byte(nil), raw...)
-	return true
-}
-func (p cachedInto) Load(context.Context) ([]byte, time.Duration, error) {
-	return nil, 0, errors.New("the waiter loaded")
+// cachedInto is a Fill that keeps what the cache answered in got and never loads.
+func cachedInto(got *[]byte) coord.Fill {
+	return coord.Fill{
+		Accept: func(_ context.Context, raw []byte, _ time.Duration) bool {
+			*got = append([]byte(nil), raw...)
+			return true
+		},
+		Load: func(context.Context) ([]byte, time.Duration, error) { return nil, 0, errors.New("the waiter loaded") },
+	}
 }
 
 // TestCoordinatorTakenOverWriteKeepsTheNewLock: a holder whose lock expired
@@ -254,7 +249,7 @@ func TestCoordinatorTakenOverWriteKeepsTheNewLock(t *testing.T) {
 	key := c.Prefix + ":{k}"
 	lc := lock.New(c)
 	var other *lock.Lock
-	err := co.TryRun(ctx, key, "1", filler{load: func(ctx context.Context) ([]byte, time.Duration, error) {
+	err := co.TryRun(ctx, key, "1", filler(func(ctx context.Context) ([]byte, time.Duration, error) {
 		c.Del(ctx, keyspace.Lock(key)) // the lease ran out...
 		var err error                  // ...and another process took the lock
 		other, err = lc.Obtain(ctx, keyspace.Lock(key), time.Minute, nil)
@@ -262,7 +257,7 @@ func TestCoordinatorTakenOverWriteKeepsTheNewLock(t *testing.T) {
 			t.Error(err)
 		}
 		return []byte("stale"), time.Minute, nil
-	}})
+	}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -307,10 +302,10 @@ func (h *holdPipelines) ProcessPipelineHook(next redis.ProcessPipelineHook) redi
 func TestCoordinatorFlightsShareRoundTrips(t *testing.T) {
 	ctx := context.Background()
 	c, co := newCoordinator(t)
-	one := filler{load: func(context.Context) ([]byte, time.Duration, error) { return []byte("v"), time.Minute, nil }}
+	one := filler(func(context.Context) ([]byte, time.Duration, error) { return []byte("v"), time.Minute, nil })
 	key := func(i int) string { return c.Prefix + ":{k" + string(rune('a'+i)) + "}" }
 	for i := range 22 { // loads the scripts on every node of a cluster: no NOSCRIPT below
-		if err := co.Run(ctx, key(i)+":warm", "1", one); err != nil {
+		if err := co.Run(ctx, key(i)+":warm", "1", nil, one); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -319,14 +314,14 @@ func TestCoordinatorFlightsShareRoundTrips(t *testing.T) {
 	c.AddHook(h)
 	c.Counter.Reset()
 	var loads atomic.Int32
-	f := filler{load: func(context.Context) ([]byte, time.Duration, error) {
+	f := filler(func(context.Context) ([]byte, time.Duration, error) {
 		loads.Add(1)
 		return []byte("v"), time.Minute, nil
-	}}
+	})
 	var wg sync.WaitGroup
 	run := func(i int) {
 		wg.Go(func() {
-			if err := co.Run(ctx, key(i), "1", f); err != nil {
+			if err := co.Run(ctx, key(i), "1", nil, f); err != nil {
 				t.Error(err)
 			}
 		})
@@ -390,7 +385,7 @@ func TestRunHeld(t *testing.T) {
 	var loads atomic.Int32
 	loaded := make(chan struct{})
 	var key string
-	f := filler{load: func(ctx context.Context) ([]byte, time.Duration, error) {
+	f := filler(func(ctx context.Context) ([]byte, time.Duration, error) {
 		if loads.Add(1) == 1 {
 			close(loaded)
 			// Until the other has subscribed and left its mark: the publish
@@ -398,16 +393,16 @@ func TestRunHeld(t *testing.T) {
 			until(t, func() bool { return c.Exists(ctx, keyspace.Waiting(key)).Val() == 1 })
 		}
 		return []byte("v"), time.Minute, nil
-	}}
+	})
 
 	key = c.Prefix + ":{held}"
 	l := take(key)
 	waited := make(chan error, 1)
 	go func() {
 		<-loaded
-		waited <- other.Run(ctx, key, "1", f) // finds the lock held: waits, then reads
+		waited <- other.Run(ctx, key, "1", nil, f) // finds the lock held: waits, then reads
 	}()
-	if err := co.RunHeld(ctx, l, key, "1", f); err != nil {
+	if err := co.Run(ctx, key, "1", l, f); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-waited; err != nil {
@@ -423,7 +418,7 @@ func TestRunHeld(t *testing.T) {
 	key = c.Prefix + ":{unused}"
 	l = take(key)
 	waited = make(chan error, 1)
-	go func() { waited <- other.Run(ctx, key, "1", f) }()
+	go func() { waited <- other.Run(ctx, key, "1", nil, f) }()
 	until(t, func() bool { return c.Exists(ctx, keyspace.Waiting(key)).Val() == 1 }) // subscribed and marked: a publish reaches it
 	if err := co.Release(ctx, l, key); err != nil {
 		t.Fatal(err)
@@ -439,19 +434,6 @@ func TestRunHeld(t *testing.T) {
 	}
 }
 
-// releasingFiller gives back a lock the moment Run starts waiting for it,
-// before the wait leaves its mark: the release publishes to nobody.
-type releasingFiller struct {
-	filler
-	release func()
-	results chan string
-}
-
-func (f releasingFiller) Waiting() { f.release() }
-func (f releasingFiller) Waited(_ context.Context, _ time.Time, result string) {
-	f.results <- result
-}
-
 // TestWaitSeesALockReleasedUnwritten: a holder that releases the lock
 // without writing (a failed load, a read's lock given back) before a
 // waiter leaves its mark publishes to nobody; the waiter sees the lock gone
@@ -459,29 +441,31 @@ func (f releasingFiller) Waited(_ context.Context, _ time.Time, result string) {
 // holder's lease.
 func TestWaitSeesALockReleasedUnwritten(t *testing.T) {
 	ctx := context.Background()
-	c, co := newCoordinator(t)
+	c := redistest.Connect(t)
+	results := make(chan string, 4)
+	co := coord.New(c.UniversalClient, c.Prefix+":ch", &coord.Options{
+		OnWaited: func(_ context.Context, _ time.Time, result string) { results <- result },
+	})
+	defer co.Close()
 	key := c.Prefix + ":{gone}"
 	l, err := lock.New(c).Obtain(ctx, keyspace.Lock(key), time.Minute, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var loads atomic.Int32
-	f := releasingFiller{
-		filler: filler{load: func(context.Context) ([]byte, time.Duration, error) {
-			loads.Add(1)
-			return []byte("v"), time.Minute, nil
-		}},
-		release: func() {
-			if err := l.Release(ctx); err != nil {
-				t.Error(err)
-			}
-		},
-		results: make(chan string, 4),
+	f := filler(func(context.Context) ([]byte, time.Duration, error) {
+		loads.Add(1)
+		return []byte("v"), time.Minute, nil
+	})
+	f.Waiting = func() { // gives back the lock the moment Run starts waiting, before the wait leaves its mark
+		if err := l.Release(ctx); err != nil {
+			t.Error(err)
+		}
 	}
-	if err := co.Run(ctx, key, "1", f); err != nil {
+	if err := co.Run(ctx, key, "1", nil, f); err != nil {
 		t.Fatal(err)
 	}
-	if got := <-f.results; got != "woken" {
+	if got := <-results; got != "woken" {
 		t.Fatalf("the wait ended %q, want woken (the lock was gone behind the mark)", got)
 	}
 	if n, st := loads.Load(), co.Stats(); n != 1 || st.Waits != 1 {

@@ -17,9 +17,9 @@ func ExampleCoordinator_Run() {
 	c := coord.New(rdb, "example:loaded", nil)
 	defer c.Close()
 	key := fmt.Sprintf("example:{k-%d}", time.Now().UnixNano())
-	err := c.Run(ctx, key, "v1", filler{load: func(context.Context) ([]byte, time.Duration, error) {
+	err := c.Run(ctx, key, "v1", nil, filler(func(context.Context) ([]byte, time.Duration, error) {
 		return []byte("loaded"), time.Minute, nil
-	}})
+	}))
 	fmt.Println(err, rdb.HGet(ctx, key, "v1").Val())
 	// Output: <nil> loaded
 }

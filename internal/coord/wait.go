@@ -3,22 +3,30 @@ package coord
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cacheguard/cacheguard/internal/keyspace"
+	"github.com/cacheguard/cacheguard/internal/pubsub"
 )
+
+// The wait of a flight that found the key's lock held elsewhere (step 4 of
+// Coordinator): subscribed, it leaves the waiting mark, reads, and waits for
+// the holder's publish, which one subscription per Coordinator fans out to
+// the flights of this process (waker).
 
 // wait blocks until the holder publishes key, its lease (holderTTL) runs out,
 // or the deadline passes. done reports that f accepted what the cache holds;
-// result says how the wait ended (see WaitObserver).
+// result says how the wait ended (see Options.OnWaited).
 func (c *Coordinator) wait(
 	ctx context.Context,
 	key, field string,
 	holderTTL time.Duration,
 	deadline time.Time,
-	f Filler,
+	f Fill,
 ) (done bool, result string, err error) {
 	opCtx, cancelOp := c.op(ctx)
 	woken, cancel, err := c.wake.register(opCtx, key)
@@ -39,7 +47,7 @@ func (c *Coordinator) wait(
 	// publishes). The mark outlives this wait; a wait that the holder's
 	// renewed lease outlasts marks again on its next round. A holder that
 	// released the lock without writing before the mark was left (its load
-	// failed, or it was a read's lock given back: see RunHeld) published to
+	// failed, or it was a read's lock given back: see Run's held) published to
 	// nobody: the lock's PTTL, read behind the mark, says it is gone, and
 	// the flight attempts again at once instead of waiting out the lease.
 	r, lockGone := c.markAndRead(ctx, key, field, lease)
@@ -85,4 +93,77 @@ func (c *Coordinator) hget(ctx context.Context, key, field string) reading {
 	opCtx, cancel := c.op(ctx)
 	defer cancel()
 	return reading{get: c.rdb.HGet(opCtx, key, field)}
+}
+
+// errClosed is returned by register after close.
+var errClosed = errors.New("coord: coordinator closed")
+
+// waker fans one Redis pub/sub subscription out to the flights of this
+// process that wait for a key: one SUBSCRIBE per Coordinator, opened on the
+// first wait, however many keys and flights wait.
+type waker struct {
+	rdb     redis.UniversalClient
+	channel string
+
+	mu      sync.Mutex                            // guards the fields below
+	waiters map[string]map[chan struct{}]struct{} // key → channels to close on its message
+	sub     *pubsub.Subscription                  // nil until the first register
+	closed  bool
+}
+
+// register returns a channel that is closed when a message for key arrives.
+// The subscription is confirmed before register returns, so a message
+// published after that cannot be missed (short of a dropped connection,
+// which the caller covers with a timer). cancel forgets the registration.
+func (w *waker) register(ctx context.Context, key string) (ch <-chan struct{}, cancel func(), err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return nil, nil, errClosed
+	}
+	if w.sub == nil {
+		sub, err := pubsub.Subscribe(ctx, w.rdb, w.channel, w.dispatch)
+		if err != nil {
+			return nil, nil, fmt.Errorf("coord: %w", err)
+		}
+		w.sub, w.waiters = sub, map[string]map[chan struct{}]struct{}{}
+	}
+	c := make(chan struct{})
+	if w.waiters[key] == nil {
+		w.waiters[key] = map[chan struct{}]struct{}{}
+	}
+	w.waiters[key][c] = struct{}{}
+	return c, func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if set := w.waiters[key]; set != nil {
+			delete(set, c)
+			if len(set) == 0 {
+				delete(w.waiters, key)
+			}
+		}
+	}, nil
+}
+
+// dispatch wakes the waiters of the key a message names. It runs on the
+// subscription's goroutine.
+func (w *waker) dispatch(key string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for c := range w.waiters[key] {
+		close(c)
+	}
+	delete(w.waiters, key)
+}
+
+// close ends the subscription and waits until dispatch is no longer called.
+func (w *waker) close() error {
+	w.mu.Lock()
+	w.closed = true
+	sub := w.sub
+	w.mu.Unlock()
+	if sub == nil {
+		return nil
+	}
+	return sub.Close()
 }

@@ -1,6 +1,7 @@
 package bloom
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -99,18 +100,11 @@ func (p *PendingAdd) Result(ctx context.Context) error {
 
 // err is the first error of the queued commands, if any.
 func (p *PendingAdd) err() error {
-	if err := p.meta.Err(); err != nil {
-		return err
-	}
-	if err := p.added.Err(); err != nil {
-		return err
-	}
+	err := cmp.Or(p.meta.Err(), p.added.Err())
 	for _, c := range p.sets {
-		if err := c.Err(); err != nil {
-			return err
-		}
+		err = cmp.Or(err, c.Err())
 	}
-	return nil
+	return err
 }
 
 // checkSaturation calls OnSaturated once per generation when the bits say
@@ -123,8 +117,7 @@ func (f *Filter) checkSaturation(ctx context.Context, l *layout, added uint64) {
 		return
 	}
 	limit := l.cfg.FalsePositiveRate * (1 + f.opts.SaturationMargin)
-	k := float64(l.cfg.Hashes)
-	if math.Pow(1-math.Exp(-k*float64(added)/float64(l.cfg.Bits)), k) <= limit {
+	if estimatedFPRate(l.cfg, added) <= limit {
 		return
 	}
 	now, last := time.Now().UnixNano(), f.lastSatCheck.Load()
@@ -138,7 +131,7 @@ func (f *Filter) checkSaturation(ctx context.Context, l *layout, added uint64) {
 	}
 	blocks := int64(n / blockBytes)
 	fill := float64(max(set-blocks, 0)) / float64(blocks*usableBits) // readiness bits excluded
-	est := math.Pow(fill, k)
+	est := math.Pow(fill, float64(l.cfg.Hashes))
 	if est > limit && f.saturated.Swap(l.gen) != l.gen {
 		f.opts.OnSaturated(Saturation{Generation: l.gen, Added: added, EstimatedFPRate: est, TargetFPRate: l.cfg.FalsePositiveRate})
 	}

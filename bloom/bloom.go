@@ -1,14 +1,9 @@
 // Package bloom is a bloom filter kept in Redis bitmaps, shared by every
-// process that opens it by name.
-//
-// [Open] creates the filter (or adopts the layout stored in Redis), [Filter.Add]
-// sets an ID's bits, [Filter.Test] probes them in one command, and
-// [Filter.Rebuild] fills a new generation from the source of truth and switches
-// to it atomically, so no existing ID is ever reported absent. A filter that
-// is not ready (never built, or lost by Redis) answers ErrNotReady, and its
-// users fail open. Sizing follows m = -n·ln p/(ln 2)², k = round(m/n·ln 2),
-// with the bits of one ID in one shard of at most 64 MB (one command per
-// probe, cluster-friendly). docs/design-notes.md has the layout in full.
+// process that opens it by name. [Filter.Test] probes an ID in one command,
+// and [Filter.Rebuild] fills a new generation from the source of truth and
+// switches to it atomically, so no existing ID is ever reported absent. A
+// filter that is not ready (never built, or lost by Redis) answers
+// ErrNotReady, and its users fail open. docs/design-notes.md has the layout.
 package bloom
 
 import (

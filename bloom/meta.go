@@ -188,10 +188,7 @@ func (f *Filter) reloaded(ctx context.Context) *layout {
 	if now-last < int64(reloadEvery) || !f.lastReload.CompareAndSwap(last, now) {
 		return nil
 	}
-	l, err := f.reload(ctx)
-	if err != nil {
-		return nil
-	}
+	l, _ := f.reload(ctx)
 	return l
 }
 

@@ -407,7 +407,7 @@ func unlink(ctx context.Context, rdb redis.UniversalClient, keys []string) error
 
 // estimatedFPRate is the false-positive rate of a filter of cfg holding n
 // IDs: (1 − e^(−k·n/m))^k.
-func estimatedFPRate(cfg Config, n int) float64 {
+func estimatedFPRate[N int | uint64](cfg Config, n N) float64 {
 	k, m := float64(cfg.Hashes), float64(cfg.Bits)
 	return math.Pow(1-math.Exp(-k*float64(n)/m), k)
 }

@@ -6,9 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"time"
-
-	"github.com/cacheguard/cacheguard/internal/redisfail"
 )
 
 // Failed writes: when Set, Delete, Invalidate or Add cannot reach Redis
@@ -161,17 +158,7 @@ func (g *Guard) rewrite(ctx context.Context, ids []string) error {
 	if err != nil {
 		return err
 	}
-	pipe := g.rdb.Pipeline()
-	added := f.QueueAdd(ctx, pipe, ids)
-	g.queueInvalidate(ctx, pipe, keys)
-	marks := g.queueMarks(ctx, pipe, ids, keys)
-	_, err = pipe.Exec(ctx)
-	g.landed(ctx, marks)
-	g.forget(keys, nil, time.Time{})
-	if err == nil {
-		err = added.Result(ctx)
-	}
-	return redisfail.Wrap(err)
+	return g.invalidate(ctx, f, ids, keys)
 }
 
 var errUnwritten = fmt.Errorf("%w: this ID's last write did not reach redis and is not replayed yet", ErrUnavailable)

@@ -35,33 +35,18 @@ var (
 
 // Add makes newly created IDs servable at once, in every process. Call it
 // after the source of truth has committed them. It registers them in the
-// bloom filter, drops their empty markers (an ID asked for before it
-// existed, a bloom false positive, a deleted and re-created ID), and voids
-// any load in flight that read "absent" before the create and would write a
-// marker after it (it deletes the ID's load lock, as Invalidate does). A
-// cached value is never dropped. One round trip for any number of IDs (two
-// while a filter rebuild runs; see bloom.Filter.AddMany). Malformed IDs make
-// Add fail before any Redis command; Redis failures wrap ErrUnavailable,
-// and the write is replayed (see Stats.Unwritten). Each write waits for
-// Redis at most Tuning.RedisTimeout, whatever ctx.
+// bloom filter, drops their empty markers and voids any load in flight that
+// read "absent" before the create (as Invalidate does); a cached value is
+// never dropped. One round trip for any number of IDs (two while a filter
+// rebuild runs). Malformed IDs fail before any Redis command; Redis
+// failures wrap ErrUnavailable, and the write is replayed (Stats.Unwritten).
+// Each write waits for Redis at most Tuning.RedisTimeout, whatever ctx.
 func (g *Guard) Add(ctx context.Context, ids ...string) error {
+	marker := codec.Empty()
 	return g.write(ctx, ids, func(ctx context.Context, keys []string) error {
-		f, err := g.filter(ctx)
-		if err != nil {
-			return err
-		}
-		pipe := g.rdb.Pipeline()
-		added := f.QueueAdd(ctx, pipe, ids)
-		cleared := make([]*redis.Cmd, len(keys))
-		marker := codec.Empty()
-		for i, k := range keys {
-			cleared[i] = clearMarkers.Eval(ctx, pipe, voids(k), marker)
-		}
-		marks := g.queueMarks(ctx, pipe, ids, keys)
-		_, _ = pipe.Exec(ctx) // errors are read per command
-		g.landed(ctx, marks)
-		g.forget(keys, nil, time.Time{})
-		return g.fail(ctx, "add", one(ids), firstErr(added.Result(ctx), cleared))
+		return g.replace(ctx, "add", ids, ids, keys, nil, func(pipe redis.Pipeliner, k string) *redis.Cmd {
+			return clearMarkers.Eval(ctx, pipe, voids(k), marker)
+		})
 	})
 }
 
@@ -82,27 +67,18 @@ func Set[T any](ctx context.Context, g *Guard, id string, v T) error {
 	if g == nil {
 		return errNil("Set")
 	}
-	pass, err := g.sup.enter()
-	if err != nil {
-		return err
-	}
-	defer g.sup.leave(pass)
-	if err := bind[T](g); err != nil {
-		return err
-	}
-	vkey, err := g.keys.Value(id)
-	if err != nil {
-		return err
-	}
-	frame, ttl, err := g.valueFrame(v)
-	if err != nil {
-		return fmt.Errorf("cacheguard: %s %q: %w", g.name, id, err)
-	}
-	rctx, cancel := g.bounded(ctx)
-	defer cancel()
-	err = g.replace(rctx, "set", []string{id}, []string{id}, []string{vkey}, frame, func() time.Duration { return ttl },
-		&localEntry{frame: frame, value: kept(g, v), life: ttl})
-	return g.unwrittenAfter(ctx, []string{id}, err)
+	ids := []string{id}
+	return g.write(ctx, ids, func(ctx context.Context, keys []string) error {
+		if err := bind[T](g); err != nil {
+			return err
+		}
+		frame, ttl, err := g.valueFrame(v)
+		if err != nil {
+			return fmt.Errorf("cacheguard: %s %q: %w", g.name, id, err)
+		}
+		return g.replace(ctx, "set", ids, ids, keys, &localEntry{frame: frame, value: kept(g, v), life: ttl},
+			g.writeFrame(ctx, frame, func() time.Duration { return ttl }))
+	})
 }
 
 // Delete records that ids no longer exist, after the source of truth deleted
@@ -115,15 +91,16 @@ func Set[T any](ctx context.Context, g *Guard, id string, v T) error {
 // replayed (as an Invalidate).
 func (g *Guard) Delete(ctx context.Context, ids ...string) error {
 	return g.write(ctx, ids, func(ctx context.Context, keys []string) error {
-		return g.replace(ctx, "delete", nil, ids, keys, codec.Empty(), func() time.Duration { return g.jitter(g.opts.EmptyTTL) }, nil)
+		return g.replace(ctx, "delete", nil, ids, keys, nil,
+			g.writeFrame(ctx, codec.Empty(), func() time.Duration { return g.jitter(g.opts.EmptyTTL) }))
 	})
 }
 
-// replace runs replace.lua for each key (of ids) with frame (for ttl(),
-// called per key), registers add in the filter, and tells the in-memory
-// copies, in one round trip; this process keeps localCopy (nil: none).
-func (g *Guard) replace(ctx context.Context, op string, add, ids, keys []string, frame []byte, ttl func() time.Duration,
-	localCopy *localEntry) error {
+// replace runs one write's round trip: queue's command for each key (of
+// ids), whose errors count, the registration of add in the filter, and the
+// marks of ids. This process's copies are dropped, or replaced by localCopy.
+func (g *Guard) replace(ctx context.Context, op string, add, ids, keys []string, localCopy *localEntry,
+	queue func(pipe redis.Pipeliner, key string) *redis.Cmd) error {
 	pipe := g.rdb.Pipeline()
 	var added *bloom.PendingAdd
 	if len(add) > 0 {
@@ -138,13 +115,8 @@ func (g *Guard) replace(ctx context.Context, op string, add, ids, keys []string,
 	if localCopy != nil {
 		sent = time.Now()
 	}
-	marker := "0" // a value: the writer's version alone
-	if len(frame) == 1 && frame[0] == codec.KindEmpty {
-		marker = "1" // every version's entry becomes the marker
-	}
 	for i, k := range keys {
-		cmds[i] = replace.Eval(ctx, pipe, voids(k), g.field(), frame, ttl().Milliseconds(), marker, keyspace.Filled)
-		pipe.Publish(ctx, g.keys.Invalidated(), k)
+		cmds[i] = queue(pipe, k)
 	}
 	marks := g.queueMarks(ctx, pipe, ids, keys)
 	_, _ = pipe.Exec(ctx) // errors are read per command
@@ -155,6 +127,20 @@ func (g *Guard) replace(ctx context.Context, op string, add, ids, keys []string,
 		err = added.Result(ctx)
 	}
 	return g.fail(ctx, op, one(ids), firstErr(err, cmds))
+}
+
+// writeFrame queues replace.lua, which makes frame the entry (for ttl(),
+// called per key), with the message that drops other processes' copies.
+func (g *Guard) writeFrame(ctx context.Context, frame []byte, ttl func() time.Duration) func(redis.Pipeliner, string) *redis.Cmd {
+	marker := "0" // a value: the writer's version alone
+	if len(frame) == 1 && frame[0] == codec.KindEmpty {
+		marker = "1" // every version's entry becomes the marker
+	}
+	return func(pipe redis.Pipeliner, k string) *redis.Cmd {
+		c := replace.Eval(ctx, pipe, voids(k), g.field(), frame, ttl().Milliseconds(), marker, keyspace.Filled)
+		pipe.Publish(ctx, g.keys.Invalidated(), k)
+		return c
+	}
 }
 
 // forget makes this process's next Gets of keys start afresh: no new caller
@@ -223,36 +209,39 @@ func firstErr(err error, cmds []*redis.Cmd) error {
 }
 
 // Invalidate drops the cached values and empty markers of ids (all schema
-// versions), so the next Get loads them again. Call it after the source of
-// truth has changed them (or use Set to write the new value through, or
-// Delete for deleted IDs).
-//
-// It also deletes each ID's load lock, so a load that read the old data
-// before the change and is still running cannot write it afterwards: its
-// write checks that the lock still holds its token, is refused, and it
-// loads again (or waits for a load that started after the change). New
-// callers in this process start a new flight instead of joining one that
-// may have read the old data, and every process's in-memory copy
-// (Options.Local) is dropped. One round trip. An Invalidate that cannot
-// reach Redis within RedisTimeout wraps ErrUnavailable and is replayed (see
-// Stats.Unwritten).
+// versions), so the next Get loads them again: call it after the source of
+// truth changed them. It deletes each ID's load lock too, so a load that
+// read the old data and is still running cannot write it (it loads again);
+// new callers in this process start a new flight, and every process's
+// in-memory copy is dropped. One round trip. Redis failures wrap
+// ErrUnavailable, and the write is replayed (see Stats.Unwritten).
 func (g *Guard) Invalidate(ctx context.Context, ids ...string) error {
 	return g.write(ctx, ids, func(ctx context.Context, keys []string) error {
-		return g.fail(ctx, "invalidate", one(ids), g.invalidate(ctx, ids, keys))
+		return g.fail(ctx, "invalidate", one(ids), g.invalidate(ctx, nil, ids, keys))
 	})
 }
 
 // invalidate drops the entries and load locks of ids (keys, their value
 // keys) in one round trip: one DEL per ID (value and lock share a slot; IDs
 // do not), and a message per ID for the processes that keep values in
-// memory (Local).
-func (g *Guard) invalidate(ctx context.Context, ids, keys []string) error {
+// memory (Local). With f, the IDs join that filter too (a write's replay).
+func (g *Guard) invalidate(ctx context.Context, f *bloom.Filter, ids, keys []string) error {
 	pipe := g.rdb.Pipeline()
-	g.queueInvalidate(ctx, pipe, keys)
+	var added *bloom.PendingAdd
+	if f != nil {
+		added = f.QueueAdd(ctx, pipe, ids)
+	}
+	for _, k := range keys {
+		pipe.Del(ctx, voids(k)...)
+		pipe.Publish(ctx, g.keys.Invalidated(), k)
+	}
 	marks := g.queueMarks(ctx, pipe, ids, keys)
 	_, err := pipe.Exec(ctx)
 	g.landed(ctx, marks)
 	g.forget(keys, nil, time.Time{})
+	if err == nil && added != nil {
+		err = added.Result(ctx)
+	}
 	return redisfail.Wrap(err)
 }
 
@@ -287,7 +276,7 @@ func (g *Guard) invalidateAll(ctx context.Context) (int, error) {
 		err := eachMaster(ctx, g.rdb, func(ctx context.Context, c redis.Cmdable) error {
 			var ids, keys []string
 			flush := func() error {
-				err := g.invalidate(ctx, ids, keys)
+				err := g.invalidate(ctx, nil, ids, keys)
 				ids, keys = ids[:0], keys[:0]
 				return err
 			}
@@ -323,15 +312,6 @@ func (g *Guard) invalidateAll(ctx context.Context) (int, error) {
 		}
 	}
 	return len(seen), nil
-}
-
-// queueInvalidate queues, for each key, the DEL of its entry and load lock
-// and the message that drops in-memory copies in other processes.
-func (g *Guard) queueInvalidate(ctx context.Context, pipe redis.Pipeliner, keys []string) {
-	for _, k := range keys {
-		pipe.Del(ctx, voids(k)...)
-		pipe.Publish(ctx, g.keys.Invalidated(), k)
-	}
 }
 
 // Rebuild replaces the bloom filter with one built from every existing ID of

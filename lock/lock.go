@@ -22,13 +22,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/cacheguard/cacheguard/internal/backoff"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/cacheguard/cacheguard/internal/backoff"
 	"github.com/cacheguard/cacheguard/internal/redisfail"
 )
 
@@ -211,10 +211,8 @@ func (q *Queued) Result(context.Context) (*Lock, error) {
 
 // Tokens are a random 64-bit prefix drawn once per process (crypto/rand)
 // followed by a 64-bit count of the tokens it handed out: unique across
-// processes and restarts (two processes collide only by drawing the same
-// prefix) without a crypto/rand read per lock, which a profile of the demo
-// shop put at 7 µs per miss. Nothing needs a token to be unguessable: a
-// client that can reach the lock key can delete it anyway.
+// processes and restarts, without a crypto/rand read per lock. They need
+// not be unguessable: a client that can reach the lock key can delete it.
 var tokens struct {
 	once   sync.Once
 	prefix [8]byte
@@ -268,13 +266,10 @@ func (l *Lock) Refresh(ctx context.Context, ttl time.Duration) error {
 }
 
 // KeepAlive starts a watchdog that refreshes the lock to ttl every ttl/3
-// while the holder works, until stop is called (stop waits for it) or ctx is
-// done. If a refresh finds the lock gone, or refreshes fail until it must
-// have expired, it calls onLost once (if non-nil) and stops. A lock taken
-// with a shorter lease gets its first refresh a third of the way into it.
-// Nothing runs until the first refresh is due (time.AfterFunc), so a short
-// hold costs no goroutine and no command; the goroutine ends by the time
-// stop returns.
+// until stop is called or ctx is done; its goroutine, started only when the
+// first refresh is due, ends by the time stop returns. If a refresh finds
+// the lock gone, or refreshes fail until it must have expired, it calls
+// onLost once (if non-nil) and stops. docs/design-notes.md has the details.
 func (l *Lock) KeepAlive(ctx context.Context, ttl time.Duration, onLost func(error)) (stop func()) {
 	quit := make(chan struct{})
 	done := make(chan struct{})

@@ -15,10 +15,6 @@ import (
 	"github.com/cacheguard/cacheguard/loader"
 )
 
-// The errors a Guard returns (test them with errors.Is), and fail: the one
-// exit of a Redis failure, counted in Stats.RedisErrors and logged there,
-// once. A load's panic comes back as an error wrapping ErrLoaderPanic.
-
 var (
 	// ErrNotFound: the ID does not exist in the source of truth (the bloom
 	// filter has never seen it, an empty marker is cached, or load said so).

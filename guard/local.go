@@ -14,26 +14,13 @@ import (
 	"github.com/cacheguard/cacheguard/internal/pubsub"
 )
 
-// The local cache (Options.Local): a copy in process memory never outlives
-// its Redis entry; this process's writes replace or drop it before they
-// return, other processes' when their invalidation message arrives (TTL
-// bounds a lost one). Values are kept decoded where the type allows, and
-// every caller gets its own copy.
-
 // LocalOptions turns on an in-process cache in front of Redis: values this
 // process read or loaded are served from memory, with no round trip, for up
-// to TTL, and never past their entry's TTL in Redis.
-//
-// This process sees its own writes at once: Invalidate, Set and Delete drop
-// or replace its copy before they return. Other processes learn of a write
-// from a message on the Guard's pub/sub channel, sent in the write's round
-// trip: until it arrives (milliseconds) they may serve their copy, and TTL
-// bounds what a lost message can leave stale. Without Local the guarantee is
-// exact. docs/design-notes.md gives the measured window and alternatives.
-//
-// A local hit costs no decode for most types: a copy is kept decoded, and
-// handed out as is (no slices, maps or pointers) or deep-copied per caller
-// (internal/clone); other types are decoded on every hit.
+// to TTL, and never past their entry's TTL in Redis. This process's writes
+// drop or replace its copy before they return; other processes drop theirs
+// when the write's pub/sub message arrives (milliseconds; TTL bounds a lost
+// one): without Local the guarantee is exact. Copies are kept decoded where
+// the type allows, each caller getting its own (docs/design-notes.md).
 type LocalOptions struct {
 	// Size caps the values kept; when full, the eviction policy of
 	// github.com/maypok86/otter/v2 (adaptive W-TinyLFU: it keeps what is
@@ -69,21 +56,18 @@ type localEntry struct {
 	frame []byte
 	value any // a T (shareable types), a copied[T] (types copied per caller), or nil: decode
 	life  time.Duration
-	// gone: the copy's life ends when its entry expires in Redis, at until
-	// (Unix nanoseconds). otter keeps it goneGrace longer, so that a Get
-	// that finds it past until knows Redis has nothing to read either. Only
-	// such copies cost a hit a clock read: with the usual TTLs (minutes in
-	// Redis, a second in memory) that is the last second of an entry.
+	// gone: the copy dies with its entry in Redis, at until (Unix nanoseconds);
+	// otter keeps it goneGrace longer, so that a Get that finds it past until
+	// knows Redis has nothing to read either. Only such copies cost a hit a
+	// clock read.
 	gone  bool
 	until int64
 }
 
 // goneGrace is how long a copy that lived as long as its Redis entry is
-// remembered after both expired. A Get in that time skips the read (it
-// would miss) and goes straight to the lock attempt, whose re-check reads
-// the entry anyway: a hot key's callers wait one round trip less when it
-// expires. Short, because a copy remembered while another process already
-// reloaded the entry costs a lock attempt where a read would have hit.
+// remembered after both expired: a Get then skips the read, which would
+// miss, and goes straight to the lock attempt. Short, because a copy kept
+// while another process reloaded the entry costs a lock where a read hits.
 const goneGrace = 100 * time.Millisecond
 
 // newLocal returns an unarmed local cache; arm subscribes it. idOf maps the
@@ -220,11 +204,10 @@ func (l *local) get(id string) (localEntry, localState) {
 // invalidation arrived since epoch was read (before the read that found
 // frame). redisTTL is counted from since, a clock read before the round
 // trip that wrote or read it: Redis counts it from later, so the copy never
-// outlives its entry. otter takes no
-// lock that the invalidation also takes, so put checks the epoch again after
-// storing and takes the copy back if an invalidation came in between: an
-// invalidation that raised the epoch before that check is seen there, and
-// one that raised it after removes the copy itself.
+// outlives its entry. otter takes no lock that the invalidation also takes,
+// so put checks the epoch again after storing and takes the copy back if an
+// invalidation came in between: an invalidation that raised the epoch before
+// that check is seen there, and one that raised it after removes the copy.
 func (l *local) put(id string, frame []byte, value any, redisTTL time.Duration, since time.Time, epoch uint64) {
 	now := time.Now() // one reading: the copy ends by since + redisTTL
 	if redisTTL > 0 {

@@ -16,18 +16,13 @@ import (
 )
 
 // Lost writes: Redis acknowledges a write before its replicas and its next
-// dump have it, so a restart from an older dump or a failover to a lagging
-// replica can lose it. Every write of the Guard's also advances a counter
-// of its own in Redis (its mark: one per cluster slot written), and the
-// Guard keeps the writes that landed, with the value each got, for
-// recentFor (at most maxRecent). Whenever a connection to Redis is dialed
-// (a restart, a failover and an outage all end in one), the next read
-// compares the marks in Redis with the highest each got, before it
-// answers, or the watcher does within watchEvery if no read comes
-// (health.go): a mark behind says Redis lost the writes past it, which are
-// replayed as if they had failed (replay.go). A write that left the ring
-// past the gap makes every entry of the Guard drop (the overflow path). No
-// command of @dangerous is needed.
+// dump have it, so a restart or a failover can lose it. Every write also
+// advances a counter of the Guard's own in Redis (its mark, one per cluster
+// slot), and the Guard keeps the writes that landed with the value each got
+// (for recentFor, at most maxRecent). After a connection is dialed, the next
+// read (or the watcher, health.go) compares the marks with the highest each
+// got: one behind says the writes past it were lost, and they are replayed
+// (replay.go); one that left the ring past the gap drops every entry.
 const (
 	recentFor = time.Hour
 	maxRecent = 100_000

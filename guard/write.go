@@ -52,17 +52,13 @@ func (g *Guard) Add(ctx context.Context, ids ...string) error {
 
 // Set writes v as the cached value of id: write-through, after the source of
 // truth committed it. In one round trip it replaces the ID's entry (all
-// schema versions) with v for TTL ± Jitter, registers the ID in the bloom
-// filter, and voids every load in flight, so that no slower load that read
-// older data can overwrite it; every process's in-memory copy
-// (Options.Local) is replaced here and dropped elsewhere.
-//
-// Two Sets of one ID racing each other: the last to reach Redis wins. Make
-// sure that is also the order of their commits (for example, Set inside the
-// same critical section or row lock as the database write), or call
-// Invalidate instead, which never caches anything it did not read. A Set
-// that cannot reach Redis within RedisTimeout wraps ErrUnavailable and is
-// replayed (as an Invalidate; see Stats.Unwritten).
+// schema versions) with v for TTL ± Jitter, registers the ID in the filter,
+// and voids every load in flight; every process's in-memory copy is replaced
+// here and dropped elsewhere. Of two racing Sets of one ID, the last to
+// reach Redis wins: make that the order of their commits (Set under the
+// row's lock), or call Invalidate, which never caches what it did not read.
+// A Set that cannot reach Redis wraps ErrUnavailable and is replayed (as an
+// Invalidate; see Stats.Unwritten).
 func Set[T any](ctx context.Context, g *Guard, id string, v T) error {
 	if g == nil {
 		return errNil("Set")
@@ -263,11 +259,9 @@ func (g *Guard) InvalidateAll(ctx context.Context) (int, error) {
 }
 
 // invalidateAll invalidates every ID that has a key in Redis (a value, a
-// lock or a waiting mark), on every master, in two SCAN passes: a load that
-// read the source before the call holds its lock from before the first
-// pass until its write, so the first pass deletes that lock (and the write
-// is refused) or the second finds the entry it wrote. It returns how many
-// IDs it invalidated.
+// lock or a waiting mark) in two SCAN passes: a load that read the source
+// before the call holds its lock until its write, so the first pass deletes
+// that lock (its write is refused) or the second finds the entry it wrote.
 func (g *Guard) invalidateAll(ctx context.Context) (int, error) {
 	var mu sync.Mutex // guards seen and pass: eachMaster runs fn on the masters at once
 	seen := make(map[string]struct{})

@@ -7,6 +7,7 @@
 package bloom
 
 import (
+	"cmp"
 	"context"
 	_ "embed"
 	"errors"
@@ -196,15 +197,9 @@ func resolve(opts *Options) (Options, error) {
 	if opts != nil {
 		o = *opts
 	}
-	if o.ExpectedItems == 0 {
-		o.ExpectedItems = DefaultExpectedItems
-	}
-	if o.FalsePositiveRate == 0 {
-		o.FalsePositiveRate = DefaultFalsePositiveRate
-	}
-	if o.MaxShardBytes == 0 {
-		o.MaxShardBytes = DefaultMaxShardBytes
-	}
+	o.ExpectedItems = cmp.Or(o.ExpectedItems, DefaultExpectedItems)
+	o.FalsePositiveRate = cmp.Or(o.FalsePositiveRate, DefaultFalsePositiveRate)
+	o.MaxShardBytes = cmp.Or(o.MaxShardBytes, DefaultMaxShardBytes)
 	if o.SaturationMargin <= 0 {
 		o.SaturationMargin = 0.5
 	}

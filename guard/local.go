@@ -1,6 +1,7 @@
 package guard
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"sync"
@@ -73,12 +74,8 @@ const goneGrace = 100 * time.Millisecond
 // newLocal returns an unarmed local cache; arm subscribes it. idOf maps the
 // value keys of invalidation messages to IDs.
 func newLocal(o LocalOptions, idOf func(vkey string) (string, bool)) (*local, error) {
-	if o.Size == 0 {
-		o.Size = 10_000
-	}
-	if o.TTL == 0 {
-		o.TTL = time.Second
-	}
+	o.Size = cmp.Or(o.Size, 10_000)
+	o.TTL = cmp.Or(o.TTL, time.Second)
 	if o.Size < 0 || o.TTL < 0 {
 		return nil, fmt.Errorf("%w: Local %+v", ErrInvalidOptions, o)
 	}

@@ -1,6 +1,7 @@
 package guard
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"iter"
@@ -108,18 +109,12 @@ func resolve(opts *Options) (Options, error) {
 	bad := func(format string, args ...any) (Options, error) {
 		return Options{}, fmt.Errorf("%w: "+format, append([]any{ErrInvalidOptions}, args...)...)
 	}
-	if o.KeyPrefix == "" {
-		o.KeyPrefix = "cg"
-	}
+	o.KeyPrefix = cmp.Or(o.KeyPrefix, "cg")
 	if !keyspace.ValidPrefix(o.KeyPrefix) {
 		return bad("KeyPrefix %q", o.KeyPrefix)
 	}
-	if o.TTL == 0 {
-		o.TTL = 10 * time.Minute
-	}
-	if o.EmptyTTL == 0 {
-		o.EmptyTTL = time.Minute
-	}
+	o.TTL = cmp.Or(o.TTL, 10*time.Minute)
+	o.EmptyTTL = cmp.Or(o.EmptyTTL, time.Minute)
 	if o.TTL < time.Millisecond || o.EmptyTTL < time.Millisecond {
 		return bad("TTL %v and EmptyTTL %v must be at least 1ms", o.TTL, o.EmptyTTL)
 	}
@@ -131,39 +126,25 @@ func resolve(opts *Options) (Options, error) {
 	case o.Jitter > 0.9:
 		return bad("Jitter %v above 0.9", o.Jitter)
 	}
-	if o.Codec == nil {
-		o.Codec = codec.Msgpack
-	}
-	if o.Version == "" {
-		o.Version = "1"
-	}
+	o.Codec = cmp.Or(o.Codec, codec.Msgpack)
+	o.Version = cmp.Or(o.Version, "1")
 	if !validVersion(o.Version) {
 		return bad("Version %q (want 1-32 printable ASCII bytes, no spaces)", o.Version)
 	}
-	if o.LoadTimeout == 0 {
-		o.LoadTimeout = 10 * time.Second
-	}
-	if o.Tuning.RedisTimeout == 0 {
-		o.Tuning.RedisTimeout = time.Second
-	}
+	o.LoadTimeout = cmp.Or(o.LoadTimeout, 10*time.Second)
+	o.Tuning.RedisTimeout = cmp.Or(o.Tuning.RedisTimeout, time.Second)
 	if o.Tuning.RedisTimeout < time.Millisecond {
 		return bad("RedisTimeout %v below 1ms", o.Tuning.RedisTimeout)
 	}
 	if o.Outage == nil {
 		o.Outage = &OutageOptions{}
 	}
-	if o.Tuning.LockTTL == 0 {
-		o.Tuning.LockTTL = coord.DefaultLockTTL
-	}
-	if o.Tuning.LockWait == 0 {
-		o.Tuning.LockWait = o.LoadTimeout + o.Tuning.LockTTL
-	}
+	o.Tuning.LockTTL = cmp.Or(o.Tuning.LockTTL, coord.DefaultLockTTL)
+	o.Tuning.LockWait = cmp.Or(o.Tuning.LockWait, o.LoadTimeout+o.Tuning.LockTTL)
 	if o.LoadTimeout < 0 || o.Tuning.LockTTL < 10*time.Millisecond || o.Tuning.LockWait < 0 {
 		return bad("LoadTimeout %v, LockTTL %v (>= 10ms), LockWait %v", o.LoadTimeout, o.Tuning.LockTTL, o.Tuning.LockWait)
 	}
-	if o.Logger == nil {
-		o.Logger = slog.Default()
-	}
+	o.Logger = cmp.Or(o.Logger, slog.Default())
 	return o, nil
 }
 

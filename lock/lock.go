@@ -238,16 +238,7 @@ func newToken() (string, error) {
 func (l *Lock) Token() string { return l.token }
 
 // Release frees the lock. ErrNotHeld if it had expired or was taken over.
-func (l *Lock) Release(ctx context.Context) error {
-	n, err := releaseScript.Run(ctx, l.c.rdb, []string{l.key}, l.token).Int64()
-	if err != nil {
-		return fmt.Errorf("lock: release %s: %w", l.key, redisfail.Wrap(err))
-	}
-	if n != 1 {
-		return ErrNotHeld
-	}
-	return nil
-}
+func (l *Lock) Release(ctx context.Context) error { return l.run(ctx, "release", releaseScript) }
 
 // Refresh sets the lock's TTL to ttl. ErrNotHeld if it had expired or was
 // taken over.
@@ -255,9 +246,14 @@ func (l *Lock) Refresh(ctx context.Context, ttl time.Duration) error {
 	if ttl < time.Millisecond {
 		return fmt.Errorf("%w: TTL %v below 1ms", ErrInvalid, ttl)
 	}
-	n, err := refreshScript.Run(ctx, l.c.rdb, []string{l.key}, l.token, ttl.Milliseconds()).Int64()
+	return l.run(ctx, "refresh", refreshScript, ttl.Milliseconds())
+}
+
+// run runs script, which acts only if the lock key holds the lock's token.
+func (l *Lock) run(ctx context.Context, op string, script *redis.Script, args ...any) error {
+	n, err := script.Run(ctx, l.c.rdb, []string{l.key}, append([]any{l.token}, args...)...).Int64()
 	if err != nil {
-		return fmt.Errorf("lock: refresh %s: %w", l.key, redisfail.Wrap(err))
+		return fmt.Errorf("lock: %s %s: %w", op, l.key, redisfail.Wrap(err))
 	}
 	if n != 1 {
 		return ErrNotHeld

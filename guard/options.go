@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"iter"
 	"log/slog"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
@@ -148,14 +149,7 @@ func resolve(opts *Options) (Options, error) {
 	return o, nil
 }
 
+// validVersion: 1 to 32 printable ASCII bytes, no spaces.
 func validVersion(v string) bool {
-	if v == "" || len(v) > 32 {
-		return false
-	}
-	for i := 0; i < len(v); i++ {
-		if c := v[i]; c <= ' ' || c >= 0x7f {
-			return false
-		}
-	}
-	return true
+	return v != "" && len(v) <= 32 && !strings.ContainsFunc(v, func(r rune) bool { return r <= ' ' || r >= 0x7f })
 }

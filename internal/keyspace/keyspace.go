@@ -167,16 +167,9 @@ func (f Filter) AutoRebuilt() string { return f.base + ":{" + f.base + "}:auto" 
 // ValidName reports whether s is usable as a Guard name: 1 to 64 bytes of
 // letters, digits, '_', '-' and '.'.
 func ValidName(s string) bool {
-	if s == "" || len(s) > 64 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
-			return false
-		}
-	}
-	return true
+	return s != "" && len(s) <= 64 && !strings.ContainsFunc(s, func(c rune) bool {
+		return !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.')
+	})
 }
 
 // ValidPrefix reports whether s is usable as a KeyPrefix: 1 to 64 printable
@@ -184,15 +177,9 @@ func ValidName(s string) bool {
 // make the ACL pattern "<prefix>:*" match more than the prefix). Colons are
 // allowed ("app:cache").
 func ValidPrefix(s string) bool {
-	if s == "" || len(s) > 64 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c <= ' ' || c >= 0x7f || strings.IndexByte("{}*?[]\\", c) >= 0 {
-			return false
-		}
-	}
-	return true
+	return s != "" && len(s) <= 64 && !strings.ContainsFunc(s, func(c rune) bool {
+		return c <= ' ' || c >= 0x7f || strings.ContainsRune("{}*?[]\\", c)
+	})
 }
 
 // Position is the key holding the position of the change feed called feed

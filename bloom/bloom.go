@@ -232,9 +232,7 @@ func configFor(n uint64, p float64, maxShardBytes uint64) (Config, error) {
 	return Config{ExpectedItems: n, FalsePositiveRate: p, Bits: shards * shardBits, Hashes: k, Shards: int(shards), ShardBits: shardBits}, nil
 }
 
-// shardKeys returns the keys of a generation's shards. Each has a hash tag of
-// its own, so shards spread over cluster slots, and a staging key shares its
-// slot.
+// shardKeys returns the keys of a generation's shards (keyspace.Filter.Shard).
 func shardKeys(names keyspace.Filter, gen int64, shards int) []string {
 	keys := make([]string, shards)
 	for i := range keys {

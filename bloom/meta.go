@@ -96,9 +96,6 @@ func (f *Filter) openMeta(ctx context.Context, cfg Config) (*meta, error) {
 	}
 	// Shards of this generation left from before the meta was lost hold
 	// bits of another life: start from empty ones.
-	if err := unlink(ctx, f.rdb, m.cur.keys); err != nil {
-		return nil, fmt.Errorf("bloom: open %s: %w", f.base, redisfail.Wrap(err))
-	}
 	if err := allocate(ctx, f.rdb, m.cur); err != nil {
 		return nil, fmt.Errorf("bloom: open %s: %w", f.base, redisfail.Wrap(err))
 	}
@@ -153,10 +150,14 @@ func (f *Filter) readMeta(ctx context.Context) (*meta, error) {
 	return f.openMeta(ctx, cfg)
 }
 
-// allocate creates a generation's shards at full size with every readiness
-// bit clear, so that no later write grows a string while Redis blocks.
-func allocate(ctx context.Context, rdb redis.UniversalClient, l *layout) error {
+// allocate drops the keys in drop and replaces a generation's shards by
+// empty ones at full size, every readiness bit clear, so that no later
+// write grows a string while Redis blocks. One round trip.
+func allocate(ctx context.Context, rdb redis.UniversalClient, l *layout, drop ...string) error {
 	pipe := rdb.Pipeline()
+	for _, k := range append(drop, l.keys...) {
+		pipe.Unlink(ctx, k)
+	}
 	for _, k := range l.keys {
 		pipe.Process(ctx, redis.NewIntSliceCmd(ctx, "BITFIELD", k, "SET", "u1", l.cfg.ShardBits-1, 0))
 	}

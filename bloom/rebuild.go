@@ -1,6 +1,7 @@
 package bloom
 
 import (
+	"cmp"
 	"context"
 	_ "embed"
 	"errors"
@@ -101,10 +102,7 @@ func (f *Filter) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts
 	if err != nil {
 		return 0, fmt.Errorf("bloom: rebuild: %w", err)
 	}
-	n, p := cur.cfg.ExpectedItems, cur.cfg.FalsePositiveRate
-	if o.ExpectedItems > 0 {
-		n = o.ExpectedItems
-	}
+	n, p := cmp.Or(o.ExpectedItems, cur.cfg.ExpectedItems), cur.cfg.FalsePositiveRate
 	if o.FalsePositiveRate > 0 {
 		p = o.FalsePositiveRate
 	}
@@ -145,11 +143,8 @@ func (r *rebuild) progress(p RebuildProgress) {
 
 func (r *rebuild) run(ctx context.Context, ids iter.Seq2[string, error]) (int, error) {
 	f, cur, next, cfg := r.f, r.cur, r.next, r.next.cfg
-	// Leftovers of a rebuild that died, then fresh, empty shards.
-	if err := unlink(ctx, f.rdb, append(next.keys, stagingKeys(next.keys)...)); err != nil {
-		return 0, fmt.Errorf("bloom: rebuild: %w", redisfail.Wrap(err))
-	}
-	if err := allocate(ctx, f.rdb, next); err != nil {
+	// Fresh, empty shards, and no staging key left by a rebuild that died.
+	if err := allocate(ctx, f.rdb, next, stagingKeys(next.keys)...); err != nil {
 		return 0, fmt.Errorf("bloom: rebuild: %w", redisfail.Wrap(err))
 	}
 	// Announce: from here on Add writes to both generations.
@@ -185,12 +180,10 @@ func (r *rebuild) run(ctx context.Context, ids iter.Seq2[string, error]) (int, e
 	return count, nil
 }
 
-// build sets the bits of every ID locally: one bitset per shard, every
-// block's readiness bit set. The caller's goroutine ranges ids and hands
-// batches to one worker per core, which hash them and set their bits with
-// atomic ORs (a bit only goes from 0 to 1, so their order does not matter);
-// build closes the batches' channel and waits for the workers before it
-// returns, on every path (a source that panics too).
+// build sets the bits of every ID locally, in one bitset per shard with
+// every readiness bit set: the caller's goroutine ranges ids and hands
+// batches to one worker per core (atomic ORs: a bit only goes from 0 to 1).
+// It waits for the workers before it returns, on every path.
 func (r *rebuild) build(ctx context.Context, ids iter.Seq2[string, error]) ([]*bitset.BitSet, int, error) {
 	cfg := r.next.cfg
 	sets := make([]*bitset.BitSet, cfg.Shards)

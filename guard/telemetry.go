@@ -76,15 +76,19 @@ func newTelemetry(g *Guard, tp trace.TracerProvider, mp metric.MeterProvider) (*
 		return t, nil
 	}
 	m := mp.Meter(instrumentation)
-	var err error
-	if t.gets, err = m.Int64Counter("cacheguard.gets", metric.WithDescription("Get calls (and GetMany IDs) by outcome"), metric.WithUnit("{get}")); err != nil {
-		return nil, err
-	}
-	if t.loadDur, err = m.Float64Histogram("cacheguard.load.duration", metric.WithDescription("calls of the load function"), metric.WithUnit("s")); err != nil {
-		return nil, err
-	}
-	if t.waitDur, err = m.Float64Histogram("cacheguard.lock.wait.duration",
-		metric.WithDescription("waits on another process's load"), metric.WithUnit("s")); err != nil {
+	var fill, fp metric.Float64ObservableGauge
+	var errs [5]error // New fails with any of them
+	t.gets, errs[0] = m.Int64Counter("cacheguard.gets", metric.WithDescription("Get calls (and GetMany IDs) by outcome"),
+		metric.WithUnit("{get}"))
+	t.loadDur, errs[1] = m.Float64Histogram("cacheguard.load.duration", metric.WithDescription("calls of the load function"),
+		metric.WithUnit("s"))
+	t.waitDur, errs[2] = m.Float64Histogram("cacheguard.lock.wait.duration",
+		metric.WithDescription("waits on another process's load"), metric.WithUnit("s"))
+	fill, errs[3] = m.Float64ObservableGauge("cacheguard.bloom.fill",
+		metric.WithDescription("share of the bloom filter's bits set"), metric.WithUnit("1"))
+	fp, errs[4] = m.Float64ObservableGauge("cacheguard.bloom.false_positive_rate",
+		metric.WithDescription("the bloom filter's estimated false-positive rate at its fill"), metric.WithUnit("1"))
+	if err := errors.Join(errs[:]...); err != nil {
 		return nil, err
 	}
 	for i, name := range outcomeNames {
@@ -94,17 +98,8 @@ func newTelemetry(g *Guard, tp trace.TracerProvider, mp metric.MeterProvider) (*
 	for _, name := range []string{"ok", "not_found", "error", "woken", "expired", "timeout", "cancelled"} {
 		t.byResult[name] = metric.WithAttributeSet(attribute.NewSet(t.guardKV, attribute.String("cacheguard.result", name)))
 	}
-	fill, err := m.Float64ObservableGauge("cacheguard.bloom.fill",
-		metric.WithDescription("share of the bloom filter's bits set"), metric.WithUnit("1"))
-	if err != nil {
-		return nil, err
-	}
-	fp, err := m.Float64ObservableGauge("cacheguard.bloom.false_positive_rate",
-		metric.WithDescription("the bloom filter's estimated false-positive rate at its fill"), metric.WithUnit("1"))
-	if err != nil {
-		return nil, err
-	}
 	only := metric.WithAttributeSet(attribute.NewSet(t.guardKV))
+	var err error
 	t.gauges, err = m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
 		ctx, cancel := context.WithTimeout(ctx, g.opts.Tuning.RedisTimeout)
 		defer cancel()

@@ -1,18 +1,14 @@
 // Package codec turns values into the bytes cacheguard stores in Redis and
-// back, inside a small frame.
-//
-// Every stored entry starts with a one-byte kind: a value frame is
+// back, inside a small frame whose first byte is its kind: a value frame is
 // [KindValue][codec id][payload], an empty-value marker ("the source of truth
-// says this ID does not exist") is the single byte [KindEmpty], and a value
-// that should be refreshed ahead of its expiry is [KindValueRefresh][8 bytes:
-// refresh-at, unix milliseconds, big-endian][codec id][payload]. A marker can
-// therefore never be mistaken for a value, a value written by one codec is
-// never decoded by another, and a later format can take a new kind byte.
+// says this ID does not exist") is the single byte [KindEmpty], and a value to
+// refresh ahead of its expiry is [KindValueRefresh][8 bytes: refresh-at, unix
+// milliseconds, big-endian][codec id][payload]. A marker is never taken for a
+// value, nor a value written by one codec decoded by another.
 //
 // Cached bytes are untrusted input (anyone with access to Redis can write
-// them). Decode never panics, and the msgpack codec checks every length
-// prefix against the bytes that remain before the decoder sees them, so five
-// bytes cannot make it allocate gigabytes.
+// them): Decode never panics, and the msgpack codec checks every length
+// prefix against the bytes that remain before the decoder sees them.
 package codec
 
 import (

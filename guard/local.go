@@ -170,7 +170,7 @@ func fromLocal[T any](g *Guard, id string) (T, localState) {
 	if codec.Decode(g.opts.Codec, e.frame, &v) == nil {
 		return v, localFresh
 	}
-	g.local.drop(id)
+	g.local.c.Invalidate(id)
 	return zero, localNone
 }
 
@@ -237,8 +237,6 @@ func (l *local) put(id string, frame []byte, value any, redisTTL time.Duration, 
 		l.c.Invalidate(id)
 	}
 }
-
-func (l *local) drop(id string) { l.c.Invalidate(id) }
 
 // kept returns what the local cache keeps of v, a value that a caller
 // also gets (or, for Set, that the application still holds): v itself for

@@ -75,14 +75,6 @@ func newMarks(ctx context.Context, rdb redis.UniversalClient) *marks {
 		given: map[markOf]struct{}{}, high: map[uint16]int64{}, dropped: map[uint16]int64{}}
 }
 
-// slot is the slot of key's mark.
-func (m *marks) slot(key string) uint16 {
-	if !m.cluster {
-		return 0
-	}
-	return keyspace.Slot(key)
-}
-
 // dialCounter is a hook that counts the connections a client dials. It
 // holds no Guard, so a Guard closed on a shared client is not kept alive by
 // it (go-redis cannot remove a hook).
@@ -137,7 +129,10 @@ func (g *Guard) queueMarks(ctx context.Context, pipe redis.Pipeliner, ids, keys 
 	q := &queuedMarks{ids: ids, slots: make([]uint16, len(keys)), incr: make([]*redis.IntCmd, len(keys))}
 	seen := map[uint16]bool{}
 	for i, k := range keys {
-		s := m.slot(k)
+		var s uint16 // the slot of k's mark
+		if m.cluster {
+			s = keyspace.Slot(k)
+		}
 		q.slots[i] = s
 		q.incr[i] = pipe.Incr(ctx, g.keys.Mark(m.token, s, m.cluster))
 		if !seen[s] {

@@ -79,12 +79,10 @@ func Set[T any](ctx context.Context, g *Guard, id string, v T) error {
 
 // Delete records that ids no longer exist, after the source of truth deleted
 // them: in one round trip each ID's entry (all schema versions) becomes an
-// empty marker for EmptyTTL ± Jitter, loads in flight are voided, and
-// in-memory copies (Options.Local) are dropped in every process. The next Get
-// of a deleted ID, in any process, answers ErrNotFound without calling the
-// loader. A re-created ID is servable again after its Add. A Delete that
-// cannot reach Redis within RedisTimeout wraps ErrUnavailable and is
-// replayed (as an Invalidate).
+// empty marker for EmptyTTL ± Jitter, loads in flight are voided, and every
+// process's in-memory copy is dropped: the next Get, in any process, answers
+// ErrNotFound without a load, until an Add. A Delete that cannot reach Redis
+// wraps ErrUnavailable and is replayed (as an Invalidate).
 func (g *Guard) Delete(ctx context.Context, ids ...string) error {
 	return g.write(ctx, ids, func(ctx context.Context, keys []string) error {
 		return g.replace(ctx, "delete", nil, ids, keys, nil,
@@ -150,7 +148,7 @@ func (g *Guard) forget(keys []string, copy *localEntry, sent time.Time) {
 			g.rd.shared.Forget(k)
 			g.local.epoch.Add(1)
 			if id, ok := g.keys.ID(k); ok {
-				g.local.drop(id)
+				g.local.c.Invalidate(id)
 				if copy != nil {
 					g.local.put(id, copy.frame, copy.value, copy.life, sent, g.local.epoch.Load())
 				}
@@ -241,13 +239,11 @@ func (g *Guard) invalidate(ctx context.Context, f *bloom.Filter, ids, keys []str
 	return redisfail.Wrap(err)
 }
 
-// InvalidateAll invalidates every ID of the Guard that has an entry or a
-// load in flight, in every process, as Invalidate does each: after a
-// TRUNCATE or a bulk change that no list of IDs describes. Two SCAN passes
-// on every master make sure that no load which read the old data before
-// the call caches it after. It returns how many IDs it invalidated and
-// leaves the filter as it is (see Rebuild). Redis failures wrap
-// ErrUnavailable and are not replayed: call it again.
+// InvalidateAll invalidates, as Invalidate does, every ID of the Guard that
+// has an entry or a load in flight: after a TRUNCATE or a bulk change that
+// no list of IDs describes (two SCAN passes on every master). It returns how
+// many IDs it invalidated and leaves the filter as it is (see Rebuild).
+// Redis failures wrap ErrUnavailable and are not replayed: call it again.
 func (g *Guard) InvalidateAll(ctx context.Context) (int, error) {
 	pass, err := g.sup.enter()
 	if err != nil {
@@ -309,13 +305,12 @@ func (g *Guard) invalidateAll(ctx context.Context) (int, error) {
 }
 
 // Rebuild replaces the bloom filter with one built from every existing ID of
-// the source of truth, and lets it answer "absent". With Options.Filter.IDs
-// the Guard does it by itself whenever the filter is not ready; call it to
-// resize the filter, to clear the bits of deleted IDs, or without an ID
-// source. Until then Get fails open (Stats.BloomBypasses). No existing ID is
-// reported absent during a rebuild. It waits for this Guard's automatic
-// rebuild, if one runs; if it fails and Filter.IDs is set, the Guard goes
-// on trying in the background. opts may be nil.
+// the source of truth, and lets it answer "absent" (until then Get fails
+// open). With Options.Filter.IDs the Guard does it by itself whenever the
+// filter is not ready; call it to resize the filter, to clear the bits of
+// deleted IDs, or without an ID source. No existing ID is reported absent
+// meanwhile. It waits for this Guard's automatic rebuild, if one runs; if it
+// fails and Filter.IDs is set, the Guard goes on trying. opts may be nil.
 func (g *Guard) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts *bloom.RebuildOptions) (int, error) {
 	pass, err := g.sup.enter()
 	if err != nil {

@@ -9,9 +9,8 @@
 //     [ErrPanic], with its stack; it never crashes the process.
 //
 // It is golang.org/x/sync/singleflight with recoverable panics and a typed
-// key. Across processes, add a Redis lock per key (package lock; Group's
-// example shows both). docs/design.md says why cacheguard's own protocol,
-// woken by PUBLISH, is not here.
+// key. Across processes, add a Redis lock per key (package lock: Group's
+// example shows both; docs/design.md says what cacheguard adds).
 package loader
 
 import (

@@ -65,16 +65,13 @@ type RebuildProgress struct {
 }
 
 // Rebuild replaces the filter with a new generation built from every ID of
-// the source of truth (ids), and makes it ready. It returns the number of IDs
-// read. Another process's Rebuild of the same filter makes it fail with
-// ErrRebuilding; an error from ids, a source short of the IDs the filter
-// holds (ErrShortSource) or a key of the new generation lost meanwhile
-// stops it with the current generation still in place.
-//
-// ids is ranged only after the new generation is announced: from then on
-// Add writes to both generations, so the source must see every ID committed
-// before it is ranged (a query run inside the iterator does; a slice read
-// before Rebuild was called may miss an ID added in between).
+// the source of truth (ids), makes it ready, and returns the number of IDs
+// read. It fails with ErrRebuilding while another process rebuilds the
+// filter; an error from ids, a source short of the IDs the filter holds
+// (ErrShortSource) or a key of the new generation lost meanwhile leaves the
+// current generation in place. ids is ranged only once the new generation
+// is announced (Add writes to both from then on), so it must see every ID
+// committed before it is ranged: a query run inside the iterator does.
 func (f *Filter) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts *RebuildOptions) (int, error) {
 	var o RebuildOptions
 	if opts != nil {

@@ -35,12 +35,10 @@ var (
 	ErrWrongType = errors.New("cacheguard: wrong type")
 	// ErrClosed: the Guard was closed.
 	ErrClosed = errors.New("cacheguard: guard closed")
-	// ErrUnavailable is wrapped (with the Redis error) by every error that
-	// Redis failing to answer causes, from every function of every package
-	// of cacheguard (bloom.ErrUnavailable and lock.ErrUnavailable are the
-	// same value): a dial or I/O error, a timeout, an error reply such as
-	// OOM under maxmemory or NOPERM from an ACL. Retry later, or serve from
-	// the source of truth. It is never ErrNotFound.
+	// ErrUnavailable is wrapped, with the Redis error, by every error that
+	// Redis failing to answer causes in every package of cacheguard (the same
+	// value as bloom's and lock's): a dial or I/O error, a timeout, an error
+	// reply (OOM, NOPERM). Retry later, or serve from the source of truth.
 	ErrUnavailable = redisfail.ErrUnavailable
 	// ErrUnconfirmed: Redis cannot answer, or its bloom filter is not ready,
 	// and this process's copy of the filter has never seen the ID. Another

@@ -134,12 +134,10 @@ func (l *local) close() error {
 	return nil
 }
 
-// localHit answers id from the in-process cache (Options.Local) if it holds
-// a copy. It runs outside the close gate's count: it touches no Redis
-// connection, and the otter cache stays safe to read while Close empties
-// it; once Close has begun, it answers nothing and the caller's gate.enter
-// reports ErrClosed. IDs are not checked here: a malformed one was never
-// stored, so it misses and Get refuses it afterwards.
+// localHit answers id from the in-process cache if it holds a copy. It runs
+// outside the close gate's count (it touches no Redis connection, and otter
+// stays safe to read while Close empties it) and answers nothing once Close
+// has begun. IDs are not checked: a malformed one was never stored.
 func localHit[T any](ctx context.Context, g *Guard, id string) (T, localState) {
 	if g.sup.closed.Load() {
 		var zero T

@@ -68,11 +68,10 @@ type FilterOptions struct {
 	// background. Without it, call Rebuild yourself.
 	IDs func(ctx context.Context) iter.Seq2[string, error]
 	// NoLocalCopy keeps no copy of the filter in process memory (it takes
-	// the filter's size: docs/incidents.md). With the copy, while the filter is not
-	// ready or Redis cannot answer, an ID it has never seen is answered
-	// ErrUnconfirmed (a 503), not loaded: a row created in another process
-	// since the copy answers so too, until the filter is back. Without it,
-	// such IDs load through (fail open). docs/incidents.md.
+	// the filter's size). With the copy, while the filter is not ready or
+	// Redis cannot answer, an ID it has never seen (a row created since in
+	// another process too) is answered ErrUnconfirmed, a 503, not loaded.
+	// Without it, such IDs load through (fail open). docs/incidents.md.
 	NoLocalCopy bool
 }
 

@@ -83,12 +83,9 @@ func (g *Guard) Peek(ctx context.Context, id string) (context.Context, bool, err
 	return context.WithValue(ctx, peekKey{}, &peeked{g: g, id: id, r: r, replays: replays, answered: !exists}), exists, nil
 }
 
-// MayExist asks only the bloom filter whether id may exist: false means the
-// ID certainly does not (one GETRANGE). HTTP middleware uses Peek instead,
-// which also reads the cache for the handler's Get. A malformed ID gives
-// ErrInvalidKey without a Redis command; a filter that is not ready answers
-// true (fail open); Redis failures wrap ErrUnavailable; after Close,
-// ErrClosed.
+// MayExist asks only the bloom filter whether id may exist (one GETRANGE):
+// false means the ID certainly does not. Its errors are Peek's, and a
+// filter that is not ready answers true (fail open).
 func (g *Guard) MayExist(ctx context.Context, id string) (bool, error) {
 	pass, err := g.sup.enter()
 	if err != nil {

@@ -15,12 +15,10 @@ import (
 // Add puts id into the filter. See AddMany.
 func (f *Filter) Add(ctx context.Context, id string) error { return f.AddMany(ctx, []string{id}) }
 
-// AddMany puts ids into the filter. Call it after the source of truth has
-// committed them. One round trip reads the meta and sets the bits in the
-// generation this client knows (one script per shard touched); if the meta
-// names another generation, or a rebuild in progress, a second round trip
-// sets them there too. AddMany does not make a filter ready (see Rebuild).
-// It sets the bits in this client's copy too (RefreshCopy), if it has one.
+// AddMany puts ids into the filter, after the source of truth committed
+// them: one round trip, or two when the meta names another generation or a
+// rebuild in progress. It does not make a filter ready (see Rebuild), and
+// sets the bits in this client's copy (RefreshCopy) too.
 func (f *Filter) AddMany(ctx context.Context, ids []string) error {
 	if len(ids) == 0 {
 		return nil

@@ -53,10 +53,8 @@ var Msgpack Codec = msgpackCodec{}
 // JSON is encoding/json: larger and slower, but readable with redis-cli.
 var JSON Codec = jsonCodec{}
 
-var emptyFrame = string([]byte{KindEmpty})
-
 // Empty returns the empty-value marker frame.
-func Empty() []byte { return []byte(emptyFrame) }
+func Empty() []byte { return []byte{KindEmpty} }
 
 // Encode marshals v with c and frames it.
 func Encode(c Codec, v any) ([]byte, error) { return encode(c, v, []byte{KindValue, c.ID()}) }

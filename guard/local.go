@@ -212,11 +212,9 @@ func (l *local) put(id string, frame []byte, value any, redisTTL time.Duration, 
 		return
 	}
 	life := min(l.ttl, redisTTL)
-	// A frame with a refresh-at time (RefreshAhead) is kept only until
-	// then: the Get after it reads Redis, serves the value and starts the
-	// refresh, so a hot key served from memory is refreshed too instead of
-	// expiring under its readers. Past refresh-at it is not kept at all:
-	// the refreshed value arrives through Redis.
+	// A frame with a refresh-at time (RefreshAhead) is kept only until then
+	// (past it, not at all): the Get after it reads Redis and starts the
+	// refresh, so a hot key served from memory does not expire under its readers.
 	gone := redisTTL <= l.ttl // it dies with its entry (unless refresh-at comes first)
 	if at, ok := codec.RefreshAt(frame); ok {
 		if until := at.Sub(now); until < life {

@@ -2,15 +2,14 @@
 // rest of cacheguard. It guarantees:
 //   - one holder at a time per key while the lock lives: [Client.Obtain]
 //     sets a token unique to the attempt (SET NX PX), retrying as [Options]
-//     say; [Client.Queue] queues one attempt in the caller's pipeline, so
-//     the commands behind it run with the lock taken;
+//     say; [Client.Queue] queues one attempt in the caller's pipeline;
 //   - only the holder frees or extends it: [Lock.Release] and [Lock.Refresh]
 //     check the token in a script, else return [ErrNotHeld];
 //   - [Lock.KeepAlive] renews it while the holder works, and says if lost.
 //
 // An expired lock protects nothing (a paused process): fence the work by
 // checking [Lock.Token] in the holder's write script, as the example does.
-// Hash-tag the key to keep it beside what it guards on a cluster. Redis
+// Hash-tag the key to keep it on a cluster beside what it guards. Redis
 // failures wrap [ErrUnavailable].
 package lock
 
@@ -166,12 +165,10 @@ type Queued struct {
 	pttl       *redis.DurationCmd // and the lock's PTTL behind it (Obtain's; nil after Queue)
 }
 
-// Queue adds one attempt to obtain key to pipe: SET key token NX PX ttl,
-// one command. Redis runs a connection's commands in order, so commands
-// queued after it on keys of the same slot run with the lock taken (or
-// not): a read queued behind it is, for the winner, the re-check of what
-// the lock guards, in the same round trip. Read the outcome with Result
-// after the pipeline ran.
+// Queue adds one attempt to obtain key to pipe: SET key token NX PX ttl.
+// Redis runs a connection's commands in order, so a read of the same slot
+// queued behind it is, for the winner, the re-check of what the lock guards,
+// in the same round trip. Read the outcome with Result after the pipeline ran.
 func (c *Client) Queue(ctx context.Context, pipe redis.Pipeliner, key string, ttl time.Duration) (*Queued, error) {
 	if _, err := resolve(key, ttl, nil); err != nil {
 		return nil, err

@@ -65,10 +65,9 @@ const (
 	hashName   = "xxh64x2-b512"
 	metaFormat = "2"                // the meta hash's field set; a client refuses another
 	seed2      = 0x9e3779b97f4a7c15 // seed of the second hash
-	// reloadEvery limits how often a client re-reads the meta after
-	// finding a shard not ready: often enough that readers follow a
-	// generation switch within a blink, rarely enough that a lost filter
-	// costs each process at most ten HGETALLs a second.
+	// reloadEvery limits a client's re-reads of the meta after finding a
+	// shard not ready: readers follow a generation switch within a blink,
+	// and a lost filter costs each process at most ten HGETALLs a second.
 	reloadEvery = 100 * time.Millisecond
 )
 

@@ -37,11 +37,10 @@ type localCopy struct {
 }
 
 // RefreshCopy fetches the bits of the filter's current generation into
-// process memory (GETRANGEs of 1 MiB), for TestCopy: in place when the copy
-// holds that generation already (bits are only set within one), or into a
-// new copy that replaces the old once whole. A generation that is not ready
-// (a block without its readiness bit, a shard missing) returns ErrNotReady
-// and leaves the copy as it was. It reports the copy's size in bytes.
+// process memory (GETRANGEs of 1 MiB) for TestCopy, in place when the copy
+// holds that generation (bits are only set within one), else into a new copy
+// that replaces the old once whole. A generation that is not ready returns
+// ErrNotReady and leaves the copy as it was. It reports the copy's size.
 func (f *Filter) RefreshCopy(ctx context.Context) (int, error) {
 	c := &f.mem
 	c.refresh.Lock()

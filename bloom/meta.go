@@ -122,11 +122,10 @@ func (f *Filter) createMeta(ctx context.Context, gen int64, cfg Config, loaded u
 	return m, created == 1, nil
 }
 
-// readMeta reads the meta hash. If Redis lost it (an evicting Redis finds
-// it cold: it is read at open and rebuild only) while the shards of the
-// generation this client knows are all there and ready, the meta is put
-// back from this client's layout: the filter keeps answering, and no
-// rebuild is needed. Otherwise a lost meta is recreated as openMeta does.
+// readMeta reads the meta hash. If Redis lost it (evicted: it is read at
+// open and rebuild only) while the shards of the generation this client
+// knows are all there and ready, it is put back from this client's layout
+// (no rebuild needed); otherwise it is recreated as openMeta does.
 func (f *Filter) readMeta(ctx context.Context) (*meta, error) {
 	h, err := f.rdb.HGetAll(ctx, f.names.Meta()).Result()
 	if err != nil {

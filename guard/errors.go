@@ -58,19 +58,16 @@ func (g *Guard) fail(ctx context.Context, op, id string, err error) error {
 	if err == nil {
 		return nil
 	}
+	who, attrs := g.name, []any{"err", err}
+	if id != "" {
+		who, attrs = fmt.Sprintf("%s %q", g.name, id), []any{"id", id, "err", err}
+	}
 	if errors.Is(err, ErrUnavailable) {
 		g.stats.redisErrors.Add(1)
-		if id == "" {
-			g.log.WarnContext(ctx, "cacheguard: redis "+op+" failed", "err", err)
-		} else {
-			g.log.WarnContext(ctx, "cacheguard: redis "+op+" failed", "id", id, "err", err)
-		}
+		g.log.WarnContext(ctx, "cacheguard: redis "+op+" failed", attrs...)
 		g.reloadSlots(ctx, err)
 	}
-	if id == "" {
-		return fmt.Errorf("cacheguard: %s: %s: %w", g.name, op, err)
-	}
-	return fmt.Errorf("cacheguard: %s %q: %s: %w", g.name, id, op, err)
+	return fmt.Errorf("cacheguard: %s: %s: %w", who, op, err)
 }
 
 // one is the ID a write of ids is about, or "" when it is about several.

@@ -23,9 +23,8 @@ import (
 // one): without Local the guarantee is exact. Copies are kept decoded where
 // the type allows, each caller getting its own (docs/design-notes.md).
 type LocalOptions struct {
-	// Size caps the values kept; when full, the eviction policy of
-	// github.com/maypok86/otter/v2 (adaptive W-TinyLFU: it keeps what is
-	// read often and recently) picks what goes. Default 10,000.
+	// Size caps the values kept; when full, otter's adaptive W-TinyLFU picks
+	// what goes (it keeps what is read often and recently). Default 10,000.
 	Size int
 	// TTL is how long a value is served from memory at most: a copy also
 	// never outlives its entry's TTL in Redis. Default 1 second.

@@ -201,10 +201,9 @@ func (m *marks) leaveLocked(w marked) {
 }
 
 // lostLocked is what Redis lost when slot's mark went back to at, from as
-// high as hi: the IDs whose writes got a mark in (at, hi] (out of the ring
-// now: their replay writes again), and whether such a write had left the
-// ring already. The slot's high mark becomes the highest left. Callers
-// hold m.mu.
+// high as hi: the IDs whose writes got a mark in (at, hi], taken out of the
+// ring, and whether such a write had left it already. The slot's high mark
+// becomes the highest left. Callers hold m.mu.
 func (m *marks) lostLocked(slot uint16, at, hi int64) (ids []string, overflow bool) {
 	high := at
 	for i := range m.ring {

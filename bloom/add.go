@@ -106,10 +106,9 @@ func (p *PendingAdd) err() error {
 }
 
 // checkSaturation calls OnSaturated once per generation when the bits say
-// the false-positive rate passed the target by SaturationMargin. The count
-// of Adds (repeats count again) only says when to look: at most once a
-// minute, one BITCOUNT of the first MiB of a shard, whose blocks are a
-// uniform sample of the filter's.
+// the false-positive rate passed the target by SaturationMargin. The count of
+// Adds only says when to look: at most once a minute, one BITCOUNT of a
+// shard's first MiB, whose blocks are a uniform sample of the filter's.
 func (f *Filter) checkSaturation(ctx context.Context, l *layout, added uint64) {
 	if f.opts.OnSaturated == nil || f.saturated.Load() == l.gen {
 		return

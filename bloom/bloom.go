@@ -94,18 +94,16 @@ type Options struct {
 	FalsePositiveRate float64
 	// MaxShardBytes caps one bitmap key. Default 64 MiB; at most 512 MiB.
 	MaxShardBytes uint64
-	// OnSaturated, if set, is called (once per generation and client) when
-	// an Add finds that the items added so far push the estimated false-
-	// positive rate above the target by more than SaturationMargin: time to
-	// Rebuild with a larger ExpectedItems.
+	// OnSaturated, if set, is called once per generation and client when
+	// Adds push the estimated false-positive rate above the target by more
+	// than SaturationMargin: time to Rebuild with a larger ExpectedItems.
 	OnSaturated func(Saturation)
 	// SaturationMargin is the relative excess that triggers OnSaturated.
 	// Default 0.5 (a 1% target fires at 1.5%).
 	SaturationMargin float64
 	// Strict makes Open fail with ErrMismatch when the filter in Redis was
-	// sized otherwise. By default Open adopts the stored layout (Adopted
-	// reports it): a filter resized by a Rebuild needs no coordinated
-	// redeploy of every client's options.
+	// sized otherwise; by default Open adopts the stored layout (Adopted), so
+	// a Rebuild's resize needs no coordinated redeploy of every client.
 	Strict bool
 }
 

@@ -132,10 +132,9 @@ func (f *Filter) fetch(ctx context.Context, l *layout, s *snapshot) error {
 }
 
 // TestCopy answers Test from the copy in process memory, with no Redis
-// command: ok is false when there is none (RefreshCopy never succeeded).
-// The copy holds the bits of its generation when last fetched, and this
-// process's Adds since: an ID another process added after the fetch reads
-// absent, so a caller must not take "absent" here for "does not exist".
+// command (ok false: no copy yet). The copy holds its generation's bits when
+// last fetched and this process's Adds since: an ID another process added
+// later reads absent, so "absent" here does not mean "does not exist".
 func (f *Filter) TestCopy(id string) (maybe, ok bool) {
 	s := f.mem.whole.Load()
 	if s == nil {

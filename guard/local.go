@@ -233,11 +233,10 @@ func (l *local) put(id string, frame []byte, value any, redisTTL time.Duration, 
 	}
 }
 
-// kept returns what the local cache keeps of v, a value that a caller
-// also gets (or, for Set, that the application still holds): v itself for
-// a type whose copies share nothing, a private deep copy of it with the
-// copier that makes each caller's own (copied), or nil when the type can
-// only be decoded each time.
+// kept returns what the local cache keeps of v, which a caller also gets (or,
+// for Set, the application still holds): v itself for a type whose copies
+// share nothing, a private deep copy with the copier that makes each
+// caller's own (copied), or nil when the type can only be decoded each time.
 func kept[T any](g *Guard, v T) any {
 	switch b := g.bound.Load(); {
 	case b == nil:

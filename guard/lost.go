@@ -42,10 +42,9 @@ type marked struct {
 type marks struct {
 	token   string // this Guard's marks are its own: no other process advances them
 	cluster bool   // a mark per slot (ClusterClient), else one
-	// dials counts the connections dialed on the client (dialCounter) and
-	// the written slots that moved to another master (touch), and checked
-	// the dials the last check covered: while they differ, a read (or the
-	// watcher) checks.
+	// dials counts the connections dialed on the client (dialCounter) and the
+	// written slots that moved to another master (touch); checked, the dials
+	// the last check covered: while they differ, a read (or the watcher) checks.
 	dials   *atomic.Uint64
 	checked atomic.Uint64
 	wrote   atomic.Bool // a write landed: until then there is nothing to check

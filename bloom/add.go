@@ -1,6 +1,7 @@
 package bloom
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -14,12 +15,10 @@ import (
 // Add puts id into the filter. See AddMany.
 func (f *Filter) Add(ctx context.Context, id string) error { return f.AddMany(ctx, []string{id}) }
 
-// AddMany puts ids into the filter. Call it after the source of truth has
-// committed them. One round trip reads the meta and sets the bits in the
-// generation this client knows (one script per shard touched); if the meta
-// names another generation, or a rebuild in progress, a second round trip
-// sets them there too. AddMany does not make a filter ready (see Rebuild).
-// It sets the bits in this client's copy too (RefreshCopy), if it has one.
+// AddMany puts ids into the filter, after the source of truth committed
+// them: one round trip, or two when the meta names another generation or a
+// rebuild in progress. It does not make a filter ready (see Rebuild), and
+// sets the bits in this client's copy (RefreshCopy) too.
 func (f *Filter) AddMany(ctx context.Context, ids []string) error {
 	if len(ids) == 0 {
 		return nil
@@ -99,32 +98,23 @@ func (p *PendingAdd) Result(ctx context.Context) error {
 
 // err is the first error of the queued commands, if any.
 func (p *PendingAdd) err() error {
-	if err := p.meta.Err(); err != nil {
-		return err
-	}
-	if err := p.added.Err(); err != nil {
-		return err
-	}
+	err := cmp.Or(p.meta.Err(), p.added.Err())
 	for _, c := range p.sets {
-		if err := c.Err(); err != nil {
-			return err
-		}
+		err = cmp.Or(err, c.Err())
 	}
-	return nil
+	return err
 }
 
 // checkSaturation calls OnSaturated once per generation when the bits say
-// the false-positive rate passed the target by SaturationMargin. The count
-// of Adds (repeats count again) only says when to look: at most once a
-// minute, one BITCOUNT of the first MiB of a shard, whose blocks are a
-// uniform sample of the filter's.
+// the false-positive rate passed the target by SaturationMargin. The count of
+// Adds only says when to look: at most once a minute, one BITCOUNT of a
+// shard's first MiB, whose blocks are a uniform sample of the filter's.
 func (f *Filter) checkSaturation(ctx context.Context, l *layout, added uint64) {
 	if f.opts.OnSaturated == nil || f.saturated.Load() == l.gen {
 		return
 	}
 	limit := l.cfg.FalsePositiveRate * (1 + f.opts.SaturationMargin)
-	k := float64(l.cfg.Hashes)
-	if math.Pow(1-math.Exp(-k*float64(added)/float64(l.cfg.Bits)), k) <= limit {
+	if estimatedFPRate(l.cfg, added) <= limit {
 		return
 	}
 	now, last := time.Now().UnixNano(), f.lastSatCheck.Load()
@@ -138,7 +128,7 @@ func (f *Filter) checkSaturation(ctx context.Context, l *layout, added uint64) {
 	}
 	blocks := int64(n / blockBytes)
 	fill := float64(max(set-blocks, 0)) / float64(blocks*usableBits) // readiness bits excluded
-	est := math.Pow(fill, k)
+	est := math.Pow(fill, float64(l.cfg.Hashes))
 	if est > limit && f.saturated.Swap(l.gen) != l.gen {
 		f.opts.OnSaturated(Saturation{Generation: l.gen, Added: added, EstimatedFPRate: est, TargetFPRate: l.cfg.FalsePositiveRate})
 	}

@@ -1,17 +1,13 @@
 // Package bloom is a bloom filter kept in Redis bitmaps, shared by every
-// process that opens it by name.
-//
-// [Open] creates the filter (or adopts the layout stored in Redis), [Filter.Add]
-// sets an ID's bits, [Filter.Test] probes them in one command, and
-// [Filter.Rebuild] fills a new generation from the source of truth and switches
-// to it atomically, so no existing ID is ever reported absent. A filter that
-// is not ready (never built, or lost by Redis) answers ErrNotReady, and its
-// users fail open. Sizing follows m = -n·ln p/(ln 2)², k = round(m/n·ln 2),
-// with the bits of one ID in one shard of at most 64 MB (one command per
-// probe, cluster-friendly). docs/design-notes.md has the layout in full.
+// process that opens it by name. [Filter.Test] probes an ID in one command,
+// and [Filter.Rebuild] fills a new generation from the source of truth and
+// switches to it atomically, so no existing ID is ever reported absent. A
+// filter that is not ready (never built, or lost by Redis) answers
+// ErrNotReady, and its users fail open. docs/design-notes.md has the layout.
 package bloom
 
 import (
+	"cmp"
 	"context"
 	_ "embed"
 	"errors"
@@ -69,10 +65,9 @@ const (
 	hashName   = "xxh64x2-b512"
 	metaFormat = "2"                // the meta hash's field set; a client refuses another
 	seed2      = 0x9e3779b97f4a7c15 // seed of the second hash
-	// reloadEvery limits how often a client re-reads the meta after
-	// finding a shard not ready: often enough that readers follow a
-	// generation switch within a blink, rarely enough that a lost filter
-	// costs each process at most ten HGETALLs a second.
+	// reloadEvery limits a client's re-reads of the meta after finding a
+	// shard not ready: readers follow a generation switch within a blink,
+	// and a lost filter costs each process at most ten HGETALLs a second.
 	reloadEvery = 100 * time.Millisecond
 )
 
@@ -99,18 +94,16 @@ type Options struct {
 	FalsePositiveRate float64
 	// MaxShardBytes caps one bitmap key. Default 64 MiB; at most 512 MiB.
 	MaxShardBytes uint64
-	// OnSaturated, if set, is called (once per generation and client) when
-	// an Add finds that the items added so far push the estimated false-
-	// positive rate above the target by more than SaturationMargin: time to
-	// Rebuild with a larger ExpectedItems.
+	// OnSaturated, if set, is called once per generation and client when
+	// Adds push the estimated false-positive rate above the target by more
+	// than SaturationMargin: time to Rebuild with a larger ExpectedItems.
 	OnSaturated func(Saturation)
 	// SaturationMargin is the relative excess that triggers OnSaturated.
 	// Default 0.5 (a 1% target fires at 1.5%).
 	SaturationMargin float64
 	// Strict makes Open fail with ErrMismatch when the filter in Redis was
-	// sized otherwise. By default Open adopts the stored layout (Adopted
-	// reports it): a filter resized by a Rebuild needs no coordinated
-	// redeploy of every client's options.
+	// sized otherwise; by default Open adopts the stored layout (Adopted), so
+	// a Rebuild's resize needs no coordinated redeploy of every client.
 	Strict bool
 }
 
@@ -201,15 +194,9 @@ func resolve(opts *Options) (Options, error) {
 	if opts != nil {
 		o = *opts
 	}
-	if o.ExpectedItems == 0 {
-		o.ExpectedItems = DefaultExpectedItems
-	}
-	if o.FalsePositiveRate == 0 {
-		o.FalsePositiveRate = DefaultFalsePositiveRate
-	}
-	if o.MaxShardBytes == 0 {
-		o.MaxShardBytes = DefaultMaxShardBytes
-	}
+	o.ExpectedItems = cmp.Or(o.ExpectedItems, DefaultExpectedItems)
+	o.FalsePositiveRate = cmp.Or(o.FalsePositiveRate, DefaultFalsePositiveRate)
+	o.MaxShardBytes = cmp.Or(o.MaxShardBytes, DefaultMaxShardBytes)
 	if o.SaturationMargin <= 0 {
 		o.SaturationMargin = 0.5
 	}
@@ -242,9 +229,7 @@ func configFor(n uint64, p float64, maxShardBytes uint64) (Config, error) {
 	return Config{ExpectedItems: n, FalsePositiveRate: p, Bits: shards * shardBits, Hashes: k, Shards: int(shards), ShardBits: shardBits}, nil
 }
 
-// shardKeys returns the keys of a generation's shards. Each has a hash tag of
-// its own, so shards spread over cluster slots, and a staging key shares its
-// slot.
+// shardKeys returns the keys of a generation's shards (keyspace.Filter.Shard).
 func shardKeys(names keyspace.Filter, gen int64, shards int) []string {
 	keys := make([]string, shards)
 	for i := range keys {

@@ -37,11 +37,10 @@ type localCopy struct {
 }
 
 // RefreshCopy fetches the bits of the filter's current generation into
-// process memory (GETRANGEs of 1 MiB), for TestCopy: in place when the copy
-// holds that generation already (bits are only set within one), or into a
-// new copy that replaces the old once whole. A generation that is not ready
-// (a block without its readiness bit, a shard missing) returns ErrNotReady
-// and leaves the copy as it was. It reports the copy's size in bytes.
+// process memory (GETRANGEs of 1 MiB) for TestCopy, in place when the copy
+// holds that generation (bits are only set within one), else into a new copy
+// that replaces the old once whole. A generation that is not ready returns
+// ErrNotReady and leaves the copy as it was. It reports the copy's size.
 func (f *Filter) RefreshCopy(ctx context.Context) (int, error) {
 	c := &f.mem
 	c.refresh.Lock()
@@ -133,10 +132,9 @@ func (f *Filter) fetch(ctx context.Context, l *layout, s *snapshot) error {
 }
 
 // TestCopy answers Test from the copy in process memory, with no Redis
-// command: ok is false when there is none (RefreshCopy never succeeded).
-// The copy holds the bits of its generation when last fetched, and this
-// process's Adds since: an ID another process added after the fetch reads
-// absent, so a caller must not take "absent" here for "does not exist".
+// command (ok false: no copy yet). The copy holds its generation's bits when
+// last fetched and this process's Adds since: an ID another process added
+// later reads absent, so "absent" here does not mean "does not exist".
 func (f *Filter) TestCopy(id string) (maybe, ok bool) {
 	s := f.mem.whole.Load()
 	if s == nil {

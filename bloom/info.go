@@ -39,13 +39,9 @@ func (f *Filter) Info(ctx context.Context) (Info, error) {
 	if err != nil {
 		return Info{}, fmt.Errorf("bloom: info: %w", err)
 	}
-	in := Info{Generation: l.gen, Config: l.cfg, Ready: b.ready, Rebuilding: m.next != nil, Added: m.added,
-		BitsSet: b.set, MemoryBytes: b.memory}
-	mbits, k := float64(l.cfg.Bits/blockBits*usableBits), float64(l.cfg.Hashes)
-	in.FillRatio = float64(in.BitsSet) / mbits
-	in.EstimatedItems = b.items(l.cfg)
-	in.EstimatedFPRate = math.Pow(in.FillRatio, k)
-	return in, nil
+	return Info{Generation: l.gen, Config: l.cfg, Ready: b.ready, Rebuilding: m.next != nil, Added: m.added,
+		BitsSet: b.set, MemoryBytes: b.memory, FillRatio: b.fill(l.cfg), EstimatedItems: b.items(l.cfg),
+		EstimatedFPRate: math.Pow(b.fill(l.cfg), float64(l.cfg.Hashes))}, nil
 }
 
 // shardBits is what a generation's shards hold.
@@ -55,10 +51,15 @@ type shardBits struct {
 	memory int64  // MEMORY USAGE
 }
 
+// fill is the share of the usable bits (511 of each block's 512) set.
+func (b shardBits) fill(cfg Config) float64 {
+	return float64(b.set) / float64(cfg.Bits/blockBits*usableBits)
+}
+
 // items estimates the distinct IDs behind the bits: n ≈ −m/k·ln(1−fill).
 func (b shardBits) items(cfg Config) float64 {
 	mbits, k := float64(cfg.Bits/blockBits*usableBits), float64(cfg.Hashes)
-	return max(0, -mbits/k*math.Log(1-min(float64(b.set)/mbits, 1-1e-12))) // max: no -0
+	return max(0, -mbits/k*math.Log(1-min(b.fill(cfg), 1-1e-12))) // max: no -0
 }
 
 // bitsOf counts the bits of l's shards (BITCOUNT is O(size)).

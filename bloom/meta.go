@@ -96,9 +96,6 @@ func (f *Filter) openMeta(ctx context.Context, cfg Config) (*meta, error) {
 	}
 	// Shards of this generation left from before the meta was lost hold
 	// bits of another life: start from empty ones.
-	if err := unlink(ctx, f.rdb, m.cur.keys); err != nil {
-		return nil, fmt.Errorf("bloom: open %s: %w", f.base, redisfail.Wrap(err))
-	}
 	if err := allocate(ctx, f.rdb, m.cur); err != nil {
 		return nil, fmt.Errorf("bloom: open %s: %w", f.base, redisfail.Wrap(err))
 	}
@@ -125,11 +122,10 @@ func (f *Filter) createMeta(ctx context.Context, gen int64, cfg Config, loaded u
 	return m, created == 1, nil
 }
 
-// readMeta reads the meta hash. If Redis lost it (an evicting Redis finds
-// it cold: it is read at open and rebuild only) while the shards of the
-// generation this client knows are all there and ready, the meta is put
-// back from this client's layout: the filter keeps answering, and no
-// rebuild is needed. Otherwise a lost meta is recreated as openMeta does.
+// readMeta reads the meta hash. If Redis lost it (evicted: it is read at
+// open and rebuild only) while the shards of the generation this client
+// knows are all there and ready, it is put back from this client's layout
+// (no rebuild needed); otherwise it is recreated as openMeta does.
 func (f *Filter) readMeta(ctx context.Context) (*meta, error) {
 	h, err := f.rdb.HGetAll(ctx, f.names.Meta()).Result()
 	if err != nil {
@@ -153,10 +149,14 @@ func (f *Filter) readMeta(ctx context.Context) (*meta, error) {
 	return f.openMeta(ctx, cfg)
 }
 
-// allocate creates a generation's shards at full size with every readiness
-// bit clear, so that no later write grows a string while Redis blocks.
-func allocate(ctx context.Context, rdb redis.UniversalClient, l *layout) error {
+// allocate drops the keys in drop and replaces a generation's shards by
+// empty ones at full size, every readiness bit clear, so that no later
+// write grows a string while Redis blocks. One round trip.
+func allocate(ctx context.Context, rdb redis.UniversalClient, l *layout, drop ...string) error {
 	pipe := rdb.Pipeline()
+	for _, k := range append(drop, l.keys...) {
+		pipe.Unlink(ctx, k)
+	}
 	for _, k := range l.keys {
 		pipe.Process(ctx, redis.NewIntSliceCmd(ctx, "BITFIELD", k, "SET", "u1", l.cfg.ShardBits-1, 0))
 	}
@@ -188,10 +188,7 @@ func (f *Filter) reloaded(ctx context.Context) *layout {
 	if now-last < int64(reloadEvery) || !f.lastReload.CompareAndSwap(last, now) {
 		return nil
 	}
-	l, err := f.reload(ctx)
-	if err != nil {
-		return nil
-	}
+	l, _ := f.reload(ctx)
 	return l
 }
 

@@ -72,10 +72,9 @@ func (f *Filter) Queue(ctx context.Context, pipe redis.Pipeliner, id string) Pro
 }
 
 // Result reports whether the item may be present. If its block was missing
-// or not ready, it re-reads the meta (at most ten times a second) and, if
-// another process switched generations meanwhile, tests again in the new
-// one: one more round trip. It returns ErrNotReady when the filter cannot
-// answer, and Redis errors wrapped.
+// or not ready, it re-reads the meta (at most ten times a second) and tests
+// again if another process switched generations meanwhile (one more round
+// trip). ErrNotReady when the filter cannot answer; Redis errors wrapped.
 func (p Probe) Result(ctx context.Context) (bool, error) {
 	maybe, err := verdict(p.cmd, p.bit)
 	if !errors.Is(err, ErrNotReady) {

@@ -1,6 +1,7 @@
 package bloom
 
 import (
+	"cmp"
 	"context"
 	_ "embed"
 	"errors"
@@ -64,16 +65,13 @@ type RebuildProgress struct {
 }
 
 // Rebuild replaces the filter with a new generation built from every ID of
-// the source of truth (ids), and makes it ready. It returns the number of IDs
-// read. Another process's Rebuild of the same filter makes it fail with
-// ErrRebuilding; an error from ids, a source short of the IDs the filter
-// holds (ErrShortSource) or a key of the new generation lost meanwhile
-// stops it with the current generation still in place.
-//
-// ids is ranged only after the new generation is announced: from then on
-// Add writes to both generations, so the source must see every ID committed
-// before it is ranged (a query run inside the iterator does; a slice read
-// before Rebuild was called may miss an ID added in between).
+// the source of truth (ids), makes it ready, and returns the number of IDs
+// read. It fails with ErrRebuilding while another process rebuilds the
+// filter; an error from ids, a source short of the IDs the filter holds
+// (ErrShortSource) or a key of the new generation lost meanwhile leaves the
+// current generation in place. ids is ranged only once the new generation
+// is announced (Add writes to both from then on), so it must see every ID
+// committed before it is ranged: a query run inside the iterator does.
 func (f *Filter) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts *RebuildOptions) (int, error) {
 	var o RebuildOptions
 	if opts != nil {
@@ -101,10 +99,7 @@ func (f *Filter) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts
 	if err != nil {
 		return 0, fmt.Errorf("bloom: rebuild: %w", err)
 	}
-	n, p := cur.cfg.ExpectedItems, cur.cfg.FalsePositiveRate
-	if o.ExpectedItems > 0 {
-		n = o.ExpectedItems
-	}
+	n, p := cmp.Or(o.ExpectedItems, cur.cfg.ExpectedItems), cur.cfg.FalsePositiveRate
 	if o.FalsePositiveRate > 0 {
 		p = o.FalsePositiveRate
 	}
@@ -145,11 +140,8 @@ func (r *rebuild) progress(p RebuildProgress) {
 
 func (r *rebuild) run(ctx context.Context, ids iter.Seq2[string, error]) (int, error) {
 	f, cur, next, cfg := r.f, r.cur, r.next, r.next.cfg
-	// Leftovers of a rebuild that died, then fresh, empty shards.
-	if err := unlink(ctx, f.rdb, append(next.keys, stagingKeys(next.keys)...)); err != nil {
-		return 0, fmt.Errorf("bloom: rebuild: %w", redisfail.Wrap(err))
-	}
-	if err := allocate(ctx, f.rdb, next); err != nil {
+	// Fresh, empty shards, and no staging key left by a rebuild that died.
+	if err := allocate(ctx, f.rdb, next, stagingKeys(next.keys)...); err != nil {
 		return 0, fmt.Errorf("bloom: rebuild: %w", redisfail.Wrap(err))
 	}
 	// Announce: from here on Add writes to both generations.
@@ -185,12 +177,10 @@ func (r *rebuild) run(ctx context.Context, ids iter.Seq2[string, error]) (int, e
 	return count, nil
 }
 
-// build sets the bits of every ID locally: one bitset per shard, every
-// block's readiness bit set. The caller's goroutine ranges ids and hands
-// batches to one worker per core, which hash them and set their bits with
-// atomic ORs (a bit only goes from 0 to 1, so their order does not matter);
-// build closes the batches' channel and waits for the workers before it
-// returns, on every path (a source that panics too).
+// build sets the bits of every ID locally, in one bitset per shard with
+// every readiness bit set: the caller's goroutine ranges ids and hands
+// batches to one worker per core (atomic ORs: a bit only goes from 0 to 1).
+// It waits for the workers before it returns, on every path.
 func (r *rebuild) build(ctx context.Context, ids iter.Seq2[string, error]) ([]*bitset.BitSet, int, error) {
 	cfg := r.next.cfg
 	sets := make([]*bitset.BitSet, cfg.Shards)
@@ -407,7 +397,7 @@ func unlink(ctx context.Context, rdb redis.UniversalClient, keys []string) error
 
 // estimatedFPRate is the false-positive rate of a filter of cfg holding n
 // IDs: (1 − e^(−k·n/m))^k.
-func estimatedFPRate(cfg Config, n int) float64 {
+func estimatedFPRate[N int | uint64](cfg Config, n N) float64 {
 	k, m := float64(cfg.Hashes), float64(cfg.Bits)
 	return math.Pow(1-math.Exp(-k*float64(n)/m), k)
 }

@@ -1,18 +1,14 @@
 // Package codec turns values into the bytes cacheguard stores in Redis and
-// back, inside a small frame.
-//
-// Every stored entry starts with a one-byte kind: a value frame is
+// back, inside a small frame whose first byte is its kind: a value frame is
 // [KindValue][codec id][payload], an empty-value marker ("the source of truth
-// says this ID does not exist") is the single byte [KindEmpty], and a value
-// that should be refreshed ahead of its expiry is [KindValueRefresh][8 bytes:
-// refresh-at, unix milliseconds, big-endian][codec id][payload]. A marker can
-// therefore never be mistaken for a value, a value written by one codec is
-// never decoded by another, and a later format can take a new kind byte.
+// says this ID does not exist") is the single byte [KindEmpty], and a value to
+// refresh ahead of its expiry is [KindValueRefresh][8 bytes: refresh-at, unix
+// milliseconds, big-endian][codec id][payload]. A marker is never taken for a
+// value, nor a value written by one codec decoded by another.
 //
 // Cached bytes are untrusted input (anyone with access to Redis can write
-// them). Decode never panics, and the msgpack codec checks every length
-// prefix against the bytes that remain before the decoder sees them, so five
-// bytes cannot make it allocate gigabytes.
+// them): Decode never panics, and the msgpack codec checks every length
+// prefix against the bytes that remain before the decoder sees them.
 package codec
 
 import (
@@ -57,36 +53,26 @@ var Msgpack Codec = msgpackCodec{}
 // JSON is encoding/json: larger and slower, but readable with redis-cli.
 var JSON Codec = jsonCodec{}
 
-var emptyFrame = string([]byte{KindEmpty})
-
 // Empty returns the empty-value marker frame.
-func Empty() []byte { return []byte(emptyFrame) }
+func Empty() []byte { return []byte{KindEmpty} }
 
 // Encode marshals v with c and frames it.
-func Encode(c Codec, v any) ([]byte, error) {
-	payload, err := c.Marshal(v)
-	if err != nil {
-		return nil, fmt.Errorf("codec: marshal %T: %w", v, err)
-	}
-	frame := make([]byte, 2+len(payload))
-	frame[0], frame[1] = KindValue, c.ID()
-	copy(frame[2:], payload)
-	return frame, nil
-}
+func Encode(c Codec, v any) ([]byte, error) { return encode(c, v, []byte{KindValue, c.ID()}) }
 
 // EncodeRefresh marshals v with c and frames it with a refresh-at time:
 // readers serve it, and refresh it once that time has passed.
 func EncodeRefresh(c Codec, v any, at time.Time) ([]byte, error) {
+	header := binary.BigEndian.AppendUint64([]byte{KindValueRefresh}, uint64(at.UnixMilli()))
+	return encode(c, v, append(header, c.ID()))
+}
+
+// encode is header followed by v marshalled with c.
+func encode(c Codec, v any, header []byte) ([]byte, error) {
 	payload, err := c.Marshal(v)
 	if err != nil {
 		return nil, fmt.Errorf("codec: marshal %T: %w", v, err)
 	}
-	frame := make([]byte, 10+len(payload))
-	frame[0] = KindValueRefresh
-	binary.BigEndian.PutUint64(frame[1:9], uint64(at.UnixMilli()))
-	frame[9] = c.ID()
-	copy(frame[10:], payload)
-	return frame, nil
+	return append(append(make([]byte, 0, len(header)+len(payload)), header...), payload...), nil
 }
 
 // RefreshAt returns the refresh-at time of a frame made by EncodeRefresh;
@@ -171,15 +157,9 @@ var errTruncated = errors.New("msgpack: truncated")
 
 // CheckMsgpack reports whether data is exactly one well-formed msgpack object
 // whose every length prefix fits in the bytes that follow it, nested at most
-// MaxDepth deep.
-//
-// Why: msgpack/v5 (up to v5.4.1 at least) trusts length prefixes; the five
-// bytes dd ff ff ff ff (array32 of 2^32-1 elements) make it allocate a 64 GiB
-// slice and the runtime dies with a fatal out-of-memory that recover cannot
-// catch. Every element of an array takes at least one byte and every map entry
-// two, so an object that passes this check cannot make the decoder allocate
-// more than a small multiple of len(data). The walk is iterative, allocation
-// free for depth <= 32, and costs about a nanosecond a byte.
+// MaxDepth deep: msgpack/v5 trusts length prefixes, and five bytes could make
+// it allocate 64 GiB (docs/design-notes.md). It allocates nothing for depth
+// <= 32.
 func CheckMsgpack(data []byte) error {
 	var stackBuf [32]uint64
 	stack := stackBuf[:0] // objects still to read at each open level
@@ -213,27 +193,15 @@ func CheckMsgpack(data []byte) error {
 		case c == 0xc1:
 			return errors.New("msgpack: reserved byte 0xc1")
 		default:
-			var n uint64
 			var err error
 			switch c {
-			case 0xc4, 0xd9: // bin8, str8
-				n, p, err = readLen(data, p, 1)
-				skip = n
-			case 0xc5, 0xda: // bin16, str16
-				n, p, err = readLen(data, p, 2)
-				skip = n
-			case 0xc6, 0xdb: // bin32, str32
-				n, p, err = readLen(data, p, 4)
-				skip = n
-			case 0xc7: // ext8: len, type, data
-				n, p, err = readLen(data, p, 1)
-				skip = n + 1
-			case 0xc8:
-				n, p, err = readLen(data, p, 2)
-				skip = n + 1
-			case 0xc9:
-				n, p, err = readLen(data, p, 4)
-				skip = n + 1
+			case 0xc4, 0xc5, 0xc6: // bin 8, 16, 32
+				skip, p, err = readLen(data, p, 1<<(c-0xc4))
+			case 0xd9, 0xda, 0xdb: // str 8, 16, 32
+				skip, p, err = readLen(data, p, 1<<(c-0xd9))
+			case 0xc7, 0xc8, 0xc9: // ext 8, 16, 32: length, type byte, data
+				skip, p, err = readLen(data, p, 1<<(c-0xc7))
+				skip++
 			case 0xca, 0xce, 0xd2: // 4-byte numbers
 				skip = 4
 			case 0xcb, 0xcf, 0xd3: // 8-byte numbers
@@ -244,18 +212,11 @@ func CheckMsgpack(data []byte) error {
 				skip = 2
 			case 0xd4, 0xd5, 0xd6, 0xd7, 0xd8: // fixext 1, 2, 4, 8, 16 plus type byte
 				skip = 1 + 1<<(c-0xd4)
-			case 0xdc:
-				n, p, err = readLen(data, p, 2)
-				items = n
-			case 0xdd:
-				n, p, err = readLen(data, p, 4)
-				items = n
-			case 0xde:
-				n, p, err = readLen(data, p, 2)
-				items = 2 * n
-			case 0xdf:
-				n, p, err = readLen(data, p, 4)
-				items = 2 * n
+			case 0xdc, 0xdd: // array 16, 32
+				items, p, err = readLen(data, p, 2<<(c-0xdc))
+			case 0xde, 0xdf: // map 16, 32: a key and a value per entry
+				items, p, err = readLen(data, p, 2<<(c-0xde))
+				items *= 2
 			}
 			if err != nil {
 				return err
@@ -279,8 +240,9 @@ func CheckMsgpack(data []byte) error {
 	}
 }
 
-func readLen(data []byte, p, size int) (uint64, int, error) {
-	if len(data)-p < size {
+// readLen reads a big-endian length of size bytes at p.
+func readLen(data []byte, p int, size byte) (uint64, int, error) {
+	if len(data)-p < int(size) {
 		return 0, p, errTruncated
 	}
 	switch size {

@@ -45,10 +45,9 @@ var fingerprints sync.Map // shapeKey → string: each type is walked once
 
 // Fingerprint is 16 hex digits of a hash of t's shape: field names and
 // types, walked through pointers, slices, arrays, maps and nested structs,
-// and each field's struct tag tag ("": the whole tag). A named type that
-// encodes itself (a marshaler, such as time.Time) counts by its name too.
-// Renaming, adding, removing or retyping a field, or changing its tag,
-// changes it; renaming the Go type does not.
+// and each field's struct tag tag ("": the whole tag); a named type that
+// encodes itself (time.Time) counts by its name too. Renaming the Go type
+// does not change it; renaming, adding, retyping or retagging a field does.
 func Fingerprint(t reflect.Type, tag string) string {
 	k := shapeKey{t, tag}
 	if fp, ok := fingerprints.Load(k); ok {

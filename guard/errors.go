@@ -15,10 +15,6 @@ import (
 	"github.com/cacheguard/cacheguard/loader"
 )
 
-// The errors a Guard returns (test them with errors.Is), and fail: the one
-// exit of a Redis failure, counted in Stats.RedisErrors and logged there,
-// once. A load's panic comes back as an error wrapping ErrLoaderPanic.
-
 var (
 	// ErrNotFound: the ID does not exist in the source of truth (the bloom
 	// filter has never seen it, an empty marker is cached, or load said so).
@@ -39,12 +35,10 @@ var (
 	ErrWrongType = errors.New("cacheguard: wrong type")
 	// ErrClosed: the Guard was closed.
 	ErrClosed = errors.New("cacheguard: guard closed")
-	// ErrUnavailable is wrapped (with the Redis error) by every error that
-	// Redis failing to answer causes, from every function of every package
-	// of cacheguard (bloom.ErrUnavailable and lock.ErrUnavailable are the
-	// same value): a dial or I/O error, a timeout, an error reply such as
-	// OOM under maxmemory or NOPERM from an ACL. Retry later, or serve from
-	// the source of truth. It is never ErrNotFound.
+	// ErrUnavailable is wrapped, with the Redis error, by every error that
+	// Redis failing to answer causes in every package of cacheguard (the same
+	// value as bloom's and lock's): a dial or I/O error, a timeout, an error
+	// reply (OOM, NOPERM). Retry later, or serve from the source of truth.
 	ErrUnavailable = redisfail.ErrUnavailable
 	// ErrUnconfirmed: Redis cannot answer, or its bloom filter is not ready,
 	// and this process's copy of the filter has never seen the ID. Another
@@ -64,19 +58,16 @@ func (g *Guard) fail(ctx context.Context, op, id string, err error) error {
 	if err == nil {
 		return nil
 	}
+	who, attrs := g.name, []any{"err", err}
+	if id != "" {
+		who, attrs = fmt.Sprintf("%s %q", g.name, id), []any{"id", id, "err", err}
+	}
 	if errors.Is(err, ErrUnavailable) {
 		g.stats.redisErrors.Add(1)
-		if id == "" {
-			g.log.WarnContext(ctx, "cacheguard: redis "+op+" failed", "err", err)
-		} else {
-			g.log.WarnContext(ctx, "cacheguard: redis "+op+" failed", "id", id, "err", err)
-		}
+		g.log.WarnContext(ctx, "cacheguard: redis "+op+" failed", attrs...)
 		g.reloadSlots(ctx, err)
 	}
-	if id == "" {
-		return fmt.Errorf("cacheguard: %s: %s: %w", g.name, op, err)
-	}
-	return fmt.Errorf("cacheguard: %s %q: %s: %w", g.name, id, op, err)
+	return fmt.Errorf("cacheguard: %s: %s: %w", who, op, err)
 }
 
 // one is the ID a write of ids is about, or "" when it is about several.

@@ -5,10 +5,6 @@ import (
 	"errors"
 )
 
-// Cache, the typed handle: a Guard bound to one value type and one load
-// function, so that a repository call becomes a cached one of the same
-// signature. It adds nothing to the Guard's guarantees and removes none.
-
 // Cache is a Guard bound to one value type and one load function: the shape
 // of "wrapping repository calls". Its Get has the repository's own signature
 // for string IDs, so a repository method can be swapped for a cached one in
@@ -18,7 +14,8 @@ import (
 //	find := products.Get                             // same signature, now cached
 //
 // and its write methods keep the cache right through a row's life: Add
-// after INSERT, Set (or Invalidate) after UPDATE, Delete after DELETE.
+// after INSERT, Set (or Invalidate) after UPDATE, Delete after DELETE. It
+// adds nothing to the Guard's guarantees and removes none.
 type Cache[T any] struct {
 	g    *Guard
 	load LoadFunc[T]

@@ -18,18 +18,15 @@ import (
 	"github.com/cacheguard/cacheguard/internal/redisfail"
 )
 
-// The follower's inspector reads back what Redis holds of the IDs it wrote,
-// as a Get in another process would find it, through internal/feed
-// (position.go): one round trip, nothing written, nothing loaded.
-
 var (
 	//go:embed lua/inspect.lua
 	inspectLua string
 	inspect    = redis.NewScript(inspectLua)
 )
 
-// Inspect reads what Redis holds of ids in one round trip (one script and
-// one probe of the filter per ID); it writes nothing and loads nothing.
+// Inspect reads what Redis holds of ids as a Get elsewhere would find it, for
+// the follower's inspector (internal/feed, position.go): one round trip, one
+// script and one filter probe per ID, nothing written or loaded.
 func (v *followed) Inspect(ctx context.Context, ids []string) ([]feed.Held, error) {
 	g := (*Guard)(v)
 	pass, err := g.sup.enter()

@@ -1,6 +1,7 @@
 package guard
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"sync"
@@ -14,30 +15,16 @@ import (
 	"github.com/cacheguard/cacheguard/internal/pubsub"
 )
 
-// The local cache (Options.Local): a copy in process memory never outlives
-// its Redis entry; this process's writes replace or drop it before they
-// return, other processes' when their invalidation message arrives (TTL
-// bounds a lost one). Values are kept decoded where the type allows, and
-// every caller gets its own copy.
-
 // LocalOptions turns on an in-process cache in front of Redis: values this
 // process read or loaded are served from memory, with no round trip, for up
-// to TTL, and never past their entry's TTL in Redis.
-//
-// This process sees its own writes at once: Invalidate, Set and Delete drop
-// or replace its copy before they return. Other processes learn of a write
-// from a message on the Guard's pub/sub channel, sent in the write's round
-// trip: until it arrives (milliseconds) they may serve their copy, and TTL
-// bounds what a lost message can leave stale. Without Local the guarantee is
-// exact. docs/design-notes.md gives the measured window and alternatives.
-//
-// A local hit costs no decode for most types: a copy is kept decoded, and
-// handed out as is (no slices, maps or pointers) or deep-copied per caller
-// (internal/clone); other types are decoded on every hit.
+// to TTL, and never past their entry's TTL in Redis. This process's writes
+// drop or replace its copy before they return; other processes drop theirs
+// when the write's pub/sub message arrives (milliseconds; TTL bounds a lost
+// one): without Local the guarantee is exact. Copies are kept decoded where
+// the type allows, each caller getting its own (docs/design-notes.md).
 type LocalOptions struct {
-	// Size caps the values kept; when full, the eviction policy of
-	// github.com/maypok86/otter/v2 (adaptive W-TinyLFU: it keeps what is
-	// read often and recently) picks what goes. Default 10,000.
+	// Size caps the values kept; when full, otter's adaptive W-TinyLFU picks
+	// what goes (it keeps what is read often and recently). Default 10,000.
 	Size int
 	// TTL is how long a value is served from memory at most: a copy also
 	// never outlives its entry's TTL in Redis. Default 1 second.
@@ -69,32 +56,25 @@ type localEntry struct {
 	frame []byte
 	value any // a T (shareable types), a copied[T] (types copied per caller), or nil: decode
 	life  time.Duration
-	// gone: the copy's life ends when its entry expires in Redis, at until
-	// (Unix nanoseconds). otter keeps it goneGrace longer, so that a Get
-	// that finds it past until knows Redis has nothing to read either. Only
-	// such copies cost a hit a clock read: with the usual TTLs (minutes in
-	// Redis, a second in memory) that is the last second of an entry.
+	// gone: the copy dies with its entry in Redis, at until (Unix nanoseconds);
+	// otter keeps it goneGrace longer, so that a Get that finds it past until
+	// knows Redis has nothing to read either. Only such copies cost a hit a
+	// clock read.
 	gone  bool
 	until int64
 }
 
 // goneGrace is how long a copy that lived as long as its Redis entry is
-// remembered after both expired. A Get in that time skips the read (it
-// would miss) and goes straight to the lock attempt, whose re-check reads
-// the entry anyway: a hot key's callers wait one round trip less when it
-// expires. Short, because a copy remembered while another process already
-// reloaded the entry costs a lock attempt where a read would have hit.
+// remembered after both expired: a Get then skips the read, which would
+// miss, and goes straight to the lock attempt. Short, because a copy kept
+// while another process reloaded the entry costs a lock where a read hits.
 const goneGrace = 100 * time.Millisecond
 
 // newLocal returns an unarmed local cache; arm subscribes it. idOf maps the
 // value keys of invalidation messages to IDs.
 func newLocal(o LocalOptions, idOf func(vkey string) (string, bool)) (*local, error) {
-	if o.Size == 0 {
-		o.Size = 10_000
-	}
-	if o.TTL == 0 {
-		o.TTL = time.Second
-	}
+	o.Size = cmp.Or(o.Size, 10_000)
+	o.TTL = cmp.Or(o.TTL, time.Second)
 	if o.Size < 0 || o.TTL < 0 {
 		return nil, fmt.Errorf("%w: Local %+v", ErrInvalidOptions, o)
 	}
@@ -153,12 +133,10 @@ func (l *local) close() error {
 	return nil
 }
 
-// localHit answers id from the in-process cache (Options.Local) if it holds
-// a copy. It runs outside the close gate's count: it touches no Redis
-// connection, and the otter cache stays safe to read while Close empties
-// it; once Close has begun, it answers nothing and the caller's gate.enter
-// reports ErrClosed. IDs are not checked here: a malformed one was never
-// stored, so it misses and Get refuses it afterwards.
+// localHit answers id from the in-process cache if it holds a copy. It runs
+// outside the close gate's count (it touches no Redis connection, and otter
+// stays safe to read while Close empties it) and answers nothing once Close
+// has begun. IDs are not checked: a malformed one was never stored.
 func localHit[T any](ctx context.Context, g *Guard, id string) (T, localState) {
 	if g.sup.closed.Load() {
 		var zero T
@@ -189,7 +167,7 @@ func fromLocal[T any](g *Guard, id string) (T, localState) {
 	if codec.Decode(g.opts.Codec, e.frame, &v) == nil {
 		return v, localFresh
 	}
-	g.local.drop(id)
+	g.local.c.Invalidate(id)
 	return zero, localNone
 }
 
@@ -220,11 +198,10 @@ func (l *local) get(id string) (localEntry, localState) {
 // invalidation arrived since epoch was read (before the read that found
 // frame). redisTTL is counted from since, a clock read before the round
 // trip that wrote or read it: Redis counts it from later, so the copy never
-// outlives its entry. otter takes no
-// lock that the invalidation also takes, so put checks the epoch again after
-// storing and takes the copy back if an invalidation came in between: an
-// invalidation that raised the epoch before that check is seen there, and
-// one that raised it after removes the copy itself.
+// outlives its entry. otter takes no lock that the invalidation also takes,
+// so put checks the epoch again after storing and takes the copy back if an
+// invalidation came in between: an invalidation that raised the epoch before
+// that check is seen there, and one that raised it after removes the copy.
 func (l *local) put(id string, frame []byte, value any, redisTTL time.Duration, since time.Time, epoch uint64) {
 	now := time.Now() // one reading: the copy ends by since + redisTTL
 	if redisTTL > 0 {
@@ -234,11 +211,9 @@ func (l *local) put(id string, frame []byte, value any, redisTTL time.Duration, 
 		return
 	}
 	life := min(l.ttl, redisTTL)
-	// A frame with a refresh-at time (RefreshAhead) is kept only until
-	// then: the Get after it reads Redis, serves the value and starts the
-	// refresh, so a hot key served from memory is refreshed too instead of
-	// expiring under its readers. Past refresh-at it is not kept at all:
-	// the refreshed value arrives through Redis.
+	// A frame with a refresh-at time (RefreshAhead) is kept only until then
+	// (past it, not at all): the Get after it reads Redis and starts the
+	// refresh, so a hot key served from memory does not expire under its readers.
 	gone := redisTTL <= l.ttl // it dies with its entry (unless refresh-at comes first)
 	if at, ok := codec.RefreshAt(frame); ok {
 		if until := at.Sub(now); until < life {
@@ -258,13 +233,10 @@ func (l *local) put(id string, frame []byte, value any, redisTTL time.Duration, 
 	}
 }
 
-func (l *local) drop(id string) { l.c.Invalidate(id) }
-
-// kept returns what the local cache keeps of v, a value that a caller
-// also gets (or, for Set, that the application still holds): v itself for
-// a type whose copies share nothing, a private deep copy of it with the
-// copier that makes each caller's own (copied), or nil when the type can
-// only be decoded each time.
+// kept returns what the local cache keeps of v, which a caller also gets (or,
+// for Set, the application still holds): v itself for a type whose copies
+// share nothing, a private deep copy with the copier that makes each
+// caller's own (copied), or nil when the type can only be decoded each time.
 func kept[T any](g *Guard, v T) any {
 	switch b := g.bound.Load(); {
 	case b == nil:

@@ -16,18 +16,13 @@ import (
 )
 
 // Lost writes: Redis acknowledges a write before its replicas and its next
-// dump have it, so a restart from an older dump or a failover to a lagging
-// replica can lose it. Every write of the Guard's also advances a counter
-// of its own in Redis (its mark: one per cluster slot written), and the
-// Guard keeps the writes that landed, with the value each got, for
-// recentFor (at most maxRecent). Whenever a connection to Redis is dialed
-// (a restart, a failover and an outage all end in one), the next read
-// compares the marks in Redis with the highest each got, before it
-// answers, or the watcher does within watchEvery if no read comes
-// (health.go): a mark behind says Redis lost the writes past it, which are
-// replayed as if they had failed (replay.go). A write that left the ring
-// past the gap makes every entry of the Guard drop (the overflow path). No
-// command of @dangerous is needed.
+// dump have it, so a restart or a failover can lose it. Every write also
+// advances a counter of the Guard's own in Redis (its mark, one per cluster
+// slot), and the Guard keeps the writes that landed with the value each got
+// (for recentFor, at most maxRecent). After a connection is dialed, the next
+// read (or the watcher, health.go) compares the marks with the highest each
+// got: one behind says the writes past it were lost, and they are replayed
+// (replay.go); one that left the ring past the gap drops every entry.
 const (
 	recentFor = time.Hour
 	maxRecent = 100_000
@@ -47,10 +42,9 @@ type marked struct {
 type marks struct {
 	token   string // this Guard's marks are its own: no other process advances them
 	cluster bool   // a mark per slot (ClusterClient), else one
-	// dials counts the connections dialed on the client (dialCounter) and
-	// the written slots that moved to another master (touch), and checked
-	// the dials the last check covered: while they differ, a read (or the
-	// watcher) checks.
+	// dials counts the connections dialed on the client (dialCounter) and the
+	// written slots that moved to another master (touch); checked, the dials
+	// the last check covered: while they differ, a read (or the watcher) checks.
 	dials   *atomic.Uint64
 	checked atomic.Uint64
 	wrote   atomic.Bool // a write landed: until then there is nothing to check
@@ -78,14 +72,6 @@ func newMarks(ctx context.Context, rdb redis.UniversalClient) *marks {
 	_, cluster := rdb.(*redis.ClusterClient)
 	return &marks{token: hex.EncodeToString(b[:]), cluster: cluster, dials: countDials(ctx, rdb),
 		given: map[markOf]struct{}{}, high: map[uint16]int64{}, dropped: map[uint16]int64{}}
-}
-
-// slot is the slot of key's mark.
-func (m *marks) slot(key string) uint16 {
-	if !m.cluster {
-		return 0
-	}
-	return keyspace.Slot(key)
 }
 
 // dialCounter is a hook that counts the connections a client dials. It
@@ -142,7 +128,10 @@ func (g *Guard) queueMarks(ctx context.Context, pipe redis.Pipeliner, ids, keys 
 	q := &queuedMarks{ids: ids, slots: make([]uint16, len(keys)), incr: make([]*redis.IntCmd, len(keys))}
 	seen := map[uint16]bool{}
 	for i, k := range keys {
-		s := m.slot(k)
+		var s uint16 // the slot of k's mark
+		if m.cluster {
+			s = keyspace.Slot(k)
+		}
 		q.slots[i] = s
 		q.incr[i] = pipe.Incr(ctx, g.keys.Mark(m.token, s, m.cluster))
 		if !seen[s] {
@@ -211,10 +200,9 @@ func (m *marks) leaveLocked(w marked) {
 }
 
 // lostLocked is what Redis lost when slot's mark went back to at, from as
-// high as hi: the IDs whose writes got a mark in (at, hi] (out of the ring
-// now: their replay writes again), and whether such a write had left the
-// ring already. The slot's high mark becomes the highest left. Callers
-// hold m.mu.
+// high as hi: the IDs whose writes got a mark in (at, hi], taken out of the
+// ring, and whether such a write had left it already. The slot's high mark
+// becomes the highest left. Callers hold m.mu.
 func (m *marks) lostLocked(slot uint16, at, hi int64) (ids []string, overflow bool) {
 	high := at
 	for i := range m.ring {

@@ -1,10 +1,12 @@
 package guard
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"iter"
 	"log/slog"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
@@ -66,11 +68,10 @@ type FilterOptions struct {
 	// background. Without it, call Rebuild yourself.
 	IDs func(ctx context.Context) iter.Seq2[string, error]
 	// NoLocalCopy keeps no copy of the filter in process memory (it takes
-	// the filter's size: docs/incidents.md). With the copy, while the filter is not
-	// ready or Redis cannot answer, an ID it has never seen is answered
-	// ErrUnconfirmed (a 503), not loaded: a row created in another process
-	// since the copy answers so too, until the filter is back. Without it,
-	// such IDs load through (fail open). docs/incidents.md.
+	// the filter's size). With the copy, while the filter is not ready or
+	// Redis cannot answer, an ID it has never seen (a row created since in
+	// another process too) is answered ErrUnconfirmed, a 503, not loaded.
+	// Without it, such IDs load through (fail open). docs/incidents.md.
 	NoLocalCopy bool
 }
 
@@ -108,18 +109,12 @@ func resolve(opts *Options) (Options, error) {
 	bad := func(format string, args ...any) (Options, error) {
 		return Options{}, fmt.Errorf("%w: "+format, append([]any{ErrInvalidOptions}, args...)...)
 	}
-	if o.KeyPrefix == "" {
-		o.KeyPrefix = "cg"
-	}
+	o.KeyPrefix = cmp.Or(o.KeyPrefix, "cg")
 	if !keyspace.ValidPrefix(o.KeyPrefix) {
 		return bad("KeyPrefix %q", o.KeyPrefix)
 	}
-	if o.TTL == 0 {
-		o.TTL = 10 * time.Minute
-	}
-	if o.EmptyTTL == 0 {
-		o.EmptyTTL = time.Minute
-	}
+	o.TTL = cmp.Or(o.TTL, 10*time.Minute)
+	o.EmptyTTL = cmp.Or(o.EmptyTTL, time.Minute)
 	if o.TTL < time.Millisecond || o.EmptyTTL < time.Millisecond {
 		return bad("TTL %v and EmptyTTL %v must be at least 1ms", o.TTL, o.EmptyTTL)
 	}
@@ -131,50 +126,29 @@ func resolve(opts *Options) (Options, error) {
 	case o.Jitter > 0.9:
 		return bad("Jitter %v above 0.9", o.Jitter)
 	}
-	if o.Codec == nil {
-		o.Codec = codec.Msgpack
-	}
-	if o.Version == "" {
-		o.Version = "1"
-	}
+	o.Codec = cmp.Or(o.Codec, codec.Msgpack)
+	o.Version = cmp.Or(o.Version, "1")
 	if !validVersion(o.Version) {
 		return bad("Version %q (want 1-32 printable ASCII bytes, no spaces)", o.Version)
 	}
-	if o.LoadTimeout == 0 {
-		o.LoadTimeout = 10 * time.Second
-	}
-	if o.Tuning.RedisTimeout == 0 {
-		o.Tuning.RedisTimeout = time.Second
-	}
+	o.LoadTimeout = cmp.Or(o.LoadTimeout, 10*time.Second)
+	o.Tuning.RedisTimeout = cmp.Or(o.Tuning.RedisTimeout, time.Second)
 	if o.Tuning.RedisTimeout < time.Millisecond {
 		return bad("RedisTimeout %v below 1ms", o.Tuning.RedisTimeout)
 	}
 	if o.Outage == nil {
 		o.Outage = &OutageOptions{}
 	}
-	if o.Tuning.LockTTL == 0 {
-		o.Tuning.LockTTL = coord.DefaultLockTTL
-	}
-	if o.Tuning.LockWait == 0 {
-		o.Tuning.LockWait = o.LoadTimeout + o.Tuning.LockTTL
-	}
+	o.Tuning.LockTTL = cmp.Or(o.Tuning.LockTTL, coord.DefaultLockTTL)
+	o.Tuning.LockWait = cmp.Or(o.Tuning.LockWait, o.LoadTimeout+o.Tuning.LockTTL)
 	if o.LoadTimeout < 0 || o.Tuning.LockTTL < 10*time.Millisecond || o.Tuning.LockWait < 0 {
 		return bad("LoadTimeout %v, LockTTL %v (>= 10ms), LockWait %v", o.LoadTimeout, o.Tuning.LockTTL, o.Tuning.LockWait)
 	}
-	if o.Logger == nil {
-		o.Logger = slog.Default()
-	}
+	o.Logger = cmp.Or(o.Logger, slog.Default())
 	return o, nil
 }
 
+// validVersion: 1 to 32 printable ASCII bytes, no spaces.
 func validVersion(v string) bool {
-	if v == "" || len(v) > 32 {
-		return false
-	}
-	for i := 0; i < len(v); i++ {
-		if c := v[i]; c <= ' ' || c >= 0x7f {
-			return false
-		}
-	}
-	return true
+	return v != "" && len(v) <= 32 && !strings.ContainsFunc(v, func(r rune) bool { return r <= ' ' || r >= 0x7f })
 }

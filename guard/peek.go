@@ -10,25 +10,17 @@ import (
 	"github.com/cacheguard/cacheguard/codec"
 )
 
-// Peek and MayExist answer whether an ID may exist without loading it, for
-// HTTP middleware that turns unknown IDs away before the handler runs. Peek
-// does a Get's read (read.go) and leaves it in the context it returns, so
-// the handler's Get answers from it without a round trip of its own
-// (peekedFor, get.go). MayExist asks the filter alone.
-
 // Peek does Get's read round trip (bloom probe and cache GET) without
-// loading, and reports whether id may exist: false when the filter has never
-// seen it or an empty marker is cached. It returns a context that carries
-// what it read, so that the next Get of the same id on this Guard with that
-// context (or one derived from it) skips its own read: HTTP middleware built
-// on Peek costs no extra round trip. Only that one Get uses it; any later Get
-// reads afresh (say, after the handler wrote and invalidated). A malformed id
-// gives ErrInvalidKey without a Redis command; Redis failures wrap
-// ErrUnavailable; after Close, ErrClosed. A filter that is not ready answers
-// true (fail open). Before the Guard's first Get it asks the filter alone.
-// It waits for Redis at most Tuning.RedisTimeout whatever ctx; when Redis
-// did not answer, the context it returns makes that Get load through at
-// once rather than wait for Redis again.
+// loading, for HTTP middleware that turns unknown IDs away, and reports
+// whether id may exist: false when the filter has never seen it or an empty
+// marker is cached. The context it returns carries what it read, so that
+// the next Get of id on this Guard with it (or a context derived from it)
+// skips its own read (peekedFor, get.go); any later Get reads afresh. A
+// malformed id gives ErrInvalidKey without a Redis command; Redis failures
+// wrap ErrUnavailable; after Close, ErrClosed. A filter that is not ready
+// answers true (fail open). Before the Guard's first Get it asks the filter
+// alone. It waits for Redis at most Tuning.RedisTimeout whatever ctx; when
+// Redis did not answer, the context it returns makes that Get load through.
 func (g *Guard) Peek(ctx context.Context, id string) (context.Context, bool, error) {
 	// Its Redis work runs under bounded(ctx); the context it returns derives
 	// from ctx alone.
@@ -91,12 +83,9 @@ func (g *Guard) Peek(ctx context.Context, id string) (context.Context, bool, err
 	return context.WithValue(ctx, peekKey{}, &peeked{g: g, id: id, r: r, replays: replays, answered: !exists}), exists, nil
 }
 
-// MayExist asks only the bloom filter whether id may exist: false means the
-// ID certainly does not (one GETRANGE). HTTP middleware uses Peek instead,
-// which also reads the cache for the handler's Get. A malformed ID gives
-// ErrInvalidKey without a Redis command; a filter that is not ready answers
-// true (fail open); Redis failures wrap ErrUnavailable; after Close,
-// ErrClosed.
+// MayExist asks only the bloom filter whether id may exist (one GETRANGE):
+// false means the ID certainly does not. Its errors are Peek's, and a
+// filter that is not ready answers true (fail open).
 func (g *Guard) MayExist(ctx context.Context, id string) (bool, error) {
 	pass, err := g.sup.enter()
 	if err != nil {

@@ -9,13 +9,7 @@ import (
 	"time"
 )
 
-// Logging under load: each cause (level and message) writes at most one
-// line per logEvery, with the count held back, so an outage at thousands of
-// Gets a second writes a few lines a minute. RedisLogger limits go-redis's
-// own lines the same way.
-
-// logEvery is how often one cause may write a line: the first at once, then
-// at most one per logEvery, carrying how many were held back.
+// logEvery is how often one cause may write a line.
 const logEvery = 10 * time.Second
 
 // rateLimited is a slog.Handler that writes each cause (a record's level
@@ -28,9 +22,10 @@ type rateLimited struct {
 	state *limits // shared by the handlers WithAttrs and WithGroup derive
 }
 
+// limits is the state of each cause; the zero value is ready to use.
 type limits struct {
 	mu     sync.Mutex // guards causes
-	causes map[string]*cause
+	causes map[string]cause
 }
 
 type cause struct {
@@ -38,29 +33,26 @@ type cause struct {
 	suppressed int       // records held back since
 }
 
-func newLimits() *limits { return &limits{causes: make(map[string]*cause)} }
-
 // admit reports whether a line of cause key at t is written, and how many
 // were held back since the last one.
 func (l *limits) admit(key string, t time.Time) (suppressed int, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	c := l.causes[key]
-	if c == nil {
-		c = &cause{}
-		l.causes[key] = c
+	if l.causes == nil {
+		l.causes = make(map[string]cause)
 	}
+	c := l.causes[key]
 	if !c.last.IsZero() && t.Sub(c.last) < logEvery {
 		c.suppressed++
+		l.causes[key] = c
 		return 0, false
 	}
-	n := c.suppressed
-	c.last, c.suppressed = t, 0
-	return n, true
+	l.causes[key] = cause{last: t}
+	return c.suppressed, true
 }
 
 func newRateLimited(next slog.Handler) *rateLimited {
-	return &rateLimited{next: next, state: newLimits()}
+	return &rateLimited{next: next, state: &limits{}}
 }
 
 func (h *rateLimited) Enabled(ctx context.Context, l slog.Level) bool { return h.next.Enabled(ctx, l) }
@@ -96,7 +88,7 @@ func RedisLogger(log *slog.Logger) interface {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &redisLog{log: log, state: newLimits()}
+	return &redisLog{log: log, state: &limits{}}
 }
 
 // redisLog is RedisLogger's: go-redis's lines at WARN, each format (the

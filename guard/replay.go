@@ -6,26 +6,16 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"time"
-
-	"github.com/cacheguard/cacheguard/internal/redisfail"
 )
 
 // Failed writes: when Set, Delete, Invalidate or Add cannot reach Redis
-// (not when the caller's ctx ended first) the error is returned and the ID
-// is kept here. Until its write lands, this process's Gets of it load
-// through (the outage policy) instead of reading an entry the write meant
-// to replace, and a goroutine of the Guard replays it, with backoff, as
-// soon as Redis answers. Every replay is the same safe write: the ID
-// joins the filter and its entry (every schema) and load lock are deleted,
-// with the invalidation message; the next Get loads what the source of
-// truth holds.
-//
-// Past maxUnwritten IDs the set overflows: every Get of the Guard loads
-// through until the held IDs are replayed and all the Guard's entries are
-// deleted (a SCAN of each master), and a filter that may lack the IDs
-// dropped is rebuilt from Filter.IDs. A process that dies before it
-// replays leaves its writes to the entries' TTL (docs/incidents.md).
+// (not when the caller's ctx ended first) the ID is kept here. Until its
+// write lands, this process's Gets of it load through, and a goroutine of
+// the Guard replays it as soon as Redis answers, as the same safe write:
+// the ID joins the filter, and its entries and load lock are deleted.
+// Past maxUnwritten IDs the set overflows: every Get loads through until
+// the held IDs are replayed and all the Guard's entries are deleted, and
+// the filter is rebuilt from Filter.IDs (docs/incidents.md).
 const (
 	maxUnwritten = 10_000
 	replayBatch  = 1_000
@@ -161,17 +151,7 @@ func (g *Guard) rewrite(ctx context.Context, ids []string) error {
 	if err != nil {
 		return err
 	}
-	pipe := g.rdb.Pipeline()
-	added := f.QueueAdd(ctx, pipe, ids)
-	g.queueInvalidate(ctx, pipe, keys)
-	marks := g.queueMarks(ctx, pipe, ids, keys)
-	_, err = pipe.Exec(ctx)
-	g.landed(ctx, marks)
-	g.forget(keys, nil, time.Time{})
-	if err == nil {
-		err = added.Result(ctx)
-	}
-	return redisfail.Wrap(err)
+	return g.invalidate(ctx, f, ids, keys)
 }
 
 var errUnwritten = fmt.Errorf("%w: this ID's last write did not reach redis and is not replayed yet", ErrUnavailable)

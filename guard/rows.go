@@ -2,9 +2,6 @@ package guard
 
 import "iter"
 
-// ID sources for Rebuild and Filter.IDs: Rows streams a one-column query
-// (its first error ends it), IDs a slice.
-
 // Rows makes the result of a one-column query a source for Rebuild (and
 // Options' ID source), read as it streams, from database/sql (*sql.Rows) or
 // pgx (pgx.Rows): the query's error, a Scan's or the rows' own is yielded

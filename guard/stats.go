@@ -7,10 +7,6 @@ import (
 	"unsafe"
 )
 
-// Stats: each Get counted once, by how it was answered (answered), and each
-// load by loaded; the counters every hit touches are striped, so hits on
-// many cores do not contend. Stats reads a snapshot.
-
 // Stats are a Guard's counters since New. The first group counts Get calls by
 // how they ended (each caller once, even when callers shared a flight); the
 // second counts operations.
@@ -64,10 +60,10 @@ const (
 )
 
 // counters is the live form of Stats; every field is updated atomically.
-// The outcomes every hit or reject counts are striped (see striped); the
+// The outcomes every hit or reject counts are striped (see stripes); the
 // rest are rare.
 type counters struct {
-	hits, empty, rejects, localHits                   striped
+	hits, empty, rejects, localHits                   stripes
 	misses, coalesced                                 atomic.Uint64
 	loads, loadErrors, redisErrors, corrupt, bypasses atomic.Uint64
 	loadThroughs, shed, breakerOpens, abandonedLoads  atomic.Uint64
@@ -77,15 +73,15 @@ type counters struct {
 func (c *counters) count(o outcome, coalesced bool) {
 	switch o {
 	case outHit:
-		c.hits.Add(1)
+		c.hits.inc()
 	case outEmpty:
-		c.empty.Add(1)
+		c.empty.inc()
 	case outRejected:
-		c.rejects.Add(1)
+		c.rejects.inc()
 	case outLoaded:
 		c.misses.Add(1)
 	case outLocalHit:
-		c.localHits.Add(1)
+		c.localHits.inc()
 	}
 	if coalesced {
 		c.coalesced.Add(1)
@@ -99,7 +95,7 @@ func (c *counters) count(o outcome, coalesced bool) {
 func (g *Guard) answered(ctx context.Context, o outcome, coalesced, through bool) {
 	g.stats.count(o, coalesced)
 	if g.tel != nil {
-		g.tel.settled(ctx, o, coalesced, through)
+		g.tel.settled(ctx, o, coalesced, through, false)
 	}
 }
 
@@ -108,7 +104,7 @@ func (g *Guard) answered(ctx context.Context, o outcome, coalesced, through bool
 func (g *Guard) answeredMany(ctx context.Context, o outcome, coalesced, through bool) {
 	g.stats.count(o, coalesced)
 	if g.tel != nil {
-		g.tel.counted(ctx, o, through)
+		g.tel.settled(ctx, o, false, through, true)
 	}
 }
 
@@ -128,7 +124,7 @@ func (g *Guard) Stats() Stats {
 	cs := g.coord.Stats()
 	return Stats{
 		StaleWrites: cs.StaleWrites, LockWaits: cs.Waits, LockTimeouts: cs.Timeouts, Wakeups: cs.Wakeups,
-		Hits: c.hits.Load(), LocalHits: c.localHits.Load(), EmptyHits: c.empty.Load(), BloomRejects: c.rejects.Load(),
+		Hits: c.hits.load(), LocalHits: c.localHits.load(), EmptyHits: c.empty.load(), BloomRejects: c.rejects.load(),
 		Misses: c.misses.Load(), Coalesced: c.coalesced.Load(),
 		Loads: c.loads.Load(), LoadErrors: c.loadErrors.Load(), RedisErrors: c.redisErrors.Load(),
 		CorruptValues: c.corrupt.Load(), SchemaMisses: c.schemaMisses.Load(), BloomBypasses: c.bypasses.Load(),
@@ -139,19 +135,10 @@ func (g *Guard) Stats() Stats {
 	}
 }
 
-// striped is a counter that parallel hits update without sharing a cache
-// line (see stripes). Load is exact once the adds have returned.
-type striped struct{ s stripes }
-
-func (c *striped) Add(n uint64) { c.s.add(c.s.pick(), int64(n)) }
-
-func (c *striped) Load() uint64 { return uint64(c.s.sum()) }
-
-// stripes is a number spread over cache lines: each update goes to one
-// stripe and sum adds them up. Under parallel Gets, one shared word bounced
-// between cores on every call: the close gate's count of calls inside was
-// the most contended word of a local hit. The gate adds and takes back on
-// the stripe a call entered on; the hit counters (striped) add on any.
+// stripes is a number spread over cache lines, so that parallel calls do
+// not bounce one word between cores: each update goes to one stripe and sum
+// adds them up. The gate adds and takes back on the stripe a call entered
+// on; the hit counters add on any (inc).
 type stripes struct {
 	s [numStripes]struct {
 		n atomic.Int64
@@ -164,13 +151,11 @@ const (
 	numStripes = 1 << stripeBits
 )
 
-// pick returns a stripe for this call: one derived from the address of the
-// calling goroutine's stack, so that a goroutine keeps adding on the same
-// stripe (its cache line stays with the core that runs it) and goroutines
-// with stacks of their own mostly land on different ones. A random stripe
-// per call moved the line between cores about every other add. The
-// address is only hashed, never turned back into a pointer; a stack that
-// grows and moves just picks another stripe.
+// pick returns a stripe for this call, derived from the address of the
+// calling goroutine's stack: a goroutine keeps adding on the same stripe
+// (its cache line stays with its core), and goroutines mostly land on
+// different ones. The address is only hashed; a stack that moves just
+// picks another stripe.
 func (s *stripes) pick() int {
 	var onStack byte
 	a := uint64(uintptr(unsafe.Pointer(&onStack))) >> 10      // stacks are at least 2 KiB apart
@@ -178,6 +163,11 @@ func (s *stripes) pick() int {
 }
 
 func (s *stripes) add(i int, d int64) { s.s[i].n.Add(d) }
+
+// inc counts one on this call's stripe; load is exact once the incs have
+// returned.
+func (s *stripes) inc()         { s.add(s.pick(), 1) }
+func (s *stripes) load() uint64 { return uint64(s.sum()) }
 
 // sum is exact once every add has returned.
 func (s *stripes) sum() int64 {

@@ -13,15 +13,7 @@ import (
 
 // OpenTelemetry, API only: the application brings the SDK and passes its
 // providers in Options.Telemetry; without them a Guard records nothing and
-// a Get pays one nil check.
-//
-// Spans: "cacheguard.Get" and "cacheguard.GetMany" (cacheguard.guard and
-// cacheguard.outcome), "cacheguard.load" around each load, and
-// "cacheguard.lock.wait" for each wait on another process's load.
-// Metrics: cacheguard.gets (counter, by outcome), cacheguard.load.duration
-// and cacheguard.lock.wait.duration (histograms, s, by cacheguard.result),
-// cacheguard.bloom.fill and cacheguard.bloom.false_positive_rate (gauges
-// read from Guard.Info at collection). docs/operations.md lists the values.
+// a Get pays one nil check. docs/operations.md lists the spans and metrics.
 
 const instrumentation = "github.com/cacheguard/cacheguard/guard"
 
@@ -84,15 +76,19 @@ func newTelemetry(g *Guard, tp trace.TracerProvider, mp metric.MeterProvider) (*
 		return t, nil
 	}
 	m := mp.Meter(instrumentation)
-	var err error
-	if t.gets, err = m.Int64Counter("cacheguard.gets", metric.WithDescription("Get calls (and GetMany IDs) by outcome"), metric.WithUnit("{get}")); err != nil {
-		return nil, err
-	}
-	if t.loadDur, err = m.Float64Histogram("cacheguard.load.duration", metric.WithDescription("calls of the load function"), metric.WithUnit("s")); err != nil {
-		return nil, err
-	}
-	if t.waitDur, err = m.Float64Histogram("cacheguard.lock.wait.duration",
-		metric.WithDescription("waits on another process's load"), metric.WithUnit("s")); err != nil {
+	var fill, fp metric.Float64ObservableGauge
+	var errs [5]error // New fails with any of them
+	t.gets, errs[0] = m.Int64Counter("cacheguard.gets", metric.WithDescription("Get calls (and GetMany IDs) by outcome"),
+		metric.WithUnit("{get}"))
+	t.loadDur, errs[1] = m.Float64Histogram("cacheguard.load.duration", metric.WithDescription("calls of the load function"),
+		metric.WithUnit("s"))
+	t.waitDur, errs[2] = m.Float64Histogram("cacheguard.lock.wait.duration",
+		metric.WithDescription("waits on another process's load"), metric.WithUnit("s"))
+	fill, errs[3] = m.Float64ObservableGauge("cacheguard.bloom.fill",
+		metric.WithDescription("share of the bloom filter's bits set"), metric.WithUnit("1"))
+	fp, errs[4] = m.Float64ObservableGauge("cacheguard.bloom.false_positive_rate",
+		metric.WithDescription("the bloom filter's estimated false-positive rate at its fill"), metric.WithUnit("1"))
+	if err := errors.Join(errs[:]...); err != nil {
 		return nil, err
 	}
 	for i, name := range outcomeNames {
@@ -102,23 +98,8 @@ func newTelemetry(g *Guard, tp trace.TracerProvider, mp metric.MeterProvider) (*
 	for _, name := range []string{"ok", "not_found", "error", "woken", "expired", "timeout", "cancelled"} {
 		t.byResult[name] = metric.WithAttributeSet(attribute.NewSet(t.guardKV, attribute.String("cacheguard.result", name)))
 	}
-	fill, err := m.Float64ObservableGauge(
-		"cacheguard.bloom.fill",
-		metric.WithDescription("share of the bloom filter's bits set"),
-		metric.WithUnit("1"),
-	)
-	if err != nil {
-		return nil, err
-	}
-	fp, err := m.Float64ObservableGauge(
-		"cacheguard.bloom.false_positive_rate",
-		metric.WithDescription("the bloom filter's estimated false-positive rate at its fill"),
-		metric.WithUnit("1"),
-	)
-	if err != nil {
-		return nil, err
-	}
 	only := metric.WithAttributeSet(attribute.NewSet(t.guardKV))
+	var err error
 	t.gauges, err = m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
 		ctx, cancel := context.WithTimeout(ctx, g.opts.Tuning.RedisTimeout)
 		defer cancel()
@@ -172,27 +153,20 @@ func (t *telemetry) end(ctx context.Context, span trace.Span, err error) {
 }
 
 // settled records how one Get was answered (see getOutcomeOf): on the
-// counter and on the Get's span. A failure is left to end.
-func (t *telemetry) settled(ctx context.Context, o outcome, coalesced, through bool) {
-	if t == nil || o == outFailed {
+// counter and on the Get's span, its failure left to end. For one ID of a
+// GetMany (many), the GetMany's span gets no per-ID outcome, and a failure
+// is counted here.
+func (t *telemetry) settled(ctx context.Context, o outcome, coalesced, through, many bool) {
+	if t == nil || o == outFailed && !many {
 		return
 	}
 	g := getOutcomeOf(o, coalesced, through)
 	if t.gets != nil {
 		t.gets.Add(ctx, 1, t.byOut[g])
 	}
-	if t.tracer != nil {
+	if t.tracer != nil && !many {
 		trace.SpanFromContext(ctx).SetAttributes(attribute.String("cacheguard.outcome", outcomeNames[g]))
 	}
-}
-
-// counted counts one ID of a GetMany (no span attribute: the GetMany span
-// has its own), failures included.
-func (t *telemetry) counted(ctx context.Context, o outcome, through bool) {
-	if t == nil || t.gets == nil {
-		return
-	}
-	t.gets.Add(ctx, 1, t.byOut[getOutcomeOf(o, false, through)])
 }
 
 // getOutcomeOf maps an outcome to how a caller was answered (coalesced:

@@ -35,95 +35,66 @@ var (
 
 // Add makes newly created IDs servable at once, in every process. Call it
 // after the source of truth has committed them. It registers them in the
-// bloom filter, drops their empty markers (an ID asked for before it
-// existed, a bloom false positive, a deleted and re-created ID), and voids
-// any load in flight that read "absent" before the create and would write a
-// marker after it (it deletes the ID's load lock, as Invalidate does). A
-// cached value is never dropped. One round trip for any number of IDs (two
-// while a filter rebuild runs; see bloom.Filter.AddMany). Malformed IDs make
-// Add fail before any Redis command; Redis failures wrap ErrUnavailable,
-// and the write is replayed (see Stats.Unwritten). Each write waits for
-// Redis at most Tuning.RedisTimeout, whatever ctx.
+// bloom filter, drops their empty markers and voids any load in flight that
+// read "absent" before the create (as Invalidate does); a cached value is
+// never dropped. One round trip for any number of IDs (two while a filter
+// rebuild runs). Malformed IDs fail before any Redis command; Redis
+// failures wrap ErrUnavailable, and the write is replayed (Stats.Unwritten).
+// Each write waits for Redis at most Tuning.RedisTimeout, whatever ctx.
 func (g *Guard) Add(ctx context.Context, ids ...string) error {
+	marker := codec.Empty()
 	return g.write(ctx, ids, func(ctx context.Context, keys []string) error {
-		f, err := g.filter(ctx)
-		if err != nil {
-			return err
-		}
-		pipe := g.rdb.Pipeline()
-		added := f.QueueAdd(ctx, pipe, ids)
-		cleared := make([]*redis.Cmd, len(keys))
-		marker := codec.Empty()
-		for i, k := range keys {
-			cleared[i] = clearMarkers.Eval(ctx, pipe, voids(k), marker)
-		}
-		marks := g.queueMarks(ctx, pipe, ids, keys)
-		_, _ = pipe.Exec(ctx) // errors are read per command
-		g.landed(ctx, marks)
-		g.forget(keys, nil, time.Time{})
-		return g.fail(ctx, "add", one(ids), firstErr(added.Result(ctx), cleared))
+		return g.replace(ctx, "add", ids, ids, keys, nil, func(pipe redis.Pipeliner, k string) *redis.Cmd {
+			return clearMarkers.Eval(ctx, pipe, voids(k), marker)
+		})
 	})
 }
 
 // Set writes v as the cached value of id: write-through, after the source of
 // truth committed it. In one round trip it replaces the ID's entry (all
-// schema versions) with v for TTL ± Jitter, registers the ID in the bloom
-// filter, and voids every load in flight, so that no slower load that read
-// older data can overwrite it; every process's in-memory copy
-// (Options.Local) is replaced here and dropped elsewhere.
-//
-// Two Sets of one ID racing each other: the last to reach Redis wins. Make
-// sure that is also the order of their commits (for example, Set inside the
-// same critical section or row lock as the database write), or call
-// Invalidate instead, which never caches anything it did not read. A Set
-// that cannot reach Redis within RedisTimeout wraps ErrUnavailable and is
-// replayed (as an Invalidate; see Stats.Unwritten).
+// schema versions) with v for TTL ± Jitter, registers the ID in the filter,
+// and voids every load in flight; every process's in-memory copy is replaced
+// here and dropped elsewhere. Of two racing Sets of one ID, the last to
+// reach Redis wins: make that the order of their commits (Set under the
+// row's lock), or call Invalidate, which never caches what it did not read.
+// A Set that cannot reach Redis wraps ErrUnavailable and is replayed (as an
+// Invalidate; see Stats.Unwritten).
 func Set[T any](ctx context.Context, g *Guard, id string, v T) error {
 	if g == nil {
 		return errNil("Set")
 	}
-	pass, err := g.sup.enter()
-	if err != nil {
-		return err
-	}
-	defer g.sup.leave(pass)
-	if err := bind[T](g); err != nil {
-		return err
-	}
-	vkey, err := g.keys.Value(id)
-	if err != nil {
-		return err
-	}
-	frame, ttl, err := g.valueFrame(v)
-	if err != nil {
-		return fmt.Errorf("cacheguard: %s %q: %w", g.name, id, err)
-	}
-	rctx, cancel := g.bounded(ctx)
-	defer cancel()
-	err = g.replace(rctx, "set", []string{id}, []string{id}, []string{vkey}, frame, func() time.Duration { return ttl },
-		&localEntry{frame: frame, value: kept(g, v), life: ttl})
-	return g.unwrittenAfter(ctx, []string{id}, err)
+	ids := []string{id}
+	return g.write(ctx, ids, func(ctx context.Context, keys []string) error {
+		if err := bind[T](g); err != nil {
+			return err
+		}
+		frame, ttl, err := g.valueFrame(v)
+		if err != nil {
+			return fmt.Errorf("cacheguard: %s %q: %w", g.name, id, err)
+		}
+		return g.replace(ctx, "set", ids, ids, keys, &localEntry{frame: frame, value: kept(g, v), life: ttl},
+			g.writeFrame(ctx, frame, func() time.Duration { return ttl }))
+	})
 }
 
 // Delete records that ids no longer exist, after the source of truth deleted
 // them: in one round trip each ID's entry (all schema versions) becomes an
-// empty marker for EmptyTTL ± Jitter, loads in flight are voided, and
-// in-memory copies (Options.Local) are dropped in every process. The next Get
-// of a deleted ID, in any process, answers ErrNotFound without calling the
-// loader. A re-created ID is servable again after its Add. A Delete that
-// cannot reach Redis within RedisTimeout wraps ErrUnavailable and is
-// replayed (as an Invalidate).
+// empty marker for EmptyTTL ± Jitter, loads in flight are voided, and every
+// process's in-memory copy is dropped: the next Get, in any process, answers
+// ErrNotFound without a load, until an Add. A Delete that cannot reach Redis
+// wraps ErrUnavailable and is replayed (as an Invalidate).
 func (g *Guard) Delete(ctx context.Context, ids ...string) error {
 	return g.write(ctx, ids, func(ctx context.Context, keys []string) error {
-		return g.replace(ctx, "delete", nil, ids, keys, codec.Empty(), func() time.Duration { return g.jitter(g.opts.EmptyTTL) }, nil)
+		return g.replace(ctx, "delete", nil, ids, keys, nil,
+			g.writeFrame(ctx, codec.Empty(), func() time.Duration { return g.jitter(g.opts.EmptyTTL) }))
 	})
 }
 
-// replace runs replace.lua for each key (of ids) with frame (for ttl(),
-// called per key), registers add in the filter, and tells the in-memory
-// copies, in one round trip; this process keeps localCopy (nil: none).
-func (g *Guard) replace(ctx context.Context, op string, add, ids, keys []string, frame []byte, ttl func() time.Duration,
-	localCopy *localEntry) error {
+// replace runs one write's round trip: queue's command for each key (of
+// ids), whose errors count, the registration of add in the filter, and the
+// marks of ids. This process's copies are dropped, or replaced by localCopy.
+func (g *Guard) replace(ctx context.Context, op string, add, ids, keys []string, localCopy *localEntry,
+	queue func(pipe redis.Pipeliner, key string) *redis.Cmd) error {
 	pipe := g.rdb.Pipeline()
 	var added *bloom.PendingAdd
 	if len(add) > 0 {
@@ -138,13 +109,8 @@ func (g *Guard) replace(ctx context.Context, op string, add, ids, keys []string,
 	if localCopy != nil {
 		sent = time.Now()
 	}
-	marker := "0" // a value: the writer's version alone
-	if len(frame) == 1 && frame[0] == codec.KindEmpty {
-		marker = "1" // every version's entry becomes the marker
-	}
 	for i, k := range keys {
-		cmds[i] = replace.Eval(ctx, pipe, voids(k), g.field(), frame, ttl().Milliseconds(), marker, keyspace.Filled)
-		pipe.Publish(ctx, g.keys.Invalidated(), k)
+		cmds[i] = queue(pipe, k)
 	}
 	marks := g.queueMarks(ctx, pipe, ids, keys)
 	_, _ = pipe.Exec(ctx) // errors are read per command
@@ -155,6 +121,20 @@ func (g *Guard) replace(ctx context.Context, op string, add, ids, keys []string,
 		err = added.Result(ctx)
 	}
 	return g.fail(ctx, op, one(ids), firstErr(err, cmds))
+}
+
+// writeFrame queues replace.lua, which makes frame the entry (for ttl(),
+// called per key), with the message that drops other processes' copies.
+func (g *Guard) writeFrame(ctx context.Context, frame []byte, ttl func() time.Duration) func(redis.Pipeliner, string) *redis.Cmd {
+	marker := "0" // a value: the writer's version alone
+	if len(frame) == 1 && frame[0] == codec.KindEmpty {
+		marker = "1" // every version's entry becomes the marker
+	}
+	return func(pipe redis.Pipeliner, k string) *redis.Cmd {
+		c := replace.Eval(ctx, pipe, voids(k), g.field(), frame, ttl().Milliseconds(), marker, keyspace.Filled)
+		pipe.Publish(ctx, g.keys.Invalidated(), k)
+		return c
+	}
 }
 
 // forget makes this process's next Gets of keys start afresh: no new caller
@@ -168,7 +148,7 @@ func (g *Guard) forget(keys []string, copy *localEntry, sent time.Time) {
 			g.rd.shared.Forget(k)
 			g.local.epoch.Add(1)
 			if id, ok := g.keys.ID(k); ok {
-				g.local.drop(id)
+				g.local.c.Invalidate(id)
 				if copy != nil {
 					g.local.put(id, copy.frame, copy.value, copy.life, sent, g.local.epoch.Load())
 				}
@@ -223,46 +203,47 @@ func firstErr(err error, cmds []*redis.Cmd) error {
 }
 
 // Invalidate drops the cached values and empty markers of ids (all schema
-// versions), so the next Get loads them again. Call it after the source of
-// truth has changed them (or use Set to write the new value through, or
-// Delete for deleted IDs).
-//
-// It also deletes each ID's load lock, so a load that read the old data
-// before the change and is still running cannot write it afterwards: its
-// write checks that the lock still holds its token, is refused, and it
-// loads again (or waits for a load that started after the change). New
-// callers in this process start a new flight instead of joining one that
-// may have read the old data, and every process's in-memory copy
-// (Options.Local) is dropped. One round trip. An Invalidate that cannot
-// reach Redis within RedisTimeout wraps ErrUnavailable and is replayed (see
-// Stats.Unwritten).
+// versions), so the next Get loads them again: call it after the source of
+// truth changed them. It deletes each ID's load lock too, so a load that
+// read the old data and is still running cannot write it (it loads again);
+// new callers in this process start a new flight, and every process's
+// in-memory copy is dropped. One round trip. Redis failures wrap
+// ErrUnavailable, and the write is replayed (see Stats.Unwritten).
 func (g *Guard) Invalidate(ctx context.Context, ids ...string) error {
 	return g.write(ctx, ids, func(ctx context.Context, keys []string) error {
-		return g.fail(ctx, "invalidate", one(ids), g.invalidate(ctx, ids, keys))
+		return g.fail(ctx, "invalidate", one(ids), g.invalidate(ctx, nil, ids, keys))
 	})
 }
 
 // invalidate drops the entries and load locks of ids (keys, their value
 // keys) in one round trip: one DEL per ID (value and lock share a slot; IDs
 // do not), and a message per ID for the processes that keep values in
-// memory (Local).
-func (g *Guard) invalidate(ctx context.Context, ids, keys []string) error {
+// memory (Local). With f, the IDs join that filter too (a write's replay).
+func (g *Guard) invalidate(ctx context.Context, f *bloom.Filter, ids, keys []string) error {
 	pipe := g.rdb.Pipeline()
-	g.queueInvalidate(ctx, pipe, keys)
+	var added *bloom.PendingAdd
+	if f != nil {
+		added = f.QueueAdd(ctx, pipe, ids)
+	}
+	for _, k := range keys {
+		pipe.Del(ctx, voids(k)...)
+		pipe.Publish(ctx, g.keys.Invalidated(), k)
+	}
 	marks := g.queueMarks(ctx, pipe, ids, keys)
 	_, err := pipe.Exec(ctx)
 	g.landed(ctx, marks)
 	g.forget(keys, nil, time.Time{})
+	if err == nil && added != nil {
+		err = added.Result(ctx)
+	}
 	return redisfail.Wrap(err)
 }
 
-// InvalidateAll invalidates every ID of the Guard that has an entry or a
-// load in flight, in every process, as Invalidate does each: after a
-// TRUNCATE or a bulk change that no list of IDs describes. Two SCAN passes
-// on every master make sure that no load which read the old data before
-// the call caches it after. It returns how many IDs it invalidated and
-// leaves the filter as it is (see Rebuild). Redis failures wrap
-// ErrUnavailable and are not replayed: call it again.
+// InvalidateAll invalidates, as Invalidate does, every ID of the Guard that
+// has an entry or a load in flight: after a TRUNCATE or a bulk change that
+// no list of IDs describes (two SCAN passes on every master). It returns how
+// many IDs it invalidated and leaves the filter as it is (see Rebuild).
+// Redis failures wrap ErrUnavailable and are not replayed: call it again.
 func (g *Guard) InvalidateAll(ctx context.Context) (int, error) {
 	pass, err := g.sup.enter()
 	if err != nil {
@@ -274,11 +255,9 @@ func (g *Guard) InvalidateAll(ctx context.Context) (int, error) {
 }
 
 // invalidateAll invalidates every ID that has a key in Redis (a value, a
-// lock or a waiting mark), on every master, in two SCAN passes: a load that
-// read the source before the call holds its lock from before the first
-// pass until its write, so the first pass deletes that lock (and the write
-// is refused) or the second finds the entry it wrote. It returns how many
-// IDs it invalidated.
+// lock or a waiting mark) in two SCAN passes: a load that read the source
+// before the call holds its lock until its write, so the first pass deletes
+// that lock (its write is refused) or the second finds the entry it wrote.
 func (g *Guard) invalidateAll(ctx context.Context) (int, error) {
 	var mu sync.Mutex // guards seen and pass: eachMaster runs fn on the masters at once
 	seen := make(map[string]struct{})
@@ -287,7 +266,7 @@ func (g *Guard) invalidateAll(ctx context.Context) (int, error) {
 		err := eachMaster(ctx, g.rdb, func(ctx context.Context, c redis.Cmdable) error {
 			var ids, keys []string
 			flush := func() error {
-				err := g.invalidate(ctx, ids, keys)
+				err := g.invalidate(ctx, nil, ids, keys)
 				ids, keys = ids[:0], keys[:0]
 				return err
 			}
@@ -325,23 +304,13 @@ func (g *Guard) invalidateAll(ctx context.Context) (int, error) {
 	return len(seen), nil
 }
 
-// queueInvalidate queues, for each key, the DEL of its entry and load lock
-// and the message that drops in-memory copies in other processes.
-func (g *Guard) queueInvalidate(ctx context.Context, pipe redis.Pipeliner, keys []string) {
-	for _, k := range keys {
-		pipe.Del(ctx, voids(k)...)
-		pipe.Publish(ctx, g.keys.Invalidated(), k)
-	}
-}
-
 // Rebuild replaces the bloom filter with one built from every existing ID of
-// the source of truth, and lets it answer "absent". With Options.Filter.IDs
-// the Guard does it by itself whenever the filter is not ready; call it to
-// resize the filter, to clear the bits of deleted IDs, or without an ID
-// source. Until then Get fails open (Stats.BloomBypasses). No existing ID is
-// reported absent during a rebuild. It waits for this Guard's automatic
-// rebuild, if one runs; if it fails and Filter.IDs is set, the Guard goes
-// on trying in the background. opts may be nil.
+// the source of truth, and lets it answer "absent" (until then Get fails
+// open). With Options.Filter.IDs the Guard does it by itself whenever the
+// filter is not ready; call it to resize the filter, to clear the bits of
+// deleted IDs, or without an ID source. No existing ID is reported absent
+// meanwhile. It waits for this Guard's automatic rebuild, if one runs; if it
+// fails and Filter.IDs is set, the Guard goes on trying. opts may be nil.
 func (g *Guard) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts *bloom.RebuildOptions) (int, error) {
 	pass, err := g.sup.enter()
 	if err != nil {

@@ -9,9 +9,8 @@
 //     [ErrPanic], with its stack; it never crashes the process.
 //
 // It is golang.org/x/sync/singleflight with recoverable panics and a typed
-// key. Across processes, add a Redis lock per key (package lock; Group's
-// example shows both). docs/design.md says why cacheguard's own protocol,
-// woken by PUBLISH, is not here.
+// key. Across processes, add a Redis lock per key (package lock: Group's
+// example shows both; docs/design.md says what cacheguard adds).
 package loader
 
 import (
@@ -42,11 +41,10 @@ func (g *Group[K, R]) group() *flightgroup.Group[K, R] {
 }
 
 // Do runs fn once for all concurrent callers of key and returns its result to
-// each. shared reports whether the result went to more than one caller. If
-// ctx ends first, Do returns ctx.Err() at once; the flight goes on (bounded
-// by Timeout) for the other callers. The goroutine that runs a flight is
-// started by its first caller (unless that caller's ctx cannot end: it runs
-// fn itself) and ends when fn returns.
+// each (shared: to more than one caller). If ctx ends first, Do returns
+// ctx.Err() at once; the flight goes on, bounded by Timeout. The flight's
+// goroutine is started by its first caller (unless that caller's ctx cannot
+// end: it runs fn itself) and ends when fn returns.
 func (g *Group[K, R]) Do(ctx context.Context, key K, fn func(ctx context.Context) (R, error)) (res R, shared bool, err error) {
 	return g.group().Do(ctx, key, fn)
 }

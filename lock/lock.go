@@ -2,15 +2,14 @@
 // rest of cacheguard. It guarantees:
 //   - one holder at a time per key while the lock lives: [Client.Obtain]
 //     sets a token unique to the attempt (SET NX PX), retrying as [Options]
-//     say; [Client.Queue] queues one attempt in the caller's pipeline, so
-//     the commands behind it run with the lock taken;
+//     say; [Client.Queue] queues one attempt in the caller's pipeline;
 //   - only the holder frees or extends it: [Lock.Release] and [Lock.Refresh]
 //     check the token in a script, else return [ErrNotHeld];
 //   - [Lock.KeepAlive] renews it while the holder works, and says if lost.
 //
 // An expired lock protects nothing (a paused process): fence the work by
 // checking [Lock.Token] in the holder's write script, as the example does.
-// Hash-tag the key to keep it beside what it guards on a cluster. Redis
+// Hash-tag the key to keep it on a cluster beside what it guards. Redis
 // failures wrap [ErrUnavailable].
 package lock
 
@@ -22,13 +21,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/cacheguard/cacheguard/internal/backoff"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/cacheguard/cacheguard/internal/backoff"
 	"github.com/cacheguard/cacheguard/internal/redisfail"
 )
 
@@ -166,12 +165,10 @@ type Queued struct {
 	pttl       *redis.DurationCmd // and the lock's PTTL behind it (Obtain's; nil after Queue)
 }
 
-// Queue adds one attempt to obtain key to pipe: SET key token NX PX ttl,
-// one command. Redis runs a connection's commands in order, so commands
-// queued after it on keys of the same slot run with the lock taken (or
-// not): a read queued behind it is, for the winner, the re-check of what
-// the lock guards, in the same round trip. Read the outcome with Result
-// after the pipeline ran.
+// Queue adds one attempt to obtain key to pipe: SET key token NX PX ttl.
+// Redis runs a connection's commands in order, so a read of the same slot
+// queued behind it is, for the winner, the re-check of what the lock guards,
+// in the same round trip. Read the outcome with Result after the pipeline ran.
 func (c *Client) Queue(ctx context.Context, pipe redis.Pipeliner, key string, ttl time.Duration) (*Queued, error) {
 	if _, err := resolve(key, ttl, nil); err != nil {
 		return nil, err
@@ -211,10 +208,8 @@ func (q *Queued) Result(context.Context) (*Lock, error) {
 
 // Tokens are a random 64-bit prefix drawn once per process (crypto/rand)
 // followed by a 64-bit count of the tokens it handed out: unique across
-// processes and restarts (two processes collide only by drawing the same
-// prefix) without a crypto/rand read per lock, which a profile of the demo
-// shop put at 7 µs per miss. Nothing needs a token to be unguessable: a
-// client that can reach the lock key can delete it anyway.
+// processes and restarts, without a crypto/rand read per lock. They need
+// not be unguessable: a client that can reach the lock key can delete it.
 var tokens struct {
 	once   sync.Once
 	prefix [8]byte
@@ -240,16 +235,7 @@ func newToken() (string, error) {
 func (l *Lock) Token() string { return l.token }
 
 // Release frees the lock. ErrNotHeld if it had expired or was taken over.
-func (l *Lock) Release(ctx context.Context) error {
-	n, err := releaseScript.Run(ctx, l.c.rdb, []string{l.key}, l.token).Int64()
-	if err != nil {
-		return fmt.Errorf("lock: release %s: %w", l.key, redisfail.Wrap(err))
-	}
-	if n != 1 {
-		return ErrNotHeld
-	}
-	return nil
-}
+func (l *Lock) Release(ctx context.Context) error { return l.run(ctx, "release", releaseScript) }
 
 // Refresh sets the lock's TTL to ttl. ErrNotHeld if it had expired or was
 // taken over.
@@ -257,9 +243,14 @@ func (l *Lock) Refresh(ctx context.Context, ttl time.Duration) error {
 	if ttl < time.Millisecond {
 		return fmt.Errorf("%w: TTL %v below 1ms", ErrInvalid, ttl)
 	}
-	n, err := refreshScript.Run(ctx, l.c.rdb, []string{l.key}, l.token, ttl.Milliseconds()).Int64()
+	return l.run(ctx, "refresh", refreshScript, ttl.Milliseconds())
+}
+
+// run runs script, which acts only if the lock key holds the lock's token.
+func (l *Lock) run(ctx context.Context, op string, script *redis.Script, args ...any) error {
+	n, err := script.Run(ctx, l.c.rdb, []string{l.key}, append([]any{l.token}, args...)...).Int64()
 	if err != nil {
-		return fmt.Errorf("lock: refresh %s: %w", l.key, redisfail.Wrap(err))
+		return fmt.Errorf("lock: %s %s: %w", op, l.key, redisfail.Wrap(err))
 	}
 	if n != 1 {
 		return ErrNotHeld
@@ -268,13 +259,10 @@ func (l *Lock) Refresh(ctx context.Context, ttl time.Duration) error {
 }
 
 // KeepAlive starts a watchdog that refreshes the lock to ttl every ttl/3
-// while the holder works, until stop is called (stop waits for it) or ctx is
-// done. If a refresh finds the lock gone, or refreshes fail until it must
-// have expired, it calls onLost once (if non-nil) and stops. A lock taken
-// with a shorter lease gets its first refresh a third of the way into it.
-// Nothing runs until the first refresh is due (time.AfterFunc), so a short
-// hold costs no goroutine and no command; the goroutine ends by the time
-// stop returns.
+// until stop is called or ctx is done; its goroutine, started only when the
+// first refresh is due, ends by the time stop returns. If a refresh finds
+// the lock gone, or refreshes fail until it must have expired, it calls
+// onLost once (if non-nil) and stops. docs/design-notes.md has the details.
 func (l *Lock) KeepAlive(ctx context.Context, ttl time.Duration, onLost func(error)) (stop func()) {
 	quit := make(chan struct{})
 	done := make(chan struct{})

@@ -1,11 +1,8 @@
 // Package clone makes deep copies of a type's values, with a copier built
-// once per type from reflect, so that guard's in-process cache can hand each
-// caller its own copy of one decoded value (cheaper than decoding again).
-// Strings and time.Time values are shared (immutable); slices, maps and
-// pointers get fresh storage. A type that holds an interface, a channel, a
-// function, an unsafe pointer or an unexported reference cannot be copied
-// safely: For reports it, and the caller decodes instead. Values must be
-// trees (a pointer cycle would recurse without end).
+// once per type from reflect (guard's in-process cache hands each caller its
+// own copy). Strings and time.Time values are shared; slices, maps and
+// pointers get fresh storage. For reports a type it cannot copy safely (see
+// docs/design-notes.md), and values must be trees (no pointer cycle).
 package clone
 
 import (

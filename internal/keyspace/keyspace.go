@@ -50,33 +50,18 @@ func ForGuard(prefix, name string, maxLen int) Guard {
 
 // Value returns the value key of id, or an error wrapping ErrInvalidKey.
 func (s Guard) Value(id string) (string, error) {
-	escapes, err := s.scan(id)
-	if err != nil {
+	if err := s.Check(id); err != nil {
 		return "", err
 	}
-	var b strings.Builder
-	b.Grow(len(s.base) + len(id) + 2*escapes + 2)
-	b.WriteString(s.base)
-	b.WriteByte('{')
-	if escapes == 0 {
-		b.WriteString(id)
-	} else {
-		for i := 0; i < len(id); i++ {
-			switch c := id[i]; c {
-			case '%':
-				b.WriteString("%25")
-			case '{':
-				b.WriteString("%7B")
-			case '}':
-				b.WriteString("%7D")
-			default:
-				b.WriteByte(c)
-			}
-		}
-	}
-	b.WriteByte('}')
-	return b.String(), nil
+	return s.base + "{" + escaper.Replace(id) + "}", nil
 }
+
+// escaper is enc: it escapes the bytes that would end or nest a hash tag,
+// and '%' itself, so that enc is injective; unescaper inverts it.
+var (
+	escaper   = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
+	unescaper = strings.NewReplacer("%25", "%", "%7B", "{", "%7D", "}")
+)
 
 // ID is the inverse of Value: the ID whose value key vkey is, or false if
 // vkey is not a value key of this Guard (another Guard's, a lock or fence
@@ -89,58 +74,25 @@ func (s Guard) ID(vkey string) (string, bool) {
 	if enc, ok = strings.CutSuffix(enc, "}"); !ok || enc == "" || strings.ContainsAny(enc, "{}") {
 		return "", false
 	}
-	if !strings.Contains(enc, "%") {
-		return enc, true
-	}
-	var b strings.Builder
-	b.Grow(len(enc))
-	for i := 0; i < len(enc); i++ {
-		if enc[i] != '%' {
-			b.WriteByte(enc[i])
-			continue
-		}
-		if i+3 > len(enc) {
-			return "", false
-		}
-		switch enc[i : i+3] {
-		case "%25":
-			b.WriteByte('%')
-		case "%7B":
-			b.WriteByte('{')
-		case "%7D":
-			b.WriteByte('}')
-		default:
-			return "", false
-		}
-		i += 2
-	}
-	return b.String(), true
+	id := unescaper.Replace(enc)
+	return id, escaper.Replace(id) == enc // a stray '%' does not encode back
 }
 
 // Check reports whether id is usable (an error wrapping ErrInvalidKey if not)
 // without building its key.
 func (s Guard) Check(id string) error {
-	_, err := s.scan(id)
-	return err
-}
-
-// scan is Check in the same pass as the count of bytes that Value escapes.
-func (s Guard) scan(id string) (escapes int, err error) {
 	if id == "" {
-		return 0, fmt.Errorf("%w: empty", ErrInvalidKey)
+		return fmt.Errorf("%w: empty", ErrInvalidKey)
 	}
 	if len(id) > s.maxLen {
-		return 0, fmt.Errorf("%w: too long (%d bytes, at most %d)", ErrInvalidKey, len(id), s.maxLen)
+		return fmt.Errorf("%w: too long (%d bytes, at most %d)", ErrInvalidKey, len(id), s.maxLen)
 	}
 	for i := 0; i < len(id); i++ {
-		switch c := id[i]; {
-		case c < 0x20 || c == 0x7f:
-			return 0, fmt.Errorf("%w: control byte 0x%02x at %d", ErrInvalidKey, c, i)
-		case c == '%' || c == '{' || c == '}':
-			escapes++
+		if c := id[i]; c < 0x20 || c == 0x7f {
+			return fmt.Errorf("%w: control byte 0x%02x at %d", ErrInvalidKey, c, i)
 		}
 	}
-	return escapes, nil
+	return nil
 }
 
 // MaxKeyLen is the longest ID accepted, in bytes.
@@ -215,16 +167,9 @@ func (f Filter) AutoRebuilt() string { return f.base + ":{" + f.base + "}:auto" 
 // ValidName reports whether s is usable as a Guard name: 1 to 64 bytes of
 // letters, digits, '_', '-' and '.'.
 func ValidName(s string) bool {
-	if s == "" || len(s) > 64 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
-			return false
-		}
-	}
-	return true
+	return s != "" && len(s) <= 64 && !strings.ContainsFunc(s, func(c rune) bool {
+		return !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.')
+	})
 }
 
 // ValidPrefix reports whether s is usable as a KeyPrefix: 1 to 64 printable
@@ -232,15 +177,9 @@ func ValidName(s string) bool {
 // make the ACL pattern "<prefix>:*" match more than the prefix). Colons are
 // allowed ("app:cache").
 func ValidPrefix(s string) bool {
-	if s == "" || len(s) > 64 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c <= ' ' || c >= 0x7f || strings.IndexByte("{}*?[]\\", c) >= 0 {
-			return false
-		}
-	}
-	return true
+	return s != "" && len(s) <= 64 && !strings.ContainsFunc(s, func(c rune) bool {
+		return c <= ' ' || c >= 0x7f || strings.ContainsRune("{}*?[]\\", c)
+	})
 }
 
 // Position is the key holding the position of the change feed called feed

@@ -13,13 +13,10 @@ import (
 	"github.com/cacheguard/cacheguard/internal/redisfail"
 )
 
-// Subscription delivers the messages of one channel to a handler.
-//
-// It owns one goroutine, started by Subscribe, that calls the handler for
-// each message in order; Close ends the subscription and waits for that
-// goroutine to return. go-redis reconnects and resubscribes by itself after
-// a dropped connection; messages published while it does are lost, so users
-// must cover a lost message (a timer, a TTL).
+// Subscription delivers the messages of one channel to a handler, in order,
+// from one goroutine that Subscribe starts and Close waits for. go-redis
+// resubscribes by itself after a dropped connection; messages published
+// meanwhile are lost, so users must cover a lost message (a timer, a TTL).
 type Subscription struct {
 	ps   *redis.PubSub
 	done chan struct{} // closed when the delivering goroutine has returned

@@ -14,6 +14,9 @@ func SetRepair(f *Follower, on bool) { f.noRepair.Store(!on) }
 // and START_REPLICATION (nil: none).
 func SetBeforeStart(fn func()) { beforeStart = fn }
 
+// InspectRoom is how many samples the inspector queues at most.
+const InspectRoom = inspectPending
+
 // InspectPending counts the samples waiting for their checks (0: off).
 func InspectPending(f *Follower) int {
 	if f.insp == nil {

@@ -321,7 +321,7 @@ type warnedPairs struct {
 func (g *Guard) valueFrame(v any) ([]byte, time.Duration, error) {
 	ttl := g.jitter(g.opts.TTL)
 	if g.opts.RefreshAhead {
-		frame, err := codec.EncodeRefresh(g.opts.Codec, v, time.Now().Add(time.Duration(float64(ttl)*g.refreshAt)))
+		frame, err := codec.EncodeRefresh(g.opts.Codec, v, time.Now().Add(time.Duration(float64(ttl)*refreshAt)))
 		return frame, ttl, err
 	}
 	frame, err := codec.Encode(g.opts.Codec, v)

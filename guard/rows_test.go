@@ -23,7 +23,9 @@ type fakeDriver struct {
 
 var errRowsBroke = errors.New("the connection broke mid-result")
 
-func (d *fakeDriver) Open(string) (driver.Conn, error) { return fakeConn{d}, nil }
+func (d *fakeDriver) Open(string) (driver.Conn, error)             { return fakeConn{d}, nil }
+func (d *fakeDriver) Connect(context.Context) (driver.Conn, error) { return fakeConn{d}, nil }
+func (d *fakeDriver) Driver() driver.Driver                        { return d }
 
 type fakeConn struct{ d *fakeDriver }
 
@@ -67,11 +69,7 @@ func (r *fakeRows) Next(dest []driver.Value) error {
 func TestRows(t *testing.T) {
 	ctx := context.Background()
 	d := &fakeDriver{ids: []string{"p1", "p2", "p3", "p4"}, failAt: -1}
-	sql.Register("cacheguard-fake-rows", d)
-	db, err := sql.Open("cacheguard-fake-rows", "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	db := sql.OpenDB(d) // not Register: -count=2 would register the name twice
 	defer db.Close()
 	var got []string
 	for id, err := range guard.Rows(db.QueryContext(ctx, "SELECT id FROM products")) {

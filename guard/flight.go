@@ -287,7 +287,9 @@ func (c *miss[T]) coordinate(ctx context.Context) (flightResult, error) {
 	if c.claimHeld(heldByFlight) {
 		held = c.held
 	}
-	switch err := c.g.coord.Run(ctx, c.vkey, c.g.field(), held, f); {
+	ran, err := c.g.coord.Run(ctx, c.vkey, c.g.field(), held, f)
+	c.g.ran(ctx, c.vkey, ran)
+	switch {
 	case err == nil:
 		return c.found, c.err // c.err is ErrNotFound after a marker
 	case errors.Is(err, coord.ErrBusy):
@@ -297,6 +299,19 @@ func (c *miss[T]) coordinate(ctx context.Context) (flightResult, error) {
 	default:
 		return flightResult{outcome: outFailed}, err
 	}
+}
+
+// ran records what a Run or TryRun of vkey met besides its answer: each
+// wait (telemetry), a write Redis failed (the load is served, not cached)
+// and entries of other schema versions.
+func (g *Guard) ran(ctx context.Context, vkey string, r coord.Ran) {
+	for _, w := range r.Waits {
+		g.tel.waited(ctx, w.Began, w.Ended, w.Result) // a nil telemetry records nothing
+	}
+	if r.WriteErr != nil {
+		_ = g.fail(g.sup.ctx, "write", vkey, r.WriteErr)
+	}
+	g.otherSchemas(vkey, g.field(), r.Others)
 }
 
 // accept judges an entry the Coordinator read (coord.Fill.Accept): see

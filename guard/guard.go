@@ -142,14 +142,8 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 			// unreachable: either way the load's result will not be cached.
 			g.log.Warn("cacheguard: load lock lost while loading (a write voided the load, or the lock expired); its result will not be cached", "key", key, "err", err)
 		},
-		OnOtherFields: g.otherSchemas,
-		OnWaited:      g.tel.waited,   // a nil telemetry records nothing
-		ReadTTL:       g.local != nil, // a flight keeps what its re-check found (see miss.accept)
-		Spawn:         g.sup.spawn,
-		OnWriteFailed: func(key string, err error) {
-			// The load's result is good and served; only caching it failed.
-			_ = g.fail(g.sup.ctx, "write", key, err)
-		},
+		ReadTTL: g.local != nil, // a flight keeps what its re-check found (see miss.accept)
+		Spawn:   g.sup.spawn,
 	})
 	g.checkClient(ctx)
 	switch err := g.connect(ctx); {

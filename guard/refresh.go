@@ -58,7 +58,9 @@ func refresh[T any](g *Guard, id, vkey string, raw []byte, load LoadFunc[T]) {
 			return !pastRefreshAt(raw) && c.decode(ctx, raw)
 		}
 		g.stats.refreshes.Add(1)
-		if err := g.coord.TryRun(ctx, vkey, g.field(), coord.Fill{Accept: fresh, Load: c.Load}); err != nil && g.sup.ctx.Err() == nil { // not Close
+		ran, err := g.coord.TryRun(ctx, vkey, g.field(), coord.Fill{Accept: fresh, Load: c.Load})
+		g.ran(ctx, vkey, ran)
+		if err != nil && g.sup.ctx.Err() == nil { // not Close
 			g.log.Warn("cacheguard: refresh ahead failed; the value expires at its TTL", "id", id, "err", g.fail(ctx, "refresh", id, err))
 		}
 		return flightResult{}, nil

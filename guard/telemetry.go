@@ -243,11 +243,10 @@ func (t *telemetry) resultAttrs(result string) metric.RecordOption {
 }
 
 // waited records one wait on another process's load, after the fact.
-func (t *telemetry) waited(ctx context.Context, start time.Time, result string) {
+func (t *telemetry) waited(ctx context.Context, start, end time.Time, result string) {
 	if t == nil {
 		return
 	}
-	end := time.Now()
 	if t.waitDur != nil {
 		t.waitDur.Record(ctx, end.Sub(start).Seconds(), t.resultAttrs(result))
 	}

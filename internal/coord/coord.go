@@ -64,19 +64,6 @@ type Options struct {
 	OpTimeout time.Duration
 	// OnLockLost, if set, is told when a holder's watchdog lost its lock.
 	OnLockLost func(key string, err error)
-	// OnWriteFailed, if set, is told when Redis failed the holder's write
-	// (the error wraps redisfail.ErrUnavailable). The load's result is still
-	// served; only caching it failed.
-	OnWriteFailed func(key string, err error)
-	// OnOtherFields, if set, is told the other fields a holder's write
-	// found in the hash: entries of other schema versions, which its
-	// re-check did not read.
-	OnOtherFields func(key, field string, others []string)
-	// OnWaited, if set, is told after each wait for another holder's load
-	// when it began and how it ended: "woken" (the holder published),
-	// "expired" (its lease ran out first), "timeout" (LockWait ran out
-	// first) or "cancelled" (ctx ended, or Redis failed).
-	OnWaited func(ctx context.Context, began time.Time, result string)
 	// ReadTTL makes Run's lock attempt read the entry's PTTL behind its
 	// re-check, in the same round trip, for an Accept that keeps what it
 	// found no longer than Redis does (TryRun's attempt reads none).
@@ -102,6 +89,23 @@ type Fill struct {
 	// another and starts waiting for it (a caller that batches loads learns
 	// that this key will not join the batch now).
 	Waiting func()
+}
+
+// Ran is what a Run or TryRun did besides its answer: its waits for other
+// holders' loads, and what its own write met.
+type Ran struct {
+	Waits    []Wait   // each wait for another holder's load, in order
+	WriteErr error    // Redis failed the write (wraps redisfail.ErrUnavailable): the load is served, not cached
+	Others   []string // the other fields (schema versions) the write found in the hash
+}
+
+// Wait is one wait for another holder's load: when it began and ended,
+// and how: "woken" (the holder published), "expired" (its lease ran out
+// first), "timeout" (LockWait ran out first) or "cancelled" (ctx ended, or
+// Redis failed).
+type Wait struct {
+	Began, Ended time.Time
+	Result       string
 }
 
 // Coordinator makes one process at a time load a key, across the processes
@@ -194,12 +198,13 @@ func (c *Coordinator) Stats() Stats {
 // LockTTL: the watchdog's first refresh comes within it (see
 // lock.Lock.KeepAlive). It returns nil when f answered (from the cache or
 // from a load), the load's error, ErrBusy, ctx's error, or a Redis error
-// wrapping redisfail.ErrUnavailable.
-func (c *Coordinator) Run(ctx context.Context, key, field string, held *lock.Lock, f Fill) error {
+// wrapping redisfail.ErrUnavailable; and, whatever the answer, what it did
+// on the way (Ran).
+func (c *Coordinator) Run(ctx context.Context, key, field string, held *lock.Lock, f Fill) (ran Ran, err error) {
 	if held != nil {
 		nothing := redis.NewStringResult("", redis.Nil) // what the caller's re-check found
-		if err := c.hold(ctx, held, key, field, reading{get: nothing}, f); !errors.Is(err, errOvertaken) {
-			return err
+		if err := c.hold(ctx, held, key, field, reading{get: nothing}, f, &ran); !errors.Is(err, errOvertaken) {
+			return ran, err
 		}
 	}
 	deadline := time.Now().Add(c.opts.LockWait)
@@ -207,19 +212,19 @@ func (c *Coordinator) Run(ctx context.Context, key, field string, held *lock.Loc
 		l, get, lease, err := c.attempt(ctx, key, field, c.opts.ReadTTL)
 		switch {
 		case err == nil:
-			err = c.hold(ctx, l, key, field, get, f)
+			err = c.hold(ctx, l, key, field, get, f, &ran)
 			if !errors.Is(err, errOvertaken) {
-				return err
+				return ran, err
 			}
 			if !time.Now().Before(deadline) {
-				return nil // invalidated again and again: serve the last load, uncached
+				return ran, nil // invalidated again and again: serve the last load, uncached
 			}
 			continue // overtaken by an invalidation: load again, under a new lock
 		case !errors.Is(err, lock.ErrNotObtained):
-			return err
+			return ran, err
 		}
 		if done, err := c.cached(ctx, get, f); done || err != nil {
-			return err // filled meanwhile by the holder
+			return ran, err // filled meanwhile by the holder
 		}
 		c.waits.Add(1)
 		if f.Waiting != nil {
@@ -227,19 +232,17 @@ func (c *Coordinator) Run(ctx context.Context, key, field string, held *lock.Loc
 		}
 		began := time.Now()
 		done, result, err := c.wait(ctx, key, field, lease, deadline, f)
-		if c.opts.OnWaited != nil {
-			c.opts.OnWaited(ctx, began, result)
-		}
+		ran.Waits = append(ran.Waits, Wait{Began: began, Ended: time.Now(), Result: result})
 		if done || err != nil {
-			return err
+			return ran, err
 		}
 		if !time.Now().Before(deadline) {
 			c.timeouts.Add(1)
 			if c.opts.LoadOnBusy {
 				_, _, err := f.Load(ctx)
-				return err
+				return ran, err
 			}
-			return ErrBusy
+			return ran, ErrBusy
 		}
 	}
 }
@@ -265,19 +268,19 @@ func (c *Coordinator) Release(ctx context.Context, l *lock.Lock, key string) err
 // no wait. If another holder has the lock (it is filling key already), or a
 // write to the source of truth overtook the load (its lock is gone: the
 // entry was invalidated or replaced), TryRun returns nil having written
-// nothing.
-func (c *Coordinator) TryRun(ctx context.Context, key, field string, f Fill) error {
+// nothing. Ran says what its write met.
+func (c *Coordinator) TryRun(ctx context.Context, key, field string, f Fill) (ran Ran, err error) {
 	l, get, _, err := c.attempt(ctx, key, field, false)
 	switch {
 	case errors.Is(err, lock.ErrNotObtained):
-		return nil
+		return ran, nil
 	case err != nil:
-		return err
+		return ran, err
 	}
-	if err := c.hold(ctx, l, key, field, get, f); !errors.Is(err, errOvertaken) {
-		return err
+	if err := c.hold(ctx, l, key, field, get, f, &ran); !errors.Is(err, errOvertaken) {
+		return ran, err
 	}
-	return nil
+	return ran, nil
 }
 
 // attempt is step 1: the lock attempt with the lock's PTTL and the HGET
@@ -356,8 +359,9 @@ func (c *Coordinator) cached(ctx context.Context, r reading, f Fill) (done bool,
 // hold runs steps 2 to 4 with the lock held: the re-check's answer, the load,
 // and the write with the release and publish, or the release and publish
 // alone when it did not get that far (also when the load panics). It
-// returns errOvertaken when the write was refused.
-func (c *Coordinator) hold(ctx context.Context, l *lock.Lock, key, field string, get reading, f Fill) error {
+// returns errOvertaken when the write was refused, and records in ran what
+// the write met.
+func (c *Coordinator) hold(ctx context.Context, l *lock.Lock, key, field string, get reading, f Fill, ran *Ran) error {
 	stop := l.KeepAlive(ctx, c.opts.LockTTL, func(err error) {
 		if c.opts.OnLockLost != nil {
 			c.opts.OnLockLost(key, err)
@@ -398,20 +402,16 @@ func (c *Coordinator) hold(ctx context.Context, l *lock.Lock, key, field string,
 	written, _ := reply.([]any) // 1 then other fields; a plain 1 when there were none
 	switch {
 	case err != nil:
-		if c.opts.OnWriteFailed != nil {
-			c.opts.OnWriteFailed(key, redisfail.Wrap(err))
-		}
+		ran.WriteErr = redisfail.Wrap(err)
 	case written == nil && reply != int64(1):
 		c.staleWrites.Add(1)
 		return errOvertaken
-	case len(written) > 1 && c.opts.OnOtherFields != nil:
-		others := make([]string, 0, len(written)-1)
+	case len(written) > 1:
 		for _, f := range written[1:] {
 			if s, ok := f.(string); ok && s != field {
-				others = append(others, s)
+				ran.Others = append(ran.Others, s)
 			}
 		}
-		c.opts.OnOtherFields(key, field, others)
 	}
 	return nil
 }

@@ -71,7 +71,7 @@ func TestCoordinatorOneLoadManyCoordinators(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := co.Run(ctx, key, "1", nil, f); err != nil {
+			if _, err := co.Run(ctx, key, "1", nil, f); err != nil {
 				t.Error(err)
 			}
 			wakeups.Add(int32(co.Stats().Wakeups))
@@ -99,7 +99,7 @@ func TestCoordinatorReleasesOnPanicAndError(t *testing.T) {
 	c.Set(ctx, keyspace.Waiting(key), "1", time.Minute) // as a flight elsewhere waits
 	func() {
 		defer func() { _ = recover() }()
-		_ = co.Run(ctx, key, "1", nil, filler(func(context.Context) ([]byte, time.Duration, error) { panic("boom") }))
+		_, _ = co.Run(ctx, key, "1", nil, filler(func(context.Context) ([]byte, time.Duration, error) { panic("boom") }))
 	}()
 	if pttl := c.PTTL(ctx, keyspace.Lock(key)).Val(); pttl != -2 {
 		t.Fatalf("after a panic the lock has PTTL %v, want -2", pttl)
@@ -108,7 +108,7 @@ func TestCoordinatorReleasesOnPanicAndError(t *testing.T) {
 		t.Fatalf("after a panic waiters were not told: %v, %v", msg, err)
 	}
 	boom := errors.New("db down")
-	if err := co.Run(ctx, key, "1", nil, filler(func(context.Context) ([]byte, time.Duration, error) { return nil, 0, boom })); !errors.Is(err, boom) {
+	if _, err := co.Run(ctx, key, "1", nil, filler(func(context.Context) ([]byte, time.Duration, error) { return nil, 0, boom })); !errors.Is(err, boom) {
 		t.Fatalf("err = %v", err)
 	}
 	if n := c.Exists(ctx, keyspace.Lock(key), key).Val(); n != 0 {
@@ -117,7 +117,7 @@ func TestCoordinatorReleasesOnPanicAndError(t *testing.T) {
 	// An invalidation (the lock deleted) during the load refuses the
 	// write: Run loads again under a new lock, with a new token.
 	var tokens []string
-	err := co.Run(ctx, key, "1", nil, filler(func(ctx context.Context) ([]byte, time.Duration, error) {
+	_, err := co.Run(ctx, key, "1", nil, filler(func(ctx context.Context) ([]byte, time.Duration, error) {
 		tokens = append(tokens, c.Get(ctx, keyspace.Lock(key)).Val())
 		if len(tokens) < 3 {
 			c.Del(ctx, keyspace.Lock(key))
@@ -174,14 +174,14 @@ func TestCoordinatorPublishesOnlyWhenAwaited(t *testing.T) {
 	defer holder.Close()
 	key := c.Prefix + ":{k}"
 	value := filler(func(context.Context) ([]byte, time.Duration, error) { return []byte("v"), time.Minute, nil })
-	if err := holder.Run(ctx, key, "1", nil, value); err != nil {
+	if _, err := holder.Run(ctx, key, "1", nil, value); err != nil {
 		t.Fatal(err)
 	}
 	if got := next(); got != "sentinel" {
 		t.Fatalf("a load nobody waited for published %q", got)
 	}
 	failing := filler(func(context.Context) ([]byte, time.Duration, error) { return nil, 0, errors.New("db down") })
-	if err := holder.Run(ctx, c.Prefix+":{gone}", "1", nil, failing); err == nil {
+	if _, err := holder.Run(ctx, c.Prefix+":{gone}", "1", nil, failing); err == nil {
 		t.Fatal("the failing load's error was lost")
 	}
 	if got := next(); got != "sentinel" {
@@ -197,14 +197,14 @@ func TestCoordinatorPublishesOnlyWhenAwaited(t *testing.T) {
 		return []byte("w"), time.Minute, nil
 	})
 	holding := make(chan error, 1)
-	go func() { holding <- holder.Run(ctx, key, "1", nil, slow) }()
+	go func() { holding <- errOf(holder.Run(ctx, key, "1", nil, slow)) }()
 	until(t, func() bool { return c.Exists(ctx, keyspace.Lock(key)).Val() == 1 }) // the holder's lock attempt
 	waiter := coord.New(redistest.Connect(t).UniversalClient, channel, nil)
 	defer waiter.Close()
 	waiting := make(chan error, 1)
 	var got []byte
 	go func() {
-		waiting <- waiter.Run(ctx, key, "1", nil, cachedInto(&got))
+		waiting <- errOf(waiter.Run(ctx, key, "1", nil, cachedInto(&got)))
 	}()
 	until(t, func() bool { return c.Exists(ctx, keyspace.Waiting(key)).Val() == 1 })
 	close(marked)
@@ -249,7 +249,7 @@ func TestCoordinatorTakenOverWriteKeepsTheNewLock(t *testing.T) {
 	key := c.Prefix + ":{k}"
 	lc := lock.New(c)
 	var other *lock.Lock
-	err := co.TryRun(ctx, key, "1", filler(func(ctx context.Context) ([]byte, time.Duration, error) {
+	_, err := co.TryRun(ctx, key, "1", filler(func(ctx context.Context) ([]byte, time.Duration, error) {
 		c.Del(ctx, keyspace.Lock(key)) // the lease ran out...
 		var err error                  // ...and another process took the lock
 		other, err = lc.Obtain(ctx, keyspace.Lock(key), time.Minute, nil)
@@ -305,7 +305,7 @@ func TestCoordinatorFlightsShareRoundTrips(t *testing.T) {
 	one := filler(func(context.Context) ([]byte, time.Duration, error) { return []byte("v"), time.Minute, nil })
 	key := func(i int) string { return c.Prefix + ":{k" + string(rune('a'+i)) + "}" }
 	for i := range 22 { // loads the scripts on every node of a cluster: no NOSCRIPT below
-		if err := co.Run(ctx, key(i)+":warm", "1", nil, one); err != nil {
+		if _, err := co.Run(ctx, key(i)+":warm", "1", nil, one); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -321,7 +321,7 @@ func TestCoordinatorFlightsShareRoundTrips(t *testing.T) {
 	var wg sync.WaitGroup
 	run := func(i int) {
 		wg.Go(func() {
-			if err := co.Run(ctx, key(i), "1", nil, f); err != nil {
+			if _, err := co.Run(ctx, key(i), "1", nil, f); err != nil {
 				t.Error(err)
 			}
 		})
@@ -400,9 +400,9 @@ func TestRunHeld(t *testing.T) {
 	waited := make(chan error, 1)
 	go func() {
 		<-loaded
-		waited <- other.Run(ctx, key, "1", nil, f) // finds the lock held: waits, then reads
+		waited <- errOf(other.Run(ctx, key, "1", nil, f)) // finds the lock held: waits, then reads
 	}()
-	if err := co.Run(ctx, key, "1", l, f); err != nil {
+	if _, err := co.Run(ctx, key, "1", l, f); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-waited; err != nil {
@@ -418,7 +418,7 @@ func TestRunHeld(t *testing.T) {
 	key = c.Prefix + ":{unused}"
 	l = take(key)
 	waited = make(chan error, 1)
-	go func() { waited <- other.Run(ctx, key, "1", nil, f) }()
+	go func() { waited <- errOf(other.Run(ctx, key, "1", nil, f)) }()
 	until(t, func() bool { return c.Exists(ctx, keyspace.Waiting(key)).Val() == 1 }) // subscribed and marked: a publish reaches it
 	if err := co.Release(ctx, l, key); err != nil {
 		t.Fatal(err)
@@ -442,10 +442,7 @@ func TestRunHeld(t *testing.T) {
 func TestWaitSeesALockReleasedUnwritten(t *testing.T) {
 	ctx := context.Background()
 	c := redistest.Connect(t)
-	results := make(chan string, 4)
-	co := coord.New(c.UniversalClient, c.Prefix+":ch", &coord.Options{
-		OnWaited: func(_ context.Context, _ time.Time, result string) { results <- result },
-	})
+	co := coord.New(c.UniversalClient, c.Prefix+":ch", nil)
 	defer co.Close()
 	key := c.Prefix + ":{gone}"
 	l, err := lock.New(c).Obtain(ctx, keyspace.Lock(key), time.Minute, nil)
@@ -462,11 +459,12 @@ func TestWaitSeesALockReleasedUnwritten(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	if err := co.Run(ctx, key, "1", nil, f); err != nil {
+	ran, err := co.Run(ctx, key, "1", nil, f)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if got := <-results; got != "woken" {
-		t.Fatalf("the wait ended %q, want woken (the lock was gone behind the mark)", got)
+	if len(ran.Waits) != 1 || ran.Waits[0].Result != "woken" {
+		t.Fatalf("the waits were %+v, want one, woken (the lock was gone behind the mark)", ran.Waits)
 	}
 	if n, st := loads.Load(), co.Stats(); n != 1 || st.Waits != 1 {
 		t.Fatalf("%d loads, %+v: want one load after one wait", n, st)
@@ -483,3 +481,6 @@ func until(t *testing.T, cond func() bool) {
 // poll is until for a goroutine other than the test's: it reports whether
 // cond held within 10 s.
 func poll(cond func() bool) bool { return redistest.Poll(10*time.Second, cond) }
+
+// errOf is a Run's error alone, for a channel of errors.
+func errOf(_ coord.Ran, err error) error { return err }

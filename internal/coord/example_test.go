@@ -17,7 +17,7 @@ func ExampleCoordinator_Run() {
 	c := coord.New(rdb, "example:loaded", nil)
 	defer c.Close()
 	key := fmt.Sprintf("example:{k-%d}", time.Now().UnixNano())
-	err := c.Run(ctx, key, "v1", nil, filler(func(context.Context) ([]byte, time.Duration, error) {
+	_, err := c.Run(ctx, key, "v1", nil, filler(func(context.Context) ([]byte, time.Duration, error) {
 		return []byte("loaded"), time.Minute, nil
 	}))
 	fmt.Println(err, rdb.HGet(ctx, key, "v1").Val())

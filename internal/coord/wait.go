@@ -20,7 +20,7 @@ import (
 
 // wait blocks until the holder publishes key, its lease (holderTTL) runs out,
 // or the deadline passes. done reports that f accepted what the cache holds;
-// result says how the wait ended (see Options.OnWaited).
+// result says how the wait ended (see Wait).
 func (c *Coordinator) wait(
 	ctx context.Context,
 	key, field string,

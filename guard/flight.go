@@ -43,7 +43,7 @@ func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T
 		return early.ok
 	}
 	c := &miss[T]{flight: flight[T]{g: g, id: id, vkey: vkey, load: load}, held: held}
-	j, err := join(ctx, g, flightKey{vkey: vkey}, from, &c.flight, c.run, c.giveBack, reread)
+	j, err := join(ctx, g, flightKey{vkey: vkey}, from, &c.flight, c.run, func() { c.giveBack(ctx) }, reread)
 	switch {
 	case early.ok:
 		return early.v, early.err
@@ -263,9 +263,9 @@ func (c *miss[T]) claimHeld(who int32) bool {
 // leaves join: that flight may wait for the lock the caller's read took,
 // so it goes back unless this flight took it; and a GetMany member that
 // does not load is decided (its batch need not wait for it).
-func (c *miss[T]) giveBack() {
+func (c *miss[T]) giveBack(ctx context.Context) {
 	if c.claimHeld(heldByCaller) {
-		c.g.giveBack(c.held, c.vkey)
+		c.g.giveBack(ctx, c.held, c.vkey)
 	}
 	if c.member != nil {
 		c.member.decide()

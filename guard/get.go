@@ -134,7 +134,7 @@ func get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 	// The read's check found the ID's write lost by Redis (lost.go), or a
 	// replay landed while it read: the entry may be the one a write replaced.
 	if g.unw.has(id) || g.unw.replayed.Load() != replays {
-		g.giveBack(r.held, vkey)
+		g.giveBack(ctx, r.held, vkey)
 		return loadThrough(ctx, g, id, vkey, load, from, fmt.Errorf("cacheguard: %s %q: %w", g.name, id, errUnwritten))
 	}
 	if v, ok, err := answerRead(ctx, g, id, vkey, r, load, from); ok {

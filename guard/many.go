@@ -266,7 +266,8 @@ func fillMany[T any](ctx context.Context, g *Guard, ids, keys []string, load Bat
 			m := &member[T]{b: b}
 			defer m.decide() // answered, loaded, failed or panicked: no longer undecided
 			c := &miss[T]{flight: flight[T]{g: g, id: ids[i], vkey: keys[i], load: m.load}, member: m}
-			j, err := join(context.WithoutCancel(ctx), g, flightKey{vkey: keys[i]}, from, &c.flight, c.run, c.giveBack, nil)
+			jctx := context.WithoutCancel(ctx)
+			j, err := join(jctx, g, flightKey{vkey: keys[i]}, from, &c.flight, c.run, func() { c.giveBack(jctx) }, nil)
 			answers <- answer{id: ids[i], j: j, err: err}
 		})
 	}

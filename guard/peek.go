@@ -68,7 +68,7 @@ func (g *Guard) Peek(ctx context.Context, id string) (context.Context, bool, err
 		return ctx, false, g.unconfirmed(ctx, id, nil)
 	}
 	if g.unw.has(id) || g.unw.replayed.Load() != replays { // as in get: it may have read what a write replaced (the Get loads through)
-		g.giveBack(r.held, vkey)
+		g.giveBack(ctx, r.held, vkey)
 		return ctx, true, nil
 	}
 	exists := true

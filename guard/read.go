@@ -101,14 +101,14 @@ func (g *Guard) read(ctx context.Context, id, vkey string, lockable bool) (readR
 	switch {
 	case err == nil:
 		if held != nil { // another process filled it: a lock for nothing
-			g.giveBack(held, vkey)
+			g.giveBack(ctx, held, vkey)
 			g.lockUseless()
 		}
 		g.sawRead(id)
 		g.rd.settle(withTTL, probing, 1, 0)
 		return readResult{verdict: verdictEntry, raw: raw, ttl: ttl, sent: sent}, nil
 	case !errors.Is(err, redis.Nil):
-		g.giveBack(held, vkey)
+		g.giveBack(ctx, held, vkey)
 		return readResult{}, g.readFailed(ctx, "read", id, err)
 	}
 	g.rd.settle(withTTL, probing, 0, 1)
@@ -125,7 +125,7 @@ func (g *Guard) read(ctx context.Context, id, vkey string, lockable bool) (readR
 	res, err := g.verdict(ctx, id, maybe, err)
 	switch {
 	case err != nil:
-		g.giveBack(held, vkey)
+		g.giveBack(ctx, held, vkey)
 	case res.verdict == verdictMiss:
 		res.held = held
 		g.lockUseful() // first: the first miss makes the table
@@ -253,16 +253,26 @@ func (g *Guard) lockUseless() {
 	}
 }
 
-// giveBack releases a lock that a read took and its Get did not use, in a
-// goroutine of the supervisor's: the Get does not wait for it. Close
-// waits for it (and cancels it: the lock then lapses); flush too.
-func (g *Guard) giveBack(l *lock.Lock, vkey string) {
+// giveBack releases a lock that a read took and its Get did not use, before
+// the Get returns: a process may exit as soon as its Gets return, and a lock
+// left behind would hold the key's flights in every process for its lease.
+// When the caller's ctx has ended, a goroutine of the supervisor's releases
+// it (Close waits for it); if Redis cannot answer, the lock lapses.
+func (g *Guard) giveBack(ctx context.Context, l *lock.Lock, vkey string) {
 	if l == nil {
 		return
 	}
+	if ctx.Err() == nil {
+		if err := g.coord.Release(ctx, l, vkey); err == nil || ctx.Err() == nil {
+			if err != nil {
+				_ = g.fail(ctx, "release", "", err) // counted and logged; the lock lapses
+			}
+			return
+		}
+	}
 	g.sup.goRun(func(ctx context.Context) {
 		if err := g.coord.Release(ctx, l, vkey); err != nil && ctx.Err() == nil {
-			_ = g.fail(ctx, "release", "", err) // counted and logged; the lock lapses
+			_ = g.fail(ctx, "release", "", err)
 		}
 	})
 }

@@ -10,11 +10,12 @@ import (
 )
 
 // stopAfterHit: -hit-only; hotKeyOnly: -hot-only, with hotOnlyPause
-// (-hot-pause); hotKeyShape: -hot-ttl and -hot-load.
+// (-hot-pause); hotKeyShape: -hot-ttl and -hot-load; staleKeyOnly:
+// -stale-only.
 var (
-	stopAfterHit, hotKeyOnly bool
-	hotOnlyPause             time.Duration
-	hotKeyShape              = hotShape{ttl: hotTTLDefault, load: hotLoadDefault}
+	stopAfterHit, hotKeyOnly, staleKeyOnly bool
+	hotOnlyPause                           time.Duration
+	hotKeyShape                            = hotShape{ttl: hotTTLDefault, load: hotLoadDefault}
 )
 
 func field(info, name string) string {
@@ -52,7 +53,9 @@ func ms(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d)/float6
 
 // msFine is ms to the microsecond, for the hit path's latencies (a local
 // hit's p99 is a few µs).
-func msFine(d time.Duration) string { return fmt.Sprintf("%.3fms", float64(d)/float64(time.Millisecond)) }
+func msFine(d time.Duration) string {
+	return fmt.Sprintf("%.3fms", float64(d)/float64(time.Millisecond))
+}
 
 // markdownHit is table 1, the hit path.
 func markdownHit(r *Report) string {
@@ -191,6 +194,9 @@ func markdown(r *Report) string {
 	fmt.Fprintln(&b, "|---|---:|---:|---:|---:|")
 	for _, m := range r.Memory {
 		fmt.Fprintf(&b, "| %s | %.2f | %d | %.2f× | %.3f%% |\n", m.Filter, m.BitsPerItem, m.Bytes, m.VsBound, 100*m.MeasuredFP)
+	}
+	if len(r.Staleness) > 0 {
+		b.WriteString(markdownStale(r.Staleness))
 	}
 	return b.String()
 }

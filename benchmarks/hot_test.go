@@ -59,3 +59,24 @@ func TestMedianStale(t *testing.T) {
 		t.Errorf("rounds kept in run order: p99 %v, max %v", m.P99Runs, m.MaxRuns)
 	}
 }
+
+func TestVsReference(t *testing.T) {
+	byRound := []map[string]HitResult{
+		{"cacheguard": {OpsPerSec: 90}, "go-redis+autopipeline": {OpsPerSec: 100}},
+		{"cacheguard": {OpsPerSec: 120}, "go-redis+autopipeline": {OpsPerSec: 100}},
+		{"cacheguard": {OpsPerSec: 100}, "go-redis+autopipeline": {OpsPerSec: 100}},
+	}
+	h := HitResult{Contender: "cacheguard"}
+	vsReference(&h, byRound)
+	if h.Reference != "go-redis+autopipeline" || h.VsRef != 1.0 || !slices.Equal(h.VsRefRuns, []float64{0.9, 1.2, 1.0}) {
+		t.Errorf("got %s %v %v, want go-redis+autopipeline, the median 1.00 of same-round ratios 0.9, 1.2, 1.0", h.Reference, h.VsRef, h.VsRefRuns)
+	}
+	raw := HitResult{Contender: "raw"}
+	if vsReference(&raw, byRound); raw.Reference != "" {
+		t.Errorf("raw has no reference, got %q", raw.Reference)
+	}
+	out := markdownHit(&Report{Hit: []HitResult{raw, h}})
+	if !strings.Contains(out, "cacheguard against go-redis+autopipeline: 1.00× its ops/s (each round's: 0.90, 1.20, 1.00)") {
+		t.Errorf("table 1 lacks the ratio to the reference:\n%s", out)
+	}
+}

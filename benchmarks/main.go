@@ -244,7 +244,9 @@ func run(ctx context.Context, hitTime time.Duration, hitRounds int, hotTime time
 		}
 	}
 	for _, name := range hitNames {
-		rep.Hit = append(rep.Hit, medianHit(runs[name]))
+		h := medianHit(runs[name])
+		vsReference(&h, byRound)
+		rep.Hit = append(rep.Hit, h)
 	}
 	if stopAfterHit {
 		fmt.Fprint(w, markdownHit(rep))

@@ -78,11 +78,7 @@ func markdownHit(r *Report) string {
 		case h.Contender == "go-redis+client-cache":
 			trips = "n/a³"
 		}
-		each := make([]string, len(h.VsRawRuns))
-		for i, v := range h.VsRawRuns {
-			each[i] = fmt.Sprintf("%.2f", v)
-		}
-		fmt.Fprintf(&b, "| %s | %.0f | %.2f× (%s) | %s | %s | %s | %.2f | %.0f | %s |\n", h.Contender, h.OpsPerSec, h.VsRaw, strings.Join(each, ", "),
+		fmt.Fprintf(&b, "| %s | %.0f | %.2f× (%s) | %s | %s | %s | %.2f | %.0f | %s |\n", h.Contender, h.OpsPerSec, h.VsRaw, joinFloats(h.VsRawRuns),
 			msFine(h.P50), msFine(h.P99), trips, h.ServerCmdsPerOp, h.AllocsPerOp, cpuPair(h.ClientCPU, h.ServerCPU))
 	}
 	fmt.Fprintln(
@@ -92,6 +88,11 @@ func markdownHit(r *Report) string {
 			"³ go-redis runs hooks before its client-side cache answers: the hook is left off. "+
 			"Server commands count the commands Lua scripts run, too.",
 	)
+	for _, h := range r.Hit {
+		if h.Reference != "" {
+			fmt.Fprintf(&b, "\n%s against %s: %.2f× its ops/s (each round's: %s)\n", h.Contender, h.Reference, h.VsRef, joinFloats(h.VsRefRuns))
+		}
+	}
 	return b.String()
 }
 
@@ -206,6 +207,15 @@ func joinInts(v []int64) string {
 	s := make([]string, len(v))
 	for i, n := range v {
 		s[i] = strconv.FormatInt(n, 10)
+	}
+	return strings.Join(s, ", ")
+}
+
+// joinFloats formats ratios for a table cell: "0.87, 0.94".
+func joinFloats(v []float64) string {
+	s := make([]string, len(v))
+	for i, f := range v {
+		s[i] = fmt.Sprintf("%.2f", f)
 	}
 	return strings.Join(s, ", ")
 }

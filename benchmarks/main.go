@@ -3,20 +3,15 @@
 // one run, and prints markdown tables (and writes JSON).
 //
 //	go run . [-hit 3s] [-hit-rounds 3] [-hot 5s] [-hot-rounds 3] [-json FILE]  (make bench)
-//	go run . -hot-only [-hot-pause 100µs] [-only cacheguard+local,...]  (table 4 alone)
-//	go run . -stale-only [-hot-rounds 3] [-only cacheguard+local,...]  (table 7 alone)
+//	go run . -hot-only | -stale-only [-only cacheguard+local,...]  (table 4 or 7 alone)
 //
-// Contenders: raw (go-redis GET, on a miss load + SET) and the same on
-// rueidis (auto-pipelined), go-zero's cache with and without its bloom,
-// go-redis/cache with and without its TinyLFU, rueidis's client-side
-// caching (DoCache), rueidisaside, and guard.Get with default options,
-// Local, RefreshAhead and both (contenders.go says how each is set up);
-// on the hit path also go-redis+batch, raw's GETs batched as cacheguard's
-// reads are, a floor to set hits against (batched.go), and raw on
-// go-redis's own AutoPipeline and client-side cache. Table 7 measures how
-// long an in-process copy stays stale after another client's write
-// (stale.go). Every figure is measured in this run; any contender error
-// stops it with a non-zero exit.
+// Contenders: raw (go-redis GET, on a miss load + SET), the same on rueidis,
+// go-zero's cache with and without its bloom, go-redis/cache with and
+// without its TinyLFU, rueidis's DoCache, rueidisaside, and guard.Get with
+// default options, Local, RefreshAhead and both (contenders.go). The hit
+// path also runs references (hitReferences); table 7 measures how long an
+// in-process copy stays stale after another client's write (stale.go).
+// Every figure is measured in this run; any contender error stops it.
 package main
 
 import (

@@ -65,7 +65,10 @@ var contenderNames = []string{"raw", "rueidis", "go-zero", "go-zero+bloom", "go-
 
 // hitReferences run on the hit path alone, in its rotation with the
 // contenders: floors to set them against, not libraries a user would pick.
-var hitReferences = []string{"go-redis+batch"}
+// go-redis+autopipeline and go-redis+client-cache are what go-redis itself
+// offers with one option (both experimental in v9.23); the second is also
+// the reference of the staleness workload (stale.go).
+var hitReferences = []string{"go-redis+batch", "go-redis+autopipeline", "go-redis+client-cache"}
 
 func newContender(ctx context.Context, name string, s setup) (Contender, error) {
 	switch name {
@@ -77,6 +80,27 @@ func newContender(ctx context.Context, name string, s setup) (Contender, error) 
 		rdb := redis.NewClient(&redis.Options{Addr: s.addr})
 		rdb.AddHook(s.counter)
 		return newBatchedGet(raw{rdb: rdb, prefix: s.prefix, ttl: s.ttl}), nil
+	case "go-redis+autopipeline":
+		// raw's cache-aside with its GETs through go-redis's blocking
+		// autopipeliner (Client.AutoPipeline, default options): concurrent
+		// callers' commands share pipelined round trips.
+		rdb := redis.NewClient(&redis.Options{Addr: s.addr})
+		rdb.AddHook(s.counter)
+		ap, err := rdb.AutoPipeline()
+		if err != nil {
+			_ = rdb.Close()
+			return nil, err
+		}
+		return &autoPiped{raw: raw{rdb: rdb, prefix: s.prefix, ttl: s.ttl}, ap: ap}, nil
+	case "go-redis+client-cache":
+		// raw on a client with go-redis's client-side cache (RESP3, CLIENT
+		// TRACKING: Redis invalidates the copies), 10,000 entries as its
+		// README sets it up and as cacheguard's Local keeps by default. No
+		// counting hook: go-redis runs hooks before the cache answers, so
+		// every local hit would count as a round trip.
+		rdb := redis.NewClient(&redis.Options{Addr: s.addr, Protocol: 3,
+			ClientSideCacheConfig: &redis.ClientSideCacheConfig{MaxEntries: 10_000}})
+		return &raw{rdb: rdb, prefix: s.prefix, ttl: s.ttl}, nil
 	case "go-zero", "go-zero+bloom":
 		// WithIdentity sets go-redis DisableIdentity (RedisConf.DisableIdentity):
 		// redis-server 7.0 rejects CLIENT SETINFO, and go-zero's breaker counts
@@ -190,6 +214,26 @@ func (r *raw) Get(ctx context.Context, id string, load Loader) (Value, error) {
 		return v, err
 	}
 	return v, r.rdb.Set(ctx, r.RedisKey(id), b, r.ttl).Err()
+}
+
+// autoPiped: raw's cache-aside, its GET sent through go-redis's
+// autopipeliner; a miss is raw's (GET, load, SET).
+type autoPiped struct {
+	raw
+	ap *redis.AutoPipeliner
+}
+
+func (a *autoPiped) Close() { _ = a.ap.Close(); a.raw.Close() }
+func (a *autoPiped) Get(ctx context.Context, id string, load Loader) (Value, error) {
+	b, err := a.ap.Get(ctx, a.RedisKey(id)).Bytes()
+	switch {
+	case err == nil:
+		var v Value
+		return v, msgpack.Unmarshal(b, &v)
+	case errors.Is(err, redis.Nil):
+		return a.raw.Get(ctx, id, load)
+	}
+	return Value{}, err
 }
 
 // goZero: go-zero core/stores/cache TakeCtx (singleflight in-process, "*"

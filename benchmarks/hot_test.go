@@ -1,6 +1,7 @@
 package main
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -44,5 +45,38 @@ func TestMarkdownHotNamesItsShape(t *testing.T) {
 	}
 	if out := markdownHot("4", []HotKeyResult{{Contender: "raw"}}, 0); !strings.Contains(out, "TTL 1 s, loader 10 ms") {
 		t.Errorf("a row without its shape (an older report) should read as the defaults:\n%s", out)
+	}
+}
+
+func TestMedianStale(t *testing.T) {
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	runs := []StaleResult{{P50: ms(1), P99: ms(30), Max: ms(90)}, {P50: ms(2), P99: ms(10), Max: ms(20)}, {P50: ms(3), P99: ms(20), Max: ms(200)}}
+	m := medianStale(runs)
+	if m.P50 != ms(3) || m.P99 != ms(20) || m.Max != ms(90) {
+		t.Errorf("median row p50 %v p99 %v max %v, want the median-p99 round's p50 (3ms), p99 20ms, max the median of maxes 90ms", m.P50, m.P99, m.Max)
+	}
+	if !slices.Equal(m.P99Runs, []time.Duration{ms(30), ms(10), ms(20)}) || !slices.Equal(m.MaxRuns, []time.Duration{ms(90), ms(20), ms(200)}) {
+		t.Errorf("rounds kept in run order: p99 %v, max %v", m.P99Runs, m.MaxRuns)
+	}
+}
+
+func TestVsReference(t *testing.T) {
+	byRound := []map[string]HitResult{
+		{"cacheguard": {OpsPerSec: 90}, "go-redis+autopipeline": {OpsPerSec: 100}},
+		{"cacheguard": {OpsPerSec: 120}, "go-redis+autopipeline": {OpsPerSec: 100}},
+		{"cacheguard": {OpsPerSec: 100}, "go-redis+autopipeline": {OpsPerSec: 100}},
+	}
+	h := HitResult{Contender: "cacheguard"}
+	vsReference(&h, byRound)
+	if h.Reference != "go-redis+autopipeline" || h.VsRef != 1.0 || !slices.Equal(h.VsRefRuns, []float64{0.9, 1.2, 1.0}) {
+		t.Errorf("got %s %v %v, want go-redis+autopipeline, the median 1.00 of same-round ratios 0.9, 1.2, 1.0", h.Reference, h.VsRef, h.VsRefRuns)
+	}
+	raw := HitResult{Contender: "raw"}
+	if vsReference(&raw, byRound); raw.Reference != "" {
+		t.Errorf("raw has no reference, got %q", raw.Reference)
+	}
+	out := markdownHit(&Report{Hit: []HitResult{raw, h}})
+	if !strings.Contains(out, "cacheguard against go-redis+autopipeline: 1.00× its ops/s (each round's: 0.90, 1.20, 1.00)") {
+		t.Errorf("table 1 lacks the ratio to the reference:\n%s", out)
 	}
 }

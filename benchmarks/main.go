@@ -3,16 +3,15 @@
 // one run, and prints markdown tables (and writes JSON).
 //
 //	go run . [-hit 3s] [-hit-rounds 3] [-hot 5s] [-hot-rounds 3] [-json FILE]  (make bench)
-//	go run . -hot-only [-hot-pause 100µs] [-only cacheguard+local,...]  (table 4 alone)
+//	go run . -hot-only | -stale-only [-only cacheguard+local,...]  (table 4 or 7 alone)
 //
-// Contenders: raw (go-redis GET, on a miss load + SET) and the same on
-// rueidis (auto-pipelined), go-zero's cache with and without its bloom,
-// go-redis/cache with and without its TinyLFU, rueidis's client-side
-// caching (DoCache), rueidisaside, and guard.Get with default options,
-// Local, RefreshAhead and both (contenders.go says how each is set up);
-// on the hit path also go-redis+batch, raw's GETs batched as cacheguard's
-// reads are, a floor to set hits against (batched.go). Every figure is
-// measured in this run; any contender error stops it with a non-zero exit.
+// Contenders: raw (go-redis GET, on a miss load + SET), the same on rueidis,
+// go-zero's cache with and without its bloom, go-redis/cache with and
+// without its TinyLFU, rueidis's DoCache, rueidisaside, and guard.Get with
+// default options, Local, RefreshAhead and both (contenders.go). The hit
+// path also runs references (hitReferences); table 7 measures how long an
+// in-process copy stays stale after another client's write (stale.go).
+// Every figure is measured in this run; any contender error stops it.
 package main
 
 import (
@@ -47,6 +46,7 @@ type Report struct {
 	HotKeyYield []HotKeyResult // clients yield the processor between Gets instead
 	Avalanche   []AvalancheResult
 	Memory      []MemoryResult
+	Staleness   []StaleResult
 }
 
 func main() {
@@ -62,7 +62,7 @@ func main() {
 	hit := flag.Duration("hit", 3*time.Second, "length of the hit-path run per contender")
 	hitRounds := flag.Int("hit-rounds", 3, "hit-path rounds, the contenders' order rotated each round; the table shows the medians")
 	hot := flag.Duration("hot", 5*time.Second, "length of the hot-key run per contender")
-	hotRounds := flag.Int("hot-rounds", 3, "hot-key rounds, the contenders' order rotated each round; the table shows the medians")
+	hotRounds := flag.Int("hot-rounds", 3, "hot-key and staleness rounds, the order rotated each round; the tables show the medians")
 	jsonPath := flag.String("json", filepath.Join("results", "latest.json"), "where to write the JSON report")
 	only := flag.String("only", "", "comma-separated contenders to run (raw always runs first in the list); empty: all")
 	hitOnly := flag.Bool("hit-only", false, "run the hit path only and print its table (for quick comparisons)")
@@ -78,6 +78,7 @@ func main() {
 	)
 	hotLoad := flag.Duration("hot-load", hotLoadDefault, "the hot key's loader time")
 	hotOnly := flag.Bool("hot-only", false, "run the hot-key workload only and print its table (for quick comparisons)")
+	staleOnly := flag.Bool("stale-only", false, "run the staleness workload only and print its table (table 7)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
 	if *cpuProfile != "" {
@@ -106,7 +107,7 @@ func main() {
 		hitReferences = slices.DeleteFunc(slices.Clone(hitReferences), func(n string) bool { return !slices.Contains(keep, n) })
 		contenderNames = slices.DeleteFunc(keep, func(n string) bool { return slices.Contains(hitReferences, n) })
 	}
-	stopAfterHit, hotKeyOnly = *hitOnly, *hotOnly
+	stopAfterHit, hotKeyOnly, staleKeyOnly = *hitOnly, *hotOnly, *staleOnly
 	hotOnlyPause = *hotPause
 	hotKeyShape = hotShape{ttl: *hotTTL, load: *hotLoad}
 	if err := run(ctx, *hit, *hitRounds, *hot, *hotRounds, *jsonPath, os.Stdout); err != nil {
@@ -169,6 +170,41 @@ func run(ctx context.Context, hitTime time.Duration, hitRounds int, hotTime time
 		}
 		return out, nil
 	}
+	// Staleness: the cases whose reader is among the contenders (-only),
+	// the median of hotRounds each.
+	stale := func() ([]StaleResult, error) {
+		var cases []staleCase
+		for _, c := range staleCases {
+			if slices.Contains(contenderNames, c.reader) || slices.Contains(hitReferences, c.reader) {
+				cases = append(cases, c)
+			}
+		}
+		labels := make([]string, len(cases))
+		for i, c := range cases {
+			labels[i] = c.label()
+		}
+		runs := map[string][]StaleResult{}
+		if err := rotated("staleness", labels, hotRounds, func(round int, label string) error {
+			r, err := staleness(ctx, e, cases[slices.Index(labels, label)], round)
+			runs[label] = append(runs[label], r)
+			return err
+		}); err != nil {
+			return nil, err
+		}
+		var out []StaleResult
+		for _, label := range labels {
+			out = append(out, medianStale(runs[label]))
+		}
+		return out, nil
+	}
+	if staleKeyOnly {
+		rs, err := stale()
+		if err != nil {
+			return err
+		}
+		fmt.Fprint(w, markdownStale(rs))
+		return nil
+	}
 	if hotKeyOnly {
 		rs, err := hot(hotOnlyPause)
 		if err != nil {
@@ -203,7 +239,9 @@ func run(ctx context.Context, hitTime time.Duration, hitRounds int, hotTime time
 		}
 	}
 	for _, name := range hitNames {
-		rep.Hit = append(rep.Hit, medianHit(runs[name]))
+		h := medianHit(runs[name])
+		vsReference(&h, byRound)
+		rep.Hit = append(rep.Hit, h)
 	}
 	if stopAfterHit {
 		fmt.Fprint(w, markdownHit(rep))
@@ -229,6 +267,9 @@ func run(ctx context.Context, hitTime time.Duration, hitRounds int, hotTime time
 		return err
 	}
 	if rep.HotKeyYield, err = hot(0); err != nil {
+		return err
+	}
+	if rep.Staleness, err = stale(); err != nil {
 		return err
 	}
 	for _, name := range contenderNames {

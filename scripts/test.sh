@@ -33,20 +33,18 @@ CLUSTER_PKGS="./bloom ./lock ./loader ./internal/coord ./guard ./internal/cputim
 logs=$(mktemp -d)
 pids=()
 stop() {
-	for p in "${pids[@]}"; do kill -- "-$p" 2>/dev/null || true; done
+	for p in "${pids[@]}"; do kill -- "-$p" 2>/dev/null || kill "$p" 2>/dev/null || true; done
 	rm -rf "$logs"
 }
 trap stop EXIT
 trap 'exit 130' INT TERM HUP
 
 # ahead NAME SCRIPT: runs SCRIPT in the background at the lowest priority,
-# in a process group of its own (set -m) so that stop ends all of it. Not
-# setsid: a session of its own is a scheduler autogroup of its own, which
-# the kernel weighs as much as make test's whatever the nice value.
+# in a process group of its own (setsid) so that stop ends all of it.
 ahead() {
-	set -m
-	nice -n 19 bash -euc "$2" </dev/null >"$logs/$1" 2>&1 &
-	set +m
+	local setsid
+	setsid=$(command -v setsid || true)
+	$setsid nice -n 19 bash -euc "$2" >"$logs/$1" 2>&1 &
 	pids+=($!)
 	printf -v "pid_$1" %s $!
 }

@@ -41,13 +41,33 @@ release-check:
 vet:
 	$(GO) vet $(PKGS)
 
-# The stages after the checks (scripts/test.sh): go test -race over the root
-# module, the side modules, the shop, the Redis-facing packages on a Redis
-# Cluster, the fault suite; benchmarks/ built and the release check
-# (scripts/check-release.sh) meanwhile, in the background with the later
-# stages' compiles.
+# The Redis-facing packages, run a second time on a private Redis Cluster
+# (CG_TEST_CLUSTER=1). In guard that pass runs only the tests marked
+# clusterToo(t) (guard/cluster_test.go); the standalone pass runs them all.
+# A test that starts a cluster of its own and fails it over is in faults/.
+CLUSTER_PKGS := ./bloom ./lock ./loader ./internal/coord ./guard ./internal/cputime
+
+# Modules of their own beside the root (so the root module needs neither Echo, Gin,
+# Prometheus nor pgx), vetted and tested like the root.
+SIDE_MODULES := adapters/echo adapters/echov5 adapters/gin guardprometheus follow/postgres
+
+# Parallel tests (the slow ones that use their own keys or servers) run 4
+# at a time: most of their time is waiting on Redis and child processes.
+# The parts run one after another: run at once on 2 cores they starved
+# each other into timeouts. -vet=all is go vet's whole set, run on the race
+# build's own compile (a separate go vet compiled every package once more);
+# benchmarks/ is built (and vetted) the same way, reusing that compile.
+TEST := $(GO) test -race -vet=all -count=1 -parallel 4
+
 test: deps fmt-check source-check
-	@GO="$(GO)" ./scripts/test.sh
+	$(TEST) -timeout 15m $(PKGS)
+	@for m in $(SIDE_MODULES); do echo "== $$m"; (cd $$m && $(TEST) -timeout 5m ./...) || exit 1; done
+	cd examples/shop && $(TEST) -timeout 10m ./...
+	cd benchmarks && $(TEST) -run '^$$' ./...
+	@./scripts/check-release.sh
+	CG_TEST_CLUSTER=1 $(TEST) -timeout 15m $(CLUSTER_PKGS)
+	cd faults && FAULTS_TABLE=$(CURDIR)/faults/latest.md $(TEST) -timeout 10m ./...
+	@cat faults/latest.md
 
 DEMO_ARGS ?=
 # CHART=docs/demo.png redraws the chart the docs show; by default make demo

@@ -189,9 +189,12 @@ func TestRedisFrozen(t *testing.T) {
 	if n := fx.stale(); n != 0 {
 		t.Fatalf("%d of %d rows stale after Redis came back", n, rows)
 	}
-	if st := f.Stats(); st.Retries == 0 || st.LagBytes != 0 {
-		t.Fatalf("stats %+v: want retries, and no lag once caught up", st)
+	if st := f.Stats(); st.Retries == 0 {
+		t.Fatalf("stats %+v: want retries", st)
 	}
+	// The server's LSN moves on with other tests' WAL: the lag returns to 0,
+	// not at one instant (128 bytes of others' WAL failed the instant check).
+	waitFor(t, "no lag once caught up", func() bool { return f.Stats().LagBytes == 0 })
 }
 
 // TestPostgresRestart: PostgreSQL restarted in the middle of a burst; the

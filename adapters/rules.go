@@ -1,8 +1,8 @@
 // Package adapters holds what the HTTP middlewares share (adapters/nethttp,
 // adapters/echo for Echo v4, adapters/echov5, adapters/gin): the Rules a
 // request's ID is judged by before the handler runs. Each middleware's
-// options embed them. A middleware waits for Redis at most the Guard's
-// Tuning.RedisTimeout: put request deadlines in the handler, around its Get.
+// options embed them. A middleware waits for Redis at most 100 ms (see
+// guard.Guard.Peek): put request deadlines in the handler, around its Get.
 package adapters
 
 import "time"
@@ -19,7 +19,7 @@ type Rules struct {
 	// "user:1" (UUIDs, ULIDs, numbers and slugs need nothing).
 	ExtraIDChars string
 	// FailClosed answers 503 when Redis is unavailable (or did not answer
-	// within the Guard's RedisTimeout), instead of passing the request
+	// within Peek's 100 ms), instead of passing the request
 	// through to the handler.
 	FailClosed bool
 	// RetryAfter is sent with every 503, from the middleware and from the

@@ -172,12 +172,12 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 // Name returns the Guard's name.
 func (g *Guard) Name() string { return g.name }
 
-// bounded is ctx with a deadline at most RedisTimeout away: a Peek or a
-// write waits no longer for Redis whatever its caller's ctx (an HTTP
-// request's has no deadline), so a frozen Redis cannot hold it past the
-// bound the Guard's own round trips keep.
-func (g *Guard) bounded(ctx context.Context) (context.Context, context.CancelFunc) {
-	end := time.Now().Add(g.opts.Tuning.RedisTimeout)
+// bounded is ctx with a deadline at most wait (and RedisTimeout) away: a
+// Peek or a write waits no longer for Redis whatever its caller's ctx (an
+// HTTP request's has no deadline), so a frozen Redis cannot hold it past
+// the bound the Guard's own round trips keep.
+func (g *Guard) bounded(ctx context.Context, wait time.Duration) (context.Context, context.CancelFunc) {
+	end := time.Now().Add(min(wait, g.opts.Tuning.RedisTimeout))
 	if d, ok := ctx.Deadline(); ok && d.Before(end) {
 		return ctx, func() {}
 	}

@@ -448,9 +448,10 @@ func TestRedisLoggerWhileRedisIsDown(t *testing.T) {
 
 // TestFrozenRedisBoundsPeekAndWrites: with the README's client and Redis
 // frozen (SIGSTOP), a Peek and each write on a context without a deadline
-// return within RedisTimeout (plus a margin for a loaded machine), not
-// when Redis resumes; the writes are kept for replay, and the Get behind a
-// Peek that could not read loads through at once, from the database.
+// return within RedisTimeout (Peek within its 100 ms; plus a margin for a
+// loaded machine), not when Redis resumes; the writes are kept for replay,
+// and the Get behind a Peek that could not read loads through at once,
+// from the database.
 func TestFrozenRedisBoundsPeekAndWrites(t *testing.T) {
 	srv, _ := redistest.Private(t)
 	o := srv.Options()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/cacheguard/cacheguard/bloom"
 	"github.com/cacheguard/cacheguard/codec"
@@ -19,11 +20,11 @@ import (
 // malformed id gives ErrInvalidKey without a Redis command; Redis failures
 // wrap ErrUnavailable; after Close, ErrClosed. A filter that is not ready
 // answers true (fail open). Before the Guard's first Get it asks the filter
-// alone. It waits for Redis at most Tuning.RedisTimeout whatever ctx; when
-// Redis did not answer, the context it returns makes that Get load through.
+// alone. It waits for Redis at most peekWait whatever ctx; when Redis did
+// not answer, the context it returns makes that Get load through.
 func (g *Guard) Peek(ctx context.Context, id string) (context.Context, bool, error) {
-	// Its Redis work runs under bounded(ctx); the context it returns derives
-	// from ctx alone.
+	// Its Redis work runs under bounded(ctx, peekWait); the context it
+	// returns derives from ctx alone.
 	pass, err := g.sup.enter()
 	if err != nil {
 		return ctx, false, err
@@ -33,7 +34,7 @@ func (g *Guard) Peek(ctx context.Context, id string) (context.Context, bool, err
 	if err != nil {
 		return ctx, false, err
 	}
-	rctx, cancel := g.bounded(ctx)
+	rctx, cancel := g.bounded(ctx, peekWait)
 	defer cancel()
 	if g.bound.Load() == nil { // before the first Get: the entry's field (its type's) is not known
 		exists, err := g.MayExist(rctx, id)
@@ -82,6 +83,12 @@ func (g *Guard) Peek(ctx context.Context, id string) (context.Context, bool, err
 	}
 	return context.WithValue(ctx, peekKey{}, &peeked{g: g, id: id, r: r, replays: replays, answered: !exists}), exists, nil
 }
+
+// peekWait bounds Peek's wait for Redis (RedisTimeout, if shorter): the
+// middleware's read is a shortcut, and a Redis that has not answered by
+// then is treated as down for this request (its Get loads through at
+// once), so a frozen Redis delays a request by this much, not RedisTimeout.
+const peekWait = 100 * time.Millisecond
 
 // MayExist asks only the bloom filter whether id may exist (one GETRANGE):
 // false means the ID certainly does not. Its errors are Peek's, and a

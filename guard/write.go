@@ -170,7 +170,7 @@ func (g *Guard) write(ctx context.Context, ids []string, fn func(ctx context.Con
 	if err != nil || len(keys) == 0 {
 		return err
 	}
-	rctx, cancel := g.bounded(ctx)
+	rctx, cancel := g.bounded(ctx, g.opts.Tuning.RedisTimeout)
 	defer cancel()
 	return g.unwrittenAfter(ctx, ids, fn(rctx, keys))
 }

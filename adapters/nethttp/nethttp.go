@@ -9,7 +9,7 @@
 //
 // Answers are RFC 9457 problem details; the filter's 404 is the handler's
 // own, byte for byte, so it is no oracle of which IDs exist. When Redis
-// cannot answer within the Guard's RedisTimeout, whatever the request's
+// cannot answer within 100 ms (guard.Guard.Peek), whatever the request's
 // context (deadlines belong in the handler), requests pass through unless
 // Options.FailClosed is set. It logs through the Guard's rate-limited logger.
 package nethttp

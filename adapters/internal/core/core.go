@@ -153,8 +153,8 @@ func (c *Core) Decide(ctx context.Context, id, route string, hasWildcards bool) 
 		c.log.WarnContext(ctx, "cacheguard: filter unavailable, failing closed", "route", route, "id", id, "err", err)
 		return Verdict{Decision: Unavailable, Ctx: ctx, Err: err}
 	default:
-		// pctx tells the handler's Get that Redis did not answer in time
-		// (Peek's bound), so it loads through without waiting again.
+		// pctx tells the handler's Get that Redis did not answer within
+		// Peek's 100 ms, so it loads through without waiting again.
 		c.log.WarnContext(ctx, "cacheguard: filter unavailable, passing through", "route", route, "id", id, "err", err)
 		return Verdict{Decision: Pass, Ctx: pctx, Err: err}
 	}

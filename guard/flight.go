@@ -61,8 +61,8 @@ func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T
 // two could be missing from it (older), and join goes again, four rounds at
 // most (c ran only in the last: an older flight is never the caller's own);
 // between two rounds reread, if set, may answer instead (it reports whether
-// it did). With Options.Local an older flight serves too when the local
-// epoch did not move (no write made or heard since). Every caller is
+// it did). With Options.Local an older flight serves too when the ID's
+// local epoch did not move (no write of it made or heard since). Every caller is
 // answered when the flight ends, after its write, release and publish ran
 // in Redis: a process may exit as soon as its Gets return, and must not
 // leave the lock behind.
@@ -70,7 +70,7 @@ func join[T any](ctx context.Context, g *Guard, key flightKey, from since, c *fl
 	run func(ctx context.Context) (flightResult, error), giveBack func(), reread func() bool,
 ) (j joined[T], err error) {
 	serves := func(fl flightResult) bool { // the rule above
-		return !from.startedBefore(fl.started) || g.noWriteHeard(fl.epoch, from.epoch)
+		return !from.startedBefore(fl.started) || g.noWriteHeard(c.id, fl.epoch)
 	}
 	onJoin := giveBack
 	if hook := g.joinedHook.Load(); hook != nil {
@@ -118,11 +118,11 @@ func joinedValue[T any](g *Guard, id string, j joined[T]) (T, error) {
 	return decodeFrame[T](g, id, j.fl.frame)
 }
 
-// noWriteHeard reports whether the local cache heard of no write between
-// two epochs read while it was armed (arming raises the epoch, so an epoch
-// read before the subscription never equals one read after it).
-func (g *Guard) noWriteHeard(then, now uint64) bool {
-	return g.local != nil && then != 0 && then == now && g.local.sub.Load() != nil
+// noWriteHeard reports whether the local cache, armed, heard of no write
+// of id's stripe since the epoch was then (arming raises the floor, so an
+// epoch read before the subscription never passes).
+func (g *Guard) noWriteHeard(id string, then uint64) bool {
+	return g.local != nil && g.local.sub.Load() != nil && !g.local.changed(g.local.stripe(id), then)
 }
 
 // flightKey keys the Guard's flights (Guard.flights): the fills of a value

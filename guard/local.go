@@ -3,7 +3,9 @@ package guard
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
+	"hash/maphash"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,35 +14,47 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cacheguard/cacheguard/codec"
+	"github.com/cacheguard/cacheguard/internal/batch"
 	"github.com/cacheguard/cacheguard/internal/pubsub"
 )
 
 // LocalOptions turns on an in-process cache in front of Redis: values this
-// process read or loaded are served from memory, with no round trip, for up
-// to TTL, and never past their entry's TTL in Redis. This process's writes
-// drop or replace its copy before they return; other processes drop theirs
-// when the write's pub/sub message arrives (milliseconds; TTL bounds a lost
-// one): without Local the guarantee is exact. Copies are kept decoded where
-// the type allows, each caller getting its own (docs/design-notes.md).
+// process read or loaded are served from memory, with no round trip, each
+// copy for up to TTL after the read that made it and never past its entry's
+// TTL in Redis. The first hit in the last fifth of that TTL reads the entry
+// again in the background while every caller keeps hitting the copy: a key
+// read often waits on Redis only when its entry expires (or is due for a
+// refresh ahead). This process's writes drop or replace its copy
+// before they return; other processes drop theirs when the write's pub/sub
+// message arrives (milliseconds; a lost one is bounded by the subscription's
+// reconnection, which drops every copy, and by TTL): without Local the
+// guarantee is exact. Copies are kept decoded where the type allows, each
+// caller getting its own (docs/design-notes.md).
 type LocalOptions struct {
 	// Size caps the values kept; when full, otter's adaptive W-TinyLFU picks
 	// what goes (it keeps what is read often and recently). Default 10,000.
 	Size int
-	// TTL is how long a value is served from memory at most: a copy also
+	// TTL is how long a copy is served at most after its read: a copy also
 	// never outlives its entry's TTL in Redis. Default 1 second.
 	TTL time.Duration
 }
 
 // local is the in-process cache: otter holds the copies, keyed by ID (a
 // local hit builds no value key); the invalidation subscription and the
-// epoch keep them right.
+// epochs keep them right.
 type local struct {
-	c    *otter.Cache[string, localEntry]
+	c    *otter.Cache[string, *localEntry]
 	ttl  time.Duration
 	idOf func(vkey string) (string, bool) // the ID an invalidation message (a value key) names
-	// epoch rises with every invalidation this process hears of or makes; a
-	// copy read from Redis before an invalidation must not be kept after it.
+	// epoch counts the invalidations this process heard of or made; a read
+	// takes it before it starts (see put). heard holds, per stripe of IDs,
+	// the count at their last invalidation, and floor the count at the last
+	// (re)subscription: a copy read before either is not kept after it. A
+	// write to one key stops the reads in flight of its stripe alone.
 	epoch atomic.Uint64
+	floor atomic.Uint64
+	heard [epochStripes]atomic.Uint64
+	seed  maphash.Seed
 
 	// sub delivers invalidation messages (its goroutine calls invalidated).
 	// Until it is set the cache is unarmed: get misses and put keeps
@@ -49,19 +63,25 @@ type local struct {
 	armMu sync.Mutex // serializes arm and close
 }
 
+// epochStripes is how many stripes of IDs have an epoch of their own: two
+// IDs share one with odds of 1 in 1,024, and then a write to either stops
+// the other's reads in flight from keeping their copies.
+const epochStripes = 1 << 10
+
 // localEntry is one copy: its frame, the decoded value when the type
-// allows handing it out without a decode (see kept), and how long it may
-// live.
+// allows handing it out without a decode (see kept), how long it may live
+// and until when, and when a hit renews it.
 type localEntry struct {
 	frame []byte
 	value any // a T (shareable types), a copied[T] (types copied per caller), or nil: decode
 	life  time.Duration
-	// gone: the copy dies with its entry in Redis, at until (Unix nanoseconds);
-	// otter keeps it goneGrace longer, so that a Get that finds it past until
-	// knows Redis has nothing to read either. Only such copies cost a hit a
-	// clock read.
-	gone  bool
-	until int64
+	end   time.Time // when it stops being served (otter's expiry is set from it: see newLocal)
+	// gone: the copy dies with its entry in Redis, at end; otter keeps it
+	// goneGrace longer, so that a Get that finds it past end knows Redis has
+	// nothing to read either.
+	gone     bool
+	dueLeft  time.Duration // a hit that finds this little of its life left renews it (see renew); 0: never
+	renewing atomic.Bool   // a hit has started its renewal
 }
 
 // goneGrace is how long a copy that lived as long as its Redis entry is
@@ -69,6 +89,12 @@ type localEntry struct {
 // miss, and goes straight to the lock attempt. Short, because a copy kept
 // while another process reloaded the entry costs a lock where a read hits.
 const goneGrace = 100 * time.Millisecond
+
+// renewShare: a copy whose life the local TTL bounds is due for renewal in
+// its last 1/renewShare (200 ms of the default second): a key read in that
+// window never lapses. One whose entry expires first, or whose refresh-at
+// time comes first, is not renewed: a read would find the same entry.
+const renewShare = 5
 
 // newLocal returns an unarmed local cache; arm subscribes it. idOf maps the
 // value keys of invalidation messages to IDs.
@@ -78,19 +104,21 @@ func newLocal(o LocalOptions, idOf func(vkey string) (string, bool)) (*local, er
 	if o.Size < 0 || o.TTL < 0 {
 		return nil, fmt.Errorf("%w: Local %+v", ErrInvalidOptions, o)
 	}
-	c, err := otter.New(&otter.Options[string, localEntry]{
+	c, err := otter.New(&otter.Options[string, *localEntry]{
 		MaximumSize: o.Size,
-		ExpiryCalculator: otter.ExpiryWritingFunc(func(e otter.Entry[string, localEntry]) time.Duration {
+		// Counted from otter's clock reading at the write: get compares
+		// what is left with otter's reading at the hit, and reads no clock.
+		ExpiryCalculator: otter.ExpiryWritingFunc(func(e otter.Entry[string, *localEntry]) time.Duration {
 			if e.Value.gone {
-				return e.Value.life + goneGrace
+				return time.Until(e.Value.end) + goneGrace
 			}
-			return e.Value.life
+			return time.Until(e.Value.end)
 		}),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: Local: %w", ErrInvalidOptions, err)
 	}
-	return &local{c: c, ttl: o.TTL, idOf: idOf}, nil
+	return &local{c: c, ttl: o.TTL, idOf: idOf, seed: maphash.MakeSeed()}, nil
 }
 
 // arm subscribes to the invalidation channel (once; again after a failure),
@@ -101,22 +129,55 @@ func (l *local) arm(ctx context.Context, rdb redis.UniversalClient, channel stri
 	if l.sub.Load() != nil {
 		return nil
 	}
-	sub, err := pubsub.Subscribe(ctx, rdb, channel, l.invalidated)
+	sub, err := pubsub.Subscribe(ctx, rdb, channel, l.invalidated, l.resubscribed)
 	if err != nil {
 		return err
 	}
-	l.epoch.Add(1) // copies read before the subscription cannot be kept
+	raise(&l.floor, l.epoch.Add(1)) // copies read before the subscription cannot be kept
 	l.sub.Store(sub)
 	return nil
 }
 
 // invalidated applies an invalidation message (a value key). A message
-// that names no value key of this Guard drops nothing, but still raises the
-// epoch.
+// that names no value key of this Guard drops nothing, but no read in
+// flight keeps its copy.
 func (l *local) invalidated(vkey string) {
-	l.epoch.Add(1)
 	if id, ok := l.idOf(vkey); ok {
-		l.c.Invalidate(id)
+		l.drop(id)
+		return
+	}
+	raise(&l.floor, l.epoch.Add(1))
+}
+
+// resubscribed drops every copy, and every read in flight's, once the
+// subscription is made again on a new connection: the messages published
+// while it was down are lost.
+func (l *local) resubscribed() {
+	raise(&l.floor, l.epoch.Add(1))
+	l.c.InvalidateAll()
+}
+
+// drop drops id's copy under a new epoch of its stripe: a read of id made
+// before cannot keep its copy after.
+func (l *local) drop(id string) {
+	raise(l.stripe(id), l.epoch.Add(1))
+	l.c.Invalidate(id)
+}
+
+// stripe is the epoch of id's stripe (see local.heard).
+func (l *local) stripe(id string) *atomic.Uint64 {
+	return &l.heard[maphash.String(l.seed, id)%epochStripes]
+}
+
+// changed reports whether a stripe (see stripe) heard of an invalidation,
+// or the subscription was made, after epoch was read.
+func (l *local) changed(stripe *atomic.Uint64, epoch uint64) bool {
+	return max(stripe.Load(), l.floor.Load()) > epoch
+}
+
+// raise makes a at least n: two invalidations may store theirs out of order.
+func raise(a *atomic.Uint64, n uint64) {
+	for o := a.Load(); o < n && !a.CompareAndSwap(o, n); o = a.Load() {
 	}
 }
 
@@ -150,12 +211,16 @@ func localHit[T any](ctx context.Context, g *Guard, id string) (T, localState) {
 }
 
 // fromLocal is the copy of id in process memory, if there is one that
-// decodes (one that does not is dropped).
+// decodes (one that does not is dropped). The first hit that finds it due
+// renews it (see renew).
 func fromLocal[T any](g *Guard, id string) (T, localState) {
 	var zero T
 	e, st := g.local.get(id)
 	if st != localFresh {
 		return zero, st
+	}
+	if e.due && !e.renewing.Load() && e.renewing.CompareAndSwap(false, true) {
+		renew[T](g, id)
 	}
 	if v, ok := e.value.(T); ok { // decoded once; assignment copies it all
 		return v, localFresh
@@ -180,57 +245,120 @@ const (
 	localGone                    // a copy whose entry has expired in Redis (see goneGrace)
 )
 
-func (l *local) get(id string) (localEntry, localState) {
+// localFound is a copy get found, and whether it is due for renewal.
+type localFound struct {
+	*localEntry
+	due bool
+}
+
+// get finds id's copy. What is left of its life comes from otter's clock
+// reading for the lookup: a hit reads no other clock.
+func (l *local) get(id string) (localFound, localState) {
 	if l.sub.Load() == nil {
-		return localEntry{}, localNone
+		return localFound{}, localNone
 	}
-	e, ok := l.c.GetIfPresent(id)
-	switch {
-	case !ok:
-		return localEntry{}, localNone
-	case e.gone && time.Now().UnixNano() >= e.until:
-		return localEntry{}, localGone
+	oe, ok := l.c.GetEntry(id)
+	if !ok {
+		return localFound{}, localNone
 	}
-	return e, localFresh
+	e, left := oe.Value, time.Duration(oe.ExpiresAtNano-oe.SnapshotAtNano)
+	if e.gone && left <= goneGrace {
+		return localFound{}, localGone
+	}
+	return localFound{e, left <= e.dueLeft}, localFresh
 }
 
 // put keeps a copy for min(TTL, what is left of redisTTL), unless an
-// invalidation arrived since epoch was read (before the read that found
-// frame). redisTTL is counted from since, a clock read before the round
-// trip that wrote or read it: Redis counts it from later, so the copy never
-// outlives its entry. otter takes no lock that the invalidation also takes,
-// so put checks the epoch again after storing and takes the copy back if an
-// invalidation came in between: an invalidation that raised the epoch before
-// that check is seen there, and one that raised it after removes the copy.
+// invalidation of id's stripe (or a resubscription) came after epoch was
+// read (before the read that found frame). redisTTL is counted from since,
+// a clock read before the round trip that wrote or read it: Redis counts it
+// from later, so the copy never outlives its entry. otter takes no lock
+// that the invalidation also takes, so put checks the epochs again after
+// storing and takes the copy back if an invalidation came in between: one
+// that raised the epoch before that check is seen there, and one that
+// raised it after removes the copy.
 func (l *local) put(id string, frame []byte, value any, redisTTL time.Duration, since time.Time, epoch uint64) {
 	now := time.Now() // one reading: the copy ends by since + redisTTL
 	if redisTTL > 0 {
 		redisTTL -= now.Sub(since)
 	}
-	if l.sub.Load() == nil || redisTTL <= 0 || l.epoch.Load() != epoch {
+	stripe := l.stripe(id)
+	if l.sub.Load() == nil || redisTTL <= 0 || l.changed(stripe, epoch) {
 		return
 	}
 	life := min(l.ttl, redisTTL)
+	gone := redisTTL <= l.ttl // it dies with its entry (unless refresh-at comes first)
+	var dueLeft time.Duration
+	if !gone {
+		dueLeft = life / renewShare
+	}
 	// A frame with a refresh-at time (RefreshAhead) is kept only until then
 	// (past it, not at all): the Get after it reads Redis and starts the
 	// refresh, so a hot key served from memory does not expire under its readers.
-	gone := redisTTL <= l.ttl // it dies with its entry (unless refresh-at comes first)
 	if at, ok := codec.RefreshAt(frame); ok {
 		if until := at.Sub(now); until < life {
-			life, gone = until, false
+			life, gone, dueLeft = until, false, 0
 		}
 	}
 	if life <= 0 {
 		return
 	}
-	e := localEntry{frame: frame, value: value, life: life, gone: gone}
-	if gone {
-		e.until = now.Add(life).UnixNano()
-	}
-	l.c.Set(id, e)
-	if l.epoch.Load() != epoch {
+	l.c.Set(id, &localEntry{frame: frame, value: value, life: life, end: now.Add(life), gone: gone, dueLeft: dueLeft})
+	if l.changed(stripe, epoch) {
 		l.c.Invalidate(id)
 	}
+}
+
+// renew reads id's entry again (its HGET and PTTL, no probe: the ID has
+// a copy) in a goroutine of the supervisor's, for a copy due for renewal:
+// its callers keep hitting the copy meanwhile, and what the read finds
+// replaces it, under put's epoch check. A read that fails leaves the copy to
+// lapse at its end, when the next Get reads Redis itself; one that finds no
+// value drops it.
+func renew[T any](g *Guard, id string) {
+	g.sup.goRun(func(ctx context.Context) {
+		pass, err := g.sup.enter()
+		if err != nil {
+			return
+		}
+		defer g.sup.leave(pass)
+		vkey, err := g.keys.Value(id) // a malformed ID was never kept
+		if err != nil {
+			return
+		}
+		done, err := g.outage.before()
+		if err != nil { // the breaker is open: Redis is not asked
+			return
+		}
+		epoch, replays := g.local.epoch.Load(), g.unw.replayed.Load() // before the read: see put, and get
+		c := g.rd.calls.Get().(*batch.Call[readReq])
+		c.Req = readReq{id: id, vkey: vkey, withTTL: true}
+		sent := time.Now()
+		err = g.sendRead(ctx, c)
+		var raw []byte
+		var ttl time.Duration
+		if err == nil { // else c may still be answered: not reused
+			raw, err = c.Req.get.Bytes()
+			ttl = max(c.Req.pttl.Val(), 0)
+			c.Req = readReq{}
+			g.rd.calls.Put(c)
+		}
+		if errors.Is(err, redis.Nil) { // no entry: raw is nil, and dropped below
+			err = nil
+		} else if err != nil {
+			err = g.readFailed(ctx, "renew", id, err)
+		}
+		g.outage.after(done, err)
+		var v T
+		switch {
+		case err != nil: // the copy lapses at its end
+		case g.unw.has(id), g.unw.replayed.Load() != replays: // the entry may be one a lost write replaced: get skips the copy
+		case codec.Decode(g.opts.Codec, raw, &v) == nil:
+			g.local.put(id, raw, kept(g, v), ttl, sent, epoch)
+		default: // no entry, a marker, or one this T cannot read: the next Get reads it
+			g.local.c.Invalidate(id)
+		}
+	})
 }
 
 // kept returns what the local cache keeps of v, which a caller also gets (or,

@@ -1,11 +1,25 @@
 package guard
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/cacheguard/cacheguard/codec"
 	"github.com/cacheguard/cacheguard/internal/pubsub"
 )
+
+// armedLocal is a local cache with a TTL of ttl, armed without Redis.
+func armedLocal(t *testing.T, ttl time.Duration) *local {
+	t.Helper()
+	l, err := newLocal(LocalOptions{TTL: ttl}, func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.c.StopAllGoroutines() })
+	l.sub.Store(new(pubsub.Subscription)) // armed, without Redis (never closed: it has no connection)
+	return l
+}
 
 // TestLocalCopyCountsFromBeforeTheRoundTrip: a copy of an entry whose
 // Redis TTL was read (or written) 250 ms after the clock was read before
@@ -13,25 +27,108 @@ import (
 // read at the latest, never 300 ms after the put. (Before, put counted the
 // TTL from itself: a put delayed after its round trip outlived the entry.)
 func TestLocalCopyCountsFromBeforeTheRoundTrip(t *testing.T) {
-	l, err := newLocal(LocalOptions{TTL: time.Minute}, func(string) (string, bool) { return "", false })
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.c.StopAllGoroutines()
-	l.sub.Store(new(pubsub.Subscription)) // armed, without Redis (never closed: it has no connection)
+	l := armedLocal(t, time.Minute)
 	since := time.Now().Add(-250 * time.Millisecond)
 	l.put("p1", []byte("v"), nil, 300*time.Millisecond, since, l.epoch.Load())
 	e, st := l.get("p1")
 	if st != localFresh {
 		t.Fatalf("state %v, want a fresh copy", st)
 	}
-	// until is wall-clock nanoseconds, since's difference a monotonic one:
-	// the two clocks may drift by nanoseconds between readings, not by ms.
-	if latest := since.Add(300*time.Millisecond + time.Millisecond).UnixNano(); !e.gone || e.until > latest {
-		t.Fatalf("the copy lives until %v, past its entry's end %v (gone %v)", time.Unix(0, e.until), time.Unix(0, latest), e.gone)
+	if end := since.Add(300 * time.Millisecond); !e.gone || e.end.After(end) {
+		t.Fatalf("the copy lives until %v, past its entry's end %v (gone %v)", e.end, end, e.gone)
 	}
 	l.put("p2", []byte("v"), nil, 300*time.Millisecond, time.Now().Add(-time.Second), l.epoch.Load())
 	if _, st := l.get("p2"); st != localNone {
 		t.Fatalf("a copy whose entry has already expired was kept (%v)", st)
 	}
+}
+
+// TestLocalRenewsOnlyWhatTheTTLBounds: a copy whose life the local TTL
+// bounds is due for renewal in its last fifth; one that dies with its Redis
+// entry, or at its refresh-at time, is never due (a read would find the
+// same entry), and a fresh one is not due yet.
+func TestLocalRenewsOnlyWhatTheTTLBounds(t *testing.T) {
+	l := armedLocal(t, time.Second)
+	refreshing, err := codec.EncodeRefresh(codec.Msgpack, 1, time.Now().Add(500*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		id       string
+		frame    []byte
+		redisTTL time.Duration
+		dueLeft  time.Duration
+	}{
+		{"ttl", []byte("v"), time.Minute, time.Second / renewShare},
+		{"entry", []byte("v"), 800 * time.Millisecond, 0},
+		{"refresh-at", refreshing, time.Minute, 0},
+	} {
+		l.put(tc.id, tc.frame, nil, tc.redisTTL, time.Now(), l.epoch.Load())
+		f, st := l.get(tc.id)
+		if st != localFresh || f.due || f.dueLeft != tc.dueLeft {
+			t.Fatalf("%s: state %v, due now %v, due with %v left; want fresh, not due now, due with %v left",
+				tc.id, st, f.due, f.dueLeft, tc.dueLeft)
+		}
+	}
+}
+
+// TestLocalEpochIsPerKey: a write of one ID stops the reads of that ID in
+// flight from keeping their copies, and not those of an ID of another
+// stripe (with one epoch for all, it stopped every read in flight); a
+// resubscription drops every copy and stops every read in flight.
+func TestLocalEpochIsPerKey(t *testing.T) {
+	l := armedLocal(t, time.Minute)
+	other := "p2"
+	for i := 3; l.stripe(other) == l.stripe("p1"); i++ {
+		other = fmt.Sprint("p", i)
+	}
+	put := func(id string, epoch uint64) localState {
+		l.put(id, []byte("v"), nil, time.Minute, time.Now(), epoch)
+		_, st := l.get(id)
+		return st
+	}
+	epoch := l.epoch.Load() // the reads of p1 and other start
+	l.drop("p1")            // a write of p1 lands
+	if st := put("p1", epoch); st != localNone {
+		t.Fatal("a read of p1 made before its write kept its copy")
+	}
+	if st := put(other, epoch); st != localFresh {
+		t.Fatalf("a write of p1 stopped a read of %s in flight from keeping its copy", other)
+	}
+	if st := put("p1", l.epoch.Load()); st != localFresh { // the control: a read after the write keeps its copy
+		t.Fatal("a read of p1 made after its write kept no copy")
+	}
+
+	epoch = l.epoch.Load()
+	l.resubscribed()
+	for _, id := range []string{"p1", other} {
+		if _, st := l.get(id); st != localNone {
+			t.Fatalf("the copy of %s outlived a resubscription", id)
+		}
+	}
+	if st := put("p1", epoch); st != localNone {
+		t.Fatal("a read made before a resubscription kept its copy")
+	}
+	if st := put("p1", l.epoch.Load()); st != localFresh {
+		t.Fatal("a read made after a resubscription kept no copy")
+	}
+}
+
+// DueNow makes g's copy of id due for renewal (see renew), as if the last
+// fifth of its life had come, and reports whether g held one: tests of the
+// renewal need not wait for a clock.
+func DueNow(g *Guard, id string) bool {
+	f, st := g.local.get(id)
+	if st != localFresh {
+		return false
+	}
+	e := f.localEntry
+	g.local.c.Set(id, &localEntry{frame: e.frame, value: e.value, life: e.life, end: e.end, gone: e.gone, dueLeft: e.life})
+	return true
+}
+
+// LocalDue reports whether g's copy of id is due for renewal.
+func LocalDue(g *Guard, id string) bool {
+	f, st := g.local.get(id)
+	return st == localFresh && f.due
 }

@@ -641,3 +641,109 @@ func TestLocalCopiesAreCallersOwn(t *testing.T) {
 		t.Fatalf("stats %+v: want 1,600 local hits", st)
 	}
 }
+
+// TestLocalRenewsOnceInTheBackground: a copy due for renewal (the last
+// fifth of its life) is still served to every caller at once, and one of
+// them starts one background read of its entry (HGET and PTTL, no probe).
+// That read is held at Redis here: the callers send nothing meanwhile, and
+// once it lands its copy replaces the one that was due.
+func TestLocalRenewsOnceInTheBackground(t *testing.T) {
+	ctx := context.Background()
+	c, g, d := setup(t, 10, &guard.Options{Local: &guard.LocalOptions{TTL: time.Minute}})
+	h := hooked(c)
+	cache(t, g, d, "p1") // the flight keeps its copy
+	vkey := c.Prefix + ":product:{p1}"
+	entered, release := make(chan struct{}), make(chan struct{})
+	var releaseOnce sync.Once
+	free := func() { releaseOnce.Do(func() { close(release) }) }
+	defer free() // before Close, which waits for the renewal
+	var hgets atomic.Int32
+	hold := func(cmd redis.Cmder) {
+		if a := cmd.Args(); cmd.Name() == "hget" && len(a) > 1 && a[1] == vkey && hgets.Add(1) == 1 {
+			close(entered)
+			<-release
+		}
+	}
+	h.sending.Store(&hold)
+	defer h.sending.Store(nil)
+	c.Counter.Reset()
+	hits := g.Stats().LocalHits
+	if !guard.DueNow(g, "p1") {
+		t.Fatal("no copy of p1 after its load")
+	}
+	const callers, each = 8, 50
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range each {
+				if p, err := guard.Get(ctx, g, "p1", d.load); err != nil || p.Price != 1 {
+					t.Errorf("%+v, %v", p, err)
+					return
+				}
+			}
+		}()
+	}
+	served := make(chan struct{})
+	go func() { wg.Wait(); close(served) }()
+	select {
+	case <-served:
+	case <-time.After(10 * time.Second):
+		t.Fatal("callers waited for the renewal's read")
+	}
+	select {
+	case <-entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no renewal started")
+	}
+	// Counted as it was sent: the held renewal is the one round trip.
+	if n, names := c.Counter.RoundTrips(), c.Counter.Names(); n != 1 || names["hget"] != 1 || names["pttl"] != 1 || len(names) != 2 {
+		t.Fatalf("%d round trips (%v) while the renewal was held; want its HGET and PTTL alone", n, names)
+	}
+	if n := g.Stats().LocalHits - hits; n != callers*each {
+		t.Fatalf("%d local hits, want %d", n, callers*each)
+	}
+	free()
+	flush(t, g) // the renewal is the supervisor's
+	if n := hgets.Load(); n != 1 {
+		t.Fatalf("%d HGETs of p1, want one renewal", n)
+	}
+	if guard.LocalDue(g, "p1") || guard.LocalCopy(g, "p1") != "fresh" {
+		t.Fatalf("after the renewal the copy is %s (due %v), want a fresh one", guard.LocalCopy(g, "p1"), guard.LocalDue(g, "p1"))
+	}
+}
+
+// TestLocalResubscribeDropsCopies: messages published while the
+// invalidation subscription's connection is down are lost, so the copies
+// are dropped once go-redis has subscribed again: a lost message leaves a
+// copy stale until the reconnection, not for the local TTL (a minute here).
+// Redis kills the subscriber's connection (a private server: no other
+// test's); the new subscription hears the writes made after it.
+func TestLocalResubscribeDropsCopies(t *testing.T) {
+	ctx := context.Background()
+	srv, rdb := redistest.Private(t)
+	g := openRebuilt(t, rdb, guard.Options{Local: &guard.LocalOptions{TTL: time.Minute}}, 1000, 10)
+	d := newDB(10)
+	cache(t, g, d, "p1")
+	if st := guard.LocalCopy(g, "p1"); st != "fresh" {
+		t.Fatalf("copy %s after the load, want fresh", st)
+	}
+	if n, err := rdb.ClientKillByFilter(ctx, "type", "pubsub").Result(); err != nil || n == 0 {
+		t.Fatalf("killed %d subscribers: %v", n, err)
+	}
+	eventually(t, 5*time.Second, "the resubscription to drop the copy", func() bool { return guard.LocalCopy(g, "p1") == "none" })
+	if _, err := guard.Get(ctx, g, "p1", d.load); err != nil { // a copy again, from Redis
+		t.Fatal(err)
+	}
+	if st := guard.LocalCopy(g, "p1"); st != "fresh" {
+		t.Fatalf("copy %s after a read, want fresh", st)
+	}
+	ordb := redis.NewClient(srv.Options())
+	t.Cleanup(func() { _ = ordb.Close() })
+	other := openRebuilt(t, ordb, guard.Options{}, 1000, 10)
+	if err := other.Invalidate(ctx, "p1"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "the other process's write to drop the copy", func() bool { return guard.LocalCopy(g, "p1") == "none" })
+}

@@ -58,7 +58,7 @@ func (g *Guard) readShared(ctx context.Context, id, vkey string, from since, loc
 			// for that caller's flight; the others join the flight.
 			sr.r.held = nil
 		}
-		if !from.startedBefore(sr.started) || g.noWriteHeard(sr.epoch, from.epoch) {
+		if !from.startedBefore(sr.started) || g.noWriteHeard(id, sr.epoch) {
 			return sr.r, nil
 		}
 		// A read older than this caller, and a write heard since: the next

@@ -139,16 +139,15 @@ func (g *Guard) writeFrame(ctx context.Context, frame []byte, ttl func() time.Du
 
 // forget makes this process's next Gets of keys start afresh: no new caller
 // joins a flight that may have read older data, and the in-memory copies
-// are dropped (or replaced by copy) under a new epoch, so that a read made
-// before the write cannot store its copy after it.
+// are dropped (or replaced by copy) under a new epoch of their stripes, so
+// that a read made before the write cannot store its copy after it.
 func (g *Guard) forget(keys []string, copy *localEntry, sent time.Time) {
 	for _, k := range keys {
 		g.flights.Forget(flightKey{vkey: k})
 		if g.local != nil {
 			g.rd.shared.Forget(k)
-			g.local.epoch.Add(1)
 			if id, ok := g.keys.ID(k); ok {
-				g.local.c.Invalidate(id)
+				g.local.drop(id)
 				if copy != nil {
 					g.local.put(id, copy.frame, copy.value, copy.life, sent, g.local.epoch.Load())
 				}

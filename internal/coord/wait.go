@@ -122,7 +122,7 @@ func (w *waker) register(ctx context.Context, key string) (ch <-chan struct{}, c
 		return nil, nil, errClosed
 	}
 	if w.sub == nil {
-		sub, err := pubsub.Subscribe(ctx, w.rdb, w.channel, w.dispatch)
+		sub, err := pubsub.Subscribe(ctx, w.rdb, w.channel, w.dispatch, nil)
 		if err != nil {
 			return nil, nil, fmt.Errorf("coord: %w", err)
 		}

@@ -13,7 +13,7 @@ func ExampleSubscribe() {
 	rdb := redistest.NewClient()
 	defer rdb.Close()
 	got := make(chan string, 1)
-	s, err := pubsub.Subscribe(ctx, rdb, "example:invalidated", func(key string) { got <- key })
+	s, err := pubsub.Subscribe(ctx, rdb, "example:invalidated", func(key string) { got <- key }, nil)
 	if err != nil {
 		fmt.Println(err)
 		return

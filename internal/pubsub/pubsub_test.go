@@ -22,7 +22,7 @@ func TestDeliversInOrderAfterSubscribe(t *testing.T) {
 	ctx := context.Background()
 	c := redistest.Connect(t)
 	got := make(chan string, 10)
-	s, err := pubsub.Subscribe(ctx, c, c.Prefix+":ch", func(p string) { got <- p })
+	s, err := pubsub.Subscribe(ctx, c, c.Prefix+":ch", func(p string) { got <- p }, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +63,50 @@ func TestSubscribeWithRedisDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = srv.Stop()
-	if _, err := pubsub.Subscribe(ctx, rdb, "ch", func(string) {}); !errors.Is(err, redisfail.ErrUnavailable) {
+	if _, err := pubsub.Subscribe(ctx, rdb, "ch", func(string) {}, nil); !errors.Is(err, redisfail.ErrUnavailable) {
 		t.Fatalf("Subscribe with Redis down: %v", err)
 	}
+}
+
+// TestLostOnResubscribe: lost is not called for the first subscription;
+// when Redis drops the subscriber's connection, go-redis subscribes again on
+// a new one and lost is called (what was published meanwhile was not
+// delivered), and a message published after that is delivered. A private
+// server: killing its subscribers kills no other test's.
+func TestLostOnResubscribe(t *testing.T) {
+	ctx := context.Background()
+	_, rdb := redistest.Private(t)
+	got, lost := make(chan string, 10), make(chan struct{}, 10)
+	s, err := pubsub.Subscribe(ctx, rdb, "ch", func(p string) { got <- p }, func() { lost <- struct{}{} })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	receive := func(want string) {
+		t.Helper()
+		if err := rdb.Publish(ctx, "ch", want).Err(); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case p := <-got:
+			if p != want {
+				t.Fatalf("got %q, want %q", p, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("no message %q", want)
+		}
+	}
+	receive("before") // delivered after any confirmation of the first subscription
+	if len(lost) != 0 {
+		t.Fatal("lost called for the first subscription")
+	}
+	if n, err := rdb.ClientKillByFilter(ctx, "type", "pubsub").Result(); err != nil || n != 1 {
+		t.Fatalf("killed %d subscribers: %v", n, err)
+	}
+	select {
+	case <-lost:
+	case <-time.After(5 * time.Second):
+		t.Fatal("lost not called after the subscriber's connection was killed")
+	}
+	receive("after")
 }

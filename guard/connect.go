@@ -148,7 +148,14 @@ func (g *Guard) checkClient(ctx context.Context) {
 	var dialRetries int
 	switch c := g.rdb.(type) {
 	case *redis.Client:
-		ctxTimeouts, dialRetries = c.Options().ContextTimeoutEnabled, c.Options().DialerRetries
+		o := c.Options()
+		ctxTimeouts, dialRetries = o.ContextTimeoutEnabled, o.DialerRetries
+		if o.ClientSideCacheConfig != nil || o.ClientSideCache != nil {
+			g.log.WarnContext(ctx, "cacheguard: the redis client has go-redis's client-side cache on: it may answer a Get's "+
+				"read or a filter probe from a copy that Redis's invalidation has not reached yet, so a Get that starts "+
+				"after a write (or an Add) may answer older data or \"not found\"; use a client without it (Options.Local "+
+				"keeps copies with the same trade-off, documented)")
+		}
 	case *redis.ClusterClient:
 		ctxTimeouts, dialRetries = c.Options().ContextTimeoutEnabled, c.Options().DialerRetries
 	case *redis.Ring:

@@ -228,7 +228,9 @@ func TestLoadTimeoutIsHard(t *testing.T) {
 }
 
 // TestClientSettingsAreChecked: New warns about client settings under which
-// ctx deadlines do not bound a Get, and is quiet when they are right.
+// ctx deadlines do not bound a Get, or go-redis's client-side cache may
+// answer a read with a copy older than a write, and is quiet when they are
+// right.
 func TestClientSettingsAreChecked(t *testing.T) {
 	ctx := context.Background()
 	srv, _ := redistest.Private(t)
@@ -238,6 +240,8 @@ func TestClientSettingsAreChecked(t *testing.T) {
 	}{
 		{&redis.Options{Network: srv.Network, Addr: srv.Addr}, 2},
 		{&redis.Options{Network: srv.Network, Addr: srv.Addr, ContextTimeoutEnabled: true, DialerRetries: 1}, 0},
+		{&redis.Options{Network: srv.Network, Addr: srv.Addr, ContextTimeoutEnabled: true, DialerRetries: 1,
+			Protocol: 3, ClientSideCacheConfig: &redis.ClientSideCacheConfig{MaxEntries: 100}}, 1},
 	} {
 		rdb := redis.NewClient(c.opts)
 		var logs syncBuffer

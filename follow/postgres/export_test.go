@@ -2,10 +2,6 @@ package pgfollow
 
 import "time"
 
-// SetBeforeApply sets the hook that runs as each batch is about to be
-// applied (nil: none).
-func SetBeforeApply(fn func()) { beforeApply = fn }
-
 // SetBeforeStart sets the hook that runs between the check of the set-up
 // and START_REPLICATION (nil: none).
 func SetBeforeStart(fn func()) { beforeStart = fn }

@@ -52,10 +52,6 @@ const (
 	statusEvery  = 10 * time.Second // under wal_sender_timeout's default 60 s
 )
 
-// beforeApply, set by tests alone, runs as a batch is about to be applied:
-// received, not applied, not confirmed (a crash there must lose nothing).
-var beforeApply func()
-
 // beforeStart, set by tests alone, runs between the check of the set-up and
 // START_REPLICATION.
 var beforeStart func()
@@ -363,9 +359,6 @@ func (s *session) heard(end pglogrepl.LSN) {
 func (s *session) apply(ctx context.Context) error {
 	if len(s.pending) == 0 {
 		return nil
-	}
-	if beforeApply != nil {
-		beforeApply()
 	}
 	pause := backoff.New(50*time.Millisecond, 2*time.Second, true)
 	var warned time.Time

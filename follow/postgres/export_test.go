@@ -2,10 +2,6 @@ package pgfollow
 
 import "time"
 
-// SetBeforeStart sets the hook that runs between the check of the set-up
-// and START_REPLICATION (nil: none).
-func SetBeforeStart(fn func()) { beforeStart = fn }
-
 // InspectRoom is how many samples the inspector queues at most.
 const InspectRoom = inspectPending
 

@@ -52,10 +52,6 @@ const (
 	statusEvery  = 10 * time.Second // under wal_sender_timeout's default 60 s
 )
 
-// beforeStart, set by tests alone, runs between the check of the set-up and
-// START_REPLICATION.
-var beforeStart func()
-
 // errStandby means another follower consumes the slot.
 var errStandby = errors.New("pgfollow: the slot is in use by another follower")
 
@@ -78,9 +74,6 @@ func (f *Follower) follow(ctx context.Context) error {
 	confirmed, err := f.confirmed(ctx, conn)
 	if err != nil {
 		return err
-	}
-	if beforeStart != nil {
-		beforeStart()
 	}
 	err = pglogrepl.StartReplication(ctx, conn, f.opts.Slot, 0, pglogrepl.StartReplicationOptions{
 		PluginArgs: []string{"proto_version '1'", "publication_names '" + f.opts.Publication + "'"},

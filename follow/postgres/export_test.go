@@ -2,18 +2,6 @@ package pgfollow
 
 import "time"
 
-// SetBeforeApply sets the hook that runs as each batch is about to be
-// applied (nil: none).
-func SetBeforeApply(fn func()) { beforeApply = fn }
-
-// SetRepair turns f's positions in Redis, and so its repair of writes
-// Redis lost, on or off (off: a follower that knows no positions).
-func SetRepair(f *Follower, on bool) { f.noRepair.Store(!on) }
-
-// SetBeforeStart sets the hook that runs between the check of the set-up
-// and START_REPLICATION (nil: none).
-func SetBeforeStart(fn func()) { beforeStart = fn }
-
 // InspectRoom is how many samples the inspector queues at most.
 const InspectRoom = inspectPending
 

@@ -17,7 +17,6 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -91,8 +90,7 @@ type Follower struct {
 	mem        []txn
 	memChanges int
 	memFrom    pglogrepl.LSN
-	noRepair   atomic.Bool // set by tests alone: positions neither read nor written, so nothing repaired (a control)
-	wrote      []written   // what the batch being applied wrote, for the inspector (Run's goroutine alone)
+	wrote      []written // what the batch being applied wrote, for the inspector (Run's goroutine alone)
 
 	insp *inspector // nil: off
 

@@ -1,11 +1,17 @@
 package pgfollow_test
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
+	"net"
+	neturl "net/url"
 	"os"
 	"regexp"
 	"slices"
@@ -628,7 +634,6 @@ func TestSlotLost(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a PostgreSQL server of its own")
 	}
-	// Not parallel: the hook between check and START_REPLICATION is the package's.
 	const rows = 100
 	_, fx := newPrivate(t, rows, "max_slot_wal_keep_size=1MB")
 	g := fx.guard(fx.rdb)
@@ -642,18 +647,23 @@ func TestSlotLost(t *testing.T) {
 		t.Fatalf("%d rows stale with no follower, want 51 (50 updated, 1 inserted)", n)
 	}
 
-	f, err := pgfollow.New(fx.url, fx.table(g), &pgfollow.Options{Slot: fx.name, Publication: fx.name})
+	url, started, release := holdStart(t, fx.url)
+	f, err := pgfollow.New(url, fx.table(g), &pgfollow.Options{Slot: fx.name, Publication: fx.name})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a bound, should Run retry for ever
 	defer cancel()
-	pgfollow.SetBeforeStart(func() {
-		pgfollow.SetBeforeStart(nil)
-		fx.loseSlot()
-	})
-	defer pgfollow.SetBeforeStart(nil)
-	if err := f.Run(ctx); !errors.Is(err, pgfollow.ErrSlotLost) || !strings.Contains(err.Error(), "START_REPLICATION") {
+	ran := make(chan error, 1)
+	go func() { ran <- f.Run(ctx) }()
+	select {
+	case <-started: // checked, and its START_REPLICATION held
+	case err := <-ran:
+		t.Fatalf("Run ended before its START_REPLICATION: %v", err)
+	}
+	fx.loseSlot()
+	release()
+	if err := <-ran; !errors.Is(err, pgfollow.ErrSlotLost) || !strings.Contains(err.Error(), "START_REPLICATION") {
 		t.Fatalf("Run, the slot lost after the check: %v; want ErrSlotLost from START_REPLICATION", err)
 	}
 	err = f.Run(ctx)
@@ -680,4 +690,109 @@ func TestSlotLost(t *testing.T) {
 	if n := fx.stale(); n != 0 {
 		t.Fatalf("%d rows stale, following the new slot", n)
 	}
+}
+
+// holdStart is a TCP proxy to the PostgreSQL server of url (sslmode=disable)
+// that holds the first START_REPLICATION it carries, until release: started
+// is closed then, when a follower has checked its set-up and not begun its
+// stream. It returns the URL through the proxy.
+func holdStart(t *testing.T, url string) (proxied string, started <-chan struct{}, release func()) {
+	t.Helper()
+	u, err := neturl.Parse(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	upstream := u.Host
+	at, resume := make(chan struct{}), make(chan struct{})
+	var held, released sync.Once
+	release = func() { released.Do(func() { close(resume) }) }
+	hold := func() { held.Do(func() { close(at); <-resume }) }
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn // closed at the end
+	closed := false
+	t.Cleanup(func() {
+		_ = ln.Close()
+		release()
+		mu.Lock()
+		closed = true
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", upstream)
+			mu.Lock()
+			if err != nil || closed {
+				mu.Unlock()
+				_ = c.Close()
+				if up != nil {
+					_ = up.Close()
+				}
+				continue
+			}
+			conns = append(conns, c, up)
+			mu.Unlock()
+			wg.Go(func() { _, _ = io.Copy(c, up); _ = c.Close() })
+			wg.Go(func() { _ = forwardHolding(up, c, hold); _ = up.Close() })
+		}
+	})
+	u.Host = ln.Addr().String()
+	return u.String(), at, release
+}
+
+// forwardHolding copies a client's messages to the server, calling hold
+// before it forwards a START_REPLICATION (a simple Query).
+func forwardHolding(dst io.Writer, src io.Reader, hold func()) error {
+	r := bufio.NewReader(src)
+	for startup := true; startup; { // untyped: an encryption request (the server answers 'N'), then the startup message
+		msg, err := readMessage(r, 0)
+		if err != nil {
+			return err
+		}
+		code := binary.BigEndian.Uint32(msg[4:])
+		startup = code == 80877103 || code == 80877104 // SSLRequest, GSSENCRequest
+		if _, err := dst.Write(msg); err != nil {
+			return err
+		}
+	}
+	for {
+		msg, err := readMessage(r, 1)
+		if err != nil {
+			return err
+		}
+		if msg[0] == 'Q' && bytes.HasPrefix(msg[5:], []byte("START_REPLICATION")) {
+			hold()
+		}
+		if _, err := dst.Write(msg); err != nil {
+			return err
+		}
+	}
+}
+
+// readMessage reads one protocol message: its type byte (typed: 1), its
+// length and its body.
+func readMessage(r *bufio.Reader, typed int) ([]byte, error) {
+	head := make([]byte, typed+4)
+	if _, err := io.ReadFull(r, head); err != nil {
+		return nil, err
+	}
+	n := int(binary.BigEndian.Uint32(head[typed:]))
+	if n < 8-4*typed {
+		return nil, fmt.Errorf("a message of length %d", n)
+	}
+	msg := append(head, make([]byte, n-4)...)
+	_, err := io.ReadFull(r, msg[typed+4:])
+	return msg, err
 }

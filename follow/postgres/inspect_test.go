@@ -297,6 +297,7 @@ func TestInspectorSeesRollback(t *testing.T) {
 	t.Cleanup(func() { _ = readerRDB.Close() })
 	fx := newFixture(t, os.Getenv(envPG), rdb, readerRDB, "inspect", rollbackRows)
 	fx.insp = pgfollow.Inspect{Rate: 1, Delays: []time.Duration{time.Hour}} // checked when the test says (InspectNow)
+	unrepair := hidePositions(rdb, fx)
 	g := fx.guard(rdb)
 	f, _ := fx.follow(g)
 	fx.warm(rollbackRows)
@@ -305,7 +306,7 @@ func TestInspectorSeesRollback(t *testing.T) {
 	if err := rdb.Save(context.Background()).Err(); err != nil {
 		t.Fatal(err)
 	}
-	pgfollow.SetRepair(f, false)
+	unrepair.on.Store(true)
 	fx.burst(0, updated, nil)
 	fx.caughtUp(f)
 	if err := srv.Kill(); err != nil {

@@ -9,6 +9,7 @@ import (
 	"iter"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -349,18 +350,12 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 var roles = map[string]func(rdb redis.UniversalClient) int{
 	// follow runs a follower of the table in CG_TEST_TABLE (Guards under
 	// CG_TEST_PREFIX) until it is killed: by the test, or by itself (SIGKILL)
-	// as its CG_TEST_KILL_AT-th batch is about to be applied.
+	// as its CG_TEST_KILL_AT-th batch is about to be applied (killAt).
 	"follow": func(rdb redis.UniversalClient) int {
 		ctx := context.Background()
 		name, prefix := os.Getenv("CG_TEST_TABLE"), os.Getenv("CG_TEST_PREFIX")
 		if at, _ := strconv.Atoi(os.Getenv("CG_TEST_KILL_AT")); at > 0 {
-			batches := 0
-			pgfollow.SetBeforeApply(func() {
-				if batches++; batches == at {
-					_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-					select {} // the signal is on its way
-				}
-			})
+			rdb.AddHook(&killAt{batch: at, pos: prefix + ":item:pos:pgfollow:" + name})
 		}
 		g, err := guard.New(ctx, rdb, "item", &guard.Options{KeyPrefix: prefix, Filter: guard.FilterOptions{ExpectedItems: 100_000}})
 		if err != nil {
@@ -376,4 +371,50 @@ var roles = map[string]func(rdb redis.UniversalClient) int{
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	},
+}
+
+// killAt is a redis.Hook that SIGKILLs its process as the follower's
+// batch-th batch is about to be applied: as the first pipeline of DELs
+// (a batch of UPDATEs' Invalidate) after a set of the follower's position
+// is about to be sent. The follower sets its position after each batch
+// landed (and once as it starts, after its repair): the batch is received,
+// nothing of it written, nothing of it confirmed.
+type killAt struct {
+	batch int
+	pos   string // the follower's position key
+
+	mu      sync.Mutex
+	batches int  // batches begun
+	set     bool // the position was set since the last batch began
+}
+
+func (k *killAt) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (k *killAt) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if a := cmd.Args(); (cmd.Name() == "evalsha" || cmd.Name() == "eval") && len(a) > 3 && a[3] == k.pos {
+			k.mu.Lock()
+			k.set = true
+			k.mu.Unlock()
+		}
+		return next(ctx, cmd)
+	}
+}
+func (k *killAt) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return c.Name() == "del" }) {
+			k.mu.Lock()
+			begins := k.set
+			if begins {
+				k.set = false
+				k.batches++
+			}
+			kill := begins && k.batches == k.batch
+			k.mu.Unlock()
+			if kill {
+				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+				select {} // the signal is on its way
+			}
+		}
+		return next(ctx, cmds)
+	}
 }

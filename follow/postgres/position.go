@@ -75,9 +75,6 @@ func (f *Follower) remember(txs []txn) {
 // verify reads each Guard's position and repairs those Redis lost writes of.
 func (s *session) verify(ctx context.Context) error {
 	s.verified = time.Now()
-	if s.f.noRepair.Load() {
-		return nil
-	}
 	for _, h := range s.f.held {
 		pos, err := h.e.Position(ctx, s.f.feed())
 		if err != nil {
@@ -97,9 +94,6 @@ func (s *session) verify(ctx context.Context) error {
 // Redis holds less than it was last given; it reports whether all are set
 // (the slot may then be confirmed there).
 func (s *session) advance(ctx context.Context) error {
-	if s.f.noRepair.Load() {
-		return nil
-	}
 	for _, h := range s.f.held {
 		if !h.known {
 			if err := s.verify(ctx); err != nil {

@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -78,8 +81,9 @@ type rollback struct {
 	f        *pgfollow.Follower
 	g        *guard.Guard // the follower's: closed when it stops (a process's death)
 	stop     func()
-	answered time.Time // when Redis answered again after the crash
-	repairOn bool      // the follower started after the crash repairs
+	answered time.Time        // when Redis answered again after the crash
+	repairOn bool             // the follower started after the crash repairs
+	unrepair *positionsHidden // on the followers' client (rdb): a second follower has a client of its own
 }
 
 func newRollback(t *testing.T) *rollback {
@@ -87,7 +91,7 @@ func newRollback(t *testing.T) *rollback {
 	readerRDB := redis.NewClient(srv.Options())
 	t.Cleanup(func() { _ = readerRDB.Close() })
 	fx := newFixture(t, os.Getenv(envPG), rdb, readerRDB, "rollback", rollbackRows)
-	rb := &rollback{t: t, srv: srv, fx: fx, g: fx.guard(rdb)}
+	rb := &rollback{t: t, srv: srv, fx: fx, g: fx.guard(rdb), unrepair: hidePositions(rdb, fx)}
 	f, stop := fx.follow(rb.g)
 	rb.f, rb.stop = f, func() { stop(); _ = rb.g.Close() }
 	fx.warm(rollbackRows)
@@ -138,7 +142,8 @@ func (rb *rollback) idle() {
 func (rb *rollback) restarted() {
 	rb.stop()
 	rb.crash()
-	f, _ := rb.fx.followOn(rb.fx.url, rb.fx.guard(rb.fx.rdb), func(f *pgfollow.Follower) { pgfollow.SetRepair(f, rb.repairOn) })
+	rb.unrepair.on.Store(!rb.repairOn)
+	f, _ := rb.fx.followOn(rb.fx.url, rb.fx.guard(rb.fx.rdb))
 	if rb.repairOn {
 		waitFor(rb.t, "the new follower's repair", func() bool { return f.Stats().Rollbacks > 0 })
 	}
@@ -146,13 +151,58 @@ func (rb *rollback) restarted() {
 
 // standby: a second follower stands by; the first stops after the crash.
 func (rb *rollback) standby() {
-	second, _ := rb.fx.followOn(rb.fx.url, rb.fx.guard(rb.fx.rdb))
+	own := redis.NewClient(rb.srv.Options()) // the positions stay visible to the second alone
+	rb.t.Cleanup(func() { _ = own.Close() })
+	second, _ := rb.fx.followOn(rb.fx.url, rb.fx.guard(own))
 	waitFor(rb.t, "the second to stand by", func() bool { return second.Stats().Standby })
-	pgfollow.SetRepair(rb.f, false) // the first must not repair: the second takes over unrepaired
+	rb.unrepair.on.Store(true) // the first must not repair: the second takes over unrepaired
 	rb.crash()
 	rb.stop()
 	waitFor(rb.t, "the second to take over", func() bool { return second.Stats().Following })
 	waitFor(rb.t, "the second's repair", func() bool { return second.Stats().Rollbacks > 0 })
+}
+
+// positionsHidden is a redis.Hook that, while on, keeps the follower's
+// position out of Redis without sending its commands: a read answers the
+// highest position there is and a set succeeds. The follower then never
+// finds Redis behind the slot: it repairs nothing (a follower without the
+// repair, the control). No other command reads or sets that key.
+type positionsHidden struct {
+	key string
+	on  atomic.Bool
+}
+
+// hidePositions adds a positionsHidden, off, for fx's follower to rdb.
+func hidePositions(rdb redis.UniversalClient, fx *fixture) *positionsHidden {
+	h := &positionsHidden{key: fx.prefix + ":item:pos:pgfollow:" + fx.name}
+	rdb.AddHook(h)
+	return h
+}
+
+func (h *positionsHidden) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *positionsHidden) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if !h.on.Load() {
+			return next(ctx, cmd)
+		}
+		a := cmd.Args()
+		switch c := cmd.(type) {
+		case *redis.StringCmd: // Position: GET key
+			if cmd.Name() == "get" && len(a) == 2 && a[1] == h.key {
+				c.SetVal(strconv.FormatUint(math.MaxUint64, 10))
+				return nil
+			}
+		case *redis.Cmd: // SetPosition: EVALSHA (or EVAL) sha 1 key from pos
+			if (cmd.Name() == "evalsha" || cmd.Name() == "eval") && len(a) > 3 && a[3] == h.key {
+				c.SetVal("") // set
+				return nil
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *positionsHidden) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }
 
 // staleAt counts the stale rows at d after Redis answered again.

@@ -52,14 +52,6 @@ const (
 	statusEvery  = 10 * time.Second // under wal_sender_timeout's default 60 s
 )
 
-// beforeApply, set by tests alone, runs as a batch is about to be applied:
-// received, not applied, not confirmed (a crash there must lose nothing).
-var beforeApply func()
-
-// beforeStart, set by tests alone, runs between the check of the set-up and
-// START_REPLICATION.
-var beforeStart func()
-
 // errStandby means another follower consumes the slot.
 var errStandby = errors.New("pgfollow: the slot is in use by another follower")
 
@@ -82,9 +74,6 @@ func (f *Follower) follow(ctx context.Context) error {
 	confirmed, err := f.confirmed(ctx, conn)
 	if err != nil {
 		return err
-	}
-	if beforeStart != nil {
-		beforeStart()
 	}
 	err = pglogrepl.StartReplication(ctx, conn, f.opts.Slot, 0, pglogrepl.StartReplicationOptions{
 		PluginArgs: []string{"proto_version '1'", "publication_names '" + f.opts.Publication + "'"},
@@ -363,9 +352,6 @@ func (s *session) heard(end pglogrepl.LSN) {
 func (s *session) apply(ctx context.Context) error {
 	if len(s.pending) == 0 {
 		return nil
-	}
-	if beforeApply != nil {
-		beforeApply()
 	}
 	pause := backoff.New(50*time.Millisecond, 2*time.Second, true)
 	var warned time.Time

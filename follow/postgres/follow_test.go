@@ -38,8 +38,9 @@ func newOn(t *testing.T, rows int) *fixture {
 // (the filter, built before, would reject the new ID; a marker of a deleted
 // ID is cleared), UPDATE → Invalidate, DELETE → Delete (answered "not
 // found" without a load), a changed key → Delete of the old and Add of the
-// new, TRUNCATE → every entry dropped and the filter rebuilt from Table.IDs.
-// A key the Guard refuses is logged with it and left out.
+// new, TRUNCATE → every entry dropped and the filter rebuilt from Table.IDs
+// (its line counts each: the entries dropped, the IDs in the new filter). A
+// key the Guard refuses is logged with it and left out.
 func TestMapping(t *testing.T) {
 	t.Parallel()
 	fx := newOn(t, 10)
@@ -98,9 +99,24 @@ func TestMapping(t *testing.T) {
 	if line := l.find("refuses as an ID"); !strings.Contains(line, " id=bad\x01id ") {
 		t.Fatalf("the refused key's line %q; want it with id=%q", line, "bad\x01id")
 	}
+	keys, err := fx.rdb.Keys(context.Background(), fx.prefix+":item:{*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cached := map[string]bool{} // the IDs with an entry (or a lock) before the TRUNCATE
+	for _, k := range keys {
+		_, rest, _ := strings.Cut(k, "{")
+		id, _, _ := strings.Cut(rest, "}")
+		cached[id] = true
+	}
 	step("TRUNCATE", "TRUNCATE {t}")
 	gone("id0")
 	gone("id10")
+	line, counts := l.find("TRUNCATE"), fmt.Sprintf(" entries_dropped=%d filter_ids=0", len(cached)) // the table is empty
+	if len(cached) == 0 || !strings.Contains(line, counts) {
+		t.Fatalf("the TRUNCATE's line %q; want %q (%d IDs were cached)", line, counts, len(cached))
+	}
+	t.Log(line)
 	step("INSERT after TRUNCATE", "INSERT INTO {t} VALUES ('id0', 100)")
 	want("id0", 100)
 	if st := f.Stats(); st.Changes < 10 || st.LagSeconds != 0 || !st.Following {

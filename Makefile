@@ -48,8 +48,8 @@ vet:
 CLUSTER_PKGS := ./bloom ./lock ./loader ./internal/coord ./guard ./internal/cputime
 
 # Modules of their own beside the root (so the root module needs neither Echo, Gin,
-# Prometheus nor pgx), vetted and tested like the root.
-SIDE_MODULES := adapters/echo adapters/echov5 adapters/gin guardprometheus follow/postgres
+# chi, Prometheus nor pgx), vetted and tested like the root.
+SIDE_MODULES := adapters/echo adapters/echov5 adapters/gin examples/chi guardprometheus follow/postgres
 
 # Parallel tests (the slow ones that use their own keys or servers) run 4
 # at a time: most of their time is waiting on Redis and child processes.

@@ -78,6 +78,12 @@ func one(ids []string) string {
 	return ""
 }
 
+// idOf is the ID whose value key vkey is, for log lines ("" if none).
+func (g *Guard) idOf(vkey string) string {
+	id, _ := g.keys.ID(vkey)
+	return id
+}
+
 // reloadSlots asks a cluster client to re-read its slot map after a network
 // error. A cluster client re-reads it on MOVED replies, or when it is ten
 // seconds old; a pipeline to a dead master gets no MOVED and can go on

@@ -309,7 +309,7 @@ func (g *Guard) ran(ctx context.Context, vkey string, r coord.Ran) {
 		g.tel.waited(ctx, w.Began, w.Ended, w.Result) // a nil telemetry records nothing
 	}
 	if r.WriteErr != nil {
-		_ = g.fail(g.sup.ctx, "write", vkey, r.WriteErr)
+		_ = g.fail(g.sup.ctx, "write", g.idOf(vkey), r.WriteErr)
 	}
 	g.otherSchemas(vkey, g.field(), r.Others)
 }

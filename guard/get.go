@@ -302,7 +302,7 @@ func (g *Guard) otherSchemas(key, field string, others []string) {
 		if _, warned := w.pairs.LoadOrStore(pair, true); !warned {
 			w.n.Add(1)
 			g.log.Warn("cacheguard: entry written by another schema (another shape of the value type, another Version, "+
-				"or an earlier cacheguard) not read; this type's own was loaded", "key", key, "type", g.bound.Load().t.String(),
+				"or an earlier cacheguard) not read; this type's own was loaded", "id", g.idOf(key), "key", key, "type", g.bound.Load().t.String(),
 				"field", field, "other_field", o)
 		}
 	}
@@ -377,9 +377,9 @@ func decodeFrame[T any](g *Guard, id string, frame []byte) (T, error) {
 func (g *Guard) dropCorrupt(ctx context.Context, vkey string, raw []byte, why error) {
 	g.stats.corrupt.Add(1)
 	g.log.WarnContext(ctx, "cacheguard: dropping a cache entry that does not decode (corrupt, or written by another type or version)",
-		"key", vkey, "field", g.field(), "err", why)
+		"id", g.idOf(vkey), "key", vkey, "field", g.field(), "err", why)
 	if err := delIfEqual.Run(ctx, g.rdb, []string{vkey}, g.field(), raw).Err(); err != nil {
-		_ = g.fail(ctx, "delete corrupt entry", "", redisfail.Wrap(err))
+		_ = g.fail(ctx, "delete corrupt entry", g.idOf(vkey), redisfail.Wrap(err))
 	}
 }
 

@@ -140,7 +140,8 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 			// A write to the source of truth deletes the lock (it voids the
 			// load), and so does its lease running out while Redis was
 			// unreachable: either way the load's result will not be cached.
-			g.log.Warn("cacheguard: load lock lost while loading (a write voided the load, or the lock expired); its result will not be cached", "key", key, "err", err)
+			g.log.Warn("cacheguard: load lock lost while loading (a write voided the load, or the lock expired); its result will not be cached",
+				"id", g.idOf(key), "key", key, "err", err)
 		},
 		ReadTTL: g.local != nil, // a flight keeps what its re-check found (see miss.accept)
 		Spawn:   g.sup.spawn,

@@ -398,6 +398,45 @@ func TestWriteFailureLogsTheID(t *testing.T) {
 	}
 }
 
+// TestLinesAboutOneIDCarryIt: the lines about one entry that name its key
+// name its ID too: a corrupt entry dropped, and a Get whose write of what it
+// loaded failed (Redis killed during the load; the value is still served).
+func TestLinesAboutOneIDCarryIt(t *testing.T) {
+	var logs syncBuffer
+	srv, rdb, g := privateGuard(t, &guard.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	ctx := context.Background()
+	load := func(_ context.Context, id string) (product, error) { return product{ID: id}, nil }
+	if _, err := guard.Get(ctx, g, "p2", load); err != nil { // binds g: its field is known
+		t.Fatal(err)
+	}
+	if err := rdb.HSet(ctx, "cg:product:{p2}", guard.Field(g), "plain text").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := guard.Get(ctx, g, "p2", load); err != nil {
+		t.Fatal(err)
+	}
+	p, err := guard.Get(ctx, g, "p1", func(_ context.Context, id string) (product, error) {
+		if err := srv.Kill(); err != nil {
+			t.Error(err)
+		}
+		return product{ID: id}, nil
+	})
+	if err != nil || p.ID != "p1" {
+		t.Fatalf("the load with Redis killed under it: %+v, %v; want it served", p, err)
+	}
+	if err := guard.Flush(ctx, g); err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range []string{
+		`"cacheguard: dropping a cache entry that does not decode (corrupt, or written by another type or version)" guard=product id=p2 `,
+		`"cacheguard: redis write failed" guard=product id=p1 `,
+	} {
+		if !strings.Contains(logs.String(), line) {
+			t.Errorf("no line %q in the log:\n%s", line, logs.String())
+		}
+	}
+}
+
 // countingLog counts go-redis's calls before handing them on.
 type countingLog struct {
 	calls atomic.Int64

@@ -265,14 +265,14 @@ func (g *Guard) giveBack(ctx context.Context, l *lock.Lock, vkey string) {
 	if ctx.Err() == nil {
 		if err := g.coord.Release(ctx, l, vkey); err == nil || ctx.Err() == nil {
 			if err != nil {
-				_ = g.fail(ctx, "release", "", err) // counted and logged; the lock lapses
+				_ = g.fail(ctx, "release", g.idOf(vkey), err) // counted and logged; the lock lapses
 			}
 			return
 		}
 	}
 	g.sup.goRun(func(ctx context.Context) {
 		if err := g.coord.Release(ctx, l, vkey); err != nil && ctx.Err() == nil {
-			_ = g.fail(ctx, "release", "", err)
+			_ = g.fail(ctx, "release", g.idOf(vkey), err)
 		}
 	})
 }

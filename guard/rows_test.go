@@ -102,9 +102,11 @@ func TestRows(t *testing.T) {
 		t.Fatalf("a result that breaks after 2 rows: %d IDs, error %v, %d open", n, last, d.open)
 	}
 	queryErr := errors.New("relation does not exist")
+	var yields []error
 	for _, err := range guard.Rows[*sql.Rows](nil, queryErr) {
-		if !errors.Is(err, queryErr) {
-			t.Fatalf("the query's error: %v", err)
-		}
+		yields = append(yields, err)
+	}
+	if len(yields) != 1 || !errors.Is(yields[0], queryErr) {
+		t.Fatalf("the query's error: yielded %v, want it once", yields)
 	}
 }

@@ -94,14 +94,7 @@ func ErrorHandler(next labecho.HTTPErrorHandler) labecho.HTTPErrorHandler {
 		if !cc.Failed(c.Request().Context(), p.Status, he.Internal) && p.Status >= 500 && core.Loggable(he.Internal) {
 			c.Logger().Errorf("cacheguard: request failed (%d): %v", p.Status, he.Internal) // no middleware: Echo's logger
 		}
-		if p.Status == http.StatusServiceUnavailable {
-			c.Response().Header().Set("Retry-After", cc.RetryAfter())
-		}
-		if c.Request().Method == http.MethodHead {
-			_ = c.NoContent(p.Status)
-			return
-		}
-		_ = c.Blob(p.Status, "application/problem+json", core.Body(p))
+		core.WriteBody(c.Response(), cc, p.Status, core.Body(p)) // net/http's and Gin's answer, byte for byte
 	}
 }
 

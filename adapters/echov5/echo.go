@@ -121,14 +121,7 @@ func ErrorHandler(next labecho.HTTPErrorHandler) labecho.HTTPErrorHandler {
 		if !cc.Failed(c.Request().Context(), p.Status, e.Err) && p.Status >= 500 && core.Loggable(e.Err) {
 			c.Logger().ErrorContext(c.Request().Context(), "cacheguard: request failed", "status", p.Status, "err", e.Err) // no middleware
 		}
-		if p.Status == http.StatusServiceUnavailable {
-			c.Response().Header().Set("Retry-After", cc.RetryAfter())
-		}
-		if c.Request().Method == http.MethodHead {
-			_ = c.NoContent(p.Status)
-			return
-		}
-		_ = c.Blob(p.Status, "application/problem+json", core.Body(p))
+		core.WriteBody(c.Response(), cc, p.Status, core.Body(p)) // net/http's and Gin's answer, byte for byte
 	}
 }
 

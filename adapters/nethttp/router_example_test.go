@@ -18,8 +18,9 @@ import (
 //	id := func(r *http.Request) string { return chi.URLParam(r, "id") }
 //	r.With(nethttp.Middleware(g, &nethttp.Options{ID: id})).Get("/users/{id}", getUser)
 //
-// Here a ServeMux subtree stands in for it (the root module requires no
-// router), with the ID taken from the path.
+// (runnable in examples/chi, a module of its own). Here a ServeMux subtree
+// stands in for a router (the root module requires none), with the ID
+// taken from the path.
 func ExampleOptions_iD() {
 	ctx := context.Background()
 	rdb := redistest.NewClient() // in your app: the client README.md sets up

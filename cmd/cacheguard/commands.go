@@ -28,7 +28,7 @@ func (c *config) keys() (keyspace.Guard, error) {
 	if !keyspace.ValidPrefix(c.prefix) {
 		return keyspace.Guard{}, &usageError{fmt.Sprintf("-prefix %q is not a valid KeyPrefix", c.prefix)}
 	}
-	return keyspace.ForGuard(c.prefix, c.name, 4096), nil
+	return keyspace.ForGuard(c.prefix, c.name, keyspace.MaxKeyLen), nil
 }
 
 // withGuard opens the Guard (see open), runs fn with it under -timeout,

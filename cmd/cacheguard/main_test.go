@@ -17,6 +17,7 @@ import (
 
 	"github.com/cacheguard/cacheguard/bloom"
 	"github.com/cacheguard/cacheguard/guard"
+	"github.com/cacheguard/cacheguard/internal/keyspace"
 	"github.com/cacheguard/cacheguard/internal/redisserver"
 	"github.com/cacheguard/cacheguard/internal/testcert"
 )
@@ -309,6 +310,24 @@ func TestThousands(t *testing.T) {
 	for n, want := range map[int64]string{0: "0", 999: "999", 1000: "1,000", 1234567: "1,234,567", -5: "-5"} {
 		if got := thousands(n); got != want {
 			t.Errorf("thousands(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
+
+// TestDocsGiveTheIDLimit: where the docs say which IDs rebuild refuses,
+// they give the limit it enforces (keyspace.MaxKeyLen).
+func TestDocsGiveTheIDLimit(t *testing.T) {
+	limit := thousands(keyspace.MaxKeyLen) + " bytes"
+	for file, start := range map[string]string{"../../docs/operations.md": "`rebuild` takes each ID", "../../CHANGELOG.md": "`cacheguard rebuild` refuses"} {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, para, ok := strings.Cut(string(b), start)
+		para, _, _ = strings.Cut(para, "\n\n")
+		para, _, _ = strings.Cut(para, "\n- ") // the CHANGELOG's next entry
+		if !ok || !strings.Contains(strings.Join(strings.Fields(para), " "), limit) {
+			t.Errorf("%s: the paragraph %q... does not give the limit %q:\n%s", file, start, limit, para)
 		}
 	}
 }

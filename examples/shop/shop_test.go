@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -187,19 +188,24 @@ func lifecycle(t *testing.T, shop *Shop, hs *httptest.Server) {
 }
 
 // TestDemoTable runs `shop demo -exit` briefly and checks the figures of the
-// table it prints against what the guard promises.
+// table it prints against what the guard promises, and that it logs no
+// warning.
 func TestDemoTable(t *testing.T) {
 	t.Setenv("REDIS_URL", "")
 	t.Setenv("DATABASE_URL", "")
 	var out bytes.Buffer
+	var logs lockedBuffer // the demo's stderr: go-redis's logger is process-wide and keeps writing to it
 	dir, tmp := t.TempDir(), t.TempDir()
 	t.Setenv("TMPDIR", tmp) // where the demo's temporary SQLite file goes
 	chart := filepath.Join(dir, "demo.png")
 	// The scenario "outside" has a test of its own (TestOutsideWrites).
 	err := runServe(context.Background(), true, []string{"-exit", "-duration", "700ms", "-chart", chart,
-		"-only", strings.Join(scenarioNames, ",")}, &out, io.Discard)
+		"-only", strings.Join(scenarioNames, ",")}, &out, &logs)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
+	}
+	if strings.Contains(logs.String(), "level=WARN") {
+		t.Errorf("the demo logged warnings (its clients and Guards set up as README says, it has none to give):\n%s", logs.String())
 	}
 	if left, _ := os.ReadDir(tmp); len(left) != 0 {
 		t.Fatalf("the demo left files behind in TMPDIR: %v", left)
@@ -260,6 +266,24 @@ func TestDemoTable(t *testing.T) {
 			t.Errorf("no median of alternated rounds for %s", pair)
 		}
 	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for concurrent use.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // TestAttackAlternates: with Rounds, the paths of a scenario take turns,

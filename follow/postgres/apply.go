@@ -155,12 +155,22 @@ func (f *Follower) writeEach(ctx context.Context, t *Table, fn func(context.Cont
 	for _, id := range ids {
 		switch err := fn(ctx, id); {
 		case errors.Is(err, guard.ErrInvalidKey):
-			f.log.Error("cacheguard: pgfollow: a key the Guard refuses as an ID: not applied", "table", t.Name, "err", err)
+			f.log.Error("cacheguard: pgfollow: a key the Guard refuses as an ID: not applied", "table", t.Name, "id", logID(id), "err", err)
 		case err != nil:
 			return err
 		}
 	}
 	return nil
+}
+
+// logID is id for a log line: its first 64 bytes and its length if it is
+// longer (a key the Guard refuses may be megabytes long). The handler quotes
+// its control bytes.
+func logID(id string) string {
+	if len(id) <= 64 {
+		return id
+	}
+	return fmt.Sprintf("%s... (%d bytes)", id[:64], len(id))
 }
 
 // reset drops every entry of t's Guard and rebuilds its filter from the

@@ -44,10 +44,14 @@ func newOn(t *testing.T, rows int) *fixture {
 // (the filter, built before, would reject the new ID; a marker of a deleted
 // ID is cleared), UPDATE → Invalidate, DELETE → Delete (answered "not
 // found" without a load), a changed key → Delete of the old and Add of the
-// new, TRUNCATE → every entry dropped and the filter rebuilt from Table.IDs.
+// new, TRUNCATE → every entry dropped and the filter rebuilt from Table.IDs
+// (its line counts each: the entries dropped, the IDs in the new filter). A
+// key the Guard refuses is logged with it and left out.
 func TestMapping(t *testing.T) {
 	t.Parallel()
 	fx := newOn(t, 10)
+	var l logs
+	fx.log = slog.New(&l)
 	f, _ := fx.follow(fx.guard(fx.rdb))
 	// A reader opened after the follower's first start (which rebuilds the
 	// filter): its first reload of the filter's generation is the TRUNCATE's,
@@ -97,9 +101,28 @@ func TestMapping(t *testing.T) {
 	step("changes in one transaction", "BEGIN; UPDATE {t} SET v = 5 WHERE id = 'id5'; DELETE FROM {t} WHERE id = 'id5'; "+
 		"INSERT INTO {t} VALUES ('id5', 55); COMMIT")
 	want("id5", 55)
+	step("INSERT of a key the Guard refuses", "INSERT INTO {t} VALUES (E'bad\\001id', 6)")
+	if line := l.find("refuses as an ID"); !strings.Contains(line, " id=bad\x01id ") {
+		t.Fatalf("the refused key's line %q; want it with id=%q", line, "bad\x01id")
+	}
+	keys, err := fx.rdb.Keys(context.Background(), fx.prefix+":item:{*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cached := map[string]bool{} // the IDs with an entry (or a lock) before the TRUNCATE
+	for _, k := range keys {
+		_, rest, _ := strings.Cut(k, "{")
+		id, _, _ := strings.Cut(rest, "}")
+		cached[id] = true
+	}
 	step("TRUNCATE", "TRUNCATE {t}")
 	gone("id0")
 	gone("id10")
+	line, counts := l.find("TRUNCATE"), fmt.Sprintf(" entries_dropped=%d filter_ids=0", len(cached)) // the table is empty
+	if len(cached) == 0 || !strings.Contains(line, counts) {
+		t.Fatalf("the TRUNCATE's line %q; want %q (%d IDs were cached)", line, counts, len(cached))
+	}
+	t.Log(line)
 	step("INSERT after TRUNCATE", "INSERT INTO {t} VALUES ('id0', 100)")
 	want("id0", 100)
 	if st := f.Stats(); st.Changes < 10 || st.LagSeconds != 0 || !st.Following {
@@ -597,6 +620,7 @@ func TestNullKey(t *testing.T) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	nulls := map[string]bool{} // the setting of the emails above, replayed from the slot, adds lines of its own
+	ids := map[string]bool{}   // the IDs on the lines about one, with the line's end
 	for _, r := range l.recs {
 		if r.Level >= slog.LevelWarn {
 			t.Errorf("logged at %v: %s", r.Level, r.Message)
@@ -604,9 +628,18 @@ func TestNullKey(t *testing.T) {
 		if strings.Contains(r.Message, "NULL") {
 			nulls[r.Message] = true
 		}
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == "id" {
+				ids[r.Message[strings.LastIndex(r.Message, ":")+2:]+" "+a.Value.String()] = true
+			}
+			return true
+		})
 	}
 	if len(nulls) != 4 {
 		t.Errorf("log lines %q; want 4 kinds, saying what each kind of change above did", slices.Collect(maps.Keys(nulls)))
+	}
+	if !ids["its ID added n1@x"] || !ids["its old ID deleted m2@x"] {
+		t.Errorf("the lines about one ID, with it: %q; want n1@x added and m2@x deleted", slices.Collect(maps.Keys(ids)))
 	}
 }
 

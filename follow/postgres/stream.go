@@ -294,12 +294,12 @@ func (s *session) update(r *relation, old, new *pglogrepl.TupleData) {
 	case nkind == keyAbsent:
 		s.f.log.Error("cacheguard: pgfollow: an UPDATE whose key was not sent: not applied", "table", r.t.Name)
 	case nkind == keyNull && okind == keyText:
-		s.f.log.Debug("cacheguard: pgfollow: an UPDATE set the key to NULL: its old ID deleted", "table", r.t.Name)
+		s.f.log.Debug("cacheguard: pgfollow: an UPDATE set the key to NULL: its old ID deleted", "table", r.t.Name, "id", logID(ok))
 		s.record(r, opDelete, ok)
 	case nkind == keyNull:
 		s.f.log.Debug("cacheguard: pgfollow: an UPDATE of a row with a NULL key: it has no ID, nothing to apply", "table", r.t.Name)
 	case okind == keyNull:
-		s.f.log.Debug("cacheguard: pgfollow: an UPDATE gave a NULL key a value: its ID added", "table", r.t.Name)
+		s.f.log.Debug("cacheguard: pgfollow: an UPDATE gave a NULL key a value: its ID added", "table", r.t.Name, "id", logID(nk))
 		s.record(r, opInsert, nk)
 	case okind == keyText && ok != nk:
 		s.record(r, opDelete, ok)

@@ -9,10 +9,13 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -69,6 +72,54 @@ func Run(t *testing.T, f Framework) {
 	t.Run("DeadlineIs503", func(t *testing.T) { deadlineIs503(t, f) })
 	t.Run("UnconfirmedIs503", func(t *testing.T) { unconfirmedIs503(t, f) })
 	t.Run("FrozenRedisIsBounded", func(t *testing.T) { frozenRedisIsBounded(t, f) })
+	t.Run("ErrorAnswersAreGolden", func(t *testing.T) { errorAnswersAreGolden(t, f) })
+}
+
+// errorAnswersAreGolden: every adapter answers 400, 404 and 503 with the
+// same bytes, the middleware's answers and the handler's alike: status,
+// the headers as the adapter wrote them (no more, no fewer) and body.
+func errorAnswersAreGolden(t *testing.T, f Framework) {
+	type answer struct {
+		status  int
+		headers string // sorted "Name: value" lines
+		body    string
+	}
+	golden := func(status int, body string) answer {
+		h := "Content-Length: " + fmt.Sprint(len(body)) + "\nContent-Type: application/problem+json\n"
+		if status == 503 {
+			h += "Retry-After: 2\n"
+		}
+		return answer{status, h + "X-Content-Type-Options: nosniff\n", body}
+	}
+	want400 := golden(400, `{"type":"about:blank","title":"Bad Request","status":400,"detail":"malformed id"}`)
+	want404 := golden(404, `{"type":"about:blank","title":"Not Found","status":404}`)
+	want503 := golden(503, `{"type":"about:blank","title":"Service Unavailable","status":503}`)
+	srv, rdb := redistest.Private(t)
+	opts := defaults("golden")
+	opts.Outage = &guard.OutageOptions{FailFast: true} // the handler's Get reports the outage: its 503
+	a := newApp(t, f, rdb, opts, Config{RetryAfter: 2 * time.Second})
+	check := func(what, path string, want answer) {
+		t.Helper()
+		res := get(a, path).Result()
+		var h strings.Builder
+		for _, k := range slices.Sorted(maps.Keys(res.Header)) {
+			for _, v := range res.Header[k] {
+				fmt.Fprintf(&h, "%s: %s\n", k, v)
+			}
+		}
+		body, _ := io.ReadAll(res.Body)
+		if got := (answer{res.StatusCode, h.String(), string(body)}); got != want {
+			t.Errorf("%s (%s):\n%d\n%s%s\nwant\n%d\n%s%s", what, path, got.status, got.headers, got.body, want.status, want.headers, want.body)
+		}
+	}
+	check("the middleware's 400", "/products/%7Bx%7D", want400)
+	check("the middleware's 404", "/products/999", want404)
+	check("the handler's 404", "/products/3", want404)
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	check("the middleware's 503 (unconfirmed)", "/products/998", want503)
+	check("the handler's 503 (Redis down)", "/products/1", want503)
 }
 
 // frozenRedisIsBounded: with the README's client and Redis frozen

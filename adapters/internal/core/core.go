@@ -204,10 +204,16 @@ func StatusOf(d Decision) int {
 	return 0
 }
 
-// Write writes the problem answer of status to w, as net/http and Gin
-// answer: req (nil: defaults) gives the Retry-After of a 503.
+// Write writes the problem answer of status to w, as every adapter
+// answers: req (nil: defaults) gives the Retry-After of a 503.
 func Write(w http.ResponseWriter, req *Request, status int) {
-	body := BodyFor(status)
+	WriteBody(w, req, status, BodyFor(status))
+}
+
+// WriteBody is Write with the body given: the Echo adapters' errors carry
+// their Problem. A HEAD answer is written whole too (net/http drops its
+// body), so its headers are the GET's.
+func WriteBody(w http.ResponseWriter, req *Request, status int, body []byte) {
 	h := w.Header()
 	if status == http.StatusServiceUnavailable {
 		h.Set("Retry-After", req.RetryAfter())

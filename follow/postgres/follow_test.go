@@ -433,10 +433,23 @@ func TestPartitioned(t *testing.T) {
 	c := redistest.Connect(t)
 	fx := newPartitioned(t, os.Getenv(envPG), c, redistest.Connect(t), c.Prefix, rows, 3)
 	fx.exec("ALTER PUBLICATION " + fx.name + " SET (publish_via_partition_root = false)")
+	// Control: published by partition (as Setup used to leave it), the table
+	// cannot be followed, and ADD TABLE (the advice Run then gave) is refused.
+	g := fx.guard(fx.rdb)
+	before, err := pgfollow.New(fx.url, fx.table(g), &pgfollow.Options{Slot: fx.name, Publication: fx.name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := runUntilFollowing(before); !errors.Is(err, pgfollow.ErrSetup) {
+		t.Fatalf("control: Run on a publication without publish_via_partition_root: %v, want ErrSetup", err)
+	}
+	if _, err := fx.pool.Exec(context.Background(), "ALTER PUBLICATION "+fx.name+" ADD TABLE "+fx.name); err == nil {
+		t.Fatal("control: PostgreSQL accepted ADD TABLE of a partitioned table it publishes by partition")
+	}
 	if err := pgfollow.Setup(context.Background(), fx.url, &pgfollow.Options{Slot: fx.name, Publication: fx.name}, fx.name); err != nil {
 		t.Fatalf("Setup on a publication without publish_via_partition_root: %v", err)
 	}
-	f, _ := fx.follow(fx.guard(fx.rdb))
+	f, _ := fx.follow(g)
 	fx.warm(rows)
 	fx.burst(0, rows, nil)
 	fx.exec("INSERT INTO " + fx.name + " VALUES ('new', 7)")
@@ -518,6 +531,8 @@ func (l *logs) WithGroup(string) slog.Handler      { return l }
 // one setting it to NULL deletes the old ID (answered "not found" without
 // a load), and changes of rows whose key stays NULL write nothing. None is
 // a warning. A key TOASTed and unchanged is still read from the old tuple.
+// Control: with the follower stopped, the UPDATE giving a key a value
+// leaves that ID "not found", as the follower once did.
 func TestNullKey(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -537,20 +552,29 @@ func TestNullKey(t *testing.T) {
 		return g
 	}
 	var l logs
-	f, err := pgfollow.New(fx.url, []pgfollow.Table{{Name: fx.name, Key: "email", Guard: mail()}},
-		&pgfollow.Options{Slot: fx.name, Publication: fx.name, Logger: slog.New(&l)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- f.Run(runCtx) }()
-	defer func() {
-		cancel()
-		if err := <-done; !errors.Is(err, context.Canceled) {
-			t.Errorf("Run: %v", err)
+	followed := mail()
+	follow := func() (*pgfollow.Follower, func()) {
+		f, err := pgfollow.New(fx.url, []pgfollow.Table{{Name: fx.name, Key: "email", Guard: followed}},
+			&pgfollow.Options{Slot: fx.name, Publication: fx.name, Logger: slog.New(&l)})
+		if err != nil {
+			t.Fatal(err)
 		}
-	}()
+		runCtx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- f.Run(runCtx) }()
+		var once sync.Once
+		stop := func() {
+			once.Do(func() {
+				cancel()
+				if err := <-done; !errors.Is(err, context.Canceled) {
+					t.Errorf("Run: %v", err)
+				}
+			})
+		}
+		t.Cleanup(stop)
+		return f, stop
+	}
+	f, stop := follow()
 	waitFor(t, "the follower's position in redis (its first start drops the entries)", func() bool {
 		n, err := fx.rdb.Exists(ctx, fx.prefix+":mail:pos:pgfollow:"+fx.name).Result()
 		return err == nil && n == 1
@@ -594,14 +618,26 @@ func TestNullKey(t *testing.T) {
 		fx.caughtUp(f)
 	}
 
-	step("UPDATE {t} SET email = 'n1@x', v = 1 WHERE id = 'id1'") // NULL → a value: an insert
+	// NULL → a value: an insert. The control first: committed, not applied.
+	stop()
+	fx.exec("UPDATE " + fx.name + " SET email = 'n1@x', v = 1 WHERE id = 'id1'")
+	before := loads
+	if ok, err := reader.MayExist(ctx, "n1@x"); err != nil || ok {
+		t.Fatalf("control: MayExist n1@x = %v, %v before the follower applied its UPDATE; want false", ok, err)
+	}
+	if _, err := guard.Get(ctx, reader, "n1@x", load); !errors.Is(err, guard.ErrNotFound) || loads != before {
+		t.Fatalf("control: Get n1@x before the follower applied its UPDATE: %v with %d loads; want a false "+
+			"ErrNotFound without a load", err, loads-before)
+	}
+	f, _ = follow()
+	fx.caughtUp(f)
 	if ok, err := reader.MayExist(ctx, "n1@x"); err != nil || !ok {
 		t.Fatalf("MayExist n1@x = %v, %v after its key went from NULL to a value; want true", ok, err)
 	}
 	want("n1@x", 1)
 
 	step("UPDATE {t} SET email = NULL, v = 2 WHERE id = 'id2'") // a value → NULL: a delete of the old ID
-	before := loads
+	before = loads
 	if _, err := guard.Get(ctx, reader, "m2@x", load); !errors.Is(err, guard.ErrNotFound) || loads != before {
 		t.Fatalf("Get m2@x after its key went to NULL: %v with %d loads; want ErrNotFound from the marker, no load", err, loads-before)
 	}

@@ -23,11 +23,13 @@ import (
 // TestRedisRollback: the follower applied UPDATEs, then Redis restarts from
 // a dump taken before them, with no change streaming afterwards. The
 // entries the UPDATEs invalidated come back with the old values; the
-// follower finds its position in Redis behind the slot and repairs them,
-// whether it kept running (idle: the changes replayed from its memory), was
-// restarted, or a standby took over (entries dropped, filter rebuilt).
-// Control: with the repair off, a restarted follower leaves every updated
-// row stale (nothing else in any process remembers the changes).
+// follower finds its position in Redis behind the slot and repairs them
+// within repairBound, whether it kept running (idle: its own check, the
+// changes replayed from its memory), was restarted, or a standby took over
+// (entries dropped, filter rebuilt). A flush while idle loses the filter
+// (nothing is stale): the follower rebuilds it. Controls, the repair off:
+// a restarted follower leaves every updated row stale (nothing else in any
+// process remembers the changes); after a flush the filter stays lost.
 func TestRedisRollback(t *testing.T) {
 	if testing.Short() {
 		t.Skip("restarts Redis from dumps: make test")
@@ -42,6 +44,8 @@ func TestRedisRollback(t *testing.T) {
 		{"restarted follower", true, (*rollback).restarted},
 		{"standby takes over", true, (*rollback).standby},
 		{"control: restarted follower, repair off", false, (*rollback).restarted},
+		{"flush while idle", true, (*rollback).flushed},
+		{"control: flush while idle, repair off", false, (*rollback).flushed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -55,22 +59,29 @@ func TestRedisRollback(t *testing.T) {
 					break
 				}
 			}
-			at2, at5 := rb.staleAt(2*time.Second), rb.staleAt(5*time.Second)
-			t.Logf("%s: stale rows after redis answered again: 0 within %s; %d at 2 s, %d at 5 s (of %d updated)", tc.name,
-				repaired, at2, at5, updated)
-			if !tc.repairOn {
-				if at5 < updated {
-					t.Fatalf("control: %d stale rows at 5 s with the repair off, want all %d updated", at5, updated)
-				}
-				return
+			at2, at5 := rb.staleAt(2*time.Second), rb.staleAt(repairBound)
+			loaded := rb.unguarded()
+			t.Logf("%s: stale rows after redis answered again: 0 within %s; %d at 2 s, %d at 5 s (of %d updated); "+
+				"%d of %d unknown IDs loaded at 5 s", tc.name, repaired, at2, at5, updated, loaded, unknownIDs)
+			switch {
+			case !tc.repairOn && rb.flush && loaded < unknownIDs:
+				t.Fatalf("control: %d of %d unknown IDs loaded at 5 s after a flush, repair off: want the filter lost", loaded, unknownIDs)
+			case !tc.repairOn && !rb.flush && at5 < updated:
+				t.Fatalf("control: %d stale rows at 5 s with the repair off, want all %d updated", at5, updated)
+			case tc.repairOn && (at5 != 0 || loaded != 0):
+				t.Fatalf("%d stale rows, %d of %d unknown IDs loaded at 5 s after redis answered again; want 0 and 0", at5, loaded, unknownIDs)
 			}
-			waitFor(t, "no stale row", func() bool { return rb.fx.stale() == 0 })
 		})
 	}
 }
 
 // updated is how many rows change after the dump (of rollbackRows cached).
 const updated, rollbackRows = 50, 200
+
+// repairBound is how soon after Redis answers again the repair must be
+// done: the follower's idle check runs every second, and the room is for a
+// loaded machine (the figure within it is logged, not held).
+const repairBound = 5 * time.Second
 
 // rollback is one scenario: a fixture on a Redis of its own, a follower
 // caught up, a dump, then updated rows applied and read by the reader.
@@ -81,8 +92,9 @@ type rollback struct {
 	f        *pgfollow.Follower
 	g        *guard.Guard // the follower's: closed when it stops (a process's death)
 	stop     func()
-	answered time.Time        // when Redis answered again after the crash
+	answered time.Time        // when Redis answered again after the crash (or was flushed)
 	repairOn bool             // the follower started after the crash repairs
+	flush    bool             // Redis was flushed, not restarted from the dump
 	unrepair *positionsHidden // on the followers' client (rdb): a second follower has a client of its own
 }
 
@@ -105,7 +117,7 @@ func newRollback(t *testing.T) *rollback {
 	// nothing of it remembers them); the fixture's reader, which stays, wrote
 	// nothing after the dump, so its own Guard has nothing to repair.
 	reader := fx.reader
-	fx.reader = fx.guard(redistest.Connect(t))
+	fx.reader = fx.guard(readerOn(t, srv))
 	if n := fx.stale(); n != 0 {
 		t.Fatalf("%d stale rows before the crash", n)
 	}
@@ -126,11 +138,35 @@ func (rb *rollback) crash() {
 	rb.answered = time.Now()
 }
 
-// idle: the follower keeps running; no change comes after the crash. Rows
-// not updated keep their entries (the repair replays, drops nothing).
+// readerOn is a client of srv's of its own, closed when the test ends.
+func readerOn(t *testing.T, srv *redisserver.Server) *redis.Client {
+	c := redis.NewClient(srv.Options())
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// within polls cond until repairBound after Redis answered again.
+func (rb *rollback) within(what string, cond func() bool) {
+	rb.t.Helper()
+	for !cond() {
+		if time.Since(rb.answered) > repairBound {
+			rb.t.Fatalf("%s: not within %v of redis answering again", what, repairBound)
+		}
+		time.Sleep(5 * time.Millisecond) // polling the follower's state
+	}
+}
+
+// idle: the follower keeps running; no change comes after the crash. Its
+// Guard's watcher is off and its confirmations find nothing: its idle
+// check alone repairs. Rows not updated keep their entries (the repair
+// replays, drops nothing).
 func (rb *rollback) idle() {
+	rb.unrepair.watchOff.Store(true)
+	rb.unrepair.sets.Store(true)
+	before := rb.f.Stats().Rollbacks // its first start counted one
 	rb.crash()
-	waitFor(rb.t, "the repair", func() bool { return rb.f.Stats().Rollbacks > 0 })
+	rb.within("the follower's repair", func() bool { return rb.f.Stats().Rollbacks > before })
+	rb.unrepair.sets.Store(false)
 	key := fmt.Sprintf("%s:item:{id%d}", rb.fx.prefix, rollbackRows-1)
 	if n, err := rb.fx.rdb.Exists(context.Background(), key).Result(); err != nil || n != 1 {
 		rb.t.Fatalf("the entry of a row not updated: exists %d, %v; want it kept by a replay", n, err)
@@ -145,7 +181,27 @@ func (rb *rollback) restarted() {
 	rb.unrepair.on.Store(!rb.repairOn)
 	f, _ := rb.fx.followOn(rb.fx.url, rb.fx.guard(rb.fx.rdb))
 	if rb.repairOn {
-		waitFor(rb.t, "the new follower's repair", func() bool { return f.Stats().Rollbacks > 0 })
+		rb.within("the new follower's repair", func() bool { return f.Stats().Rollbacks > 0 })
+	}
+}
+
+// flushed: the follower keeps running, as in idle, and Redis is flushed
+// (FLUSHALL): the entries, the filter and the position go. The follower's
+// idle check finds no position: it drops and rebuilds (with the repair
+// off, it takes the position for there).
+func (rb *rollback) flushed() {
+	rb.flush = true
+	rb.unrepair.watchOff.Store(true)
+	rb.unrepair.sets.Store(true)
+	rb.unrepair.on.Store(!rb.repairOn)
+	before := rb.f.Stats().Rollbacks
+	if err := rb.fx.rdb.FlushAll(context.Background()).Err(); err != nil {
+		rb.t.Fatal(err)
+	}
+	rb.answered = time.Now()
+	if rb.repairOn {
+		rb.within("the follower's repair", func() bool { return rb.f.Stats().Rollbacks > before })
+		rb.unrepair.sets.Store(false)
 	}
 }
 
@@ -158,19 +214,29 @@ func (rb *rollback) standby() {
 	rb.unrepair.on.Store(true) // the first must not repair: the second takes over unrepaired
 	rb.crash()
 	rb.stop()
-	waitFor(rb.t, "the second to take over", func() bool { return second.Stats().Following })
-	waitFor(rb.t, "the second's repair", func() bool { return second.Stats().Rollbacks > 0 })
+	rb.within("the second to take over", func() bool { return second.Stats().Following })
+	rb.within("the second's repair", func() bool { return second.Stats().Rollbacks > 0 })
 }
 
 // positionsHidden is a redis.Hook that, while on, keeps the follower's
 // position out of Redis without sending its commands: a read answers the
 // highest position there is and a set succeeds. The follower then never
 // finds Redis behind the slot: it repairs nothing (a follower without the
-// repair, the control). No other command reads or sets that key.
+// repair, the control). No other command reads or sets that key. While
+// sets, a set alone succeeds unsent: only a read (the check as a session
+// starts, and every second while idle) can find Redis behind, not the
+// compare-and-set of a confirmation (the server's pings make one whenever
+// its WAL moves). While watchOff, it fails the EXISTS of a Guard's mark
+// that its watcher sends (as guard's tests do): the watcher takes Redis
+// for down and notices nothing Redis lost.
 type positionsHidden struct {
-	key string
-	on  atomic.Bool
+	key      string
+	on       atomic.Bool
+	sets     atomic.Bool
+	watchOff atomic.Bool
 }
+
+var errWatchOff = errors.New("test: the watcher's EXISTS not sent")
 
 // hidePositions adds a positionsHidden, off, for fx's follower to rdb.
 func hidePositions(rdb redis.UniversalClient, fx *fixture) *positionsHidden {
@@ -182,13 +248,18 @@ func hidePositions(rdb redis.UniversalClient, fx *fixture) *positionsHidden {
 func (h *positionsHidden) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *positionsHidden) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if !h.on.Load() {
+		a := cmd.Args()
+		if h.watchOff.Load() && cmd.Name() == "exists" && len(a) > 1 && strings.Contains(fmt.Sprint(a[1]), ":mark:") {
+			cmd.SetErr(errWatchOff)
+			return errWatchOff
+		}
+		gets := h.on.Load()
+		if !gets && !h.sets.Load() {
 			return next(ctx, cmd)
 		}
-		a := cmd.Args()
 		switch c := cmd.(type) {
 		case *redis.StringCmd: // Position: GET key
-			if cmd.Name() == "get" && len(a) == 2 && a[1] == h.key {
+			if gets && cmd.Name() == "get" && len(a) == 2 && a[1] == h.key {
 				c.SetVal(strconv.FormatUint(math.MaxUint64, 10))
 				return nil
 			}
@@ -209,6 +280,28 @@ func (h *positionsHidden) ProcessPipelineHook(next redis.ProcessPipelineHook) re
 func (rb *rollback) staleAt(d time.Duration) int {
 	time.Sleep(time.Until(rb.answered.Add(d))) // a point in time the figure is taken at, not a wait for a state
 	return rb.fx.stale()
+}
+
+// unknownIDs is how many IDs no row has unguarded asks for.
+const unknownIDs = 10
+
+// unguarded counts the unknown IDs that reach the loader through a Guard
+// that never saw the filter (no copy of it): all while the filter is lost
+// and not rebuilt, none once it is.
+func (rb *rollback) unguarded() int {
+	g := rb.fx.guard(readerOn(rb.t, rb.srv))
+	defer func() { _ = g.Close() }()
+	loaded := 0
+	for i := range unknownIDs {
+		id := fmt.Sprintf("absent%d", i)
+		if _, err := guard.Get(context.Background(), g, id, rb.fx.load); !errors.Is(err, guard.ErrNotFound) {
+			rb.t.Fatalf("Get %s: %v, want ErrNotFound", id, err)
+		}
+		if n, ok := rb.fx.loads.LoadAndDelete(id); ok {
+			loaded += int(*n.(*int64))
+		}
+	}
+	return loaded
 }
 
 // TestSlotDropped: a slot dropped after a follower followed it is lost, as

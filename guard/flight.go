@@ -62,7 +62,7 @@ func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T
 // most (c ran only in the last: an older flight is never the caller's own);
 // between two rounds reread, if set, may answer instead (it reports whether
 // it did). With Options.Local an older flight serves too when the ID's
-// local epoch did not move (no write of it made or heard since). Every caller is
+// local epoch did not move (no write of its stripe made or heard since). Every caller is
 // answered when the flight ends, after its write, release and publish ran
 // in Redis: a process may exit as soon as its Gets return, and must not
 // leave the lock behind.

@@ -107,6 +107,7 @@ func get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 	ok := p != nil
 	if ok {
 		r, replays = p.r, p.replays // the replays that landed since Peek's read count too
+		from.epoch = p.epoch        // and the writes heard since it (see local.put)
 	}
 	if !ok && gone && !g.outage.troubled.Load() {
 		// The entry has expired in Redis: a read would miss. The lock

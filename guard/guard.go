@@ -194,7 +194,7 @@ func (g *Guard) Logger() *slog.Logger { return g.log }
 // Close shuts the Guard: every call that starts afterwards, of every method
 // and of Get (values held in process memory included), fails with ErrClosed.
 // Close waits for the calls in progress and every goroutine the Guard
-// started (flights, refreshes, replays, rebuilds, lock releases), so that
+// started (flights, refreshes, renewals, replays, rebuilds, lock releases), so that
 // their cache writes land before the caller closes the Redis client.
 // Closing again returns the first Close's result.
 func (g *Guard) Close() error {

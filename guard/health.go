@@ -89,6 +89,7 @@ func newOutage(o OutageOptions, g *Guard) (*outage, error) {
 			ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= after },
 			// Only Redis failing counts; ErrNotFound and the like are answers.
 			IsSuccessful: func(err error) bool { return !errors.Is(err, ErrUnavailable) },
+			IsExcluded:   func(err error) bool { return errors.Is(err, errPeekWait) },
 			OnStateChange: func(_ string, from, to gobreaker.State) {
 				switch to {
 				case gobreaker.StateOpen:
@@ -129,7 +130,7 @@ func (o *outage) after(done func(error), err error) {
 		}
 		return
 	}
-	if errors.Is(err, ErrUnavailable) { // the first failure: count it, and consult the breaker from now on
+	if errors.Is(err, ErrUnavailable) && !errors.Is(err, errPeekWait) { // the first failure: count it, and consult the breaker from now on
 		o.troubled.Store(true)
 		if d, berr := o.breaker.Allow(); berr == nil {
 			d(err)

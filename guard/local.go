@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,7 +47,8 @@ type local struct {
 	c    *otter.Cache[string, *localEntry]
 	ttl  time.Duration
 	idOf func(vkey string) (string, bool) // the ID an invalidation message (a value key) names
-	// epoch counts the invalidations this process heard of or made; a read
+	// epoch counts the invalidations this process heard of or made (and the
+	// (re)subscriptions, and messages naming no key of this Guard); a read
 	// takes it before it starts (see put). heard holds, per stripe of IDs,
 	// the count at their last invalidation, and floor the count at the last
 	// (re)subscription: a copy read before either is not kept after it. A
@@ -61,6 +63,8 @@ type local struct {
 	// nothing, since no invalidation could reach a copy.
 	sub   atomic.Pointer[pubsub.Subscription]
 	armMu sync.Mutex // serializes arm and close
+
+	renewals atomic.Int32 // renewals in flight (see renewsInFlight)
 }
 
 // epochStripes is how many stripes of IDs have an epoch of their own: two
@@ -91,10 +95,14 @@ type localEntry struct {
 const goneGrace = 100 * time.Millisecond
 
 // renewShare: a copy whose life the local TTL bounds is due for renewal in
-// its last 1/renewShare (200 ms of the default second): a key read in that
-// window never lapses. One whose entry expires first, or whose refresh-at
-// time comes first, is not renewed: a read would find the same entry.
-const renewShare = 5
+// its last 1/renewShare to 1/(2·renewShare), chosen at random per copy so
+// that copies made together do not come due together; a key read then never
+// lapses. At most renewsInFlight run at once (a due copy beyond them lapses).
+// A copy whose entry or refresh-at time ends it first is not renewed.
+const (
+	renewShare     = 5
+	renewsInFlight = 256
+)
 
 // newLocal returns an unarmed local cache; arm subscribes it. idOf maps the
 // value keys of invalidation messages to IDs.
@@ -219,7 +227,7 @@ func fromLocal[T any](g *Guard, id string) (T, localState) {
 	if st != localFresh {
 		return zero, st
 	}
-	if e.due && !e.renewing.Load() && e.renewing.CompareAndSwap(false, true) {
+	if e.due && !e.renewing.Load() && g.local.renewals.Load() < renewsInFlight && e.renewing.CompareAndSwap(false, true) {
 		renew[T](g, id)
 	}
 	if v, ok := e.value.(T); ok { // decoded once; assignment copies it all
@@ -272,11 +280,10 @@ func (l *local) get(id string) (localFound, localState) {
 // invalidation of id's stripe (or a resubscription) came after epoch was
 // read (before the read that found frame). redisTTL is counted from since,
 // a clock read before the round trip that wrote or read it: Redis counts it
-// from later, so the copy never outlives its entry. otter takes no lock
-// that the invalidation also takes, so put checks the epochs again after
-// storing and takes the copy back if an invalidation came in between: one
-// that raised the epoch before that check is seen there, and one that
-// raised it after removes the copy.
+// from later, so the copy never outlives its entry. The epoch check and the
+// store are one step under the key's lock in otter, which drop's Invalidate
+// takes after raising the epoch: no copy read before a write is ever served
+// after it, not even for an instant.
 func (l *local) put(id string, frame []byte, value any, redisTTL time.Duration, since time.Time, epoch uint64) {
 	now := time.Now() // one reading: the copy ends by since + redisTTL
 	if redisTTL > 0 {
@@ -290,7 +297,7 @@ func (l *local) put(id string, frame []byte, value any, redisTTL time.Duration, 
 	gone := redisTTL <= l.ttl // it dies with its entry (unless refresh-at comes first)
 	var dueLeft time.Duration
 	if !gone {
-		dueLeft = life / renewShare
+		dueLeft = life/(2*renewShare) + time.Duration(rand.Int64N(int64(life/(2*renewShare))+1))
 	}
 	// A frame with a refresh-at time (RefreshAhead) is kept only until then
 	// (past it, not at all): the Get after it reads Redis and starts the
@@ -303,10 +310,13 @@ func (l *local) put(id string, frame []byte, value any, redisTTL time.Duration, 
 	if life <= 0 {
 		return
 	}
-	l.c.Set(id, &localEntry{frame: frame, value: value, life: life, end: now.Add(life), gone: gone, dueLeft: dueLeft})
-	if l.changed(stripe, epoch) {
-		l.c.Invalidate(id)
-	}
+	e := &localEntry{frame: frame, value: value, life: life, end: now.Add(life), gone: gone, dueLeft: dueLeft}
+	l.c.Compute(id, func(*localEntry, bool) (*localEntry, otter.ComputeOp) {
+		if l.changed(stripe, epoch) { // under the key's lock, which drop's Invalidate takes after raising the epoch
+			return nil, otter.CancelOp
+		}
+		return e, otter.WriteOp
+	})
 }
 
 // renew reads id's entry again (its HGET and PTTL, no probe: the ID has
@@ -316,16 +326,20 @@ func (l *local) put(id string, frame []byte, value any, redisTTL time.Duration, 
 // lapse at its end, when the next Get reads Redis itself; one that finds no
 // value drops it.
 func renew[T any](g *Guard, id string) {
-	g.sup.goRun(func(ctx context.Context) {
+	g.local.renewals.Add(1)
+	if !g.sup.goRun(func(ctx context.Context) {
+		defer g.local.renewals.Add(-1)
 		pass, err := g.sup.enter()
 		if err != nil {
 			return
 		}
 		defer g.sup.leave(pass)
-		vkey, err := g.keys.Value(id) // a malformed ID was never kept
-		if err != nil {
+		vkey, err := g.keys.Value(id)               // a malformed ID was never kept
+		if err != nil || g.outage.troubled.Load() { // Redis failing lately: no renewal may be the breaker's probe
 			return
 		}
+		ctx, cancel := context.WithTimeout(ctx, g.opts.Tuning.RedisTimeout)
+		defer cancel()
 		done, err := g.outage.before()
 		if err != nil { // the breaker is open: Redis is not asked
 			return
@@ -333,6 +347,7 @@ func renew[T any](g *Guard, id string) {
 		epoch, replays := g.local.epoch.Load(), g.unw.replayed.Load() // before the read: see put, and get
 		c := g.rd.calls.Get().(*batch.Call[readReq])
 		c.Req = readReq{id: id, vkey: vkey, withTTL: true}
+		c.Req.deadline, _ = ctx.Deadline()
 		sent := time.Now()
 		err = g.sendRead(ctx, c)
 		var raw []byte
@@ -358,7 +373,9 @@ func renew[T any](g *Guard, id string) {
 		default: // no entry, a marker, or one this T cannot read: the next Get reads it
 			g.local.c.Invalidate(id)
 		}
-	})
+	}) {
+		g.local.renewals.Add(-1) // closed: not started
+	}
 }
 
 // kept returns what the local cache keeps of v, which a caller also gets (or,

@@ -747,3 +747,81 @@ func TestLocalResubscribeDropsCopies(t *testing.T) {
 	}
 	eventually(t, 5*time.Second, "the other process's write to drop the copy", func() bool { return guard.LocalCopy(g, "p1") == "none" })
 }
+
+// TestLocalRenewalAfterAWrite: a renewal that read an entry before a write
+// of this process and stores its answer after the write returned leaves no
+// older value served: the next Get answers the write's.
+func TestLocalRenewalAfterAWrite(t *testing.T) {
+	ctx := context.Background()
+	c, g, d := setup(t, 10, &guard.Options{Local: &guard.LocalOptions{TTL: time.Minute}})
+	h := hooked(c)
+	cache(t, g, d, "p1")
+	vkey := c.Prefix + ":product:{p1}"
+	read, release := make(chan struct{}), make(chan struct{})
+	var releaseOnce sync.Once
+	free := func() { releaseOnce.Do(func() { close(release) }) }
+	defer free()
+	var hgets atomic.Int32
+	hold := func(cmd redis.Cmder) { // after Redis answered: the renewal holds the entry as it was before the write
+		if a := cmd.Args(); cmd.Name() == "hget" && len(a) > 1 && a[1] == vkey && hgets.Add(1) == 1 {
+			close(read)
+			<-release
+		}
+	}
+	h.answered.Store(&hold)
+	defer h.answered.Store(nil)
+	if !guard.DueNow(g, "p1") {
+		t.Fatal("no copy of p1 after its load")
+	}
+	if p, err := guard.Get(ctx, g, "p1", d.load); err != nil || p.Price != 1 { // a local hit: it starts the renewal
+		t.Fatalf("%+v, %v", p, err)
+	}
+	select {
+	case <-read:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no renewal started")
+	}
+	if err := guard.Set(ctx, g, "p1", product{ID: "p1", Name: "new", Price: 2}); err != nil {
+		t.Fatal(err)
+	}
+	free()
+	flush(t, g) // the renewal is the supervisor's: it has stored its answer, or not
+	if p, err := guard.Get(ctx, g, "p1", d.load); err != nil || p.Price != 2 {
+		t.Fatalf("after the write returned: %+v, %v; want its value (the renewal's older read was kept)", p, err)
+	}
+}
+
+// TestLocalPeekThenAWriteHeard: a Get that answers with its Peek's read
+// keeps no copy of it when a write of the ID from another process was heard
+// between the two: the next Get reads the new value (before, the copy was
+// kept for the whole local TTL).
+func TestLocalPeekThenAWriteHeard(t *testing.T) {
+	ctx := context.Background()
+	c, g, d := setup(t, 10, &guard.Options{Local: &guard.LocalOptions{TTL: time.Minute}})
+	other, err := guard.New(ctx, redistest.Connect(t), "product",
+		&guard.Options{KeyPrefix: c.Prefix, Filter: guard.FilterOptions{ExpectedItems: 10_000}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if err := guard.Set(ctx, other, "p1", product{ID: "p1", Price: 1}); err != nil {
+		t.Fatal(err)
+	}
+	cache(t, g, d, "p2") // binds g's type and arms its local cache
+	eventually(t, 5*time.Second, "g's local cache armed", func() bool { return guard.LocalEpoch(g) > 0 })
+	pctx, ok, err := g.Peek(ctx, "p1")
+	if err != nil || !ok {
+		t.Fatalf("Peek: %v, %v", ok, err)
+	}
+	epoch := guard.LocalEpoch(g)
+	if err := guard.Set(ctx, other, "p1", product{ID: "p1", Name: "new", Price: 2}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "g heard the other process's write", func() bool { return guard.LocalEpoch(g) > epoch })
+	if p, err := guard.Get(pctx, g, "p1", d.load); err != nil || p.Price != 1 {
+		t.Fatalf("the Get behind the Peek: %+v, %v; want the Peek's read", p, err)
+	}
+	if p, err := guard.Get(ctx, g, "p1", d.load); err != nil || p.Price != 2 {
+		t.Fatalf("a Get after the write was heard: %+v, %v; want the new value (the Peek's read was kept)", p, err)
+	}
+}

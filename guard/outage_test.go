@@ -541,3 +541,48 @@ func TestFrozenRedisBoundsPeekAndWrites(t *testing.T) {
 		t.Fatalf("%d writes kept for replay, want the 4 that ran out", n)
 	}
 }
+
+// slowRedis delays every command of a client by the set duration: a Redis
+// that is slow but answers (a fork, a slow command).
+type slowRedis struct{ by atomic.Int64 }
+
+func (s *slowRedis) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (s *slowRedis) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		time.Sleep(time.Duration(s.by.Load())) // the slow round trip is the test's subject
+		return next(ctx, cmd)
+	}
+}
+func (s *slowRedis) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		time.Sleep(time.Duration(s.by.Load()))
+		return next(ctx, cmds)
+	}
+}
+
+// TestPeekWaitDoesNotOpenTheBreaker: with Redis answering in 150 ms, past
+// Peek's 100 ms but within RedisTimeout, Peeks run out (and their Gets
+// load through), but the circuit breaker does not open: a Get of its own
+// is still served from Redis.
+func TestPeekWaitDoesNotOpenTheBreaker(t *testing.T) {
+	c, g, d := setup(t, 10, nil)
+	cache(t, g, d, "p1", "p2")
+	slow := &slowRedis{}
+	c.AddHook(slow)
+	slow.by.Store(int64(150 * time.Millisecond))
+	ctx := context.Background()
+	for range 8 {
+		if _, _, err := g.Peek(ctx, "p1"); !errors.Is(err, guard.ErrUnavailable) {
+			t.Fatalf("Peek with Redis answering in 150 ms: %v, want ErrUnavailable (its 100 ms ran out)", err)
+		}
+	}
+	loads := d.calls.Load()
+	gctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if p, err := guard.Get(gctx, g, "p2", d.load); err != nil || p.Price != 2 || d.calls.Load() != loads {
+		t.Fatalf("a Get of its own: %+v, %v, %d loads; want p2 from Redis; stats %+v", p, err, d.calls.Load()-loads, g.Stats())
+	}
+	if st := g.Stats(); st.BreakerOpens != 0 || st.LoadThroughs != 0 {
+		t.Fatalf("stats %+v: the breaker opened on Peek's own wait", st)
+	}
+}

@@ -36,6 +36,8 @@ func (g *Guard) Peek(ctx context.Context, id string) (context.Context, bool, err
 	}
 	rctx, cancel := g.bounded(ctx, peekWait)
 	defer cancel()
+	d, ok := ctx.Deadline() // is peekWait, not the caller's deadline, the bound (see errPeekWait)?
+	own := peekWait < g.opts.Tuning.RedisTimeout && (!ok || d.After(time.Now().Add(peekWait)))
 	if g.bound.Load() == nil { // before the first Get: the entry's field (its type's) is not known
 		exists, err := g.MayExist(rctx, id)
 		return ctx, exists, err
@@ -47,12 +49,20 @@ func (g *Guard) Peek(ctx context.Context, id string) (context.Context, bool, err
 	}
 	var r readResult
 	replays := g.unw.replayed.Load()
+	var epoch uint64
+	if g.local != nil {
+		epoch = g.local.epoch.Load() // before the read: the Get keeps a copy of it only if no write was heard since
+	}
 	done, err := g.outage.before()
 	if err != nil { // the breaker is open: Redis is not asked
 		err = fmt.Errorf("cacheguard: %s %q: read: %w", g.name, id, err)
 	} else {
 		r, err = g.read(rctx, id, vkey, true)
-		g.outage.after(done, err)
+		if own && ctx.Err() == nil && (rctx.Err() != nil || errors.Is(err, context.DeadlineExceeded)) {
+			g.outage.after(done, fmt.Errorf("%w: %w", errPeekWait, err)) // not Redis failing the Guard's bound
+		} else {
+			g.outage.after(done, err)
+		}
 	}
 	if downOrRefusing(err) && !g.unw.has(id) { // as Get: the copy answers what it has never seen
 		if err := g.absentInCopy(ctx, id, err); err != nil {
@@ -81,7 +91,7 @@ func (g *Guard) Peek(ctx context.Context, id string) (context.Context, bool, err
 		g.answered(ctx, outEmpty, false, false)
 		exists = false
 	}
-	return context.WithValue(ctx, peekKey{}, &peeked{g: g, id: id, r: r, replays: replays, answered: !exists}), exists, nil
+	return context.WithValue(ctx, peekKey{}, &peeked{g: g, id: id, r: r, replays: replays, epoch: epoch, answered: !exists}), exists, nil
 }
 
 // peekWait bounds Peek's wait for Redis (RedisTimeout, if shorter): the
@@ -89,6 +99,11 @@ func (g *Guard) Peek(ctx context.Context, id string) (context.Context, bool, err
 // then is treated as down for this request (its Get loads through at
 // once), so a frozen Redis delays a request by this much, not RedisTimeout.
 const peekWait = 100 * time.Millisecond
+
+// errPeekWait marks a read that ran out of peekWait alone: the breaker
+// neither counts it as Redis failing nor as Redis answering (a Redis
+// slower than peekWait but within RedisTimeout still serves other Gets).
+var errPeekWait = errors.New("no answer within the middleware's wait")
 
 // MayExist asks only the bloom filter whether id may exist (one GETRANGE):
 // false means the ID certainly does not. Its errors are Peek's, and a
@@ -131,6 +146,7 @@ type peeked struct {
 	r        readResult
 	failed   error       // the read could not reach Redis: the Get loads through without waiting for it again
 	replays  uint64      // unwritten.replayed before the read: the Get checks it as its own (see get)
+	epoch    uint64      // the local cache's epoch before the read (0 without Local): the Get's own (see get)
 	answered bool        // Peek counted its "not found" (the middleware's 404): the Get answers it uncounted
 	used     atomic.Bool // a peek serves one Get: a later Get in the same request reads afresh
 }

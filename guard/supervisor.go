@@ -13,8 +13,9 @@ import (
 // supervisor owns every goroutine a Guard starts and every flight under
 // way: each runs through go (or holds a place with hold) on the
 // supervisor's ctx, which stop cancels before it waits for all of them.
-// Close stops it after the gate has drained, so no call can start one
-// afterwards; one that tries anyway runs nothing (goRun reports false).
+// Close stops it after the gate has drained, so no call but a local hit
+// (its renewal, outside the gate) can start one afterwards; one that tries
+// runs nothing (goRun reports false).
 // The busy work (every goroutine but the loops that wait for Redis: retry)
 // is counted: tests wait for it to end (Flush, export_test.go).
 type supervisor struct {

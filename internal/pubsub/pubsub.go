@@ -16,7 +16,7 @@ import (
 // Subscription delivers the messages of one channel to a handler, in order,
 // from one goroutine that Subscribe starts and Close waits for. go-redis
 // resubscribes by itself after a dropped connection; messages published
-// meanwhile are lost, and the subscription says so once it is back.
+// meanwhile are lost, and the subscription says so (lost) once it is back.
 type Subscription struct {
 	ps   *redis.PubSub
 	done chan struct{} // closed when the delivering goroutine has returned

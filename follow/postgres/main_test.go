@@ -337,10 +337,15 @@ func (fx *fixture) burst(from, n int, at func(i int)) {
 // waitFor polls cond (every 5 ms, up to 30 s): the state a test needs.
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	waitUntil(t, what, time.Now().Add(30*time.Second), cond)
+}
+
+// waitUntil polls cond until deadline, then fails the test.
+func waitUntil(t testing.TB, what string, deadline time.Time, cond func() bool) {
+	t.Helper()
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+			t.Fatalf("timed out waiting for %s (until %v)", what, deadline.Format(time.TimeOnly))
 		}
 		time.Sleep(5 * time.Millisecond) // polling a state the test does not own (the server's, the follower's)
 	}

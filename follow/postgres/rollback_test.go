@@ -148,12 +148,7 @@ func readerOn(t *testing.T, srv *redisserver.Server) *redis.Client {
 // within polls cond until repairBound after Redis answered again.
 func (rb *rollback) within(what string, cond func() bool) {
 	rb.t.Helper()
-	for !cond() {
-		if time.Since(rb.answered) > repairBound {
-			rb.t.Fatalf("%s: not within %v of redis answering again", what, repairBound)
-		}
-		time.Sleep(5 * time.Millisecond) // polling the follower's state
-	}
+	waitUntil(rb.t, fmt.Sprintf("%s within %v of redis answering again", what, repairBound), rb.answered.Add(repairBound), cond)
 }
 
 // idle: the follower keeps running; no change comes after the crash. Its

@@ -1,7 +1,6 @@
 package guard_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -163,7 +162,7 @@ func TestNewWithoutRedis(t *testing.T) {
 	if err := srv.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	var logs syncBuffer
+	var logs redistest.Logs
 	g, err := guard.New(ctx, rdb, "product", &guard.Options{
 		Local:  &guard.LocalOptions{},
 		Logger: slog.New(slog.NewTextHandler(&logs, nil)),
@@ -244,7 +243,7 @@ func TestClientSettingsAreChecked(t *testing.T) {
 			Protocol: 3, ClientSideCacheConfig: &redis.ClientSideCacheConfig{MaxEntries: 100}}, 1},
 	} {
 		rdb := redis.NewClient(c.opts)
-		var logs syncBuffer
+		var logs redistest.Logs
 		g, err := guard.New(ctx, rdb, "product", &guard.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil)), Filter: guard.FilterOptions{ExpectedItems: 1000}})
 		if err != nil {
 			t.Fatal(err)
@@ -258,32 +257,13 @@ func TestClientSettingsAreChecked(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log sink that a test can read while the Guard's own
-// goroutines write to it.
-type syncBuffer struct {
-	mu sync.Mutex // guards b
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestOutageLogsAFewLines: Redis killed under 10,000 Gets (a client with
 // ContextTimeoutEnabled and DialerRetries at their defaults):
 // every Get is answered from the database, the first warning is written
 // at once, and the whole outage writes at most 10 lines.
 func TestOutageLogsAFewLines(t *testing.T) {
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
-	var logs syncBuffer
+	var logs redistest.Logs
 	srv, _, g := privateGuard(t, &guard.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	d := newDB(10)
 	ctx := context.Background()
@@ -374,7 +354,7 @@ func TestDeadlinesHoldWithADefaultClient(t *testing.T) {
 // TestWriteFailureLogsTheID: each write of one ID that cannot reach Redis
 // logs a line that carries that ID (and its error names it too).
 func TestWriteFailureLogsTheID(t *testing.T) {
-	var logs syncBuffer
+	var logs redistest.Logs
 	srv, _, g := privateGuard(t, &guard.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err := srv.Kill(); err != nil {
 		t.Fatal(err)
@@ -402,7 +382,7 @@ func TestWriteFailureLogsTheID(t *testing.T) {
 // name its ID too: a corrupt entry dropped, and a Get whose write of what it
 // loaded failed (Redis killed during the load; the value is still served).
 func TestLinesAboutOneIDCarryIt(t *testing.T) {
-	var logs syncBuffer
+	var logs redistest.Logs
 	srv, rdb, g := privateGuard(t, &guard.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	ctx := context.Background()
 	load := func(_ context.Context, id string) (product, error) { return product{ID: id}, nil }
@@ -457,7 +437,7 @@ func TestRedisLoggerWhileRedisIsDown(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits out go-redis's dial retries and the logger's 10 s window: make test")
 	}
-	var logs syncBuffer
+	var logs redistest.Logs
 	log := slog.New(slog.NewTextHandler(&logs, nil)) // not limited itself
 	srv, _, g := privateGuard(t, &guard.Options{Logger: log})
 	redisLog := &countingLog{next: guard.RedisLogger(log)}

@@ -126,7 +126,7 @@ func TestRedisRestartWithoutPersistence(t *testing.T) {
 // logs one warning with the estimated rate.
 func TestSaturationWarning(t *testing.T) {
 	ctx := context.Background()
-	var logs syncBuffer
+	var logs redistest.Logs
 	_, g, _ := setup(t, 0, &guard.Options{Logger: slog.New(slog.NewJSONHandler(&logs, nil)), Filter: guard.FilterOptions{ExpectedItems: 1000}})
 	for i := range 30 {
 		batch := make([]string, 100)
@@ -215,7 +215,7 @@ func TestResizeDoesNotBreakStarts(t *testing.T) {
 	if _, err := g.Rebuild(ctx, ids("p", 100), &bloom.RebuildOptions{ExpectedItems: 50_000}); err != nil {
 		t.Fatal(err)
 	}
-	var logs syncBuffer
+	var logs redistest.Logs
 	old := &guard.Options{KeyPrefix: c.Prefix, Logger: slog.New(slog.NewTextHandler(&logs, nil)), Filter: guard.FilterOptions{ExpectedItems: 10_000}}
 	g2, err := guard.New(ctx, redistest.Connect(t), "product", old)
 	if err != nil {
@@ -236,7 +236,7 @@ func TestResizeDoesNotBreakStarts(t *testing.T) {
 	}
 	// With no sizing given, the stored one is taken without a warning
 	// (the CLI opens Guards so).
-	var logs3 syncBuffer
+	var logs3 redistest.Logs
 	g3, err := guard.New(ctx, redistest.Connect(t), "product", &guard.Options{KeyPrefix: c.Prefix, Logger: slog.New(slog.NewTextHandler(&logs3, nil))})
 	if err != nil {
 		t.Fatal(err)

@@ -16,12 +16,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/cacheguard/cacheguard/guard"
 	"github.com/cacheguard/cacheguard/internal/redisserver"
+	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
 // newTestShop serves the shop on a fresh SQLite file and a private
@@ -194,7 +194,7 @@ func TestDemoTable(t *testing.T) {
 	t.Setenv("REDIS_URL", "")
 	t.Setenv("DATABASE_URL", "")
 	var out bytes.Buffer
-	var logs lockedBuffer // the demo's stderr: go-redis's logger is process-wide and keeps writing to it
+	var logs redistest.Logs // the demo's stderr: go-redis's logger is process-wide and keeps writing to it
 	dir, tmp := t.TempDir(), t.TempDir()
 	t.Setenv("TMPDIR", tmp) // where the demo's temporary SQLite file goes
 	chart := filepath.Join(dir, "demo.png")
@@ -266,24 +266,6 @@ func TestDemoTable(t *testing.T) {
 			t.Errorf("no median of alternated rounds for %s", pair)
 		}
 	}
-}
-
-// lockedBuffer is a bytes.Buffer safe for concurrent use.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // TestAttackAlternates: with Rounds, the paths of a scenario take turns,

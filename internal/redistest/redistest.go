@@ -366,3 +366,23 @@ func Private(t testing.TB) (*redisserver.Server, *redis.Client) {
 	})
 	return srv, rdb
 }
+
+// Logs is a log sink a test reads while the code under test (its
+// goroutines, go-redis's process-wide logger) still writes to it.
+type Logs struct {
+	mu sync.Mutex // guards b
+	b  bytes.Buffer
+}
+
+func (l *Logs) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// String is what was written so far.
+func (l *Logs) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}

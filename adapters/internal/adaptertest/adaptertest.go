@@ -138,11 +138,10 @@ func frozenRedisIsBounded(t *testing.T, f Framework) {
 	o.ContextTimeoutEnabled, o.DialerRetries, o.MaxRetries = true, 1, -1 // the README's client
 	rdb := redis.NewClient(o)
 	t.Cleanup(func() { _ = rdb.Close() })
-	var logs bytes.Buffer
-	var mu sync.Mutex
+	var logs redistest.Logs
 	opts := defaults("frozen")
 	opts.Tuning.RedisTimeout = 10 * time.Second // past the freeze: only the middleware's own bound can answer in time
-	a := newApp(t, f, rdb, opts, Config{Logger: slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil))})
+	a := newApp(t, f, rdb, opts, Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	a.deadline = 500 * time.Millisecond // the README's handler
 	// The Guard's first Get: from now on Peek reads the entry.
 	if rec := get(a, "/products/1"); rec.Code != 200 {
@@ -193,8 +192,6 @@ func frozenRedisIsBounded(t *testing.T, f Framework) {
 	if unknown.statuses[503]+unknown.statuses[404] != sumOf(unknown.statuses) || sumOf(unknown.statuses) == 0 {
 		t.Errorf("unknown ID with Redis frozen: statuses %v; want 503 (the copy has not seen it) or 404", unknown.statuses)
 	}
-	mu.Lock()
-	defer mu.Unlock()
 	if st := a.g.Stats(); st.RedisErrors == 0 || !strings.Contains(logs.String(), "passing through") {
 		t.Errorf("the requests passed on were not counted (RedisErrors %d) or logged:\n%s", st.RedisErrors, logs.String())
 	}
@@ -454,10 +451,9 @@ func outageLogsAFewLines(t *testing.T, f Framework) {
 		t.Skip("10 s of an outage: make test")
 	}
 	srv, rdb := redistest.Private(t)
-	var logs bytes.Buffer
-	var mu sync.Mutex
-	a := newApp(t, f, rdb, defaults("down"), Config{Logger: slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil))})
-	b := newApp(t, f, rdb, defaults("closed"), Config{FailClosed: true, Logger: slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil))})
+	var logs redistest.Logs
+	a := newApp(t, f, rdb, defaults("down"), Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	b := newApp(t, f, rdb, defaults("closed"), Config{FailClosed: true, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err := srv.Kill(); err != nil {
 		t.Fatal(err)
 	}
@@ -465,8 +461,6 @@ func outageLogsAFewLines(t *testing.T, f Framework) {
 		get(a, "/products/1")
 		get(b, fmt.Sprintf("/products/%d", i))
 	}
-	mu.Lock()
-	defer mu.Unlock()
 	lines := strings.Count(logs.String(), "\n")
 	if lines > 20 || !strings.Contains(logs.String(), "filter unavailable") || !strings.Contains(logs.String(), "/products/") {
 		t.Fatalf("4,000 requests in an outage wrote %d log lines (want a few, naming the route):\n%s", lines, logs.String())
@@ -478,11 +472,10 @@ func outageLogsAFewLines(t *testing.T, f Framework) {
 // the route and the ID.
 func deadlineIs503(t *testing.T, f Framework) {
 	c := redistest.Connect(t)
-	var logs bytes.Buffer
-	var mu sync.Mutex
+	var logs redistest.Logs
 	opts := defaults(c.Prefix)
 	opts.LoadTimeout = 20 * time.Millisecond
-	a := newApp(t, f, c, opts, Config{Logger: slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil))})
+	a := newApp(t, f, c, opts, Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	block := make(chan struct{})
 	defer close(block)
 	a.slow = block
@@ -497,21 +490,7 @@ func deadlineIs503(t *testing.T, f Framework) {
 	if rec.Code != 503 {
 		t.Fatalf("a request past its own deadline: %d; want 503", rec.Code)
 	}
-	mu.Lock()
-	defer mu.Unlock()
 	if !regexp.MustCompile(`route="?[^=]*/products/\S* id=1 status=503`).MatchString(logs.String()) {
 		t.Fatalf("the 503's log line lacks the route and the ID:\n%s", logs.String())
 	}
-}
-
-// lockedWriter serialises writes to w.
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  *bytes.Buffer
-}
-
-func (l lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
 }

@@ -32,14 +32,7 @@ func TestDeliversInOrderAfterSubscribe(t *testing.T) {
 		}
 	}
 	for _, want := range []string{"a", "b", "c"} {
-		select {
-		case p := <-got:
-			if p != want {
-				t.Fatalf("got %q, want %q", p, want)
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatalf("no message %q", want)
-		}
+		next(t, got, want)
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
@@ -87,14 +80,7 @@ func TestLostOnResubscribe(t *testing.T) {
 		if err := rdb.Publish(ctx, "ch", want).Err(); err != nil {
 			t.Fatal(err)
 		}
-		select {
-		case p := <-got:
-			if p != want {
-				t.Fatalf("got %q, want %q", p, want)
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatalf("no message %q", want)
-		}
+		next(t, got, want)
 	}
 	receive("before") // delivered after any confirmation of the first subscription
 	if len(lost) != 0 {
@@ -109,4 +95,17 @@ func TestLostOnResubscribe(t *testing.T) {
 		t.Fatal("lost not called after the subscriber's connection was killed")
 	}
 	receive("after")
+}
+
+// next fails the test unless the next message delivered is want, within 5 s.
+func next(t *testing.T, got <-chan string, want string) {
+	t.Helper()
+	select {
+	case p := <-got:
+		if p != want {
+			t.Fatalf("got %q, want %q", p, want)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("no message %q", want)
+	}
 }

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -823,5 +825,61 @@ func TestLocalPeekThenAWriteHeard(t *testing.T) {
 	}
 	if p, err := guard.Get(ctx, g, "p1", d.load); err != nil || p.Price != 2 {
 		t.Fatalf("a Get after the write was heard: %+v, %v; want the new value (the Peek's read was kept)", p, err)
+	}
+}
+
+// TestLocalRenewalUnderAFrozenRedis: a renewal started while Redis is
+// frozen is bounded by RedisTimeout, so Close (which waits for it) returns
+// well before Redis resumes, on README's client with no read timeout of its
+// own (a client whose ctx does not bound its reads holds them until its
+// ReadTimeout, renewal or not: docs/incidents.md).
+func TestLocalRenewalUnderAFrozenRedis(t *testing.T) {
+	if testing.Short() {
+		t.Skip("freezes Redis")
+	}
+	ctx := context.Background()
+	srv, _ := redistest.Private(t)
+	o := srv.Options()
+	o.ContextTimeoutEnabled, o.DialerRetries = true, 1 // README's client,
+	o.ReadTimeout, o.WriteTimeout = -1, -1             // on which only a command's ctx bounds it
+	rdb := redis.NewClient(o)
+	t.Cleanup(func() { _ = rdb.Close() })
+	h := hooked(rdb)
+	g := openRebuilt(t, rdb, guard.Options{Local: &guard.LocalOptions{TTL: time.Minute},
+		Tuning: guard.Tuning{RedisTimeout: 300 * time.Millisecond}}, 1000, 10)
+	d := newDB(10)
+	cache(t, g, d, "p1")
+	sent := make(chan struct{})
+	var sentOnce sync.Once
+	onSend := func(cmd redis.Cmder) { // the renewal's read goes to the frozen server
+		if a := cmd.Args(); cmd.Name() == "hget" && len(a) > 1 && strings.HasSuffix(fmt.Sprint(a[1]), "{p1}") {
+			sentOnce.Do(func() { close(sent) })
+		}
+	}
+	h.sending.Store(&onSend)
+	if !guard.DueNow(g, "p1") {
+		t.Fatal("no copy of p1 after its load")
+	}
+	if err := syscall.Kill(srv.PID(), syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	var thawOnce sync.Once
+	thaw := func() { thawOnce.Do(func() { _ = syscall.Kill(srv.PID(), syscall.SIGCONT) }) }
+	t.Cleanup(thaw)
+	time.AfterFunc(10*time.Second, thaw)                                       // without the bound, Close waits for this
+	if p, err := guard.Get(ctx, g, "p1", d.load); err != nil || p.Price != 1 { // a local hit: it starts the renewal
+		t.Fatalf("%+v, %v", p, err)
+	}
+	select {
+	case <-sent:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no renewal started")
+	}
+	start := time.Now()
+	_ = g.Close()
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("Close took %v with a renewal under way and Redis frozen; want about RedisTimeout (300ms)", took)
+	} else {
+		t.Logf("Close took %v", took)
 	}
 }

@@ -247,8 +247,9 @@ func TestRebuildSourceError(t *testing.T) {
 // TestRebuildStopsItsWorkers: a source that fails, and a context cancelled,
 // after some batches went to the hashing workers, end Rebuild with that
 // error and the filter not made ready, and Rebuild returns only once its
-// workers stopped: one worker is held after its first batch, and Rebuild
-// must not have returned when the hold ends (300 ms, or Rebuild's return).
+// workers stopped: the worker that hashes the 100,000th ID is held in
+// Progress, and Rebuild must not have returned when the hold ends (300 ms,
+// or Rebuild's return).
 func TestRebuildStopsItsWorkers(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -260,9 +261,9 @@ func TestRebuildStopsItsWorkers(t *testing.T) {
 			_, f := openFilter(t, &bloom.Options{ExpectedItems: 1_000_000})
 			returned, released := make(chan struct{}), make(chan struct{})
 			var held, early atomic.Bool // early: Rebuild returned while a worker was held
-			defer bloom.HoldWorkers(func() {
+			hold := func(p bloom.RebuildProgress) {
 				if !held.CompareAndSwap(false, true) {
-					return // the other workers go on
+					return
 				}
 				defer close(released)
 				select {
@@ -270,10 +271,11 @@ func TestRebuildStopsItsWorkers(t *testing.T) {
 					early.Store(true)
 				case <-time.After(300 * time.Millisecond):
 				}
-			})()
+			}
 			src := func(yield func(string, error) bool) {
 				for i := 0; ; i++ {
-					if i == 20_000 {
+					if i == 101_000 { // the batch with the 100,000th ID went to a worker
+
 						if tc.want != context.Canceled {
 							yield("", tc.want)
 							return
@@ -285,10 +287,10 @@ func TestRebuildStopsItsWorkers(t *testing.T) {
 					}
 				}
 			}
-			_, err := f.Rebuild(ctx, src, nil)
+			_, err := f.Rebuild(ctx, src, &bloom.RebuildOptions{Progress: hold})
 			close(returned)
 			if !held.Load() {
-				t.Fatal("no worker finished a batch: nothing was held")
+				t.Fatal("no worker hashed the 100,000th ID: nothing was held")
 			}
 			<-released
 			if !errors.Is(err, tc.want) {

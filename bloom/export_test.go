@@ -13,10 +13,3 @@ redis.call('UNLINK', KEYS[2])
 return 1`)
 	return func() { mergeShard = checked }
 }
-
-// HoldWorkers makes each of Rebuild's hashing workers call hold after every
-// batch; the returned func removes it. Not for parallel tests.
-func HoldWorkers(hold func()) (restore func()) {
-	afterBatch = hold
-	return func() { afterBatch = nil }
-}

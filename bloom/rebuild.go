@@ -49,8 +49,9 @@ type RebuildOptions struct {
 	FalsePositiveRate float64
 	// ChunkBytes is the size of one SETRANGE upload. Default 1 MiB.
 	ChunkBytes int
-	// Progress, if set, is called as IDs are read (every 100,000) and as
-	// bytes are uploaded (every chunk).
+	// Progress, if set, is called as IDs are hashed (every 100,000, by the
+	// hashing workers, one call at a time) and as bytes are uploaded (every
+	// chunk).
 	Progress func(RebuildProgress)
 	// Force switches even to a generation built from fewer than half the
 	// IDs the filter holds (see ErrShortSource): after a mass delete.
@@ -59,7 +60,7 @@ type RebuildOptions struct {
 
 // RebuildProgress reports how far a Rebuild is.
 type RebuildProgress struct {
-	IDs           int    // IDs read from the source so far
+	IDs           int    // IDs hashed so far (all the source's, once the upload began)
 	BytesUploaded uint64 // bitmap bytes sent to Redis so far
 	BytesTotal    uint64 // bitmap bytes to send in all
 }
@@ -118,9 +119,6 @@ func (f *Filter) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts
 	return count, nil
 }
 
-// afterBatch, set by tests only, runs in a worker after each batch.
-var afterBatch func()
-
 // rebuildBatch is how many IDs the source's goroutine hands a worker at once.
 const rebuildBatch = 1024
 
@@ -130,11 +128,30 @@ type rebuild struct {
 	o         RebuildOptions
 	cur, next *layout
 	announced bool
+
+	hashed   atomic.Int64 // IDs the workers hashed
+	mu       sync.Mutex   // one call of Progress at a time; guards reported
+	reported int          // the most IDs a call of Progress gave
 }
 
+// progress calls Progress, unless a worker's count is behind one given.
 func (r *rebuild) progress(p RebuildProgress) {
-	if r.o.Progress != nil {
+	if r.o.Progress == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if p.IDs >= r.reported {
+		r.reported = p.IDs
 		r.o.Progress(p)
+	}
+}
+
+// countHashed counts n more IDs hashed by a worker, and reports progress
+// each time the count passes a multiple of 100,000.
+func (r *rebuild) countHashed(n int) {
+	if c := int(r.hashed.Add(int64(n))); c/100_000 != (c-n)/100_000 {
+		r.progress(RebuildProgress{IDs: c})
 	}
 }
 
@@ -205,9 +222,7 @@ func (r *rebuild) build(ctx context.Context, ids iter.Seq2[string, error]) ([]*b
 		wg.Go(func() {
 			for b := range full {
 				setLocal(&cfg, words, b)
-				if afterBatch != nil {
-					afterBatch()
-				}
+				r.countHashed(len(b))
 				free <- b[:0]
 			}
 		})
@@ -228,9 +243,7 @@ func (r *rebuild) read(ctx context.Context, ids iter.Seq2[string, error], full, 
 			return count, fmt.Errorf("bloom: rebuild: source: %w", err)
 		}
 		b = append(b, id)
-		if count++; count%100_000 == 0 {
-			r.progress(RebuildProgress{IDs: count})
-		}
+		count++
 		if len(b) == cap(b) {
 			full <- b
 			if err := ctx.Err(); err != nil {

@@ -209,8 +209,6 @@ func childCrashWaiter(rdb redis.UniversalClient) int {
 	var res crashResult
 	var mu sync.Mutex
 	var wg sync.WaitGroup
-	joins, restore := guard.Joins(g, 19)
-	defer restore()
 	for range 20 {
 		wg.Add(1)
 		go func() {
@@ -228,8 +226,11 @@ func childCrashWaiter(rdb redis.UniversalClient) int {
 			res.AtNano = append(res.AtNano, time.Now().UnixNano())
 		}()
 	}
-	for range 19 { // one runs the flight, which waits on the holder's lock; the others join it
-		<-joins
+	// One runs the flight, which waits on the holder's lock; the others join it.
+	root := redistest.GoID()
+	if !redistest.Poll(30*time.Second, func() bool { return joinedFlights(root) >= 19 }) {
+		fmt.Fprintln(os.Stderr, "crash-waiter: 19 callers did not join the flight within 30 s")
+		return 1
 	}
 	rdb.Incr(ctx, prefix+":waiting") // all 20 are in Get, waiting on the lock
 	wg.Wait()

@@ -10,32 +10,22 @@ import (
 
 // What guard's tests (package guard_test) reach inside a Guard.
 
-// ReadsWaiting is how many of g's reads wait for a round trip (see
-// runReads), for tests that hold one and queue others behind it.
-func ReadsWaiting(g *Guard) int { return g.rd.batch.Waiting() }
-
-// Flush waits until the flights, refresh-ahead reloads, lock releases and
-// loads under way in g's process have ended, or until ctx is done (it then
+// Flush waits until g's calls, flights, refresh-ahead reloads, lock
+// releases and loads under way have ended, or until ctx is done (it then
 // returns ctx's error): tests call it instead of sleeping. A Get that served
 // a value past its refresh-at time returns before the reload it started,
 // and a caller that left on its own ctx leaves its flight running; after
-// Flush those have written what they loaded, or given up. Close waits for
-// these too (the supervisor).
+// Flush those have written what they loaded, or given up. Each of them is
+// inside g's gate (see supervisor), which Close waits to drain.
 func Flush(ctx context.Context, g *Guard) error {
-	s := g.sup
-	for {
-		s.mu.Lock()
-		n, quiet := s.running, s.quiet
-		s.mu.Unlock()
-		if n == 0 {
-			return nil
-		}
+	for g.sup.gate.inside.sum() != 0 {
 		select {
-		case <-quiet:
+		case <-time.After(time.Millisecond):
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
+	return nil
 }
 
 // Field is the hash field of g's entries, once a Get or Set bound g to a
@@ -63,29 +53,6 @@ const WatchEvery = watchEvery
 // AutoRebuilding reports whether an automatic rebuild of g is under way
 // (see autoRebuild).
 func AutoRebuilding(g *Guard) bool { return g.bf.rebuilding.Load() }
-
-// Joins returns a channel that receives the value key of each caller that
-// joins a flight under way on g, until restore: tests wait for callers to
-// reach a flight instead of sleeping.
-func Joins(g *Guard, n int) (joins <-chan string, restore func()) { return joinsOf(g, n, false) }
-
-// ReadJoins is Joins for the callers that join a shared read (readShared).
-func ReadJoins(g *Guard, n int) (joins <-chan string, restore func()) { return joinsOf(g, n, true) }
-
-func joinsOf(g *Guard, n int, reads bool) (<-chan string, func()) {
-	ch := make(chan string, n)
-	f := func(vkey string, read bool) {
-		if read != reads {
-			return
-		}
-		select {
-		case ch <- vkey:
-		default: // more joins than the test waits for
-		}
-	}
-	g.joinedHook.Store(&f)
-	return ch, func() { g.joinedHook.Store(nil) }
-}
 
 // LocalCopy reports what g's local cache holds for id: "none", "fresh" (a
 // copy to serve) or "gone" (a copy whose Redis entry has expired), for tests

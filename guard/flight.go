@@ -72,13 +72,9 @@ func join[T any](ctx context.Context, g *Guard, key flightKey, from since, c *fl
 	serves := func(fl flightResult) bool { // the rule above
 		return !from.startedBefore(fl.started) || g.noWriteHeard(c.id, fl.epoch)
 	}
-	onJoin := giveBack
-	if hook := g.joinedHook.Load(); hook != nil {
-		onJoin = func() { giveBack(); (*hook)(key.vkey, false) }
-	}
 	for attempt := 0; ; attempt++ {
 		j = joined[T]{c: c}
-		j.fl, j.shared, err = g.flights.DoOnJoin(ctx, key, run, onJoin)
+		j.fl, j.shared, err = g.flights.DoOnJoin(ctx, key, run, giveBack)
 		giveBack()                 // or it left before its own flight took the lock
 		j.mine = j.fl.by == any(c) // this caller's flight ran
 		answered := err == nil || errors.Is(err, ErrNotFound)
@@ -196,10 +192,6 @@ func (c *miss[T]) run(ctx context.Context) (flightResult, error) {
 		return flightResult{outcome: outFailed}, err
 	}
 	defer g.sup.leave(pass)
-	if !g.sup.hold() { // Close and flush wait for the flight
-		return flightResult{outcome: outFailed}, ErrClosed
-	}
-	defer g.sup.end()
 	started := g.starts.Add(1)
 	if g.local != nil {
 		c.epoch = g.local.epoch.Load() // before the reads: see local.put

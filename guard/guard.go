@@ -67,7 +67,6 @@ type Guard struct {
 	closeOnce    sync.Once
 	closeErr     error // set once by Close
 
-	joinedHook atomic.Pointer[func(vkey string, read bool)] // tests alone: told of each caller that joins a flight or a shared read
 }
 
 // New opens the Guard called name (letters, digits, '_', '-', '.') on rdb,

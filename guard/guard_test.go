@@ -614,8 +614,6 @@ func TestLoaderPanic(t *testing.T) {
 	var wg sync.WaitGroup
 	var got atomic.Int32
 	var msg atomic.Value
-	joins, restore := guard.Joins(g, 49)
-	defer restore()
 	for range 50 {
 		wg.Add(1)
 		go func() {
@@ -630,9 +628,7 @@ func TestLoaderPanic(t *testing.T) {
 			}
 		}()
 	}
-	for range 49 { // one caller runs the flight, blocked on start; the others join it
-		<-joins
-	}
+	waitJoined(t, 49) // one caller runs the flight, blocked on start; the others join it
 	close(start)
 	wg.Wait()
 	if got.Load() != 50 {

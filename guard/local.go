@@ -329,11 +329,6 @@ func renew[T any](g *Guard, id string) {
 	g.local.renewals.Add(1)
 	if !g.sup.goRun(func(ctx context.Context) {
 		defer g.local.renewals.Add(-1)
-		pass, err := g.sup.enter()
-		if err != nil {
-			return
-		}
-		defer g.sup.leave(pass)
 		vkey, err := g.keys.Value(id)               // a malformed ID was never kept
 		if err != nil || g.outage.troubled.Load() { // Redis failing lately: no renewal may be the breaker's probe
 			return

@@ -165,10 +165,8 @@ func TestLocalLateCallerSharesTheLoad(t *testing.T) {
 			go func() { _, err := guard.Get(ctx, g, "p1", load); errs <- err }()
 			<-entered // the first caller's flight is loading
 			c.Counter.Reset()
-			joins, restore := guard.Joins(g, 1)
-			defer restore()
 			go func() { _, err := guard.Get(ctx, g, "p1", load); errs <- err }()
-			<-joins // the late caller has read and joined the flight (checked below)
+			waitJoined(t, 1) // the late caller has read and joined the flight (checked below)
 			close(release)
 			for range 2 {
 				if err := <-errs; err != nil {
@@ -421,8 +419,6 @@ func TestLateCallersShareTheirReadAgain(t *testing.T) {
 	<-entered // the first caller's flight is loading
 	c.Counter.Reset()
 	const late = 20
-	joins, restore := guard.Joins(g, late)
-	defer restore()
 	for range late {
 		go func() {
 			p, err := guard.Get(ctx, g, "p1", load)
@@ -432,29 +428,19 @@ func TestLateCallersShareTheirReadAgain(t *testing.T) {
 			errs <- err
 		}()
 	}
-	for range late {
-		<-joins // every late caller has read (and missed) and joined the flight
-	}
-	restore()
-	c.Counter.Reset() // their first reads (which may share HGETs: TestSameKeyReadsShareOneHGET) are done
+	waitJoined(t, late) // every late caller has read (and missed) and joined the flight
+	c.Counter.Reset()   // their first reads (which may share HGETs: TestSameKeyReadsShareOneHGET) are done
 	// The read again is held before it is sent until every other late
 	// caller has joined it.
-	readJoins, restoreReads := guard.ReadJoins(g, late-1)
-	defer restoreReads()
+	root := redistest.GoID()
 	vkey := c.Prefix + ":product:{p1}"
 	var held atomic.Bool
 	hold := func(cmd redis.Cmder) {
 		if a := cmd.Args(); cmd.Name() != "hget" || len(a) < 2 || a[1] != vkey || !held.CompareAndSwap(false, true) {
 			return
 		}
-		give := time.After(10 * time.Second) // callers that never join: the test fails on its counts, not by hanging
-		for range late - 1 {
-			select {
-			case <-readJoins:
-			case <-give:
-				return
-			}
-		}
+		// Callers that never join: the test fails on its counts after 10 s, not by hanging.
+		redistest.Poll(10*time.Second, func() bool { return joinedReads(root) >= late-1 })
 	}
 	h.sending.Store(&hold)
 	defer h.sending.Store(nil)

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cacheguard/cacheguard/guard"
+	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
 // holdReads is a redis.Hook that, once armed, holds every read sent alone
@@ -89,6 +90,7 @@ func payCredit(t *testing.T, g *guard.Guard, d *db) {
 // A Get whose ctx ends meanwhile leaves at once, and its read is not sent.
 func TestReadsShareRoundTrips(t *testing.T) {
 	clusterToo(t)
+	root := redistest.GoID() // the reads below are its goroutines
 	ctx := context.Background()
 	c, g, d := setup(t, 60, nil)
 	h := warmThenHold(t, c, g, d, 60)
@@ -130,7 +132,7 @@ func TestReadsShareRoundTrips(t *testing.T) {
 	if waited := time.Since(start); waited > 5*time.Second {
 		t.Fatalf("it returned after %v: a waiting read must leave with its ctx", waited)
 	}
-	waitFor(t, func() bool { return guard.ReadsWaiting(g) == 50 })
+	waitFor(t, func() bool { return readsWaiting(root) == 50 })
 	h.setArmed(false)
 	close(h.release)
 	for i, ch := range answers {
@@ -182,6 +184,8 @@ func TestReadBatchingOff(t *testing.T) {
 // ErrNotFound.
 func TestSharedRoundTripFails(t *testing.T) {
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
+	// The reads below are its goroutines.
+	root := redistest.GoID()
 	ctx := context.Background()
 	srv, rdb, g := privateGuard(t, &guard.Options{Outage: &guard.OutageOptions{FailFast: true}})
 	guard.SetReadsInFlight(g, 1)
@@ -193,7 +197,7 @@ func TestSharedRoundTripFails(t *testing.T) {
 	for i := 1; i < 10; i++ {
 		go func() { _, err := guard.Get(ctx, g, pid(i), d.load); errs <- err }()
 	}
-	waitFor(t, func() bool { return guard.ReadsWaiting(g) == 9 })
+	waitFor(t, func() bool { return readsWaiting(root) == 9 })
 	if err := srv.Kill(); err != nil {
 		t.Fatal(err)
 	}
@@ -231,6 +235,7 @@ func TestCancelledCallerIsNotARedisFailure(t *testing.T) {
 // them answers the new value (their one read is sent after all started).
 func TestSameKeyReadsShareOneHGET(t *testing.T) {
 	clusterToo(t)
+	root := redistest.GoID() // the reads below are its goroutines
 	ctx := context.Background()
 	c, g, d := setup(t, 10, nil)
 	h := warmThenHold(t, c, g, d, 10)
@@ -252,7 +257,7 @@ func TestSameKeyReadsShareOneHGET(t *testing.T) {
 		get("p5")
 		get("p6")
 	}
-	waitFor(t, func() bool { return guard.ReadsWaiting(g) == 40 })
+	waitFor(t, func() bool { return readsWaiting(root) == 40 })
 	updated := product{ID: "p5", Name: "updated", Price: 505}
 	d.set(updated)
 	if err := guard.Set(ctx, g, "p5", updated); err != nil {
@@ -261,7 +266,7 @@ func TestSameKeyReadsShareOneHGET(t *testing.T) {
 	for range 18 {
 		get("p5")
 	}
-	waitFor(t, func() bool { return guard.ReadsWaiting(g) == 58 })
+	waitFor(t, func() bool { return readsWaiting(root) == 58 })
 	h.setArmed(false)
 	close(h.release)
 	for range 60 {

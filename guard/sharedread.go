@@ -36,11 +36,7 @@ type sharedRead struct {
 func (g *Guard) readShared(ctx context.Context, id, vkey string, from since, lockable bool) (readResult, error) {
 	for range 3 { // a second read already starts after this caller: see below
 		mine := false // this caller's function read (InCaller: in this goroutine)
-		var onJoin func()
-		if hook := g.joinedHook.Load(); hook != nil { // tests alone (export_test.go)
-			onJoin = func() { (*hook)(vkey, true) }
-		}
-		sr, _, err := g.rd.shared.DoOnJoin(ctx, vkey, func(ctx context.Context) (sharedRead, error) {
+		sr, _, err := g.rd.shared.Do(ctx, vkey, func(ctx context.Context) (sharedRead, error) {
 			mine = true
 			sr := sharedRead{started: g.starts.Add(1)}
 			if g.local != nil {
@@ -49,7 +45,7 @@ func (g *Guard) readShared(ctx context.Context, id, vkey string, from since, loc
 			var err error
 			sr.r, err = g.read(ctx, id, vkey, lockable)
 			return sr, err
-		}, onJoin)
+		})
 		if err != nil {
 			return readResult{}, err
 		}

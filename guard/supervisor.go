@@ -10,91 +10,65 @@ import (
 // and every entry point that reaches Redis passes its gate, so Close stops
 // them all and waits for them: nothing a Guard started outlives its Close.
 
-// supervisor owns every goroutine a Guard starts and every flight under
-// way: each runs through go (or holds a place with hold) on the
-// supervisor's ctx, which stop cancels before it waits for all of them.
-// Close stops it after the gate has drained, so no call but a local hit
-// (its renewal, outside the gate) can start one afterwards; one that tries
-// runs nothing (goRun reports false).
-// The busy work (every goroutine but the loops that wait for Redis: retry)
-// is counted: tests wait for it to end (Flush, export_test.go).
+// supervisor owns every goroutine a Guard starts: each runs through goRun
+// or goLoop on the supervisor's ctx, which stop cancels before it waits for
+// all of them. A goRun goroutine passes the gate for its whole run, like a
+// call, so Close waits for it before it cancels anything: it is bounded by
+// its own timeout (RedisTimeout, LoadTimeout). A goLoop goroutine (a loop
+// that waits for Redis) does not: it ends when stop cancels its ctx. After
+// Close has shut the gate, neither starts (they report false).
 type supervisor struct {
-	gate                   // every entry point and flight passes it; close shuts it before stop
+	gate                   // every entry point, flight and goRun goroutine passes it; close shuts it before stop
 	ctx    context.Context // the Guard's own: New's values, not its cancellation; cancelled by stop
 	cancel context.CancelFunc
-	wg     sync.WaitGroup // one per goroutine or hold
+	wg     sync.WaitGroup // one per goroutine
 
-	mu      sync.Mutex    // guards the fields below, and orders wg.Add before stop's Wait
-	stopped bool          // stop has begun: go and hold refuse
-	running int           // busy goroutines and holds not yet ended (the loops of retry are not counted)
-	quiet   chan struct{} // closed when running falls to 0 (a new one is made on the next start)
+	mu      sync.Mutex // orders wg.Add before stop's Wait
+	stopped bool       // stop has begun: goLoop refuses
 }
 
 func newSupervisor(ctx context.Context) *supervisor {
-	s := &supervisor{quiet: make(chan struct{})}
+	s := &supervisor{}
 	s.gate.drained, s.gate.left = make(chan struct{}), make(chan struct{}, 1)
 	s.ctx, s.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	close(s.quiet)
 	return s
 }
 
-// hold counts one more piece of busy work until the caller calls end; it
-// reports false (and counts nothing) once stop has begun.
-func (s *supervisor) hold() bool { return s.add(true) }
+// goRun runs fn in a goroutine of the supervisor's on its ctx, inside the
+// gate, and reports whether it did (not once Close has shut the gate).
+func (s *supervisor) goRun(fn func(ctx context.Context)) bool {
+	pass, err := s.enter()
+	if err != nil {
+		return false
+	}
+	if !s.goLoop(func(ctx context.Context) { defer s.leave(pass); fn(ctx) }) {
+		s.leave(pass)
+		return false
+	}
+	return true
+}
 
-func (s *supervisor) add(busy bool) bool {
+// goLoop runs fn, a loop that waits for Redis (retry), in a goroutine of
+// the supervisor's on its ctx, outside the gate, and reports whether it did
+// (not once stop has begun).
+func (s *supervisor) goLoop(fn func(ctx context.Context)) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.stopped {
 		return false
 	}
 	s.wg.Add(1)
-	if busy {
-		if s.running == 0 {
-			s.quiet = make(chan struct{})
-		}
-		s.running++
-	}
-	return true
-}
-
-// end ends a hold, or a busy goroutine.
-func (s *supervisor) end() {
-	s.mu.Lock()
-	if s.running--; s.running == 0 {
-		close(s.quiet)
-	}
-	s.mu.Unlock()
-	s.wg.Done()
-}
-
-// goRun runs fn in a busy goroutine of the supervisor's on its ctx, and
-// reports whether it did (not once stop has begun).
-func (s *supervisor) goRun(fn func(ctx context.Context)) bool { return s.start(true, fn) }
-
-// goLoop is goRun for a loop that waits for Redis (retry): not counted as
-// busy.
-func (s *supervisor) goLoop(fn func(ctx context.Context)) bool { return s.start(false, fn) }
-
-func (s *supervisor) start(busy bool, fn func(ctx context.Context)) bool {
-	if !s.add(busy) {
-		return false
-	}
 	go func() {
+		defer s.wg.Done()
 		grow() // its work makes deep calls (go-redis, the load): see grow
-		if busy {
-			defer s.end()
-		} else {
-			defer s.wg.Done()
-		}
 		fn(s.ctx)
 	}()
 	return true
 }
 
 // spawn is goRun for work that must run whatever happens (a shared round
-// trip that callers wait for): after stop it runs fn in the caller's
-// goroutine instead.
+// trip that callers wait for): once Close has shut the gate it runs fn in
+// the caller's goroutine instead.
 func (s *supervisor) spawn(fn func()) {
 	if !s.goRun(func(context.Context) { fn() }) {
 		fn()
@@ -108,7 +82,7 @@ func (s *supervisor) close() {
 	s.stop()
 }
 
-// stop cancels the supervisor's ctx and waits for every goroutine and hold.
+// stop cancels the supervisor's ctx and waits for every goroutine.
 func (s *supervisor) stop() {
 	s.mu.Lock()
 	s.stopped = true

@@ -299,15 +299,9 @@ func TestOpenTelemetryOtherOutcomes(t *testing.T) {
 			errs <- err
 		}()
 	}
-	joins, restore := guard.Joins(g, 8)
-	defer restore()
 	close(start)
-	for range 8 { // each caller loads (the flight) or joins it
-		select {
-		case <-loading:
-		case <-joins:
-		}
-	}
+	root := redistest.GoID() // each caller loads (the flight) or joins it
+	waitFor(t, func() bool { return len(loading)+joinedFlights(root) == 8 })
 	close(release)
 	wg.Wait()
 	close(errs)

@@ -17,3 +17,27 @@ func eventually(t *testing.T, within time.Duration, what string, cond func() boo
 
 // waitFor is eventually with 20 s.
 func waitFor(t *testing.T, cond func() bool) { eventually(t, 20*time.Second, "condition", cond) }
+
+// Where a test's goroutines wait inside the engine (redistest.Parked): a
+// caller that joined a flight under way, one that joined a shared read, a
+// read queued for a round trip.
+const (
+	inGroup = "flightgroup.(*Group[...]).DoOnJoin"
+	inBatch = "batch.(*Batcher[...]).Do"
+)
+
+// joinedFlights is how many of root's goroutines joined a flight under way.
+func joinedFlights(root int) int { return redistest.Parked(root, inGroup, "guard.join[") }
+
+// joinedReads is how many of root's goroutines joined a shared read.
+func joinedReads(root int) int { return redistest.Parked(root, inGroup, "guard.(*Guard).readShared") }
+
+// readsWaiting is how many of root's reads wait for a round trip (see runReads).
+func readsWaiting(root int) int { return redistest.Parked(root, inBatch, "guard.(*Guard).sendRead") }
+
+// waitJoined waits until n of the calling goroutine's goroutines joined a
+// flight under way.
+func waitJoined(t *testing.T, n int) {
+	t.Helper()
+	redistest.WaitParked(t, n, inGroup, "guard.join[")
+}

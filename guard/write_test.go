@@ -410,10 +410,8 @@ func TestNoAnswerFromAFlightOlderThanTheGet(t *testing.T) {
 		t.Fatal(err)
 	}
 	second := make(chan product, 1)
-	joins, restore := guard.Joins(g2, 1)
-	defer restore()
 	go func() { p, _ := guard.Get(ctx, g2, "p7", d.load); second <- p }()
-	<-joins // the second Get reached the flight while it is held
+	waitJoined(t, 1) // the second Get reached the flight while it is held
 	close(h.release)
 	if p := <-first; p.Price != 7 && p.Price != 77 {
 		t.Fatalf("first Get: %+v", p)

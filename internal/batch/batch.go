@@ -212,14 +212,6 @@ func signal[Q any](c *Call[Q]) {
 	}
 }
 
-// Waiting reports how many calls wait for a batch: a figure for tests,
-// which cannot see a queue form otherwise.
-func (b *Batcher[Q]) Waiting() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return len(b.pending)
-}
-
 // takeLocked takes up to max−1 waiting calls and self as a batch: self
 // runs it. b.mu is held.
 func (b *Batcher[Q]) takeLocked(self *Call[Q]) []*Call[Q] {

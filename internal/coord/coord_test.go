@@ -300,6 +300,7 @@ func (h *holdPipelines) ProcessPipelineHook(next redis.ProcessPipelineHook) redi
 // go in one round trip; every flight still loads and writes its own key
 // once, and leaves no lock.
 func TestCoordinatorFlightsShareRoundTrips(t *testing.T) {
+	root := redistest.GoID() // the flights below are its goroutines
 	ctx := context.Background()
 	c, co := newCoordinator(t)
 	one := filler(func(context.Context) ([]byte, time.Duration, error) { return []byte("v"), time.Minute, nil })
@@ -332,7 +333,8 @@ func TestCoordinatorFlightsShareRoundTrips(t *testing.T) {
 	for i := 2; i < 22; i++ {
 		run(i)
 	}
-	until(t, func() bool { return coord.TripsWaiting(co) == 20 })
+	// 20 round trips wait to be sent (see runTrips) behind the held one.
+	until(t, func() bool { return redistest.Parked(root, "batch.(*Batcher[...]).Do", "coord.(*Coordinator)") == 20 })
 	close(h.release)
 	wg.Wait()
 	names := c.Counter.Names()

@@ -1,0 +1,9 @@
+package batch
+
+// Waiting reports how many calls wait for a batch, for tests that hold one
+// and queue others behind it.
+func (b *Batcher[Q]) Waiting() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.pending)
+}

@@ -33,6 +33,7 @@ func TestGateCloseWaitsForEveryCallInside(t *testing.T) {
 						if !errors.Is(err, ErrClosed) {
 							t.Errorf("enter: %v", err)
 						}
+						runtime.Gosched() // refused: let close and the others run
 						continue
 					}
 					select {

@@ -39,6 +39,10 @@ func StartCluster(ctx context.Context, masters, replicas int) (*Cluster, error) 
 			// Replicas sync at once (the default waits 5 s for more
 			// replicas); a replica that never synced cannot fail over.
 			"--repl-diskless-sync-delay", "0",
+			// A master pings its replicas every second (the default is
+			// 10): CLUSTER SLOTS lists a replica only once its offset has
+			// moved from 0, and WaitHealthy waits for that.
+			"--repl-ping-replica-period", "1",
 		}})
 		if err != nil {
 			c.Stop()

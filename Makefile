@@ -53,17 +53,17 @@ SIDE_MODULES := adapters/echo adapters/echov5 adapters/gin examples/chi guardpro
 
 # Parallel tests (the slow ones that use their own keys or servers) run 4
 # at a time: most of their time is waiting on Redis and child processes.
-# The parts run one after another: run at once on 2 cores they starved
-# each other into timeouts. -vet=all is go vet's whole set, run on the race
-# build's own compile (a separate go vet compiled every package once more);
-# benchmarks/ is built (and vetted) the same way, reusing that compile.
+# The root module, the cluster pass and the fault suite run one after
+# another: run at once on 2 cores they starved each other into timeouts.
+# The side modules, the shop and benchmarks/ (its unit tests, and the build
+# that make bench runs) run side by side (scripts/modules.sh): their tests
+# wait on servers of their own. -vet=all is go vet's whole set, run on the
+# race build's own compile (a separate go vet compiled every package once more).
 TEST := $(GO) test -race -vet=all -count=1 -parallel 4
 
 test: deps fmt-check source-check
 	$(TEST) -timeout 15m $(PKGS)
-	@for m in $(SIDE_MODULES); do echo "== $$m"; (cd $$m && $(TEST) -timeout 5m ./...) || exit 1; done
-	cd examples/shop && $(TEST) -timeout 10m ./...
-	cd benchmarks && $(TEST) -run '^$$' ./...
+	@./scripts/modules.sh '$(TEST) -timeout 10m ./...' $(SIDE_MODULES) examples/shop benchmarks
 	@./scripts/check-release.sh
 	CG_TEST_CLUSTER=1 $(TEST) -timeout 15m $(CLUSTER_PKGS)
 	cd faults && FAULTS_TABLE=$(CURDIR)/faults/latest.md $(TEST) -timeout 10m ./...

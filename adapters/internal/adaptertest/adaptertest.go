@@ -61,18 +61,22 @@ type Router interface {
 	OK(path string, g *guard.Guard, cfg Config)
 }
 
-// Run runs the suite.
+// Run runs the suite. The cases with a redis-server of their own (they
+// kill, freeze or restart it) run side by side.
 func Run(t *testing.T, f Framework) {
+	own := func(fn func(*testing.T, Framework)) func(*testing.T) {
+		return func(t *testing.T) { t.Parallel(); fn(t, f) }
+	}
 	t.Run("UnknownKnownMalformed", func(t *testing.T) { unknownKnownMalformed(t, f) })
-	t.Run("SkipperAndRedisDown", func(t *testing.T) { skipperAndRedisDown(t, f) })
-	t.Run("RetryAfterIsTheConfiguredValue", func(t *testing.T) { retryAfterIsTheConfiguredValue(t, f) })
+	t.Run("SkipperAndRedisDown", own(skipperAndRedisDown))
+	t.Run("RetryAfterIsTheConfiguredValue", own(retryAfterIsTheConfiguredValue))
 	t.Run("UnfilteredRouteIsReported", func(t *testing.T) { unfilteredRouteIsReported(t, f) })
 	t.Run("ClientThatLeftIsNotAnOutage", func(t *testing.T) { clientThatLeftIsNotAnOutage(t, f) })
-	t.Run("OutageLogsAFewLines", func(t *testing.T) { outageLogsAFewLines(t, f) })
+	t.Run("OutageLogsAFewLines", own(outageLogsAFewLines))
 	t.Run("DeadlineIs503", func(t *testing.T) { deadlineIs503(t, f) })
-	t.Run("UnconfirmedIs503", func(t *testing.T) { unconfirmedIs503(t, f) })
-	t.Run("FrozenRedisIsBounded", func(t *testing.T) { frozenRedisIsBounded(t, f) })
-	t.Run("ErrorAnswersAreGolden", func(t *testing.T) { errorAnswersAreGolden(t, f) })
+	t.Run("UnconfirmedIs503", own(unconfirmedIs503))
+	t.Run("FrozenRedisIsBounded", own(frozenRedisIsBounded))
+	t.Run("ErrorAnswersAreGolden", own(errorAnswersAreGolden))
 }
 
 // errorAnswersAreGolden: every adapter answers 400, 404 and 503 with the

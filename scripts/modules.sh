@@ -1,28 +1,30 @@
 #!/usr/bin/env bash
-# Runs one command in several module directories at once, then prints each
+# Runs commands in several module directories at once, then prints each
 # one's output in the order given, headed "== dir", and fails if any
 # failed. make test runs the side modules this way: their tests mostly wait
 # on servers of their own (a frozen Redis, PostgreSQL), so side by side they
-# take about as long as the slowest one.
+# take about as long as the slowest one, and a module built meanwhile (the
+# fault suite, run alone afterwards) takes the cores they leave idle.
 #
-# Usage: scripts/modules.sh 'go test ...' dir...
+# Usage: scripts/modules.sh 'command' dir... [-- 'command' dir...]...
 set -uo pipefail
-cmd=$1
-shift
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-pids=()
-for i in $(seq 0 $(($# - 1))); do
-	dir=${*:$((i + 1)):1}
-	(cd "$dir" && eval "$cmd") >"$out/$i" 2>&1 &
-	pids+=($!)
+dirs=() pids=()
+while [ $# -gt 0 ]; do
+	cmd=$1
+	shift
+	while [ $# -gt 0 ] && [ "$1" != "--" ]; do
+		(cd "$1" && eval "$cmd") >"$out/${#dirs[@]}" 2>&1 &
+		pids+=($!) dirs+=("$1")
+		shift
+	done
+	[ $# -gt 0 ] && shift # the "--"
 done
 rc=0
-i=0
-for dir in "$@"; do
+for i in "${!dirs[@]}"; do
 	wait "${pids[$i]}" || rc=1
-	echo "== $dir"
+	echo "== ${dirs[$i]}"
 	cat "$out/$i"
-	i=$((i + 1))
 done
 exit $rc

@@ -2,10 +2,14 @@ package guard_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"iter"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
 	"github.com/cacheguard/cacheguard/guard"
@@ -16,6 +20,7 @@ import (
 // Close has begun (it sees its ctx cancelled) and the test lets it go.
 type parked struct {
 	entered, in, proceed chan struct{}
+	ended                error // the job's ctx's error, read after in is closed
 }
 
 func newParked() *parked {
@@ -27,6 +32,7 @@ func newParked() *parked {
 func (p *parked) hold(ctx context.Context) {
 	close(p.entered)
 	<-ctx.Done()
+	p.ended = ctx.Err()
 	close(p.in)
 	<-p.proceed
 }
@@ -86,6 +92,9 @@ func TestCloseWaitsForEveryJob(t *testing.T) {
 			t.Fatal(err)
 		}
 		closeWaits(t, g, p, before)
+		if !errors.Is(p.ended, context.Canceled) { // not its LoadTimeout
+			t.Fatalf("the refresh's load ended with %v; want Close to cancel it", p.ended)
+		}
 	})
 	t.Run("rebuild", func(t *testing.T) {
 		c := redistest.Connect(t)
@@ -155,4 +164,47 @@ func TestCloseWaitsForEveryJob(t *testing.T) {
 		_ = g2.Close()
 		noneLeft(t, before)
 	})
+}
+
+// TestCallInsideCloseStillLoads: a Get that entered before Close, whose
+// flight reaches its load only after Close began, loads and answers: Close
+// waits for the calls inside and for what they start (the load's
+// goroutine), and refuses only the calls that come after.
+func TestCallInsideCloseStillLoads(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	h := hooked(c)
+	g := openRebuilt(t, c, guard.Options{KeyPrefix: c.Prefix}, 1000, 10)
+	vkey := c.Prefix + ":product:{p1}"
+	reading, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	hold := func(cmd redis.Cmder) { // the Get's read of p1, held until Close has begun
+		if a := cmd.Args(); cmd.Name() == "hget" && len(a) > 1 && a[1] == vkey {
+			once.Do(func() { close(reading); <-release })
+		}
+	}
+	h.sending.Store(&hold)
+	defer h.sending.Store(nil)
+	got := make(chan error, 1)
+	go func() {
+		p, err := guard.Get(ctx, g, "p1", func(context.Context, string) (product, error) { return product{ID: "p1", Price: 1}, nil })
+		if err == nil && p.Price != 1 {
+			err = fmt.Errorf("got %+v", p)
+		}
+		got <- err
+	}()
+	<-reading
+	closed := make(chan error, 1)
+	go func() { closed <- g.Close() }()
+	redistest.WaitParked(t, 1, "guard.(*gate).close", "") // Close waits for the Get
+	if _, err := guard.Get(ctx, g, "p2", func(context.Context, string) (product, error) { return product{}, nil }); !errors.Is(err, guard.ErrClosed) {
+		t.Fatalf("a Get after Close began: %v, want ErrClosed", err)
+	}
+	close(release)
+	if err := <-got; err != nil {
+		t.Fatalf("the Get inside Close: %v; want its load's value", err)
+	}
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
 }

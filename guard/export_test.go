@@ -16,9 +16,16 @@ import (
 // a value past its refresh-at time returns before the reload it started,
 // and a caller that left on its own ctx leaves its flight running; after
 // Flush those have written what they loaded, or given up. Each of them is
-// inside g's gate (see supervisor), which Close waits to drain.
+// inside g's gate (see supervisor). The gate is empty once two sums read
+// zero: one sum may read a goroutine's stripe before it entered and its
+// parent's after it left, but the next one sees it.
 func Flush(ctx context.Context, g *Guard) error {
-	for g.sup.gate.inside.sum() != 0 {
+	for zeros := 0; zeros < 2; {
+		if g.sup.gate.inside.sum() == 0 {
+			zeros++
+			continue
+		}
+		zeros = 0
 		select {
 		case <-time.After(time.Millisecond):
 		case <-ctx.Done():

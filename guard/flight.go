@@ -183,15 +183,11 @@ type miss[T any] struct {
 }
 
 // run is the flight: step 5 of the package doc, once for the callers of the
-// ID in this process. It passes the gate itself: it can outlive the caller
-// that started it.
+// ID in this process. It runs in its caller's goroutine or in one of the
+// supervisor's (flightgroup.Group.Spawn), so Close waits for it even when
+// it outlives the caller that started it.
 func (c *miss[T]) run(ctx context.Context) (flightResult, error) {
 	g := c.g
-	pass, err := g.sup.enter()
-	if err != nil {
-		return flightResult{outcome: outFailed}, err
-	}
-	defer g.sup.leave(pass)
 	started := g.starts.Add(1)
 	if g.local != nil {
 		c.epoch = g.local.epoch.Load() // before the reads: see local.put

@@ -38,15 +38,15 @@ func pastRefreshAt(raw []byte) bool {
 // refresh-at time, as a flight of its own key (one per ID in this process;
 // a fill of the ID does not join it). Its goroutine is the supervisor's
 // (flush waits for it), started from inside the gate, so Close cannot miss
-// it; Close cancels it too, and waits for it.
+// it; Close cancels it as it begins (sup.bg), and waits for it.
 func refresh[T any](g *Guard, id, vkey string, raw []byte, load LoadFunc[T]) {
 	if !pastRefreshAt(raw) {
 		return
 	}
-	g.flights.Go(g.sup.ctx, flightKey{kind: refreshFlight, vkey: vkey}, func(ctx context.Context) (flightResult, error) {
+	g.flights.Go(g.sup.bg, flightKey{kind: refreshFlight, vkey: vkey}, func(ctx context.Context) (flightResult, error) {
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		stop := context.AfterFunc(g.sup.ctx, cancel) // Close cancels it
+		stop := context.AfterFunc(g.sup.bg, cancel) // Close cancels it
 		defer stop()
 		defer func() { // a panic in the load (raised again here by bounded): the value expires at its TTL
 			if p := recover(); p != nil {
@@ -60,7 +60,7 @@ func refresh[T any](g *Guard, id, vkey string, raw []byte, load LoadFunc[T]) {
 		g.stats.refreshes.Add(1)
 		ran, err := g.coord.TryRun(ctx, vkey, g.field(), coord.Fill{Accept: fresh, Load: c.Load})
 		g.ran(ctx, vkey, ran)
-		if err != nil && g.sup.ctx.Err() == nil { // not Close
+		if err != nil && g.sup.bg.Err() == nil { // not Close
 			g.log.Warn("cacheguard: refresh ahead failed; the value expires at its TTL", "id", id, "err", g.fail(ctx, "refresh", id, err))
 		}
 		return flightResult{}, nil

@@ -12,16 +12,18 @@ import (
 
 // supervisor owns every goroutine a Guard starts: each runs through goRun
 // or goLoop on the supervisor's ctx, which stop cancels before it waits for
-// all of them. A goRun goroutine passes the gate for its whole run, like a
-// call, so Close waits for it before it cancels anything: it is bounded by
-// its own timeout (RedisTimeout, LoadTimeout). A goLoop goroutine (a loop
-// that waits for Redis) does not: it ends when stop cancels its ctx. After
-// Close has shut the gate, neither starts (they report false).
+// all of them. A goRun goroutine started before Close passes the gate for
+// its whole run, like a call, so Close's wait for the gate waits for it too;
+// one started later (by a call still inside), and a goLoop goroutine (a
+// loop that waits for Redis), run outside it, until stop. After stop
+// begins, neither starts (they report false).
 type supervisor struct {
-	gate                   // every entry point, flight and goRun goroutine passes it; close shuts it before stop
-	ctx    context.Context // the Guard's own: New's values, not its cancellation; cancelled by stop
-	cancel context.CancelFunc
-	wg     sync.WaitGroup // one per goroutine
+	gate                     // every entry point, flight and goRun goroutine passes it; close shuts it before stop
+	ctx      context.Context // the Guard's own: New's values, not its cancellation; cancelled by stop
+	cancel   context.CancelFunc
+	bg       context.Context // ctx's, for work nobody waits for (a refresh ahead): cancelled as Close begins
+	cancelBg context.CancelFunc
+	wg       sync.WaitGroup // one per goroutine
 
 	mu      sync.Mutex // orders wg.Add before stop's Wait
 	stopped bool       // stop has begun: goLoop refuses
@@ -31,15 +33,17 @@ func newSupervisor(ctx context.Context) *supervisor {
 	s := &supervisor{}
 	s.gate.drained, s.gate.left = make(chan struct{}), make(chan struct{}, 1)
 	s.ctx, s.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	s.bg, s.cancelBg = context.WithCancel(s.ctx)
 	return s
 }
 
 // goRun runs fn in a goroutine of the supervisor's on its ctx, inside the
-// gate, and reports whether it did (not once Close has shut the gate).
+// gate unless Close has shut it, and reports whether it did (not once stop
+// has begun).
 func (s *supervisor) goRun(fn func(ctx context.Context)) bool {
 	pass, err := s.enter()
-	if err != nil {
-		return false
+	if err != nil { // Close has begun: a call still inside started it
+		return s.goLoop(fn)
 	}
 	if !s.goLoop(func(ctx context.Context) { defer s.leave(pass); fn(ctx) }) {
 		s.leave(pass)
@@ -67,8 +71,8 @@ func (s *supervisor) goLoop(fn func(ctx context.Context)) bool {
 }
 
 // spawn is goRun for work that must run whatever happens (a shared round
-// trip that callers wait for): once Close has shut the gate it runs fn in
-// the caller's goroutine instead.
+// trip that callers wait for): after stop it runs fn in the caller's
+// goroutine instead.
 func (s *supervisor) spawn(fn func()) {
 	if !s.goRun(func(context.Context) { fn() }) {
 		fn()
@@ -78,6 +82,7 @@ func (s *supervisor) spawn(fn func()) {
 // close shuts the gate (new calls get ErrClosed), waits for the calls
 // inside, then stops: no call is left to start a goroutine.
 func (s *supervisor) close() {
+	s.cancelBg()
 	s.gate.close()
 	s.stop()
 }

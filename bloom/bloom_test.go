@@ -247,9 +247,9 @@ func TestRebuildSourceError(t *testing.T) {
 // TestRebuildStopsItsWorkers: a source that fails, and a context cancelled,
 // after some batches went to the hashing workers, end Rebuild with that
 // error and the filter not made ready, and Rebuild returns only once its
-// workers stopped: the worker that hashes the 100,000th ID is held in
-// Progress, and Rebuild must not have returned when the hold ends (300 ms,
-// or Rebuild's return).
+// workers stopped: the worker whose count of IDs hashed passes 100,000 is
+// held in Progress, and Rebuild must not have returned when the hold ends
+// (300 ms, or Rebuild's return).
 func TestRebuildStopsItsWorkers(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -275,7 +275,6 @@ func TestRebuildStopsItsWorkers(t *testing.T) {
 			src := func(yield func(string, error) bool) {
 				for i := 0; ; i++ {
 					if i == 101_000 { // the batch with the 100,000th ID went to a worker
-
 						if tc.want != context.Canceled {
 							yield("", tc.want)
 							return
@@ -304,6 +303,24 @@ func TestRebuildStopsItsWorkers(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRebuildProgressPanics: a panic in Progress, which a hashing worker
+// calls, panics out of Rebuild, where its caller can recover it.
+func TestRebuildProgressPanics(t *testing.T) {
+	_, f := openFilter(t, &bloom.Options{ExpectedItems: 1_000_000})
+	defer func() {
+		if p := recover(); p != "progress bug" {
+			t.Fatalf("recovered %v, want the panic of Progress", p)
+		}
+	}()
+	boom := func(p bloom.RebuildProgress) {
+		if p.BytesTotal == 0 { // a worker's call
+			panic("progress bug")
+		}
+	}
+	_, err := f.Rebuild(context.Background(), seq("k", 200_000), &bloom.RebuildOptions{Progress: boom})
+	t.Fatalf("Rebuild returned %v", err)
 }
 
 // TestRebuildSourcePanics: a source that panics after some batches went to

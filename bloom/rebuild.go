@@ -49,9 +49,10 @@ type RebuildOptions struct {
 	FalsePositiveRate float64
 	// ChunkBytes is the size of one SETRANGE upload. Default 1 MiB.
 	ChunkBytes int
-	// Progress, if set, is called as IDs are hashed (every 100,000, by the
-	// hashing workers, one call at a time) and as bytes are uploaded (every
-	// chunk).
+	// Progress, if set, is called as IDs are hashed (each time the count
+	// passes a multiple of 100,000) and as bytes are uploaded (every chunk),
+	// one call at a time. The hashing workers make the first calls, while
+	// ids is ranged; a panic in one panics out of Rebuild.
 	Progress func(RebuildProgress)
 	// Force switches even to a generation built from fewer than half the
 	// IDs the filter holds (see ErrShortSource): after a mass delete.
@@ -130,8 +131,9 @@ type rebuild struct {
 	announced bool
 
 	hashed   atomic.Int64 // IDs the workers hashed
-	mu       sync.Mutex   // one call of Progress at a time; guards reported
+	mu       sync.Mutex   // one call of Progress at a time; guards reported and panicked
 	reported int          // the most IDs a call of Progress gave
+	panicked any          // what a call of Progress in a worker panicked with, raised again by run
 }
 
 // progress calls Progress, unless a worker's count is behind one given.
@@ -148,9 +150,20 @@ func (r *rebuild) progress(p RebuildProgress) {
 }
 
 // countHashed counts n more IDs hashed by a worker, and reports progress
-// each time the count passes a multiple of 100,000.
+// each time the count passes a multiple of 100,000. A panic in Progress is
+// kept for run to raise: the worker goes on, so that the source's goroutine
+// is not left waiting for its batches.
 func (r *rebuild) countHashed(n int) {
 	if c := int(r.hashed.Add(int64(n))); c/100_000 != (c-n)/100_000 {
+		defer func() {
+			if p := recover(); p != nil {
+				r.mu.Lock()
+				if r.panicked == nil {
+					r.panicked = p
+				}
+				r.mu.Unlock()
+			}
+		}()
 		r.progress(RebuildProgress{IDs: c})
 	}
 }
@@ -171,6 +184,9 @@ func (r *rebuild) run(ctx context.Context, ids iter.Seq2[string, error]) (int, e
 	r.announced = true
 
 	sets, count, err := r.build(ctx, ids)
+	if r.panicked != nil { // the workers have ended: no lock needed
+		panic(r.panicked)
+	}
 	if err != nil {
 		return count, err
 	}

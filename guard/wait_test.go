@@ -20,7 +20,9 @@ func waitFor(t *testing.T, cond func() bool) { eventually(t, 20*time.Second, "co
 
 // Where a test's goroutines wait inside the engine (redistest.Parked): a
 // caller that joined a flight under way, one that joined a shared read, a
-// read queued for a round trip.
+// read queued for a round trip. A flight's first caller whose ctx can end
+// waits in DoOnJoin too: the tests that count joins start it on
+// context.Background(), so that it runs the flight in its own goroutine.
 const (
 	inGroup = "flightgroup.(*Group[...]).DoOnJoin"
 	inBatch = "batch.(*Batcher[...]).Do"

@@ -10,11 +10,10 @@ import (
 )
 
 // Parked counts the descendants of goroutine root (the goroutines it
-// started, and theirs, while their parents live) that wait (select,
-// channel, lock) in a function whose name contains at, with within
-// somewhere on their stack ("" for any): a test's callers that joined a
-// flight, or queued for a round trip. The library keeps no hook for its
-// tests; they read the goroutine stacks instead.
+// started, and theirs, while their parents live) that wait with at in the
+// name of their top function, and within anywhere in their trace ("" for
+// any): a test's callers that joined a flight, or queued for a round trip.
+// The library keeps no hook for its tests: they read the goroutine stacks.
 func Parked(root int, at, within string) int {
 	buf := make([]byte, 1<<20)
 	for {
@@ -82,13 +81,15 @@ func GoID() int {
 	return id
 }
 
-// header parses "goroutine 12 [select, 2 minutes]:".
+// header parses "goroutine 12 [select, 2 minutes]:" (with GOTRACEBACK=system,
+// "goroutine 12 gp=0x… m=nil [select]:").
 func header(line string) (id int, state string, ok bool) {
 	rest, found := strings.CutPrefix(line, "goroutine ")
 	if !found {
 		return 0, "", false
 	}
-	num, rest, found := strings.Cut(rest, " [")
+	num, _, _ := strings.Cut(rest, " ")
+	_, rest, found = strings.Cut(rest, "[")
 	if !found {
 		return 0, "", false
 	}
@@ -96,7 +97,8 @@ func header(line string) (id int, state string, ok bool) {
 	if err != nil {
 		return 0, "", false
 	}
-	state, _, _ = strings.Cut(strings.TrimSuffix(rest, "]:"), ",")
+	state, _, _ = strings.Cut(rest, "]")
+	state, _, _ = strings.Cut(state, ",")
 	return id, state, true
 }
 

@@ -45,10 +45,16 @@ func (s *supervisor) goRun(fn func(ctx context.Context)) bool {
 	if err != nil { // Close has begun: a call still inside started it
 		return s.goLoop(fn)
 	}
-	if !s.goLoop(func(ctx context.Context) { defer s.leave(pass); fn(ctx) }) {
+	if !s.add() {
 		s.leave(pass)
 		return false
 	}
+	go func() {
+		defer s.wg.Done()
+		defer s.leave(pass)
+		grow() // its work makes deep calls (go-redis, the load): see grow
+		fn(s.ctx)
+	}()
 	return true
 }
 
@@ -56,17 +62,25 @@ func (s *supervisor) goRun(fn func(ctx context.Context)) bool {
 // the supervisor's on its ctx, outside the gate, and reports whether it did
 // (not once stop has begun).
 func (s *supervisor) goLoop(fn func(ctx context.Context)) bool {
+	if !s.add() {
+		return false
+	}
+	go func() {
+		defer s.wg.Done()
+		grow()
+		fn(s.ctx)
+	}()
+	return true
+}
+
+// add counts one more goroutine, unless stop has begun.
+func (s *supervisor) add() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.stopped {
 		return false
 	}
 	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		grow() // its work makes deep calls (go-redis, the load): see grow
-		fn(s.ctx)
-	}()
 	return true
 }
 

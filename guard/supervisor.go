@@ -26,7 +26,7 @@ type supervisor struct {
 	wg       sync.WaitGroup // one per goroutine
 
 	mu      sync.Mutex // orders wg.Add before stop's Wait
-	stopped bool       // stop has begun: goLoop refuses
+	stopped bool       // stop has begun: add refuses
 }
 
 func newSupervisor(ctx context.Context) *supervisor {

@@ -761,14 +761,7 @@ func TestLocalRenewalAfterAWrite(t *testing.T) {
 	if !guard.DueNow(g, "p1") {
 		t.Fatal("no copy of p1 after its load")
 	}
-	if p, err := guard.Get(ctx, g, "p1", d.load); err != nil || p.Price != 1 { // a local hit: it starts the renewal
-		t.Fatalf("%+v, %v", p, err)
-	}
-	select {
-	case <-read:
-	case <-time.After(10 * time.Second):
-		t.Fatal("no renewal started")
-	}
+	hitStartsRenewal(t, g, d, read)
 	if err := guard.Set(ctx, g, "p1", product{ID: "p1", Name: "new", Price: 2}); err != nil {
 		t.Fatal(err)
 	}
@@ -823,7 +816,6 @@ func TestLocalRenewalUnderAFrozenRedis(t *testing.T) {
 	if testing.Short() {
 		t.Skip("freezes Redis")
 	}
-	ctx := context.Background()
 	srv, _ := redistest.Private(t)
 	o := srv.Options()
 	o.ContextTimeoutEnabled, o.DialerRetries = true, 1 // README's client,
@@ -852,20 +844,27 @@ func TestLocalRenewalUnderAFrozenRedis(t *testing.T) {
 	var thawOnce sync.Once
 	thaw := func() { thawOnce.Do(func() { _ = syscall.Kill(srv.PID(), syscall.SIGCONT) }) }
 	t.Cleanup(thaw)
-	time.AfterFunc(10*time.Second, thaw)                                       // without the bound, Close waits for this
-	if p, err := guard.Get(ctx, g, "p1", d.load); err != nil || p.Price != 1 { // a local hit: it starts the renewal
-		t.Fatalf("%+v, %v", p, err)
-	}
-	select {
-	case <-sent:
-	case <-time.After(5 * time.Second):
-		t.Fatal("no renewal started")
-	}
+	time.AfterFunc(10*time.Second, thaw) // without the bound, Close waits for this
+	hitStartsRenewal(t, g, d, sent)
 	start := time.Now()
 	_ = g.Close()
 	if took := time.Since(start); took > 5*time.Second {
 		t.Fatalf("Close took %v with a renewal under way and Redis frozen; want about RedisTimeout (300ms)", took)
 	} else {
 		t.Logf("Close took %v", took)
+	}
+}
+
+// hitStartsRenewal gets p1 (price 1) from g's local copy, due for renewal,
+// and waits until started says the renewal's read began.
+func hitStartsRenewal(t *testing.T, g *guard.Guard, d *db, started <-chan struct{}) {
+	t.Helper()
+	if p, err := guard.Get(context.Background(), g, "p1", d.load); err != nil || p.Price != 1 {
+		t.Fatalf("%+v, %v", p, err)
+	}
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no renewal started")
 	}
 }

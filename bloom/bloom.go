@@ -65,9 +65,9 @@ const (
 	hashName   = "xxh64x2-b512"
 	metaFormat = "2"                // the meta hash's field set; a client refuses another
 	seed2      = 0x9e3779b97f4a7c15 // seed of the second hash
-	// reloadEvery limits a client's re-reads of the meta after finding a
-	// shard not ready: readers follow a generation switch within a blink,
-	// and a lost filter costs each process at most ten HGETALLs a second.
+	// reloadEvery limits a client's re-reads of the meta while a generation
+	// is not ready or a shard is lost (follow): a filter that cannot answer
+	// costs each process at most ten HGETALLs a second.
 	reloadEvery = 100 * time.Millisecond
 )
 
@@ -98,6 +98,11 @@ type Options struct {
 	// Adds push the estimated false-positive rate above the target by more
 	// than SaturationMargin: time to Rebuild with a larger ExpectedItems.
 	OnSaturated func(Saturation)
+	// OnSwitch, if set, is called when this client moves to a generation
+	// other than the one it probed (another process rebuilt the filter, or
+	// Redis lost it), from the probe's goroutine: a copy RefreshCopy took
+	// is of the old generation. It must not block.
+	OnSwitch func(gen int64)
 	// SaturationMargin is the relative excess that triggers OnSaturated.
 	// Default 0.5 (a 1% target fires at 1.5%).
 	SaturationMargin float64
@@ -149,7 +154,7 @@ type Filter struct {
 	maxShardBytes uint64
 
 	cur          atomic.Pointer[layout] // the generation probes use
-	lastReload   atomic.Int64           // unix nanos of the last meta re-read
+	reads        metaReads              // re-reads of the meta (metaSince, follow)
 	saturated    atomic.Int64           // generation OnSaturated was last called for
 	lastSatCheck atomic.Int64           // unix nanos of the last look at the bits for saturation
 	adopted      bool                   // Open found other sizing than Options asked for, and took it

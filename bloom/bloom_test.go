@@ -432,3 +432,49 @@ func eventually(t *testing.T, within time.Duration, what string, cond func() boo
 	t.Helper()
 	redistest.Eventually(t, within, what, cond)
 }
+
+// TestLostShardReadsTheMetaSparingly: a shard Redis lost while the meta
+// still names its generation (evicted) is not ready, and each probe of it
+// no longer re-reads the meta: one read confirms the loss, and the next
+// waits reloadEvery (100 ms). Control: the same probes of a generation
+// another client switched away from re-read it and answer.
+func TestLostShardReadsTheMetaSparingly(t *testing.T) {
+	ctx := context.Background()
+	c, f := openFilter(t, &bloom.Options{ExpectedItems: 1000})
+	if _, err := f.Rebuild(ctx, seq("k", 10), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Del(ctx, keyspace.ForFilter(c.Prefix+":bf").Shard(2, 0)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	c.Counter.Reset()
+	start := time.Now()
+	for range 200 {
+		if _, err := f.Test(ctx, "k3"); !errors.Is(err, bloom.ErrNotReady) {
+			t.Fatalf("lost shard: err = %v, want ErrNotReady", err)
+		}
+	}
+	most := 2 + int(time.Since(start)/(100*time.Millisecond))
+	if got := c.Counter.Names()["hgetall"]; got < 1 || got > most {
+		t.Fatalf("200 probes of a lost shard read the meta %d times in %v, want 1 to %d", got, time.Since(start), most)
+	}
+	// Control: another client rebuilds (drops generation 2, switches to 3):
+	// once the loss is 100 ms old, the next probe re-reads the meta and
+	// answers from generation 3.
+	other, err := bloom.Open(ctx, redistest.Connect(t), c.Prefix+":bf", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Rebuild(ctx, seq("k", 10), nil); err != nil {
+		t.Fatal(err)
+	}
+	redistest.Eventually(t, time.Second, "a probe follows the switch", func() bool {
+		_, err := f.Test(ctx, "k3")
+		return err == nil
+	})
+	for range 20 {
+		if ok, err := f.Test(ctx, "k3"); err != nil || !ok {
+			t.Fatalf("after another client's switch: Test(k3) = %v, %v", ok, err)
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -179,26 +180,120 @@ func flatToMap(v any) map[string]string {
 	return out
 }
 
-// reloaded re-reads the meta, at most once per reloadEvery, recreating it if
-// Redis lost it, and returns the current generation (nil if it did not
-// reload or could not).
-func (f *Filter) reloaded(ctx context.Context) *layout {
-	now := time.Now().UnixNano()
-	last := f.lastReload.Load()
-	if now-last < int64(reloadEvery) || !f.lastReload.CompareAndSwap(last, now) {
-		return nil
-	}
-	l, _ := f.reload(ctx)
-	return l
-}
-
 // reload re-reads the meta now and adopts its current generation (see
 // readMeta for a meta Redis lost).
 func (f *Filter) reload(ctx context.Context) (*layout, error) {
-	m, err := f.readMeta(ctx)
+	m, err := f.metaSince(ctx, time.Now().UnixNano())
 	if err != nil {
 		return nil, fmt.Errorf("bloom: reload: %w", err)
 	}
-	f.cur.Store(m.cur)
 	return m.cur, nil
+}
+
+// metaReads shares the re-reads of the meta among a Filter's callers: one
+// at a time, and a caller that needs one waits for the read under way
+// instead of answering ErrNotReady (metaSince).
+type metaReads struct {
+	mu       sync.Mutex // guards the fields below
+	run      *metaRead  // the read under way, if any
+	last     *metaRead  // the last read that ended
+	goneGen  int64      // a read after a probe found a shard of this generation gone still named it, ...
+	goneSeen int64      // ... at this time (unix nanos): see follow
+}
+
+// metaRead is one HGETALL of the meta (readMeta), shared by its waiters.
+type metaRead struct {
+	start int64         // unix nanos, before it was sent
+	done  chan struct{} // closed when m and err are set
+	m     *meta
+	err   error
+}
+
+// metaSince returns the meta as read by a read sent at or after since (unix
+// nanos): the last one's, the one under way's, or a new one's. It adopts
+// the meta's current generation.
+func (f *Filter) metaSince(ctx context.Context, since int64) (*meta, error) {
+	rs := &f.reads
+	for failed := false; ; {
+		rs.mu.Lock()
+		r := rs.run
+		if r == nil {
+			if l := rs.last; l != nil && l.start >= since && l.err == nil {
+				rs.mu.Unlock()
+				return l.m, nil
+			}
+			r = &metaRead{start: time.Now().UnixNano(), done: make(chan struct{})}
+			rs.run = r
+			rs.mu.Unlock()
+			r.m, r.err = f.readMeta(ctx)
+			if r.err == nil {
+				f.adopt(r.m.cur)
+			}
+			rs.mu.Lock()
+			rs.run, rs.last = nil, r
+			rs.mu.Unlock()
+			close(r.done)
+			return r.m, r.err
+		}
+		rs.mu.Unlock()
+		select {
+		case <-r.done:
+		case <-ctx.Done():
+			return nil, redisfail.Wrap(ctx.Err())
+		}
+		// Another caller's read can fail on that caller's ctx: the waiter
+		// sends one of its own before it takes a failure.
+		if r.start >= since && (r.err == nil || failed) {
+			return r.m, r.err
+		}
+		failed = failed || r.err != nil
+	}
+}
+
+// adopt makes l the generation probes use, telling OnSwitch when it is
+// another than before.
+func (f *Filter) adopt(l *layout) {
+	if old := f.cur.Swap(l); old != nil && old.gen != l.gen && f.opts.OnSwitch != nil {
+		f.opts.OnSwitch(l.gen)
+	}
+}
+
+// follow returns the generation to probe again after a probe of generation
+// l answered not ready (gone: its block is missing), or nil when the filter
+// itself is not ready. Another process's rebuild drops the old generation's
+// shards just before it switches the meta to the new one, so a missing
+// block is followed by a meta read sent after it was seen: the generation
+// the meta names, or the one it announces while it switches. A block that
+// is there but not ready (the generation is being built) re-reads the meta
+// at most once per reloadEvery, as does a shard gone while the meta still
+// names its generation (Redis evicted it).
+func (f *Filter) follow(ctx context.Context, l *layout, gone bool) *layout {
+	if cur := f.cur.Load(); cur.gen != l.gen {
+		return cur // another caller moved on already
+	}
+	now := time.Now().UnixNano()
+	since := now - int64(reloadEvery)
+	rs := &f.reads
+	if gone {
+		rs.mu.Lock()
+		recent := rs.goneGen == l.gen && now-rs.goneSeen < int64(reloadEvery)
+		rs.mu.Unlock()
+		if !recent {
+			since = now
+		}
+	}
+	m, err := f.metaSince(ctx, since)
+	switch {
+	case err != nil:
+		return nil
+	case m.cur.gen != l.gen:
+		return m.cur
+	case gone && m.next != nil:
+		return m.next // switching: the next generation is whole once its blocks are ready
+	case gone:
+		rs.mu.Lock()
+		rs.goneGen, rs.goneSeen = l.gen, now
+		rs.mu.Unlock()
+	}
+	return nil
 }

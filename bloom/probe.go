@@ -72,29 +72,38 @@ func (f *Filter) Queue(ctx context.Context, pipe redis.Pipeliner, id string) Pro
 }
 
 // Result reports whether the item may be present. If its block was missing
-// or not ready, it re-reads the meta (at most ten times a second) and tests
-// again if another process switched generations meanwhile (one more round
-// trip). ErrNotReady when the filter cannot answer; Redis errors wrapped.
+// or not ready, it tests again on the generation another process switched
+// to meanwhile, if any (follow: a meta read, one more round trip).
+// ErrNotReady when the filter cannot answer; Redis errors wrapped.
 func (p Probe) Result(ctx context.Context) (bool, error) {
 	maybe, err := verdict(p.cmd, p.bit)
 	if !errors.Is(err, ErrNotReady) {
 		return maybe, err
 	}
-	if l := p.f.reloaded(ctx); l != nil && l.gen != p.l.gen {
+	if l := p.f.follow(ctx, p.l, errors.Is(err, errGone)); l != nil {
 		cmd, b := probe(ctx, l, p.id)
 		_ = p.f.rdb.Process(ctx, cmd)
-		return verdict(cmd, b)
+		if maybe, err = verdict(cmd, b); !errors.Is(err, ErrNotReady) {
+			return maybe, err
+		}
 	}
 	return false, ErrNotReady
 }
+
+// errGone is ErrNotReady for a block that is missing, not merely unready:
+// its shard was dropped (a switch) or lost.
+var errGone = fmt.Errorf("%w: shard missing", ErrNotReady)
 
 func verdict(cmd *redis.StringCmd, b blockBitsOf) (bool, error) {
 	block, err := cmd.Bytes()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return false, fmt.Errorf("bloom: test: %w", redisfail.Wrap(err))
 	}
-	// A missing shard reads as an empty string: not ready.
-	if len(block) < blockBytes || block[0]&0x80 == 0 {
+	// A missing shard reads as an empty string.
+	if len(block) < blockBytes {
+		return false, errGone
+	}
+	if block[0]&0x80 == 0 {
 		return false, ErrNotReady
 	}
 	for _, pos := range b.pos[:b.n] { // Redis bit order: most significant bit first
@@ -118,16 +127,17 @@ func (f *Filter) Test(ctx context.Context, id string) (bool, error) {
 // The result is in the order of ids. ErrNotReady if any touched shard is not
 // ready.
 func (f *Filter) TestMany(ctx context.Context, ids []string) ([]bool, error) {
-	for attempt := 0; ; attempt++ {
-		l := f.cur.Load()
-		out, err := testMany(ctx, f.rdb, l, ids)
-		if errors.Is(err, ErrNotReady) && attempt == 0 {
-			if nl := f.reloaded(ctx); nl != nil && nl.gen != l.gen {
-				continue
-			}
+	l := f.cur.Load()
+	out, err := testMany(ctx, f.rdb, l, ids)
+	if errors.Is(err, ErrNotReady) {
+		if l = f.follow(ctx, l, errors.Is(err, errGone)); l != nil {
+			out, err = testMany(ctx, f.rdb, l, ids)
 		}
-		return out, err
 	}
+	if errors.Is(err, errGone) {
+		err = ErrNotReady
+	}
+	return out, err
 }
 
 func testMany(ctx context.Context, rdb redis.UniversalClient, l *layout, ids []string) ([]bool, error) {
@@ -145,12 +155,21 @@ func testMany(ctx context.Context, rdb redis.UniversalClient, l *layout, ids []s
 		return nil, fmt.Errorf("bloom: test: %w", redisfail.Wrap(err))
 	}
 	out := make([]bool, len(ids))
+	var notReady error
 	for i := range ids {
 		ok, err := verdict(cmds[i], bits[i])
-		if err != nil {
+		switch {
+		case errors.Is(err, errGone):
+			return nil, err // a switch, or a loss: follow tells which
+		case errors.Is(err, ErrNotReady):
+			notReady = err
+		case err != nil:
 			return nil, err
 		}
 		out[i] = ok
+	}
+	if notReady != nil {
+		return nil, notReady
 	}
 	return out, nil
 }

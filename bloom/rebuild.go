@@ -116,7 +116,7 @@ func (f *Filter) Rebuild(ctx context.Context, ids iter.Seq2[string, error], opts
 		r.abort(context.WithoutCancel(ctx))
 		return count, err
 	}
-	f.cur.Store(next)
+	f.cur.Store(next) // this client's own switch: its caller knows
 	return count, nil
 }
 

@@ -89,3 +89,12 @@ func SetReadsInFlight(g *Guard, n int) {
 	}
 	g.rd.batch = batch.New(n, readBatchMax, g.runReads, g.sup.spawn)
 }
+
+// CopyGeneration is the generation of g's copy of its filter (0: none).
+func CopyGeneration(g *Guard) int64 {
+	if f := g.bf.f.Load(); f != nil {
+		gen, _ := f.CopyInfo()
+		return gen
+	}
+	return 0
+}

@@ -119,6 +119,7 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 			g.log.Warn("cacheguard: bloom filter saturated; rebuild it with a larger ExpectedItems",
 				"added", s.Added, "estimated_fp_rate", s.EstimatedFPRate, "target", s.TargetFPRate)
 		},
+		OnSwitch: func(int64) { g.wakeCopy() }, // the copy is of the old generation: fetch the new one
 	}
 	if g.tel, err = newTelemetry(g, o.Telemetry.TracerProvider, o.Telemetry.MeterProvider); err != nil {
 		return nil, fmt.Errorf("%w: opentelemetry: %w", ErrInvalidOptions, err)

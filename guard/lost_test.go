@@ -127,6 +127,20 @@ func lostWrites(t *testing.T) (*redisserver.Server, *db, *guard.Guard, *guard.Gu
 		flush(t, g)
 		gs = append(gs, g)
 	}
+	// The second Guard's rebuild switched generations: the first moves to
+	// it now (a probe), and its copy of the filter with it, so that no
+	// refresh of the copy runs later, unasked, while a test restarts Redis.
+	ctx := context.Background()
+	if _, err := gs[0].MayExist(ctx, "p0"); err != nil {
+		t.Fatal(err)
+	}
+	in, err := gs[1].Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, "the first Guard's copy of the filter is of the second's generation", func() bool {
+		return guard.CopyGeneration(gs[0]) == in.Generation
+	})
 	return srv, d, gs[0], gs[1]
 }
 

@@ -69,6 +69,10 @@ const (
 	// is not ready or a shard is lost (follow): a filter that cannot answer
 	// costs each process at most ten HGETALLs a second.
 	reloadEvery = 100 * time.Millisecond
+	// goneEvery is reloadEvery for a shard Redis lost while the meta names
+	// it: at most 100 HGETALLs a second while the loss lasts, and a switch
+	// made by a rebuild right after it is followed within 10 ms.
+	goneEvery = 10 * time.Millisecond
 )
 
 var (

@@ -436,7 +436,7 @@ func eventually(t *testing.T, within time.Duration, what string, cond func() boo
 // TestLostShardReadsTheMetaSparingly: a shard Redis lost while the meta
 // still names its generation (evicted) is not ready, and each probe of it
 // no longer re-reads the meta: one read confirms the loss, and the next
-// waits reloadEvery (100 ms). Control: the same probes of a generation
+// waits goneEvery (10 ms). Control: the same probes of a generation
 // another client switched away from re-read it and answer.
 func TestLostShardReadsTheMetaSparingly(t *testing.T) {
 	ctx := context.Background()
@@ -454,12 +454,12 @@ func TestLostShardReadsTheMetaSparingly(t *testing.T) {
 			t.Fatalf("lost shard: err = %v, want ErrNotReady", err)
 		}
 	}
-	most := 2 + int(time.Since(start)/(100*time.Millisecond))
+	most := 2 + int(time.Since(start)/(10*time.Millisecond))
 	if got := c.Counter.Names()["hgetall"]; got < 1 || got > most {
 		t.Fatalf("200 probes of a lost shard read the meta %d times in %v, want 1 to %d", got, time.Since(start), most)
 	}
 	// Control: another client rebuilds (drops generation 2, switches to 3):
-	// once the loss is 100 ms old, the next probe re-reads the meta and
+	// once the loss is 10 ms old, the next probe re-reads the meta and
 	// answers from generation 3.
 	other, err := bloom.Open(ctx, redistest.Connect(t), c.Prefix+":bf", nil)
 	if err != nil {

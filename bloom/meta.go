@@ -266,7 +266,9 @@ func (f *Filter) adopt(l *layout) {
 // the meta names, or the one it announces while it switches. A block that
 // is there but not ready (the generation is being built) re-reads the meta
 // at most once per reloadEvery, as does a shard gone while the meta still
-// names its generation (Redis evicted it).
+// names its generation (Redis evicted it), at most once per goneEvery: a
+// rebuild that follows the loss switches soon, and a process that confirmed
+// the loss then answers ErrNotReady for goneEvery at most.
 func (f *Filter) follow(ctx context.Context, l *layout, gone bool) *layout {
 	if cur := f.cur.Load(); cur.gen != l.gen {
 		return cur // another caller moved on already
@@ -276,7 +278,7 @@ func (f *Filter) follow(ctx context.Context, l *layout, gone bool) *layout {
 	rs := &f.reads
 	if gone {
 		rs.mu.Lock()
-		recent := rs.goneGen == l.gen && now-rs.goneSeen < int64(reloadEvery)
+		recent := rs.goneGen == l.gen && now-rs.goneSeen < int64(goneEvery)
 		rs.mu.Unlock()
 		if !recent {
 			since = now

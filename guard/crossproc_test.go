@@ -31,6 +31,7 @@ var childRoles = map[string]func(redis.UniversalClient) int{
 	"crash-holder":  childCrashHolder,
 	"crash-waiter":  childCrashWaiter,
 	"stale-readers": childStale,
+	"switch":        childSwitch,
 }
 
 // childGuard opens the parent's Guard: same prefix, name and sizing.

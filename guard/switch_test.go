@@ -56,13 +56,14 @@ func switchSha(t *testing.T) string {
 //     and announces the new one.
 //   - crowd: many of a's reads find the old generation gone at once; the
 //     first one's re-read of the meta is held until the others found it too.
+//   - process: crowd, the rebuild made by another process (childSwitch).
 //
 // Before this was fixed (a re-read at most every 100 ms, by one caller, the
 // others answering ErrNotReady; and none between drop and switch) both
 // failed: 15 of 16 concurrent Gets answered 503 at a switch.
 func TestSwitchInAnotherGuard(t *testing.T) {
 	clusterToo(t)
-	for _, tc := range []string{"window", "crowd"} {
+	for _, tc := range []string{"window", "crowd", "process"} {
 		t.Run(tc, func(t *testing.T) {
 			n := switchCase(t, tc)
 			t.Logf("%s: %v", tc, n)
@@ -170,20 +171,6 @@ func switchCase(t *testing.T, how string) *switchCounts {
 		})
 		return &wg
 	}
-	source := func() func(func(string, error) bool) {
-		return func(yield func(string, error) bool) {
-			for id, err := range ids("p", 100) {
-				if !yield(id, err) {
-					return
-				}
-			}
-			for i := range 300 {
-				if !yield(fmt.Sprintf("new%d", i), nil) {
-					return
-				}
-			}
-		}
-	}
 	switch how {
 	case "window":
 		// b's switch waits until a's reads are done.
@@ -200,7 +187,7 @@ func switchCase(t *testing.T, how string) *switchCounts {
 		hb.sending.Store(&hold)
 		done := make(chan error, 1)
 		go func() {
-			_, err := b.Rebuild(ctx, source(), nil)
+			_, err := b.Rebuild(ctx, switchSource, nil)
 			done <- err
 		}()
 		<-held
@@ -214,9 +201,13 @@ func switchCase(t *testing.T, how string) *switchCounts {
 		// a still probes the old generation: its next read moves on.
 		_, err := guard.Get(ctx, a, "p1", load)
 		count("p1", err)
-	case "crowd":
-		if _, err := b.Rebuild(ctx, source(), nil); err != nil {
-			t.Fatal(err)
+	case "crowd", "process":
+		if how == "crowd" {
+			if _, err := b.Rebuild(ctx, switchSource, nil); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			redistest.Spawn(t, "switch", "PREFIX="+ca.Prefix, "NAME=sw-"+how).Wait(t, false)
 		}
 		// a's first re-read of the meta waits until every other read has
 		// either answered or waits for it.
@@ -254,4 +245,37 @@ func switchCase(t *testing.T, how string) *switchCounts {
 		return guard.CopyGeneration(a) == in.Generation
 	})
 	return &n
+}
+
+// switchSource is the rebuild of the switch: p0..p99, and new0..new299,
+// rows that a's copy of the filter has never seen.
+func switchSource(yield func(string, error) bool) {
+	for id, err := range ids("p", 100) {
+		if !yield(id, err) {
+			return
+		}
+	}
+	for i := range 300 {
+		if !yield(fmt.Sprintf("new%d", i), nil) {
+			return
+		}
+	}
+}
+
+// childSwitch rebuilds the filter of Guard NAME under PREFIX from
+// switchSource: another process's switch.
+func childSwitch(rdb redis.UniversalClient) int {
+	ctx := context.Background()
+	g, err := guard.New(ctx, rdb, os.Getenv("NAME"), &guard.Options{KeyPrefix: os.Getenv("PREFIX"),
+		Filter: guard.FilterOptions{ExpectedItems: 1000}})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	defer g.Close()
+	if _, err := g.Rebuild(ctx, switchSource, nil); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
 }

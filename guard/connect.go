@@ -24,17 +24,18 @@ import (
 // filterState is the Guard's bloom filter and what it knows of its health
 // (Guard.bf).
 type filterState struct {
-	f          atomic.Pointer[bloom.Filter] // nil until opened (New while Redis was down); see filter
-	opts       *bloom.Options
-	bypassing  atomic.Bool   // the filter answered ErrNotReady last time (logged once per episode)
-	rebuilding atomic.Bool   // an automatic rebuild is under way (autoRebuild)
-	stale      atomic.Bool   // Redis restarted: the filter may lack recent Adds; rebuild it though it is ready
-	mu         sync.Mutex    // held by each rebuild of this Guard's, automatic or not: one at a time; guards the two below
-	lastAuto   time.Time     // when this Guard last started an automatic rebuild
-	autoWait   time.Duration // the back-off after it (see mayAutoRebuild)
-	copyWake   chan struct{} // cuts the wait of the filter's copy short (keepCopy); made by New, buffer 1
-	copyHold   sync.Mutex    // held by each refresh of the copy; guards copyAt
-	copyAt     time.Time     // when a refresh last landed; guarded by copyHold
+	f           atomic.Pointer[bloom.Filter] // nil until opened (New while Redis was down); see filter
+	opts        *bloom.Options
+	bypassing   atomic.Bool   // the filter answered ErrNotReady last time (logged once per episode)
+	rebuilding  atomic.Bool   // an automatic rebuild is under way (autoRebuild)
+	stale       atomic.Bool   // Redis restarted: the filter may lack recent Adds; rebuild it though it is ready
+	mu          sync.Mutex    // held by each rebuild of this Guard's, automatic or not: one at a time; guards the two below
+	lastAuto    time.Time     // when this Guard last started an automatic rebuild
+	autoWait    time.Duration // the back-off after it (see mayAutoRebuild)
+	copyWake    chan struct{} // cuts the wait of the filter's copy short (keepCopy); made by New, buffer 1
+	copyHold    sync.Mutex    // held by each refresh of the copy; guards copyAt
+	copyAt      time.Time     // when a refresh last landed; guarded by copyHold
+	refusedOnce sync.Once     // the ACL refused the automatic rebuild a command: said once
 	// evictionChecked: the eviction policy was read (or refused) once.
 	evictionChecked atomic.Bool
 }
@@ -301,6 +302,8 @@ func (g *Guard) rebuildOnce(ctx context.Context, cause string) (done bool) {
 			"cause", cause, "err", err)
 	case ctx.Err() != nil:
 		return true // closing
+	case reply(err):
+		g.bf.refusedOnce.Do(func() { g.refused(ctx, "the automatic rebuild of the bloom filter", err) })
 	default:
 		g.log.Warn("cacheguard: automatic bloom rebuild failed; trying again", "cause", cause, "err", g.fail(ctx, "rebuild", "", err))
 	}
@@ -322,10 +325,14 @@ func (g *Guard) autoWaiting() bool {
 func (g *Guard) mayAutoRebuild(ctx context.Context) bool {
 	wait, err := autoRebuildScript.Run(ctx, g.rdb, []string{g.keys.Filter().AutoRebuilt()},
 		autoMin.Milliseconds(), autoMax.Milliseconds()).Int64()
-	if err != nil || wait == 0 {
-		if err == nil {
-			g.log.Info("cacheguard: an automatic bloom rebuild started a moment ago (here or elsewhere); waiting before the next")
-		}
+	switch {
+	case reply(err):
+		g.bf.refusedOnce.Do(func() { g.refused(ctx, "the automatic rebuild of the bloom filter", err) })
+		return false
+	case err != nil:
+		return false
+	case wait == 0:
+		g.log.Info("cacheguard: an automatic bloom rebuild started a moment ago (here or elsewhere); waiting before the next")
 		return false
 	}
 	b := &g.bf

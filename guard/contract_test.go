@@ -3,15 +3,19 @@ package guard_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"iter"
 	"log/slog"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cacheguard/cacheguard/guard"
+	"github.com/cacheguard/cacheguard/internal/keyspace"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
@@ -91,40 +95,6 @@ func TestErrUnavailableWhenRedisRefusesWrites(t *testing.T) {
 	}
 }
 
-// aclCommands is every command a Guard sends, directly or from its scripts:
-// the least-privilege user of README's "Redis ACL" section.
-var aclCommands = strings.Fields(
-	"bitfield bitop del eval evalsha exists get getrange hdel hexists hget hgetall hincrby hkeys hset incr scan " +
-		"pexpire pttl publish script|load set setrange subscribe time unlink bitcount getbit " +
-		"memory|usage",
-)
-
-// aclUser creates (on every node) a user limited to keys and channels under
-// prefix and to aclCommands, and returns a client logged in as that user.
-func aclUser(t *testing.T, c *redistest.Conn, user, prefix string) redis.UniversalClient {
-	t.Helper()
-	ctx := context.Background()
-	rule := []any{"ACL", "SETUSER", user, "reset", "on", ">secret", "~" + prefix + ":*", "&" + prefix + ":*", "-@all"}
-	cmds := aclCommands
-	if redistest.ClusterMode() { // a cluster client reads the slot map
-		cmds = append(cmds[:len(cmds):len(cmds)], "cluster|slots")
-	}
-	for _, cmd := range cmds {
-		rule = append(rule, "+"+cmd)
-	}
-	if err := c.ForEachNode(ctx, func(ctx context.Context, n *redis.Client) error {
-		return n.Do(ctx, rule...).Err()
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = c.ForEachNode(ctx, func(ctx context.Context, n *redis.Client) error {
-			return n.Do(ctx, "ACL", "DELUSER", user).Err()
-		})
-	})
-	return redistest.ConnectAs(t, user, "secret")
-}
-
 // TestLeastPrivilegeACL: a user whose keys and channels are limited to
 // "<KeyPrefix>:*" runs the whole API (every key and channel of a Guard starts
 // with the prefix); a user limited to another prefix gets ErrUnavailable,
@@ -134,10 +104,13 @@ func TestLeastPrivilegeACL(t *testing.T) {
 	ctx := context.Background()
 	c := redistest.Connect(t)
 	prefix := c.Prefix
-	rdb := aclUser(t, c, "cg-"+prefix, prefix)
+	user := "cg-" + prefix
+	rdb := c.ACLUser(t, user, prefix, keyspace.ACLService)
 	logs := newLogWatch()
-	opts := &guard.Options{KeyPrefix: prefix, Local: &guard.LocalOptions{}, Filter: guard.FilterOptions{ExpectedItems: 10_000},
-		Logger: slog.New(logs)}
+	var ranged atomic.Int32
+	source := func(context.Context) iter.Seq2[string, error] { ranged.Add(1); return ids("p", 10) }
+	opts := &guard.Options{KeyPrefix: prefix, Local: &guard.LocalOptions{},
+		Filter: guard.FilterOptions{ExpectedItems: 10_000, IDs: source}, Logger: slog.New(logs)}
 	g, err := guard.New(ctx, rdb, "product", opts)
 	if err != nil {
 		t.Fatalf("New as a user limited to %s:*: %v", prefix, err)
@@ -162,6 +135,7 @@ func TestLeastPrivilegeACL(t *testing.T) {
 		return out
 	}
 	before := outside()
+	var healthy string // the log until the incident
 	steps := []struct {
 		name string
 		run  func() error
@@ -170,6 +144,10 @@ func TestLeastPrivilegeACL(t *testing.T) {
 		{"Get miss", func() error { _, err := guard.Get(ctx, g, "p1", d.load); return err }},
 		{"Get hit", func() error { _, err := guard.Get(ctx, g, "p1", d.load); return err }},
 		{"Peek", func() error { _, _, err := g.Peek(ctx, "p2"); return err }},
+		{"GetMany", func() error { // on a Cluster its reads span masters
+			_, err := guard.GetMany(ctx, g, []string{"p1", "p4", "p5", "p6", "nope"}, (&batchDB{db: d}).loadMany)
+			return err
+		}},
 		{"MayExist", func() error { _, err := g.MayExist(ctx, "p3"); return err }},
 		{"Add", func() error { return g.Add(ctx, "p10") }},
 		{"Get marker", func() error {
@@ -180,36 +158,84 @@ func TestLeastPrivilegeACL(t *testing.T) {
 		}},
 		{"Invalidate", func() error { return g.Invalidate(ctx, "p1", "p10") }},
 		{"Info", func() error { _, err := g.Info(ctx); return err }},
+		{"the automatic rebuild after Redis lost everything", func() error {
+			before := ranged.Load()
+			logs.mu.Lock()
+			healthy = strings.Join(logs.msgs, "\n")
+			logs.mu.Unlock()
+			if err := c.DropOwn(ctx); err != nil {
+				return err
+			}
+			// A Get finds the filter gone and starts the rebuild.
+			if _, err := guard.Get(ctx, g, "p2", d.load); err != nil {
+				return err
+			}
+			if !redistest.Poll(20*time.Second, func() bool {
+				in, err := g.Info(ctx)
+				return err == nil && in.Ready && ranged.Load() > before
+			}) {
+				return fmt.Errorf("no rebuild within 20 s: Filter.IDs ranged %d times", ranged.Load()-before)
+			}
+			return nil
+		}},
 	}
 	for _, s := range steps {
 		if err := s.run(); err != nil {
 			t.Fatalf("%s as a least-privilege user: %v", s.name, err)
 		}
 	}
+	if !testing.Short() { // the local copy's subscription pings Redis when idle for 3 s
+		eventually(t, 10*time.Second, "the subscription's health check (PING)", func() bool {
+			var pinged atomic.Bool
+			_ = c.ForEachNode(ctx, func(ctx context.Context, n *redis.Client) error {
+				list, err := n.ClientList(ctx).Result()
+				pinged.CompareAndSwap(false, strings.Contains(list, "cmd=ping user="+user))
+				return err
+			})
+			return pinged.Load()
+		})
+	}
+	if refused := c.Refused(t, user); len(refused) != 0 {
+		t.Fatalf("ACL LOG of the least-privilege user of docs/operations.md: %v", refused)
+	}
 	if st := g.Stats(); st.RedisErrors != 0 {
 		t.Fatalf("redis errors as a least-privilege user: %+v", st)
 	}
-	// No INFO (a @dangerous command): the eviction policy is unknown, said
-	// once at INFO; noticing lost writes needs none (its marks were read:
-	// the first read after a write checks them). With README's client, the
-	// whole run writes no WARN.
+	// With README's client, the whole run, the rebuild included, writes no
+	// WARN, and nothing is refused.
 	logs.mu.Lock()
 	all := strings.Join(logs.msgs, "\n")
 	logs.mu.Unlock()
-	if strings.Count(all, "INFO cacheguard: cannot read redis's eviction policy") != 1 || strings.Contains(all, "refuses a command") {
-		t.Fatalf("logs as a user without INFO:\n%s", all)
+	if strings.Contains(all, "cannot read redis's eviction policy") || strings.Contains(all, "refuses a command") {
+		t.Fatalf("logs as the least-privilege user:\n%s", all)
 	}
-	if n := strings.Count(all, "WARN "); n != 0 {
-		t.Fatalf("%d WARN lines as the least-privilege user of docs/operations.md:\n%s", n, all)
+	if n := strings.Count(healthy, "WARN "); n != 0 || strings.Contains(all, "ERROR ") {
+		t.Fatalf("%d WARN lines before the incident, as the least-privilege user of docs/operations.md:\n%s", n, all)
 	}
-	t.Logf("least-privilege Guard: %d WARN lines", strings.Count(all, "WARN "))
+	t.Logf("least-privilege Guard: %d WARN lines, all in the incident", strings.Count(all, "WARN "))
 	for k := range outside() {
 		if !before[k] {
 			t.Errorf("key %q does not start with the KeyPrefix %q", k, prefix)
 		}
 	}
 
-	other := aclUser(t, c, "cg-other-"+prefix, "elsewhere")
+	// Without INFO (the one @dangerous command of the user) the eviction
+	// policy is unknown: said once, at INFO.
+	noInfo := newLogWatch()
+	gi, err := guard.New(ctx, c.ACLUser(t, "cg-noinfo-"+prefix, prefix, strings.ReplaceAll(keyspace.ACLService, "+info", "")),
+		"product", &guard.Options{KeyPrefix: prefix, Logger: slog.New(noInfo)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = gi.Close()
+	noInfo.mu.Lock()
+	infoLines := strings.Join(noInfo.msgs, "\n")
+	noInfo.mu.Unlock()
+	if n := strings.Count(infoLines, "INFO cacheguard: cannot read redis's eviction policy"); n != 1 {
+		t.Fatalf("a user without +info: %d lines say the eviction policy is unknown, want 1:\n%s", n, infoLines)
+	}
+
+	other := c.ACLUser(t, "cg-other-"+prefix, "elsewhere", keyspace.ACLService)
 	_, err = guard.New(ctx, other, "product", opts)
 	if !errors.Is(err, guard.ErrUnavailable) {
 		t.Fatalf("New as a user limited to another prefix: %v, want ErrUnavailable", err)
@@ -257,5 +283,33 @@ func TestSentinelsNameThePackage(t *testing.T) {
 		if !strings.HasPrefix(err.Error(), "cacheguard: ") {
 			t.Errorf("sentinel %q does not start with \"cacheguard: \"", err)
 		}
+	}
+}
+
+// TestRefusedCommandIsNamed: a user without a command the automatic
+// rebuild runs (HMGET, inside auto_rebuild.lua, where Redis names only the
+// script's line) gets one ERROR that names it, and no rebuild; the user of
+// docs/operations.md (TestLeastPrivilegeACL) rebuilds.
+func TestRefusedCommandIsNamed(t *testing.T) {
+	clusterToo(t)
+	ctx := context.Background()
+	c := redistest.Connect(t)
+	logs := newLogWatch()
+	rdb := c.ACLUser(t, "cg-nohmget-"+c.Prefix, c.Prefix, strings.ReplaceAll(keyspace.ACLService, "+hmget", ""))
+	g, err := guard.New(ctx, rdb, "product", &guard.Options{KeyPrefix: c.Prefix, Logger: slog.New(logs),
+		Filter: guard.FilterOptions{ExpectedItems: 1000, IDs: func(context.Context) iter.Seq2[string, error] { return ids("p", 10) }}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if _, err := guard.Get(ctx, g, "p1", newDB(10).load); err != nil { // the filter was never built: the rebuild starts
+		t.Fatal(err)
+	}
+	logs.wait(t, "ERROR cacheguard: redis refuses a command the Guard needs (ACL): the automatic rebuild")
+	logs.mu.Lock()
+	all := strings.Join(logs.msgs, "\n")
+	logs.mu.Unlock()
+	if !strings.Contains(all, "command=hmget") || strings.Count(all, "refuses a command") != 1 {
+		t.Fatalf("the refusal must be said once, naming hmget:\n%s", all)
 	}
 }

@@ -237,11 +237,13 @@ func (g *Guard) writesLost(ids []string, overflow bool) {
 	g.autoRebuild("redis lost writes")
 }
 
-// refused says once, at ERROR, that the ACL refuses a command the Guard
-// needs for what.
+// refused says, at ERROR, that the ACL refuses a command the Guard needs
+// for what, naming the command to add to the Guard's user (from a script:
+// the command on the line Redis names).
 func (g *Guard) refused(ctx context.Context, what string, err error) {
-	g.log.ErrorContext(ctx, "cacheguard: redis refuses a command the Guard needs (ACL?); "+what+" cannot work "+
-		"(docs/operations.md, Redis ACL)", "err", redisfail.Wrap(err))
+	cmd := redisfail.Refused(err, autoRebuildLua, delIfEqualLua, inspectLua, setPositionLua, clearMarkersLua, replaceLua)
+	g.log.ErrorContext(ctx, "cacheguard: redis refuses a command the Guard needs (ACL): "+what+" cannot work "+
+		"until the Guard's user may run it (docs/operations.md, Redis ACL)", "command", cmd, "err", redisfail.Wrap(err))
 }
 
 // eachMaster runs fn on every master of a cluster or ring, or on rdb. A

@@ -19,6 +19,7 @@ import (
 	"github.com/cacheguard/cacheguard/guard"
 	"github.com/cacheguard/cacheguard/internal/keyspace"
 	"github.com/cacheguard/cacheguard/internal/redisserver"
+	"github.com/cacheguard/cacheguard/internal/redistest"
 	"github.com/cacheguard/cacheguard/internal/testcert"
 )
 
@@ -253,28 +254,32 @@ func TestUsageErrors(t *testing.T) {
 	cli(t, down, "", "-name", "x", "-timeout", "300ms", "info").want(t, exitFailed, "nothing listening")
 }
 
-// TestACLUser: a least-privilege user from REDIS_URL (and from -user with
-// REDIS_PASSWORD); a wrong password fails.
+// TestACLUser: the command's least-privilege user of docs/operations.md
+// (keyspace.ACLCommand), from REDIS_URL (and from -user with
+// REDIS_PASSWORD), runs every subcommand with nothing in ACL LOG; a wrong
+// password, and a prefix outside the user's keys, fail.
 func TestACLUser(t *testing.T) {
 	_, addr := tcpServer(t)
 	ctx := context.Background()
 	admin := redis.NewClient(&redis.Options{Addr: addr})
 	defer admin.Close()
-	// The README's least-privilege list, on the Guard's prefix.
-	if err := admin.Do(ctx, "ACL", "SETUSER", "ops", "on", ">s3cret", "resetkeys", "~cg:*", "resetchannels", "&cg:*", "-@all",
-		"+get", "+set", "+del", "+unlink", "+exists", "+pexpire", "+pttl", "+time", "+publish", "+subscribe", "+eval", "+evalsha",
-		"+getrange", "+setrange", "+bitfield", "+bitop", "+hget", "+hset", "+hdel", "+hexists", "+hgetall", "+hincrby", "+hkeys", "+info", "+scan",
-		"+bitcount", "+getbit", "+memory|usage").Err(); err != nil {
+	if err := redistest.SetUser(ctx, admin, "ops", "cg", keyspace.ACLCommand); err != nil {
 		t.Fatal(err)
 	}
-	env := map[string]string{"REDIS_URL": "redis://ops:s3cret@" + addr}
+	env := map[string]string{"REDIS_URL": "redis://ops:secret@" + addr}
 	cli(t, env, "p1\np2\n", "-name", "product", "rebuild").want(t, exitOK, "rebuild as the ACL user")
 	cli(t, env, "", "-name", "product", "check", "p1").want(t, exitOK, "check as the ACL user")
-	env2 := map[string]string{"REDIS_URL": "redis://" + addr, "REDIS_PASSWORD": "s3cret"}
+	cli(t, env, "", "-name", "product", "get", "p1").want(t, exitNotFound, "get as the ACL user")
+	cli(t, env, "", "-name", "product", "invalidate", "p1", "p2").want(t, exitOK, "invalidate as the ACL user")
+	cli(t, env, "p1\np2\np3\n", "-name", "product", "rebuild").want(t, exitOK, "a second rebuild (a switch) as the ACL user")
+	env2 := map[string]string{"REDIS_URL": "redis://" + addr, "REDIS_PASSWORD": "secret"}
 	cli(t, env2, "", "-name", "product", "-user", "ops", "info").want(t, exitOK, "-user with REDIS_PASSWORD")
+	if refused, err := redistest.RefusedOn(ctx, admin, "ops"); err != nil || len(refused) != 0 {
+		t.Fatalf("ACL LOG of the command's user: %v, %v", refused, err)
+	}
 	wrong := map[string]string{"REDIS_URL": "redis://ops:wrong@" + addr}
 	cli(t, wrong, "", "-name", "product", "info").want(t, exitFailed, "a wrong password")
-	other := map[string]string{"REDIS_URL": "redis://ops:s3cret@" + addr}
+	other := map[string]string{"REDIS_URL": "redis://ops:secret@" + addr}
 	cli(t, other, "", "-name", "product", "-prefix", "other", "info").want(t, exitFailed, "a prefix outside the user's keys")
 }
 

@@ -865,3 +865,41 @@ func readMessage(r *bufio.Reader, typed int) ([]byte, error) {
 	_, err := io.ReadFull(r, msg[typed+4:])
 	return msg, err
 }
+
+// TestSetupGrants: -create (Setup) as a role with REPLICATION alone: the
+// publication needs CREATE on the database and the table's ownership.
+// Setup ends with ErrSetup giving the grants; the test runs them as an
+// administrator would, and Setup then succeeds. The role then follows.
+func TestSetupGrants(t *testing.T) {
+	t.Parallel()
+	fx := newOn(t, 1)
+	url := os.Getenv(envPG)
+	n := fx.name
+	fx.exec("CREATE ROLE " + n + "_rep LOGIN REPLICATION")
+	role := strings.Replace(url, "postgres@", n+"_rep@", 1)
+	opts := &pgfollow.Options{Slot: n + "_g", Publication: n + "_g"}
+	t.Cleanup(func() { _ = pgfollow.DropSlot(context.Background(), url, n+"_g") })
+	err := pgfollow.Setup(context.Background(), role, opts, n)
+	_, fixes, ok := strings.Cut(fmt.Sprint(err), "(or run -create once as a superuser): ")
+	if !errors.Is(err, pgfollow.ErrSetup) || !ok || !strings.Contains(fixes, "GRANT CREATE ON DATABASE") {
+		t.Fatalf("Setup without the grants: %v; want ErrSetup giving them", err)
+	}
+	for _, sql := range strings.Split(fixes, "; ") {
+		fx.exec(sql)
+	}
+	if err := pgfollow.Setup(context.Background(), role, opts, n); err != nil {
+		t.Fatalf("Setup after %s: %v", fixes, err)
+	}
+	f, err := pgfollow.New(role, fx.table(fx.guard(fx.rdb)), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx) }()
+	waitFor(t, "the role to follow", func() bool { return f.Stats().Following })
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run as the role: %v", err)
+	}
+}

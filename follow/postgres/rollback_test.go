@@ -16,6 +16,7 @@ import (
 
 	pgfollow "github.com/cacheguard/cacheguard/follow/postgres"
 	"github.com/cacheguard/cacheguard/guard"
+	"github.com/cacheguard/cacheguard/internal/keyspace"
 	"github.com/cacheguard/cacheguard/internal/redisserver"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
@@ -61,6 +62,7 @@ func TestRedisRollback(t *testing.T) {
 			}
 			at2, at5 := rb.staleAt(2*time.Second), rb.staleAt(repairBound)
 			loaded := rb.unguarded()
+			rb.refused()
 			t.Logf("%s: stale rows after redis answered again: 0 within %s; %d at 2 s, %d at 5 s (of %d updated); "+
 				"%d of %d unknown IDs loaded at 5 s", tc.name, repaired, at2, at5, updated, loaded, unknownIDs)
 			switch {
@@ -95,7 +97,37 @@ type rollback struct {
 	answered time.Time        // when Redis answered again after the crash (or was flushed)
 	repairOn bool             // the follower started after the crash repairs
 	flush    bool             // Redis was flushed, not restarted from the dump
-	unrepair *positionsHidden // on the followers' client (rdb): a second follower has a client of its own
+	unrepair *positionsHidden // on the followers' client (fol): a second follower has a client of its own
+	fol      *redis.Client    // the followers' client, as the follower's user of docs/operations.md
+}
+
+// followerUser is the followers' Redis user (keyspace.ACLFollower).
+const followerUser = "pgf"
+
+// asFollower creates the followers' user on srv (again after a restart: an
+// ACL SETUSER is not in a dump; a deployment has it in its ACL file) and
+// returns a client logged in as it.
+func (rb *rollback) asFollower() *redis.Client {
+	rb.t.Helper()
+	if err := redistest.SetUser(context.Background(), rb.admin(), followerUser, rb.fx.prefix, keyspace.ACLFollower); err != nil {
+		rb.t.Fatal(err)
+	}
+	o := rb.srv.Options()
+	o.Username, o.Password = followerUser, "secret"
+	c := redis.NewClient(o)
+	rb.t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func (rb *rollback) admin() *redis.Client { return rb.fx.rdb.(*redis.Client) }
+
+// refused fails the test if Redis refused the followers' user a command
+// since it (re)started.
+func (rb *rollback) refused() {
+	rb.t.Helper()
+	if r, err := redistest.RefusedOn(context.Background(), rb.admin(), followerUser); err != nil || len(r) != 0 {
+		rb.t.Fatalf("ACL LOG of the follower's user (keyspace.ACLFollower): %v, %v", r, err)
+	}
 }
 
 func newRollback(t *testing.T) *rollback {
@@ -103,7 +135,9 @@ func newRollback(t *testing.T) *rollback {
 	readerRDB := redis.NewClient(srv.Options())
 	t.Cleanup(func() { _ = readerRDB.Close() })
 	fx := newFixture(t, os.Getenv(envPG), rdb, readerRDB, "rollback", rollbackRows)
-	rb := &rollback{t: t, srv: srv, fx: fx, g: fx.guard(rdb), unrepair: hidePositions(rdb, fx)}
+	rb := &rollback{t: t, srv: srv, fx: fx}
+	rb.fol = rb.asFollower()
+	rb.g, rb.unrepair = fx.guard(rb.fol), hidePositions(rb.fol, fx)
 	f, stop := fx.follow(rb.g)
 	rb.f, rb.stop = f, func() { stop(); _ = rb.g.Close() }
 	fx.warm(rollbackRows)
@@ -129,6 +163,7 @@ func newRollback(t *testing.T) *rollback {
 // crash SIGKILLs Redis and restarts it from the dump.
 func (rb *rollback) crash() {
 	rb.t.Helper()
+	rb.refused()
 	if err := rb.srv.Kill(); err != nil {
 		rb.t.Fatal(err)
 	}
@@ -136,6 +171,9 @@ func (rb *rollback) crash() {
 		rb.t.Fatal(err)
 	}
 	rb.answered = time.Now()
+	if err := redistest.SetUser(context.Background(), rb.admin(), followerUser, rb.fx.prefix, keyspace.ACLFollower); err != nil {
+		rb.t.Fatal(err)
+	}
 }
 
 // readerOn is a client of srv's of its own, closed when the test ends.
@@ -174,7 +212,7 @@ func (rb *rollback) restarted() {
 	rb.stop()
 	rb.crash()
 	rb.unrepair.on.Store(!rb.repairOn)
-	f, _ := rb.fx.followOn(rb.fx.url, rb.fx.guard(rb.fx.rdb))
+	f, _ := rb.fx.followOn(rb.fx.url, rb.fx.guard(rb.fol))
 	if rb.repairOn {
 		rb.within("the new follower's repair", func() bool { return f.Stats().Rollbacks > 0 })
 	}
@@ -202,8 +240,7 @@ func (rb *rollback) flushed() {
 
 // standby: a second follower stands by; the first stops after the crash.
 func (rb *rollback) standby() {
-	own := redis.NewClient(rb.srv.Options()) // the positions stay visible to the second alone
-	rb.t.Cleanup(func() { _ = own.Close() })
+	own := rb.asFollower() // the positions stay visible to the second alone
 	second, _ := rb.fx.followOn(rb.fx.url, rb.fx.guard(own))
 	waitFor(rb.t, "the second to stand by", func() bool { return second.Stats().Standby })
 	rb.unrepair.on.Store(true) // the first must not repair: the second takes over unrepaired

@@ -216,12 +216,33 @@ func Setup(ctx context.Context, conn string, opts *Options, tables ...string) er
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("pgfollow: publication %s: %w", pub, err)
+		return fmt.Errorf("pgfollow: publication %s: %w", pub, grants(ctx, c, quoted, err))
 	}
 	if rows, err = query(ctx, c, "SELECT 1 FROM pg_replication_slots WHERE slot_name = "+literal(f.opts.Slot)); err != nil || len(rows) > 0 {
 		return err
 	}
 	return createSlot(ctx, c, f.opts.Slot)
+}
+
+// grants turns PostgreSQL's refusal to make or change the publication
+// (insufficient_privilege) into an ErrSetup that gives the grants: CREATE
+// on the database, and ownership of each table published.
+func grants(ctx context.Context, c *pgconn.PgConn, tables []string, err error) error {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != "42501" {
+		return err
+	}
+	who, qerr := query(ctx, c, "SELECT current_database(), current_user")
+	if qerr != nil || len(who) != 1 || len(who[0]) != 2 {
+		return fmt.Errorf("%w: %s: the role needs CREATE on the database and to own the tables", ErrSetup, pe.Message)
+	}
+	db, role := ident(who[0][0]), ident(who[0][1])
+	fix := []string{"GRANT CREATE ON DATABASE " + db + " TO " + role}
+	for _, t := range tables {
+		fix = append(fix, "ALTER TABLE "+t+" OWNER TO "+role)
+	}
+	return fmt.Errorf("%w: %s: a publication is made by a role with CREATE on the database that owns its tables "+
+		"(or run -create once as a superuser): %s", ErrSetup, pe.Message, strings.Join(fix, "; "))
 }
 
 // createSlot creates a pgoutput slot: it keeps the changes from now on.

@@ -21,3 +21,10 @@ func Example() {
 	// cg:product:bf:{cg:product:bf:1:0}
 	// cg:product:loaded
 }
+
+func ExampleACLSetUser() {
+	fmt.Println(keyspace.ACLSetUser("app", "cg", "+get +set +hget"))
+	// Output:
+	// ACL SETUSER app on >secret resetkeys ~cg:* resetchannels &cg:* -@all
+	//     +get +set +hget
+}

@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -30,6 +31,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/cacheguard/cacheguard/internal/cmdcount"
+	"github.com/cacheguard/cacheguard/internal/keyspace"
 	"github.com/cacheguard/cacheguard/internal/redisserver"
 )
 
@@ -385,4 +387,69 @@ func (l *Logs) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// ACLUser creates, on every node, a user limited to prefix's keys and
+// channels and to cmds (keyspace.ACLService and its kin; on a cluster
+// keyspace.ACLCluster too), deleted when the test ends, and returns a
+// client logged in as it (ConnectAs).
+func (c *Conn) ACLUser(t testing.TB, user, prefix, cmds string) redis.UniversalClient {
+	t.Helper()
+	ctx := context.Background()
+	if ClusterMode() {
+		cmds += " " + keyspace.ACLCluster
+	}
+	if err := c.ForEachNode(ctx, func(ctx context.Context, n *redis.Client) error {
+		return SetUser(ctx, n, user, prefix, cmds)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = c.ForEachNode(ctx, func(ctx context.Context, n *redis.Client) error {
+			return n.Do(ctx, "ACL", "DELUSER", user).Err()
+		})
+	})
+	return ConnectAs(t, user, "secret")
+}
+
+// SetUser creates user (password "secret") on the node n, limited to
+// prefix's keys and channels and to cmds (keyspace.ACLRule).
+func SetUser(ctx context.Context, n *redis.Client, user, prefix, cmds string) error {
+	rule := []any{"ACL", "SETUSER", user, "reset", "on", ">secret"}
+	for _, r := range keyspace.ACLRule(prefix, cmds) {
+		rule = append(rule, r)
+	}
+	return n.Do(ctx, rule...).Err()
+}
+
+// Refused lists what every node's ACL LOG holds of user's (RefusedOn).
+func (c *Conn) Refused(t testing.TB, user string) []string {
+	t.Helper()
+	var out []string
+	var mu sync.Mutex
+	if err := c.ForEachNode(context.Background(), func(ctx context.Context, n *redis.Client) error {
+		r, err := RefusedOn(ctx, n, user)
+		mu.Lock()
+		out = append(out, r...)
+		mu.Unlock()
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// RefusedOn lists what n's ACL LOG holds of user's NOPERM refusals: each
+// as "reason object (count)", the object a command, a key or a channel
+// (failed logins, reason "auth", are not refusals).
+func RefusedOn(ctx context.Context, n *redis.Client, user string) ([]string, error) {
+	entries, err := n.ACLLog(ctx, 1000).Result()
+	var out []string
+	for _, e := range entries {
+		if e.Username == user && e.Reason != "auth" {
+			out = append(out, fmt.Sprintf("%s %s (%d)", e.Reason, e.Object, e.Count))
+		}
+	}
+	return out, err
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/cacheguard/cacheguard/guard"
+	"github.com/cacheguard/cacheguard/internal/keyspace"
 	"github.com/cacheguard/cacheguard/internal/pgserver"
 	"github.com/cacheguard/cacheguard/internal/redisserver"
 	"github.com/cacheguard/cacheguard/internal/redistest"
@@ -34,7 +35,7 @@ func TestCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	rs := redistest.Server(t)
-	args := []string{"-pg", srv.URL("postgres"), "-redis", "unix://" + rs.Addr, "-prefix", c.Prefix,
+	args := []string{"-pg", srv.URL("postgres"), "-redis", followerURL(rs, c), "-prefix", c.Prefix,
 		"-table", "products=product", "-create", "-metrics", fmt.Sprintf("127.0.0.1:%d", port)}
 	cmdCtx, stop := context.WithCancel(ctx)
 	var stderr bytes.Buffer
@@ -112,7 +113,20 @@ func newProducts(t *testing.T, settings ...string) (*pgserver.Server, *pgxpool.P
 		}
 	}
 	c := redistest.Connect(t)
-	reader, err := guard.New(ctx, c, "product", &guard.Options{KeyPrefix: c.Prefix})
+	// The reader and the follower run as the users of docs/operations.md;
+	// whatever either is refused fails the test when it ends.
+	svc := "svc-" + c.Prefix
+	rdb := c.ACLUser(t, svc, c.Prefix, keyspace.ACLService)
+	c.ACLUser(t, "pgf-"+c.Prefix, c.Prefix, keyspace.ACLFollower)
+	t.Cleanup(func() {
+		if refused := c.Refused(t, svc); len(refused) != 0 {
+			t.Errorf("ACL LOG of the reader (keyspace.ACLService): %v", refused)
+		}
+		if refused := c.Refused(t, "pgf-"+c.Prefix); len(refused) != 0 {
+			t.Errorf("ACL LOG of the follower (keyspace.ACLFollower): %v", refused)
+		}
+	})
+	reader, err := guard.New(ctx, rdb, "product", &guard.Options{KeyPrefix: c.Prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -331,7 +345,7 @@ func TestRecover(t *testing.T) {
 		t.Fatal(err)
 	}
 	rs := redistest.Server(t)
-	args := []string{"-pg", srv.URL("postgres"), "-redis", "unix://" + rs.Addr, "-prefix", c.Prefix, "-table", "products=product"}
+	args := []string{"-pg", srv.URL("postgres"), "-redis", followerURL(rs, c), "-prefix", c.Prefix, "-table", "products=product"}
 	noEnv := func(string) string { return "" }
 	var stderr bytes.Buffer
 	cmdCtx, stop := context.WithCancel(ctx)
@@ -387,6 +401,11 @@ func TestRecover(t *testing.T) {
 		v, err := guard.Get(ctx, reader, "p2", load)
 		return err == nil && v == 4
 	})
+}
+
+// followerURL is the Redis URL of the follower's user (newProducts).
+func followerURL(rs *redisserver.Server, c *redistest.Conn) string {
+	return "unix://pgf-" + c.Prefix + ":secret@" + rs.Addr
 }
 
 // positioned waits until the command's follower has set its position in

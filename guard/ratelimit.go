@@ -12,11 +12,13 @@ import (
 // logEvery is how often one cause may write a line.
 const logEvery = 10 * time.Second
 
-// rateLimited is a slog.Handler that writes each cause (a record's level
-// and message) at most once per logEvery: the first at once, the next one
-// after the window with "suppressed", the count held back since the last
-// line. An outage at thousands of Gets a second thus writes a few lines a
-// minute, and the count says how large it was.
+// rateLimited is a slog.Handler that writes each cause (a record's level,
+// message and subject: its "route" or "table", if any) at most once per
+// logEvery: the first at once, the next one after the window with
+// "suppressed", the count held back since the last line. An outage at
+// thousands of Gets a second thus writes a few lines a minute, and the
+// count says how large it was; a warning about one route or table never
+// holds back another's. IDs are no subject: there may be millions.
 type rateLimited struct {
 	next  slog.Handler
 	state *limits // shared by the handlers WithAttrs and WithGroup derive
@@ -58,7 +60,14 @@ func newRateLimited(next slog.Handler) *rateLimited {
 func (h *rateLimited) Enabled(ctx context.Context, l slog.Level) bool { return h.next.Enabled(ctx, l) }
 
 func (h *rateLimited) Handle(ctx context.Context, r slog.Record) error {
-	n, ok := h.state.admit(r.Level.String()+r.Message, r.Time)
+	key := r.Level.String() + r.Message
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "route" || a.Key == "table" {
+			key += "\x00" + a.Key + "=" + a.Value.String()
+		}
+		return true
+	})
+	n, ok := h.state.admit(key, r.Time)
 	if !ok {
 		return nil
 	}

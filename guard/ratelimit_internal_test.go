@@ -37,3 +37,25 @@ func TestRateLimitedHandler(t *testing.T) {
 		t.Fatalf("lines:\n%s", buf.String())
 	}
 }
+
+// TestRateLimitedPerSubject: one message about two routes (or tables) is
+// two causes: the second route's warning within logEvery of the first's is
+// written too, while a repeat about the first route, and the same message
+// about other IDs, are held back. Control: keyed by the message alone, the
+// second route's line is held back and the test fails.
+func TestRateLimitedPerSubject(t *testing.T) {
+	var buf bytes.Buffer
+	log := slog.New(newRateLimited(slog.NewTextHandler(&buf, nil)))
+	msg := "cacheguard: route has path wildcards but the middleware found no ID in it"
+	log.Warn(msg, "route", "/a/:x")
+	log.Warn(msg, "route", "/b/{y}")
+	log.Warn(msg, "route", "/a/:x")
+	log.Warn("inconsistent", "table", "products", "id", "1")
+	log.Warn("inconsistent", "table", "orders", "id", "1")
+	log.Warn("inconsistent", "table", "products", "id", "2")
+	out := buf.String()
+	if strings.Count(out, "route=") != 2 || !strings.Contains(out, "/b/{y}") || strings.Count(out, "table=") != 2 ||
+		!strings.Contains(out, "table=orders") {
+		t.Fatalf("want one line per route and per table:\n%s", out)
+	}
+}

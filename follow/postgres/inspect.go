@@ -35,18 +35,30 @@ type Inspect struct {
 type Inspection struct {
 	Table        string
 	Delay        time.Duration
-	Checked      uint64 // sampled IDs read back
-	Inconsistent uint64 // of them, found inconsistent
-	Repaired     uint64 // of those, repaired (Inspect.Repair)
+	Checked      uint64   // sampled IDs read back
+	Inconsistent uint64   // of them, found inconsistent
+	Repaired     uint64   // of those, repaired (Inspect.Repair)
+	Recent       []string // the last IDs found inconsistent, oldest first (at most inspectRecent)
 }
 
-// Nines is the consistency as nines: −log10(Inconsistent/Checked); with none
-// found, log10(Checked), what the checks can show at most (0 before any).
+// Nines is the consistency as nines, −log10(Inconsistent/Checked), once an
+// inconsistency was found; NaN (no figure) before: with none found, the
+// checks show only that it is at least log10(Checked) (AtLeast), and the
+// first one found moves the figure below that.
 func (i Inspection) Nines() float64 {
+	if i.Inconsistent == 0 {
+		return math.NaN()
+	}
+	return -math.Log10(float64(i.Inconsistent) / float64(i.Checked))
+}
+
+// AtLeast is what the checks show of the nines while none was found:
+// log10(Checked) (0 before any check).
+func (i Inspection) AtLeast() float64 {
 	if i.Checked == 0 {
 		return 0
 	}
-	return math.Log10(float64(i.Checked) / float64(max(i.Inconsistent, 1)))
+	return math.Log10(float64(i.Checked))
 }
 
 // Bounds of the inspector: sampled IDs waiting for their checks (more are
@@ -57,6 +69,7 @@ const (
 	inspectBatch   = 256
 	clockAllowance = 100 * time.Millisecond
 	inspectWarnGap = time.Second
+	inspectRecent  = 20
 )
 
 // written is one ID a batch wrote, and what it wrote (Follower.wrote).
@@ -89,8 +102,8 @@ type inspector struct {
 	counts  map[countOf]*Inspection // per table and delay
 	batches uint64                  // batches applied
 	full    bool                    // the queue was full (warned once per filling)
-	warned  time.Time               // when an inconsistency was last logged
-	quiet   int                     // inconsistencies not logged since (inspectWarnGap)
+	warned  map[string]time.Time    // per table: when an inconsistency was last logged
+	quiet   map[string]int          // per table: inconsistencies not logged since (inspectWarnGap)
 	wake    chan struct{}           // a sample was queued
 	failed  time.Time               // when a failed read-back was last logged (the inspector's goroutine alone)
 }
@@ -132,7 +145,8 @@ func newInspector(o Inspect) (*inspector, error) {
 		}
 	}
 	return &inspector{opts: o, queues: make([][]sample, len(o.Delays)), watched: map[idOf]*watch{},
-		resets: map[*Table]uint64{}, counts: map[countOf]*Inspection{}, wake: make(chan struct{}, 1)}, nil
+		resets: map[*Table]uint64{}, counts: map[countOf]*Inspection{}, wake: make(chan struct{}, 1),
+		warned: map[string]time.Time{}, quiet: map[string]int{}}, nil
 }
 
 // landed takes the IDs a batch wrote (began: before the batch's first try);
@@ -356,23 +370,27 @@ func (in *inspector) done(due []sample, idx []int, found []string) {
 		c.Checked++
 		if found[j] != "" {
 			c.Inconsistent++
+			if c.Recent = append(c.Recent, s.id); len(c.Recent) > inspectRecent {
+				c.Recent = slices.Delete(c.Recent, 0, len(c.Recent)-inspectRecent)
+			}
 		}
 	}
 }
 
-// inconsistent logs what was found of s (at most one WARN per
-// inspectWarnGap, with the count of those not logged) and repairs it if
-// asked: Invalidate drops a stale entry or marker, Add makes the filter
-// admit the ID (each safe whatever came after: neither can serve a value).
+// inconsistent logs what was found of s (at most one WARN per table per
+// inspectWarnGap, with the count of those not logged: Stats.Inspections
+// lists the last IDs) and repairs it if asked: Invalidate drops a stale
+// entry or marker, Add makes the filter admit the ID (each safe whatever
+// came after: neither can serve a value).
 func (f *Follower) inconsistent(ctx context.Context, s sample, found string) {
 	in := f.insp
 	in.mu.Lock()
-	log := time.Since(in.warned) >= inspectWarnGap
-	quiet := in.quiet
+	log := time.Since(in.warned[s.t.Name]) >= inspectWarnGap
+	quiet := in.quiet[s.t.Name]
 	if log {
-		in.warned, in.quiet = time.Now(), 0
+		in.warned[s.t.Name], in.quiet[s.t.Name] = time.Now(), 0
 	} else {
-		in.quiet++
+		in.quiet[s.t.Name]++
 	}
 	in.mu.Unlock()
 	if log {
@@ -407,7 +425,9 @@ func (in *inspector) inspections() []Inspection {
 	defer in.mu.Unlock()
 	out := make([]Inspection, 0, len(in.counts))
 	for _, c := range in.counts {
-		out = append(out, *c)
+		cp := *c
+		cp.Recent = slices.Clone(c.Recent)
+		out = append(out, cp)
 	}
 	slices.SortFunc(out, func(a, b Inspection) int {
 		return cmp.Or(cmp.Compare(a.Table, b.Table), cmp.Compare(a.Delay, b.Delay))

@@ -1,7 +1,12 @@
 package pgfollow
 
 import (
+	"bytes"
+	"context"
+	"log/slog"
+	"math"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -89,5 +94,62 @@ func TestInspectorQueueBound(t *testing.T) {
 	}
 	if n := in.pending(); n != inspectPending {
 		t.Fatalf("%d samples queued after more IDs, want %d", n, inspectPending)
+	}
+}
+
+// TestNinesMoveWithTheFirstInconsistency: the figure at 0, 1 and 20
+// inconsistencies in 4,000 checks. None found gives no figure (NaN) and a
+// bound of log10(4000) = 3.60; the first one found gives 3.60 nines, the
+// twentieth 2.30: each inconsistency moves it. No figure before a check.
+func TestNinesMoveWithTheFirstInconsistency(t *testing.T) {
+	none := Inspection{Checked: 4000}
+	one := Inspection{Checked: 4000, Inconsistent: 1}
+	twenty := Inspection{Checked: 4000, Inconsistent: 20}
+	round := func(f float64) float64 { return math.Round(f*100) / 100 }
+	switch {
+	case !math.IsNaN(none.Nines()) || round(none.AtLeast()) != 3.6:
+		t.Fatalf("none found: Nines %v, AtLeast %v; want NaN and 3.6", none.Nines(), none.AtLeast())
+	case round(one.Nines()) != 3.6 || round(twenty.Nines()) != 2.3:
+		t.Fatalf("1 found: %v nines, 20 found: %v; want 3.6 and 2.3", one.Nines(), twenty.Nines())
+	case !math.IsNaN(Inspection{}.Nines()) || Inspection{}.AtLeast() != 0:
+		t.Fatalf("before any check: %v, %v", Inspection{}.Nines(), Inspection{}.AtLeast())
+	}
+}
+
+// TestInspectorNamesEveryID: a burst of 25 inconsistencies in one table and
+// one in another. The WARNs are paced per table (one for each table, not
+// one in all), and Stats lists the last 20 IDs of the first table and the
+// other's, so an operator finds every one the WARNs did not name.
+func TestInspectorNamesEveryID(t *testing.T) {
+	in, err := newInspector(Inspect{Rate: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	f := &Follower{insp: in, log: slog.New(slog.NewTextHandler(&logs, nil))}
+	a, b := &Table{Name: "public.a"}, &Table{Name: "public.b"}
+	var due []sample
+	var idx []int
+	var found []string
+	for i := range 26 {
+		s := sample{written: written{t: a, id: "a" + strconv.Itoa(i), st: final{changed: true}}, delay: time.Second}
+		if i == 25 {
+			s.t, s.id = b, "b0"
+		}
+		due, idx, found = append(due, s), append(idx, i), append(found, "a value filled before the change")
+		f.inconsistent(context.Background(), s, found[i])
+	}
+	in.taken = len(idx)
+	in.done(due, idx, found)
+	if n := strings.Count(logs.String(), "level=WARN"); n != 2 || !strings.Contains(logs.String(), "table=public.b") {
+		t.Fatalf("%d WARN lines, want one per table:\n%s", n, logs.String())
+	}
+	got := map[string][]string{}
+	for _, c := range in.inspections() {
+		got[c.Table] = c.Recent
+	}
+	if len(got["public.a"]) != inspectRecent || got["public.a"][0] != "a5" || got["public.a"][19] != "a24" ||
+		len(got["public.b"]) != 1 || got["public.b"][0] != "b0" {
+		t.Fatalf("Recent: %v", got)
 	}
 }

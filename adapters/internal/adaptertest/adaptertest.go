@@ -423,7 +423,8 @@ func clientThatLeftIsNotAnOutage(t *testing.T, f Framework) {
 // unfilteredRouteIsReported: a route whose parameter is not the
 // middleware's Param (/things/:sku, default Param "id") passes unfiltered;
 // logged once per route, counted per request; a route without parameters
-// is quiet.
+// is quiet. A second such route on the same Guard is reported too: the
+// Guard's log limits each route apart.
 func unfilteredRouteIsReported(t *testing.T, f Framework) {
 	c := redistest.Connect(t)
 	var logs bytes.Buffer
@@ -431,6 +432,7 @@ func unfilteredRouteIsReported(t *testing.T, f Framework) {
 	var unfiltered atomic.Int32
 	cfg := Config{OnUnfiltered: func(string) { unfiltered.Add(1) }}
 	a.OK("/things/:sku", a.g, cfg)
+	a.OK("/gadgets/:code", a.g, cfg)
 	a.OK("/things", a.g, cfg)
 	for range 3 {
 		if rec := get(a, "/things/999"); rec.Code != 200 {
@@ -438,11 +440,13 @@ func unfilteredRouteIsReported(t *testing.T, f Framework) {
 		}
 		get(a, "/things")
 	}
-	if n := unfiltered.Load(); n != 3 {
-		t.Fatalf("OnUnfiltered called %d times, want 3", n)
+	get(a, "/gadgets/7")
+	if n := unfiltered.Load(); n != 4 {
+		t.Fatalf("OnUnfiltered called %d times, want 4", n)
 	}
-	if n := strings.Count(logs.String(), "unfiltered"); n != 1 || !strings.Contains(logs.String(), "/things/") || !strings.Contains(logs.String(), "sku") {
-		t.Fatalf("want one warning naming the route, got %d:\n%s", n, logs.String())
+	out := logs.String()
+	if n := strings.Count(out, "unfiltered"); n != 2 || !strings.Contains(out, "sku") || !strings.Contains(out, "code") {
+		t.Fatalf("want one warning naming each of the two routes, got %d:\n%s", n, out)
 	}
 }
 

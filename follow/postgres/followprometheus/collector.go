@@ -47,7 +47,7 @@ func New(f *pgfollow.Follower) prometheus.Collector {
 		repaired: prometheus.NewDesc(name("inspect_repaired_total"),
 			"Inconsistencies the inspector repaired (Inspect.Repair).", td, nil),
 		nines: prometheus.NewDesc(name("consistency_nines"),
-			"Consistency the inspector found, as nines: -log10(inconsistent/inspected); with none found, log10(inspected).",
+			"Consistency the inspector found, as nines: -log10(inconsistent/inspected); absent until it finds an inconsistency.",
 			td, nil),
 	}
 }
@@ -75,7 +75,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.inspected, prometheus.CounterValue, float64(in.Checked), table, delay)
 		ch <- prometheus.MustNewConstMetric(c.inconsistent, prometheus.CounterValue, float64(in.Inconsistent), table, delay)
 		ch <- prometheus.MustNewConstMetric(c.repaired, prometheus.CounterValue, float64(in.Repaired), table, delay)
-		ch <- prometheus.MustNewConstMetric(c.nines, prometheus.GaugeValue, in.Nines(), table, delay)
+		if in.Inconsistent > 0 { // none found: no figure (the checks show only a bound)
+			ch <- prometheus.MustNewConstMetric(c.nines, prometheus.GaugeValue, in.Nines(), table, delay)
+		}
 	}
 }
 

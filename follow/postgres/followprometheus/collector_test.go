@@ -81,9 +81,6 @@ func TestCollector(t *testing.T) {
 # HELP cacheguard_pgfollow_changes_total Row changes applied.
 # TYPE cacheguard_pgfollow_changes_total counter
 cacheguard_pgfollow_changes_total 10
-# HELP cacheguard_pgfollow_consistency_nines Consistency the inspector found, as nines: -log10(inconsistent/inspected); with none found, log10(inspected).
-# TYPE cacheguard_pgfollow_consistency_nines gauge
-cacheguard_pgfollow_consistency_nines{delay="200ms",table="public.products"} 1
 # HELP cacheguard_pgfollow_following 1 while the follower consumes the slot.
 # TYPE cacheguard_pgfollow_following gauge
 cacheguard_pgfollow_following 1

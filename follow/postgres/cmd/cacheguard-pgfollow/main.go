@@ -287,9 +287,15 @@ func inspectOptions(rate float64, delays string, repair bool) (pgfollow.Inspect,
 
 // summarize logs the inspector's counts, summed over tables and delays,
 // and the lag every interval until ctx ends.
+// Each line has the counts since the start and in its window (since the
+// line before), the nines once an inconsistency was found (before, the
+// bound the checks show: nines_at_least, none before any check), and the
+// last IDs found inconsistent in the window, by table.
 func summarize(ctx context.Context, log *slog.Logger, f *pgfollow.Follower, every time.Duration) {
 	tick := time.NewTicker(every)
 	defer tick.Stop()
+	var last pgfollow.Inspection // the sums at the line before
+	seen := map[string]uint64{}  // inconsistencies at the line before, by table and delay
 	for {
 		select {
 		case <-ctx.Done():
@@ -298,11 +304,28 @@ func summarize(ctx context.Context, log *slog.Logger, f *pgfollow.Follower, ever
 		}
 		st := f.Stats()
 		var sum pgfollow.Inspection
+		var recent []string
 		for _, in := range st.Inspections {
 			sum.Checked, sum.Inconsistent, sum.Repaired = sum.Checked+in.Checked, sum.Inconsistent+in.Inconsistent, sum.Repaired+in.Repaired
+			key := in.Table + " " + in.Delay.String()
+			for _, id := range in.Recent[max(0, len(in.Recent)-int(in.Inconsistent-seen[key])):] {
+				recent = append(recent, in.Table+":"+id)
+			}
+			seen[key] = in.Inconsistent
 		}
-		log.Info("cacheguard-pgfollow: inspector", "checked", sum.Checked, "inconsistent", sum.Inconsistent, "repaired", sum.Repaired,
-			"nines", math.Round(sum.Nines()*100)/100, "lag_bytes", st.LagBytes)
+		attrs := []any{"checked", sum.Checked, "inconsistent", sum.Inconsistent, "repaired", sum.Repaired,
+			"window_checked", sum.Checked - last.Checked, "window_inconsistent", sum.Inconsistent - last.Inconsistent}
+		switch {
+		case sum.Inconsistent > 0:
+			attrs = append(attrs, "nines", math.Round(sum.Nines()*100)/100)
+		case sum.Checked > 0:
+			attrs = append(attrs, "nines_at_least", math.Round(sum.AtLeast()*100)/100)
+		}
+		if len(recent) > 0 {
+			attrs = append(attrs, "recent_inconsistent", strings.Join(recent, ","))
+		}
+		log.Info("cacheguard-pgfollow: inspector", append(attrs, "lag_bytes", st.LagBytes)...)
+		last = sum
 	}
 }
 

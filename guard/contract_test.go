@@ -157,6 +157,8 @@ func TestLeastPrivilegeACL(t *testing.T) {
 			return nil
 		}},
 		{"Invalidate", func() error { return g.Invalidate(ctx, "p1", "p10") }},
+		{"Set", func() error { return guard.Set(ctx, g, "p3", product{ID: "p3", Price: 33}) }},
+		{"Delete", func() error { return g.Delete(ctx, "p3") }}, // every version's entry becomes the marker (HKEYS)
 		{"Info", func() error { _, err := g.Info(ctx); return err }},
 		{"the automatic rebuild after Redis lost everything", func() error {
 			before := ranged.Load()

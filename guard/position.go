@@ -5,7 +5,11 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"strconv"
+	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -21,7 +25,12 @@ import (
 // which its writes landed. It is set after those writes were acknowledged,
 // so a Redis that still holds a position holds every write before it (a
 // dump, an AOF and a replica keep a prefix of the commands): a position
-// Redis shows lower than the feed confirmed means Redis lost writes.
+// Redis shows lower than the feed confirmed means Redis lost writes. On a
+// Redis Cluster each master loses writes on its own, so each holds a copy
+// (PositionIn, the first slot of each master's first range, from CLUSTER
+// SLOTS), and the position is the lowest copy: a rollback of any master
+// shows. A reshard that leaves a master without a copy shows as no
+// position (the feed then drops and rebuilds: safe, not cheap).
 
 // followed is a Guard as a change feed sees it (feed.Engine): the same
 // struct, with the methods only the feed calls.
@@ -35,41 +44,161 @@ var (
 	setPosition    = redis.NewScript(setPositionLua)
 )
 
-// Position returns the position stored for feed (0: none).
+// Position returns the position stored for feed (0: none), the lowest of
+// its copies on a Cluster.
 func (g *followed) Position(ctx context.Context, feed string) (uint64, error) {
 	pass, err := g.sup.enter()
 	if err != nil {
 		return 0, err
 	}
 	defer g.sup.leave(pass)
-	s, err := g.rdb.Get(ctx, g.keys.Position(feed)).Result()
-	if errors.Is(err, redis.Nil) {
-		return 0, nil
+	keys, err := g.positionKeys(ctx, feed)
+	if err != nil {
+		return 0, err
 	}
-	return parsePosition(feed, s, err)
+	gets := make([]*redis.StringCmd, len(keys))
+	if len(keys) == 1 {
+		gets[0] = g.rdb.Get(ctx, keys[0])
+	} else {
+		pipe := g.rdb.Pipeline()
+		for i, k := range keys {
+			gets[i] = pipe.Get(ctx, k)
+		}
+		_, _ = pipe.Exec(ctx)
+	}
+	low := uint64(math.MaxUint64)
+	for _, get := range gets {
+		s, err := get.Result()
+		if errors.Is(err, redis.Nil) {
+			return 0, nil
+		}
+		pos, err := parsePosition(feed, s, err)
+		if err != nil {
+			return 0, err
+		}
+		low = min(low, pos)
+	}
+	return low, nil
 }
 
-// SetPosition sets feed's position to pos if Redis still holds from (0:
-// none), and returns what Redis holds now: pos, or the value it found
-// instead (a lower one says Redis lost writes).
+// SetPosition sets feed's position to pos unless Redis holds less than from
+// (0: none), the value the feed last saw, or more than pos, and returns what
+// Redis holds now: pos, or the lowest value it found instead (a lower one
+// says Redis lost writes). On a Cluster each copy is set alike.
 func (g *followed) SetPosition(ctx context.Context, feed string, from, pos uint64) (uint64, error) {
 	pass, err := g.sup.enter()
 	if err != nil {
 		return 0, err
 	}
 	defer g.sup.leave(pass)
+	keys, err := g.positionKeys(ctx, feed)
+	if err != nil {
+		return 0, err
+	}
 	want := ""
 	if from > 0 {
 		want = strconv.FormatUint(from, 10)
 	}
-	s, err := setPosition.Run(ctx, g.rdb, []string{g.keys.Position(feed)}, want, strconv.FormatUint(pos, 10)).Text()
-	switch {
-	case err == nil && s == "":
-		return pos, nil
-	case err == nil && s == " ":
-		return 0, nil
+	sets := make([]*redis.Cmd, len(keys))
+	if len(keys) == 1 {
+		sets[0] = setPosition.Run(ctx, g.rdb, keys, want, strconv.FormatUint(pos, 10))
+	} else {
+		pipe := g.rdb.Pipeline()
+		for i, k := range keys {
+			sets[i] = setPosition.EvalSha(ctx, pipe, []string{k}, want, strconv.FormatUint(pos, 10))
+		}
+		if _, err := pipe.Exec(ctx); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			for i, k := range keys { // the script is loaded by the first Eval
+				sets[i] = setPosition.Run(ctx, g.rdb, []string{k}, want, strconv.FormatUint(pos, 10))
+			}
+		}
 	}
-	return parsePosition(feed, s, err)
+	low, refused := uint64(math.MaxUint64), false
+	for _, set := range sets {
+		s, err := set.Text()
+		switch {
+		case err == nil && s == "":
+			continue
+		case err == nil && s == " ":
+			return 0, nil
+		}
+		found, err := parsePosition(feed, s, err)
+		if err != nil {
+			return 0, err
+		}
+		low, refused = min(low, found), true
+	}
+	if !refused {
+		return pos, nil
+	}
+	return low, nil
+}
+
+// positionKeys are the keys of feed's position: one, or on a Redis Cluster
+// one per master.
+func (g *followed) positionKeys(ctx context.Context, feed string) ([]string, error) {
+	// A cluster is anything with ForEachMaster, as for eachMaster.
+	if _, ok := g.rdb.(interface {
+		ForEachMaster(context.Context, func(context.Context, *redis.Client) error) error
+	}); !ok {
+		return []string{g.keys.Position(feed)}, nil
+	}
+	slots, err := g.masterSlots(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if slots == nil { // a wrapper of one server
+		return []string{g.keys.Position(feed)}, nil
+	}
+	keys := make([]string, len(slots))
+	for i, s := range slots {
+		keys[i] = g.keys.PositionIn(feed, s)
+	}
+	return keys, nil
+}
+
+// slotMap is a Guard's copy of masterSlots.
+type slotMap struct {
+	mu    sync.Mutex // guards the fields below
+	slots []uint16
+	at    time.Time
+}
+
+// slotsEvery is how long a Guard keeps the cluster's slot map for
+// positionKeys: a feed sets its position at every batch.
+const slotsEvery = time.Second
+
+// masterSlots is the first slot of each master's first range (CLUSTER
+// SLOTS, read again when slotsEvery old); nil on a server that is no
+// cluster.
+func (g *followed) masterSlots(ctx context.Context) ([]uint16, error) {
+	c := &g.posSlots
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.slots != nil && time.Since(c.at) < slotsEvery {
+		return c.slots, nil
+	}
+	ranges, err := g.rdb.ClusterSlots(ctx).Result()
+	if redis.HasErrorPrefix(err, "This instance has cluster support disabled") {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("cacheguard: the cluster's slots: %w", redisfail.Wrap(err))
+	}
+	slices.SortFunc(ranges, func(a, b redis.ClusterSlot) int { return a.Start - b.Start })
+	seen := map[string]bool{}
+	var slots []uint16
+	for _, r := range ranges {
+		if len(r.Nodes) > 0 && !seen[r.Nodes[0].Addr] {
+			seen[r.Nodes[0].Addr] = true
+			slots = append(slots, uint16(r.Start))
+		}
+	}
+	if len(slots) == 0 {
+		return nil, fmt.Errorf("cacheguard: the cluster serves no slot: %w", redisfail.ErrUnavailable)
+	}
+	c.slots, c.at = slots, time.Now()
+	return slots, nil
 }
 
 func parsePosition(feed, s string, err error) (uint64, error) {

@@ -185,3 +185,9 @@ func ValidPrefix(s string) bool {
 // Position is the key holding the position of the change feed called feed
 // (a follower's), beside the Guard's keys and outside their patterns.
 func (s Guard) Position(feed string) string { return s.base + "pos:" + feed }
+
+// PositionIn is Position in slot, for a Redis Cluster, where each master
+// holds one (in the first slot of its first range).
+func (s Guard) PositionIn(feed string, slot uint16) string {
+	return s.base + "pos:" + feed + ":{" + slotTags()[slot] + "}"
+}

@@ -23,6 +23,7 @@ import (
 
 	pgfollow "github.com/cacheguard/cacheguard/follow/postgres"
 	"github.com/cacheguard/cacheguard/guard"
+	"github.com/cacheguard/cacheguard/internal/feed"
 	"github.com/cacheguard/cacheguard/internal/pgserver"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
@@ -244,10 +245,9 @@ func (fx *fixture) followOn(url string, g *guard.Guard, before ...func(*pgfollow
 // Guard's entries: warm the reader after it).
 func (fx *fixture) positioned() {
 	fx.t.Helper()
-	key := fx.prefix + ":item:pos:pgfollow:" + fx.name
-	waitFor(fx.t, "the follower's position in redis", func() bool {
-		n, err := fx.rdb.Exists(context.Background(), key).Result()
-		return err == nil && n == 1
+	waitFor(fx.t, "the follower's position in redis", func() bool { // read as the follower reads it (every copy, on a Cluster)
+		pos, err := feed.Of(fx.reader).Position(context.Background(), "pgfollow:"+fx.name)
+		return err == nil && pos > 0
 	})
 }
 

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"iter"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -57,13 +58,15 @@ func switchSha(t *testing.T) string {
 //   - crowd: many of a's reads find the old generation gone at once; the
 //     first one's re-read of the meta is held until the others found it too.
 //   - process: crowd, the rebuild made by another process (childSwitch).
+//   - auto: crowd, the switch made by b's automatic rebuild after Redis
+//     lost the filter (a probes generation 3, gone; the new one is 2).
 //
 // Before this was fixed (a re-read at most every 100 ms, by one caller, the
 // others answering ErrNotReady; and none between drop and switch) both
 // failed: 15 of 16 concurrent Gets answered 503 at a switch.
 func TestSwitchInAnotherGuard(t *testing.T) {
 	clusterToo(t)
-	for _, tc := range []string{"window", "crowd", "process"} {
+	for _, tc := range []string{"window", "crowd", "process", "auto"} {
 		t.Run(tc, func(t *testing.T) {
 			n := switchCase(t, tc)
 			t.Logf("%s: %v", tc, n)
@@ -79,8 +82,11 @@ func switchCase(t *testing.T, how string) *switchCounts {
 	ca, cb := redistest.Connect(t), redistest.Connect(t)
 	ha, hb := hooked(ca), hooked(cb)
 	open := func(c *redistest.Conn) *guard.Guard {
-		g, err := guard.New(ctx, c, "sw-"+how, &guard.Options{KeyPrefix: ca.Prefix,
-			Filter: guard.FilterOptions{ExpectedItems: 1000}})
+		o := &guard.Options{KeyPrefix: ca.Prefix, Filter: guard.FilterOptions{ExpectedItems: 1000}}
+		if how == "auto" && c == cb {
+			o.Filter.IDs = func(context.Context) iter.Seq2[string, error] { return switchSource }
+		}
+		g, err := guard.New(ctx, c, "sw-"+how, o)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -88,8 +94,10 @@ func switchCase(t *testing.T, how string) *switchCounts {
 		return g
 	}
 	a, b := open(ca), open(cb)
-	if _, err := a.Rebuild(ctx, ids("p", 100), nil); err != nil {
-		t.Fatal(err)
+	for range 2 { // generation 3: the automatic rebuild's after a loss is 2
+		if _, err := a.Rebuild(ctx, ids("p", 100), nil); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := guard.RefreshCopy(ctx, a); err != nil {
 		t.Fatal(err)
@@ -201,13 +209,25 @@ func switchCase(t *testing.T, how string) *switchCounts {
 		// a still probes the old generation: its next read moves on.
 		_, err := guard.Get(ctx, a, "p1", load)
 		count("p1", err)
-	case "crowd", "process":
-		if how == "crowd" {
+	case "crowd", "process", "auto":
+		switch how {
+		case "crowd":
 			if _, err := b.Rebuild(ctx, switchSource, nil); err != nil {
 				t.Fatal(err)
 			}
-		} else {
+		case "process":
 			redistest.Spawn(t, "switch", "PREFIX="+ca.Prefix, "NAME=sw-"+how).Wait(t, false)
+		case "auto": // Redis loses the filter; b's next probe rebuilds it from Filter.IDs
+			if err := ca.DropOwn(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.MayExist(ctx, "p1"); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, 20*time.Second, "b's automatic rebuild", func() bool {
+				in, err := b.Info(ctx)
+				return err == nil && in.Ready && !guard.AutoRebuilding(b)
+			})
 		}
 		// a's first re-read of the meta waits until every other read has
 		// either answered or waits for it.

@@ -71,14 +71,14 @@ func (p *PendingAdd) Result(ctx context.Context) error {
 		// The meta is gone (evicted?) while the bits above were set in
 		// every shard that exists: put it back if the shards are whole
 		// (readMeta), at most ten times a second.
-		_, _ = f.metaSince(ctx, time.Now().UnixNano()-int64(reloadEvery))
+		_, _ = f.metaSince(ctx, monoNow()-int64(reloadEvery))
 		return nil
 	}
 	f.checkSaturation(ctx, m.cur, uint64(added))
 	var more []*layout
 	if m.cur.gen != l.gen {
 		more = append(more, m.cur)
-		f.adopt(m.cur)
+		f.adopt(l, m.cur)
 	}
 	if m.next != nil && m.next.gen != l.gen {
 		more = append(more, m.next)

@@ -19,6 +19,7 @@ type meta struct {
 	cur   *layout
 	next  *layout // the generation a rebuild is building, if any
 	added uint64  // IDs loaded by the last rebuild plus IDs added since (repeats count again)
+	sent  int64   // monoNow before the read that found it was sent (metaSince's reads)
 }
 
 var errNoMeta = errors.New("bloom: meta missing")
@@ -183,7 +184,7 @@ func flatToMap(v any) map[string]string {
 // reload re-reads the meta now and adopts its current generation (see
 // readMeta for a meta Redis lost).
 func (f *Filter) reload(ctx context.Context) (*layout, error) {
-	m, err := f.metaSince(ctx, time.Now().UnixNano())
+	m, err := f.metaSince(ctx, monoNow())
 	if err != nil {
 		return nil, fmt.Errorf("bloom: reload: %w", err)
 	}
@@ -192,25 +193,32 @@ func (f *Filter) reload(ctx context.Context) (*layout, error) {
 
 // metaReads shares the re-reads of the meta among a Filter's callers: one
 // at a time, and a caller that needs one waits for the read under way
-// instead of answering ErrNotReady (metaSince).
+// instead of answering ErrNotReady (metaSince). Times are monoNow's.
 type metaReads struct {
 	mu       sync.Mutex // guards the fields below
 	run      *metaRead  // the read under way, if any
 	last     *metaRead  // the last read that ended
 	goneGen  int64      // a read after a probe found a shard of this generation gone still named it, ...
-	goneSeen int64      // ... at this time (unix nanos): see follow
+	goneNext *layout    // ... announcing this next one (nil: none, Redis lost the shard), ...
+	goneSeen int64      // ... at this time: see follow
 }
 
 // metaRead is one HGETALL of the meta (readMeta), shared by its waiters.
 type metaRead struct {
-	start int64         // unix nanos, before it was sent
+	start int64         // monoNow, before it was sent
 	done  chan struct{} // closed when m and err are set
 	m     *meta
 	err   error
 }
 
-// metaSince returns the meta as read by a read sent at or after since (unix
-// nanos): the last one's, the one under way's, or a new one's. It adopts
+// monoNow is nanoseconds on the monotonic clock: a wall clock stepped back
+// must not make an old read look fresh.
+func monoNow() int64 { return int64(time.Since(monoBase)) }
+
+var monoBase = time.Now()
+
+// metaSince returns the meta as read by a read sent at or after since
+// (monoNow): the last one's, the one under way's, or a new one's. It adopts
 // the meta's current generation.
 func (f *Filter) metaSince(ctx context.Context, since int64) (*meta, error) {
 	rs := &f.reads
@@ -222,18 +230,10 @@ func (f *Filter) metaSince(ctx context.Context, since int64) (*meta, error) {
 				rs.mu.Unlock()
 				return l.m, nil
 			}
-			r = &metaRead{start: time.Now().UnixNano(), done: make(chan struct{})}
+			r = &metaRead{start: monoNow(), done: make(chan struct{})}
 			rs.run = r
 			rs.mu.Unlock()
-			r.m, r.err = f.readMeta(ctx)
-			if r.err == nil {
-				f.adopt(r.m.cur)
-			}
-			rs.mu.Lock()
-			rs.run, rs.last = nil, r
-			rs.mu.Unlock()
-			close(r.done)
-			return r.m, r.err
+			return f.runRead(ctx, r)
 		}
 		rs.mu.Unlock()
 		select {
@@ -250,10 +250,34 @@ func (f *Filter) metaSince(ctx context.Context, since int64) (*meta, error) {
 	}
 }
 
-// adopt makes l the generation probes use, telling OnSwitch when it is
-// another than before.
-func (f *Filter) adopt(l *layout) {
-	if old := f.cur.Swap(l); old != nil && old.gen != l.gen && f.opts.OnSwitch != nil {
+// runRead makes the read r, which metaSince made the one under way, and
+// hands it to its waiters, whatever happens; then it adopts what it read.
+func (f *Filter) runRead(ctx context.Context, r *metaRead) (*meta, error) {
+	rs := &f.reads
+	before := f.cur.Load()
+	func() {
+		defer func() {
+			rs.mu.Lock()
+			rs.run, rs.last = nil, r
+			rs.mu.Unlock()
+			close(r.done)
+		}()
+		r.m, r.err = f.readMeta(ctx)
+		if r.err == nil {
+			r.m.sent = r.start
+		}
+	}()
+	if r.err == nil {
+		f.adopt(before, r.m.cur)
+	}
+	return r.m, r.err
+}
+
+// adopt makes l the generation probes use unless another one replaced old
+// meanwhile (a later read, a Rebuild here), telling OnSwitch when it is
+// another generation than old.
+func (f *Filter) adopt(old, l *layout) {
+	if f.cur.CompareAndSwap(old, l) && old != nil && old.gen != l.gen && f.opts.OnSwitch != nil {
 		f.opts.OnSwitch(l.gen)
 	}
 }
@@ -273,14 +297,17 @@ func (f *Filter) follow(ctx context.Context, l *layout, gone bool) *layout {
 	if cur := f.cur.Load(); cur.gen != l.gen {
 		return cur // another caller moved on already
 	}
-	now := time.Now().UnixNano()
+	now := monoNow()
 	since := now - int64(reloadEvery)
 	rs := &f.reads
 	if gone {
 		rs.mu.Lock()
-		recent := rs.goneGen == l.gen && now-rs.goneSeen < int64(goneEvery)
+		recent, next := rs.goneGen == l.gen && now-rs.goneSeen < int64(goneEvery), rs.goneNext
 		rs.mu.Unlock()
-		if !recent {
+		switch {
+		case recent && next != nil:
+			return next // still switching, as read less than goneEvery ago
+		case !recent:
 			since = now
 		}
 	}
@@ -290,12 +317,14 @@ func (f *Filter) follow(ctx context.Context, l *layout, gone bool) *layout {
 		return nil
 	case m.cur.gen != l.gen:
 		return m.cur
-	case gone && m.next != nil:
-		return m.next // switching: the next generation is whole once its blocks are ready
 	case gone:
+		// Switching (the next generation is whole once its blocks are
+		// ready), or lost; either lasts until a switch, whose drop of
+		// this generation a read at most goneEvery later sees.
 		rs.mu.Lock()
-		rs.goneGen, rs.goneSeen = l.gen, now
+		rs.goneGen, rs.goneNext, rs.goneSeen = l.gen, m.next, m.sent // when it was read, not now
 		rs.mu.Unlock()
+		return m.next
 	}
 	return nil
 }

@@ -302,7 +302,7 @@ func (g *Guard) rebuildOnce(ctx context.Context, cause string) (done bool) {
 			"cause", cause, "err", err)
 	case ctx.Err() != nil:
 		return true // closing
-	case reply(err):
+	case g.refusal(err) != "":
 		g.bf.refusedOnce.Do(func() { g.refused(ctx, "the automatic rebuild of the bloom filter", err) })
 	default:
 		g.log.Warn("cacheguard: automatic bloom rebuild failed; trying again", "cause", cause, "err", g.fail(ctx, "rebuild", "", err))
@@ -326,7 +326,7 @@ func (g *Guard) mayAutoRebuild(ctx context.Context) bool {
 	wait, err := autoRebuildScript.Run(ctx, g.rdb, []string{g.keys.Filter().AutoRebuilt()},
 		autoMin.Milliseconds(), autoMax.Milliseconds()).Int64()
 	switch {
-	case reply(err):
+	case g.refusal(err) != "":
 		g.bf.refusedOnce.Do(func() { g.refused(ctx, "the automatic rebuild of the bloom filter", err) })
 		return false
 	case err != nil:

@@ -64,7 +64,7 @@ type Guard struct {
 	schemaWarned warnedPairs // the pairs of schema versions warned of (otherSchemas)
 	tel          *telemetry  // OpenTelemetry instruments, or nil (off)
 	sup          *supervisor // every goroutine and flight of the Guard, stopped and waited for by Close
-	posSlots     slotMap     // a Cluster's master slots, for a change feed's positions (position.go)
+	posSlots     slotMap     // a Cluster's master slots and the position copies last seen (position.go)
 	closeOnce    sync.Once
 	closeErr     error // set once by Close
 }

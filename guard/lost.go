@@ -241,9 +241,14 @@ func (g *Guard) writesLost(ids []string, overflow bool) {
 // for what, naming the command to add to the Guard's user (from a script:
 // the command on the line Redis names).
 func (g *Guard) refused(ctx context.Context, what string, err error) {
-	cmd := redisfail.Refused(err, autoRebuildLua, delIfEqualLua, inspectLua, setPositionLua, clearMarkersLua, replaceLua)
 	g.log.ErrorContext(ctx, "cacheguard: redis refuses a command the Guard needs (ACL): "+what+" cannot work "+
-		"until the Guard's user may run it (docs/operations.md, Redis ACL)", "command", cmd, "err", redisfail.Wrap(err))
+		"until the Guard's user may run it (docs/operations.md, Redis ACL)", "command", g.refusal(err), "err", redisfail.Wrap(err))
+}
+
+// refusal is the command an ACL refused in err, "" if err is no refusal
+// (redisfail.Refused, with the Guard's scripts).
+func (g *Guard) refusal(err error) string {
+	return redisfail.Refused(err, autoRebuildLua, delIfEqualLua, inspectLua, setPositionLua, clearMarkersLua, replaceLua)
 }
 
 // eachMaster runs fn on every master of a cluster or ring, or on rdb. A

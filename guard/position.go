@@ -67,24 +67,31 @@ func (g *followed) Position(ctx context.Context, feed string) (uint64, error) {
 		_, _ = pipe.Exec(ctx)
 	}
 	low := uint64(math.MaxUint64)
-	for _, get := range gets {
+	for i, get := range gets {
 		s, err := get.Result()
 		if errors.Is(err, redis.Nil) {
-			return 0, nil
+			s, err = "", nil
 		}
-		pos, err := parsePosition(feed, s, err)
 		if err != nil {
-			return 0, err
+			return 0, redisfail.Wrap(err)
+		}
+		g.posSlots.saw(keys[i], s)
+		pos := uint64(0)
+		if s != "" {
+			if pos, err = parsePosition(feed, s, nil); err != nil {
+				return 0, err
+			}
 		}
 		low = min(low, pos)
 	}
 	return low, nil
 }
 
-// SetPosition sets feed's position to pos unless Redis holds less than from
-// (0: none), the value the feed last saw, or more than pos, and returns what
-// Redis holds now: pos, or the lowest value it found instead (a lower one
-// says Redis lost writes). On a Cluster each copy is set alike.
+// SetPosition sets feed's position to pos if Redis still holds from (0:
+// none), and returns what Redis holds now: pos, or the value it found
+// instead (a lower one says Redis lost writes). On a Cluster each copy is
+// set if it still holds what this Guard last read or set there (from, for
+// a copy it has not seen), and the lowest value found is returned.
 func (g *followed) SetPosition(ctx context.Context, feed string, from, pos uint64) (uint64, error) {
 	pass, err := g.sup.enter()
 	if err != nil {
@@ -99,32 +106,44 @@ func (g *followed) SetPosition(ctx context.Context, feed string, from, pos uint6
 	if from > 0 {
 		want = strconv.FormatUint(from, 10)
 	}
+	to := strconv.FormatUint(pos, 10)
 	sets := make([]*redis.Cmd, len(keys))
 	if len(keys) == 1 {
-		sets[0] = setPosition.Run(ctx, g.rdb, keys, want, strconv.FormatUint(pos, 10))
+		sets[0] = setPosition.Run(ctx, g.rdb, keys, want, to)
 	} else {
+		expect := make([]string, len(keys))
+		for i, k := range keys {
+			expect[i] = g.posSlots.last(k, want)
+		}
 		pipe := g.rdb.Pipeline()
 		for i, k := range keys {
-			sets[i] = setPosition.EvalSha(ctx, pipe, []string{k}, want, strconv.FormatUint(pos, 10))
+			sets[i] = setPosition.EvalSha(ctx, pipe, []string{k}, expect[i], to)
 		}
 		if _, err := pipe.Exec(ctx); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 			for i, k := range keys { // the script is loaded by the first Eval
-				sets[i] = setPosition.Run(ctx, g.rdb, []string{k}, want, strconv.FormatUint(pos, 10))
+				sets[i] = setPosition.Run(ctx, g.rdb, []string{k}, expect[i], to)
 			}
 		}
 	}
 	low, refused := uint64(math.MaxUint64), false
-	for _, set := range sets {
+	for i, set := range sets {
 		s, err := set.Text()
-		switch {
-		case err == nil && s == "":
-			continue
-		case err == nil && s == " ":
-			return 0, nil
-		}
-		found, err := parsePosition(feed, s, err)
 		if err != nil {
-			return 0, err
+			return 0, redisfail.Wrap(err)
+		}
+		switch s {
+		case "":
+			g.posSlots.saw(keys[i], to)
+			continue
+		case " ":
+			s = ""
+		}
+		g.posSlots.saw(keys[i], s)
+		found := uint64(0)
+		if s != "" {
+			if found, err = parsePosition(feed, s, nil); err != nil {
+				return 0, err
+			}
 		}
 		low, refused = min(low, found), true
 	}
@@ -157,11 +176,33 @@ func (g *followed) positionKeys(ctx context.Context, feed string) ([]string, err
 	return keys, nil
 }
 
-// slotMap is a Guard's copy of masterSlots.
+// slotMap is a Guard's copy of masterSlots, and what it last read or set
+// of each copy of a position on a Cluster.
 type slotMap struct {
 	mu    sync.Mutex // guards the fields below
 	slots []uint16
 	at    time.Time
+	seen  map[string]string // position key → its value as last read or set ("": absent)
+}
+
+// saw records that key held v ("": absent).
+func (m *slotMap) saw(key, v string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.seen == nil {
+		m.seen = map[string]string{}
+	}
+	m.seen[key] = v
+}
+
+// last is what key held when last read or set, or def if never.
+func (m *slotMap) last(key, def string) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if v, ok := m.seen[key]; ok {
+		return v
+	}
+	return def
 }
 
 // slotsEvery is how long a Guard keeps the cluster's slot map for

@@ -16,8 +16,9 @@ import (
 // held by every master of a Redis Cluster (one key, standalone), so that a
 // rollback of any master shows: each copy in turn goes back to an older
 // position (that master restarted from an older dump) or is lost (flushed),
-// and Position answers the lower value, SetPosition refuses to write over
-// it until the feed repaired from there. Control: one key for the whole
+// and SetPosition refuses to write over it (each copy is set only if it
+// holds what this Guard last saw there), Position answers the lower value,
+// and the feed, having repaired from there, sets its position again. Control: one key for the whole
 // Cluster lives on one master, and this test finds it short of the masters.
 func TestPositionOnEveryMaster(t *testing.T) {
 	clusterToo(t)
@@ -52,12 +53,12 @@ func TestPositionOnEveryMaster(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if pos, err := e.Position(ctx, "f"); err != nil || pos != want {
-					t.Fatalf("Position after a master's %s: %d, %v; want %d", lost, pos, err, want)
-				}
 				next := cur + 100
 				if pos, err := e.SetPosition(ctx, "f", cur, next); err != nil || pos != want {
 					t.Fatalf("SetPosition over a master's %s: %d, %v; want it refused with %d", lost, pos, err, want)
+				}
+				if pos, err := e.Position(ctx, "f"); err != nil || pos != want {
+					t.Fatalf("Position after a master's %s: %d, %v; want %d", lost, pos, err, want)
 				}
 				// The feed repairs from want, then sets its position again
 				// (the other masters' copies may hold it already).

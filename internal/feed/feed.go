@@ -16,8 +16,9 @@ type Engine interface {
 	// Position returns the position stored for feed (0: none).
 	Position(ctx context.Context, feed string) (uint64, error)
 	// SetPosition sets feed's position to pos if Redis still holds from
-	// (0: none), and returns what Redis holds now: pos, or the value it
-	// found instead (a lower one says Redis lost writes).
+	// (0: none; on a Cluster, each master's copy what was last seen there),
+	// and returns what Redis holds now: pos, or the lowest value it found
+	// instead (a lower one says Redis lost writes).
 	SetPosition(ctx context.Context, feed string, from, pos uint64) (uint64, error)
 	// Inspect reads what Redis holds of ids in one round trip (one script
 	// and one probe of the filter per ID); it writes nothing and loads

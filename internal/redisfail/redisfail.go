@@ -47,6 +47,9 @@ func Refused(err error, scripts ...string) string {
 	if m := noperm.FindStringSubmatch(msg); m != nil {
 		return strings.ToLower(m[1])
 	}
+	if m := inScript72.FindStringSubmatch(msg); m != nil { // Redis 7.2 and later, Valkey
+		return strings.ToLower(m[1])
+	}
 	m := inScript.FindStringSubmatch(msg)
 	if m == nil {
 		return ""
@@ -67,7 +70,9 @@ func Refused(err error, scripts ...string) string {
 }
 
 var (
-	noperm   = regexp.MustCompile(`^NOPERM .*run the '([^']+)' command`)
-	inScript = regexp.MustCompile(`can't run this command or subcommand script: ([0-9a-f]{40}), on @user_script:(\d+)`)
-	luaCall  = regexp.MustCompile(`redis\.p?call\('([A-Za-z|]+)'`)
+	noperm = regexp.MustCompile(`^NOPERM .*run the '([^']+)' command`)
+	// Redis 7.2 and later name the command inside a script.
+	inScript72 = regexp.MustCompile(`ACL failure in script: .*run the '([^']+)' command`)
+	inScript   = regexp.MustCompile(`can't run this command or subcommand script: ([0-9a-f]{40}), on @user_script:(\d+)`)
+	luaCall    = regexp.MustCompile(`redis\.p?call\('([A-Za-z|]+)'`)
 )

@@ -40,7 +40,8 @@ func (r reply) Error() string { return string(r) }
 func (reply) RedisError()     {}
 
 // TestRefused: the command an ACL refused, from a NOPERM reply, and from
-// the line of a script Redis names (as Redis 7 words both).
+// the line of a script Redis names (as Redis 7.0 words both; 7.2 names the
+// command inside a script itself).
 func TestRefused(t *testing.T) {
 	script := "-- a script\nlocal v = redis.call('GET', KEYS[1])\nreturn redis.call('HMGET', KEYS[1], 'a')\n"
 	sha := "ERR The user executing the script can't run this command or subcommand script: %s, on @user_script:%d."
@@ -51,6 +52,8 @@ func TestRefused(t *testing.T) {
 		{reply("NOPERM this user has no permissions to run the 'hget' command"), "hget"},
 		{redisfail.Wrap(reply("NOPERM this user has no permissions to run the 'memory|usage' command")), "memory|usage"},
 		{reply(fmt.Sprintf(sha, shaOf(script), 3)), "hmget"},
+		{reply("ERR ACL failure in script: User app has no permissions to run the 'hmget' command script: " + shaOf(script) +
+			", on @user_script:3."), "hmget"}, // Redis 7.2's words
 		{reply(fmt.Sprintf(sha, shaOf(script), 1)), "a command of the script on line 1"},
 		{reply(fmt.Sprintf(sha, shaOf("other"), 3)), "a command of script " + shaOf("other")},
 		{reply("OOM command not allowed when used memory > 'maxmemory'"), ""},

@@ -256,13 +256,17 @@ func switchCase(t *testing.T, how string) *switchCounts {
 		wg.Wait()
 	}
 	// The copy follows the switch: it is of b's generation within its
-	// refresh period (at once here: the switch woke it).
+	// refresh period, at once here: a's probes adopt the new generation
+	// (MayExist probes; in the window, a probe within 10 ms of a's read of
+	// the switching meta answers from the announced generation without
+	// adopting it), and that wakes the copy.
 	in, err := a.Info(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, 20*time.Second, "a's copy is of the new generation", func() bool {
-		return guard.CopyGeneration(a) == in.Generation
+		_, err := a.MayExist(ctx, "p1")
+		return err == nil && guard.CopyGeneration(a) == in.Generation
 	})
 	return &n
 }

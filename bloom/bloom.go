@@ -66,8 +66,8 @@ const (
 	metaFormat = "2"                // the meta hash's field set; a client refuses another
 	seed2      = 0x9e3779b97f4a7c15 // seed of the second hash
 	// reloadEvery limits a client's re-reads of the meta while a generation
-	// is not ready or a shard is lost (follow): a filter that cannot answer
-	// costs each process at most ten HGETALLs a second.
+	// is not ready (follow): a filter being built costs each process at
+	// most ten HGETALLs a second.
 	reloadEvery = 100 * time.Millisecond
 	// goneEvery is reloadEvery for a shard Redis lost while the meta names
 	// it: at most 100 HGETALLs a second while the loss lasts, and a switch

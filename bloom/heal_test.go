@@ -91,8 +91,8 @@ func TestHealsFromLostKeys(t *testing.T) {
 			if _, err := g.Rebuild(ctx, seq("k", 100), nil); err != nil {
 				t.Fatalf("Rebuild after the loss: %v", err)
 			}
-			// The old client follows the new generation within a blink
-			// (it re-reads the meta at most ten times a second).
+			// The old client follows the new generation at its next probe
+			// (a missing block: one meta read, then the new generation).
 			for _, fl := range []*bloom.Filter{f, g} {
 				eventually(t, 2*time.Second, "Test(k3) after the heal", func() bool {
 					ok, err := fl.Test(ctx, "k3")

@@ -19,11 +19,11 @@ const (
 		"+info +eval +evalsha +script|load +getrange +setrange +bitfield +bitop +bitcount +getbit " +
 		"+hget +hmget +hset +hdel +hexists +hgetall +hincrby +hkeys +incr +scan +memory|usage"
 	// ACLFollower is cacheguard-pgfollow: a Guard's writes (no load, no
-	// subscription) and rebuild, dropping every entry after a reset (SCAN),
+	// subscription; Delete's script reads the entry's fields, HKEYS) and rebuild, dropping every entry after a reset (SCAN),
 	// its position and the inspector's reads (TIME), Info (MEMORY USAGE).
 	ACLFollower = "+get +set +del +unlink +exists +pexpire +pttl +time +publish +info " +
 		"+eval +evalsha +script|load +getrange +setrange +bitfield +bitop +bitcount +getbit " +
-		"+hget +hset +hdel +hexists +hgetall +hincrby +incr +scan +memory|usage"
+		"+hget +hset +hdel +hexists +hgetall +hincrby +hkeys +incr +scan +memory|usage"
 	// ACLCommand is the cacheguard command: info, rebuild, check, get and
 	// invalidate (no load, no subscription, no Add).
 	ACLCommand = "+get +set +del +unlink +exists +pexpire +pttl +publish +info " +

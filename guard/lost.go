@@ -248,7 +248,7 @@ func (g *Guard) refused(ctx context.Context, what string, err error) {
 // refusal is the command an ACL refused in err, "" if err is no refusal
 // (redisfail.Refused, with the Guard's scripts).
 func (g *Guard) refusal(err error) string {
-	return redisfail.Refused(err, autoRebuildLua, delIfEqualLua, inspectLua, setPositionLua, clearMarkersLua, replaceLua)
+	return redisfail.Refused(err, autoRebuildLua, delIfEqualLua, inspectLua, setPositionLua, replaceLua)
 }
 
 // eachMaster runs fn on every master of a cluster or ring, or on rdb. A

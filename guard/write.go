@@ -25,28 +25,28 @@ import (
 // InvalidateAll and Rebuild act on the whole Guard.
 
 var (
-	//go:embed lua/clear_markers.lua
-	clearMarkersLua string
 	//go:embed lua/replace.lua
-	replaceLua   string
-	clearMarkers = redis.NewScript(clearMarkersLua)
-	replace      = redis.NewScript(replaceLua)
+	replaceLua string
+	replace    = redis.NewScript(replaceLua)
 )
 
 // Add makes newly created IDs servable at once, in every process. Call it
 // after the source of truth has committed them. It registers them in the
-// bloom filter, drops their empty markers and voids any load in flight that
-// read "absent" before the create (as Invalidate does); a cached value is
-// never dropped. One round trip for any number of IDs (two while a filter
-// rebuild runs). Malformed IDs fail before any Redis command; Redis
-// failures wrap ErrUnavailable, and the write is replayed (Stats.Unwritten).
+// bloom filter and drops whatever Redis holds for them (a "not found"
+// marker, or the value of a life before a delete whose invalidation has not
+// landed yet: an outside delete in the follower's lag, a Delete still to be
+// replayed), voiding any load in flight, as Invalidate does. One round trip
+// for any number of IDs (two while a filter rebuild runs). Malformed IDs
+// fail before any Redis command; Redis failures wrap ErrUnavailable, and
+// the write is replayed (Stats.Unwritten).
 // Each write waits for Redis at most Tuning.RedisTimeout, whatever ctx.
 func (g *Guard) Add(ctx context.Context, ids ...string) error {
-	marker := codec.Empty()
 	return g.write(ctx, ids, func(ctx context.Context, keys []string) error {
-		return g.replace(ctx, "add", ids, ids, keys, nil, func(pipe redis.Pipeliner, k string) *redis.Cmd {
-			return clearMarkers.Eval(ctx, pipe, voids(k), marker)
-		})
+		f, err := g.filter(ctx)
+		if err == nil {
+			err = g.invalidate(ctx, f, ids, keys)
+		}
+		return g.fail(ctx, "add", one(ids), err)
 	})
 }
 
@@ -217,7 +217,7 @@ func (g *Guard) Invalidate(ctx context.Context, ids ...string) error {
 // invalidate drops the entries and load locks of ids (keys, their value
 // keys) in one round trip: one DEL per ID (value and lock share a slot; IDs
 // do not), and a message per ID for the processes that keep values in
-// memory (Local). With f, the IDs join that filter too (a write's replay).
+// memory (Local). With f, the IDs join that filter too (Add, a replay).
 func (g *Guard) invalidate(ctx context.Context, f *bloom.Filter, ids, keys []string) error {
 	pipe := g.rdb.Pipeline()
 	var added *bloom.PendingAdd
@@ -232,8 +232,10 @@ func (g *Guard) invalidate(ctx context.Context, f *bloom.Filter, ids, keys []str
 	_, err := pipe.Exec(ctx)
 	g.landed(ctx, marks)
 	g.forget(keys, nil, time.Time{})
-	if err == nil && added != nil {
-		err = added.Result(ctx)
+	if added != nil { // even after a failure: the filter's copy learns the IDs (PendingAdd.Result)
+		if aerr := added.Result(ctx); err == nil {
+			err = aerr
+		}
 	}
 	return redisfail.Wrap(err)
 }

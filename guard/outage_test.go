@@ -73,9 +73,10 @@ func TestLoadThroughWhenRedisIsDown(t *testing.T) {
 			t.Fatalf("with the breaker open: %+v, %v", p, err)
 		}
 	}
-	// The breaker lets one read probe Redis per BreakFor (default 1 s); the
-	// 20 loads take about 1 s, longer on a busy machine.
-	probes := 1 + uint64(time.Since(began)/time.Second)
+	// The breaker lets one read probe Redis per 100 ms (breakFor); the 20
+	// loads take about 1 s, longer on a busy machine: about 11 probes,
+	// against 20 reads without it.
+	probes := 1 + uint64(time.Since(began)/(100*time.Millisecond))
 	if n := g.Stats().RedisErrors - errs; n > probes {
 		t.Fatalf("%d Redis errors in %v while the breaker was open (at most %d probes): it did not keep Gets off Redis", n, time.Since(began), probes)
 	}

@@ -29,7 +29,9 @@ const usage = `usage: cacheguard [flags] <command> [args]
 
 commands:
   info                   the filter: generation, sizing, fill, estimated false-positive rate, memory
-  rebuild [file]         rebuild the filter from IDs, one per line (stdin when no file is given)
+  rebuild [file]         rebuild the filter from IDs, one per line: from -exec's command, run once the
+                         rebuild has begun, or from a file (stdin when no file is given), which misses
+                         the IDs created between the list being taken and the rebuild beginning
   check <id>             what the filter and the cache say of one ID
   get <id>               the cached entry of one ID, decoded to JSON, with its TTL
   invalidate <id>...     drop the cached entries of IDs (loads in flight do not store theirs)
@@ -52,6 +54,7 @@ type config struct {
 	fpRate                float64
 	force                 bool
 	progress              string
+	exec                  string
 }
 
 // usageError is a mistake in the command line (exit code 2).
@@ -85,6 +88,8 @@ func run(ctx context.Context, args []string, env func(string) string, stdin io.R
 	fs.Uint64Var(&c.items, "items", 0, "the filter's ExpectedItems (default: the stored sizing; rebuild grows it to twice the IDs when they outgrow it)")
 	fs.Float64Var(&c.fpRate, "fp-rate", 0, "the filter's FalsePositiveRate (default: the stored one)")
 	fs.BoolVar(&c.force, "force", false, "rebuild: go ahead with an empty input, fewer than half the IDs the filter holds, or a sizing below the stored one")
+	fs.StringVar(&c.exec, "exec", "", "rebuild: run this shell command once the rebuild has begun and take its output as the IDs "+
+		"(e.g. \"psql -At -c 'SELECT id FROM products'\"): an ID created meanwhile is in its output or added to the new filter")
 	fs.StringVar(&c.progress, "progress", "auto", "rebuild: progress as a bar (bar), as lines (lines), none, or auto (a bar on a terminal, else lines)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -142,12 +147,18 @@ func dispatch(ctx context.Context, c *config, cmd string, args []string, env fun
 		err = want(0, 0, "no arguments")
 	case "rebuild":
 		err = want(0, 1, "at most one file (stdin when none)")
+		if c.exec != "" {
+			err = want(0, 0, "no file with -exec (its command's output is the input)")
+		}
 	case "check", "get":
 		err = want(1, 1, "one ID")
 	case "invalidate":
 		err = want(1, -1, "one or more IDs")
 	default:
 		return &usageError{fmt.Sprintf("unknown command %q", cmd)}
+	}
+	if err == nil && c.exec != "" && cmd != "rebuild" {
+		err = &usageError{"-exec is rebuild's"}
 	}
 	if err != nil {
 		return err

@@ -397,3 +397,67 @@ func TestProgress(t *testing.T) {
 		}
 	}
 }
+
+// TestRebuildExec: -exec runs the ID query once the rebuild has begun, so an
+// ID created after the query (and Added) is in the new filter; a list taken
+// before the rebuild began misses it (the control: stdin). A failing
+// command and one that prints nothing leave the filter as it was.
+func TestRebuildExec(t *testing.T) {
+	ctx := context.Background()
+	_, addr := tcpServer(t)
+	env := map[string]string{"REDIS_URL": "redis://" + addr + "/0"}
+	var list strings.Builder
+	for i := range 1000 {
+		fmt.Fprintf(&list, "p%d\n", i)
+	}
+	cli(t, env, list.String(), "-name", "user", "rebuild").want(t, exitOK, "rebuild from stdin")
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	g, err := guard.New(ctx, rdb, "user", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+
+	// The control: the list is taken, then late1 is created and added, then
+	// the rebuild runs from the list.
+	if err := g.Add(ctx, "late1"); err != nil {
+		t.Fatal(err)
+	}
+	cli(t, env, list.String(), "-name", "user", "rebuild").want(t, exitOK, "rebuild from a list taken before late1")
+	cli(t, env, "", "-name", "user", "check", "late1").want(t, exitNotFound, "late1 after a rebuild from a list taken before it")
+
+	// -exec: the command has begun (its query taken) when late2 is created
+	// and added; it prints the list after.
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "list"), []byte(list.String()), 0o644)
+	script := fmt.Sprintf("touch %[1]s/began; while [ ! -e %[1]s/added ]; do sleep 0.01; done; cat %[1]s/list", dir)
+	done := make(chan result, 1)
+	go func() { done <- cli(t, env, "", "-name", "user", "-exec", script, "rebuild") }()
+	for _, err := os.Stat(filepath.Join(dir, "began")); err != nil; _, err = os.Stat(filepath.Join(dir, "began")) {
+		time.Sleep(10 * time.Millisecond) // polling for the command to begin
+	}
+	if err := g.Add(ctx, "late2"); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "added"), nil, 0o644)
+	r := <-done
+	r.want(t, exitOK, "rebuild -exec")
+	if !strings.Contains(r.stdout, "from 1000 IDs (-exec)") {
+		t.Fatalf("stdout: %s", r.stdout)
+	}
+	for _, id := range []string{"late2", "p0", "p999"} {
+		cli(t, env, "", "-name", "user", "check", id).want(t, exitOK, id+" after rebuild -exec")
+	}
+
+	for _, bad := range []struct{ script, says string }{{"exit 3", "exit status 3"}, {"true", "printed no IDs"}} {
+		r := cli(t, env, "", "-name", "user", "-exec", bad.script, "rebuild")
+		r.want(t, exitFailed, "rebuild -exec "+bad.script)
+		if !strings.Contains(r.stderr, bad.says) {
+			t.Fatalf("-exec %q: stderr does not say %q:\n%s", bad.script, bad.says, r.stderr)
+		}
+		cli(t, env, "", "-name", "user", "check", "late2").want(t, exitOK, "late2 after the refused -exec "+bad.script)
+	}
+	cli(t, env, "", "-name", "user", "-exec", "true", "rebuild", "ids.txt").want(t, exitUsage, "-exec and a file")
+	cli(t, env, "", "-name", "user", "-exec", "true", "info").want(t, exitUsage, "-exec with info")
+}

@@ -90,9 +90,14 @@ func parseMeta(names keyspace.Filter, h map[string]string) (*meta, error) {
 }
 
 // openMeta reads the meta hash, creating it (and allocating the shards of
-// generation 1) with cfg if it does not exist.
+// its first generation) with cfg if it does not exist.
 func (f *Filter) openMeta(ctx context.Context, cfg Config) (*meta, error) {
-	m, created, err := f.createMeta(ctx, 1, cfg, 0)
+	// A new filter's generation is the clock in microseconds, not 1: after
+	// Redis lost the filter, a client may still hold the layout of a
+	// generation from before, and a new generation of that number (sized
+	// otherwise) would have its probes read the new bits with the old
+	// layout: existing IDs absent (TestGenerationsOutliveALostFilter).
+	m, created, err := f.createMeta(ctx, time.Now().UnixMicro(), cfg, 0)
 	if err != nil || !created {
 		return m, err
 	}

@@ -315,3 +315,36 @@ func TestRefusedCommandIsNamed(t *testing.T) {
 		t.Fatalf("the refusal must be said once, naming hmget:\n%s", all)
 	}
 }
+
+// TestFullRedisIsNoACLRefusal: a Redis out of memory (maxmemory with
+// noeviction) refuses the writes' marks with OOM: that is an outage, not an
+// ACL that refuses a command. The chaos run (seed 2, an eviction burst) saw
+// it logged at ERROR as an ACL refusal of "noticing writes Redis lost".
+func TestFullRedisIsNoACLRefusal(t *testing.T) {
+	ctx := context.Background()
+	_, rdb := redistest.Private(t)
+	logs := newLogWatch()
+	g, err := guard.New(ctx, rdb, "product", &guard.Options{KeyPrefix: "oom", Logger: slog.New(logs),
+		Filter: guard.FilterOptions{ExpectedItems: 1000}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if _, err := g.Rebuild(ctx, ids("p", 10), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.ConfigSet(ctx, "maxmemory", "0")
+	if err := guard.Set(ctx, g, "p1", product{ID: "p1"}); !errors.Is(err, guard.ErrUnavailable) {
+		t.Fatalf("Set with Redis full: %v, want ErrUnavailable", err)
+	}
+	logs.wait(t, "OOM")
+	logs.mu.Lock()
+	all := strings.Join(logs.msgs, "\n")
+	logs.mu.Unlock()
+	if strings.Contains(all, "ACL") {
+		t.Fatalf("a full Redis logged as an ACL refusal:\n%s", all)
+	}
+}

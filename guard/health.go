@@ -275,7 +275,7 @@ func (g *Guard) endCheck(ctx context.Context, c *check) {
 	for i, s := range c.slots {
 		at, err := c.gets[i].Int64() // a mark gone (a restart without it, eviction) reads 0
 		switch {
-		case reply(err) && !errors.Is(err, redis.Nil):
+		case g.refusal(err) != "":
 			m.mu.Unlock()
 			m.refusedOnce.Do(func() { g.refused(ctx, "noticing writes Redis lost", err) })
 			m.checked.Store(c.dials) // an ACL that refuses them: no check will pass

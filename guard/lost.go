@@ -153,7 +153,7 @@ func (g *Guard) landed(ctx context.Context, q *queuedMarks) {
 	m.mu.Lock()
 	for i, c := range q.incr {
 		n, err := c.Result()
-		if reply(err) {
+		if g.refusal(err) != "" {
 			m.refusedOnce.Do(func() { g.refused(ctx, "noticing writes Redis lost", err) })
 		}
 		if err != nil {

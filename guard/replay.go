@@ -122,7 +122,7 @@ func (g *Guard) replayBatch(ctx context.Context, batch map[string]uint64, dropAl
 	}
 	if dropAll {
 		switch _, err := g.invalidateAll(ctx); {
-		case reply(err): // refused (an ACL without +scan): waiting will not mend it
+		case g.refusal(err) != "": // refused (an ACL without +scan): waiting will not mend it
 			g.log.Error("cacheguard: cannot drop the Guard's entries after writes were dropped; they are left to their TTL",
 				"err", err)
 		case err != nil:

@@ -10,12 +10,19 @@
 #             redis-server, attacks itself with and without the guard, prints
 #             the table and keeps serving until Ctrl-C
 #             (make demo DEMO_ARGS=-exit stops after the table).
+# make chaos: the whole deployment (three services, the follower and a
+#             standby, the cacheguard command) as OS processes under a fault
+#             schedule drawn from SEED, for DURATION, its history checked by
+#             chaos.Check; the report goes to chaos/latest.md (REPORT=...)
+#             and it fails on a violation, a false not-found or a 503 with
+#             Redis up (make chaos DURATION=10m SEED=7; a new seed if unset).
+#             make test runs it for a minute.
 # make bench: the benchmarks, with allocations.
 # make miss-files: the library files one plain miss runs through (coverage).
 GO ?= go
 PKGS := ./...
 
-.PHONY: test demo quickstart bench deps deps-demo fmt-check source-check release-check vet fuzz miss-files
+.PHONY: test chaos demo quickstart bench deps deps-demo fmt-check source-check release-check vet fuzz miss-files
 
 # What each target needs, and nothing more: the demo, quickstart and bench
 # need redis-server; make test also PostgreSQL and chromium.
@@ -74,6 +81,17 @@ test: deps fmt-check source-check
 	CG_TEST_CLUSTER=1 $(TEST) -timeout 15m $(CLUSTER_PKGS)
 	cd faults && FAULTS_TABLE=$(CURDIR)/faults/latest.md $(TEST) -timeout 10m ./...
 	@cat faults/latest.md
+	cd chaos && $(TEST) -short ./...
+	@$(MAKE) --no-print-directory chaos DURATION=60s
+
+# The deployment's processes run without -race: on two cores the race
+# detector's slowdown would be what the run measures.
+DURATION ?= 10m
+SEED ?=
+REPORT ?= $(CURDIR)/chaos/latest.md
+chaos: deps
+	cd chaos && CHAOS_DURATION=$(DURATION) CHAOS_SEED=$(SEED) CHAOS_REPORT=$(REPORT) \
+		$(GO) test -count=1 -run '^TestChaos$$' -timeout 0 -v .
 
 DEMO_ARGS ?=
 # CHART=docs/demo.png redraws the chart the docs show; by default make demo

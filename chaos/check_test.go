@@ -24,27 +24,44 @@ var rules = Rules{Local: func(p string) bool { return strings.HasPrefix(p, "loca
 // one that does not (the control of each is the line that fails it).
 func TestCheck(t *testing.T) {
 	tl := Timeline{Confirms: []Confirm{{At: ms(100), LSN: 10}, {At: ms(300), LSN: 20}}}
+	v1, v5 := w("a", "k", 1, true, 0, 1, 0, ""), w("a", "k", 5, true, 10, 20, 0, "") // version 1, then 5 (returned at 20)
 	cases := []struct {
 		name    string
 		history []Op
 		kind    string // the violation, "" for none
 	}{
-		{"a read after a Set returned sees it", []Op{w("a", "k", 1, true, 0, 1, 0, ""), w("a", "k", 5, true, 10, 20, 0, ""), r("b", "k", 5, 30, 31)}, ""},
-		{"a read after a Set returned sees an older version", []Op{w("a", "k", 1, true, 0, 1, 0, ""), w("a", "k", 5, true, 10, 20, 0, ""), r("b", "k", 1, 30, 31)}, StaleValue},
-		{"a read that began before the Set returned may see the older one", []Op{w("a", "k", 1, true, 0, 1, 0, ""), w("a", "k", 5, true, 10, 20, 0, ""), r("b", "k", 1, 15, 31)}, ""},
-		{"a later version than known (a write whose process died)", []Op{w("a", "k", 5, true, 10, 20, 0, ""), r("b", "k", 9, 30, 31)}, ""},
-		{"not found after a create returned", []Op{w("a", "k", 5, true, 10, 20, 0, ""), r("b", "k", NotFound, 30, 31)}, FalseNotFound},
-		{"not found while a delete ran", []Op{w("a", "k", 5, true, 10, 20, 0, ""), w("a", "k", 6, false, 29, 40, 0, ""), r("b", "k", NotFound, 30, 31)}, ""},
-		{"not found while a write of unknown outcome ran", []Op{w("a", "k", 5, true, 10, 20, 0, ""), {Proc: "a", Kind: Intent, ID: "k", Start: ms(29)}, r("b", "k", NotFound, 30, 31)}, ""},
-		{"a value after a delete returned", []Op{w("a", "k", 5, true, 10, 20, 0, ""), w("a", "k", 6, false, 21, 22, 0, ""), r("b", "k", 5, 30, 31)}, ValueOfGone},
-		{"a value after a TRUNCATE returned", []Op{w("a", "k", 5, true, 10, 20, 0, ""), w("sql", AllIDs, 6, false, 21, 22, 0, Outside), r("b", "k", 5, 400, 401)}, ""},
-		{"a value after a TRUNCATE the follower confirmed", []Op{w("a", "k", 5, true, 10, 20, 0, ""), w("sql", AllIDs, 6, false, 21, 22, 15, Outside), r("b", "k", 5, 400, 401)}, ValueOfGone},
-		{"an outside write before the follower confirmed it", []Op{w("a", "k", 1, true, 0, 1, 0, ""), w("sql", "k", 5, true, 10, 20, 15, Outside), r("b", "k", 1, 200, 201)}, ""},
-		{"an outside write after the follower confirmed it", []Op{w("a", "k", 1, true, 0, 1, 0, ""), w("sql", "k", 5, true, 10, 20, 15, Outside), r("b", "k", 1, 301, 302)}, StaleValue},
-		{"a failed Guard call counts from the follower's confirmation", []Op{w("a", "k", 1, true, 0, 1, 0, ""), w("a", "k", 5, true, 10, 20, 5, "unavailable"), r("b", "k", 1, 50, 51), r("b", "k", 1, 101, 102)}, StaleValue},
-		{"a Local process within its window", []Op{w("a", "k", 1, true, 0, 1, 0, ""), w("a", "k", 5, true, 10, 20, 0, ""), r("local1", "k", 1, 500, 501)}, ""},
-		{"a Local process past its window", []Op{w("a", "k", 1, true, 0, 1, 0, ""), w("a", "k", 5, true, 10, 20, 0, ""), r("local1", "k", 1, 1021, 1022)}, StaleValue},
-		{"a Local process's own write", []Op{w("local1", "k", 1, true, 0, 1, 0, ""), w("local1", "k", 5, true, 10, 20, 0, ""), r("local1", "k", 1, 30, 31)}, StaleValue},
+		{"a read after a Set returned sees it",
+			[]Op{v1, v5, r("b", "k", 5, 30, 31)}, ""},
+		{"a read after a Set returned sees an older version",
+			[]Op{v1, v5, r("b", "k", 1, 30, 31)}, StaleValue},
+		{"a read that began before the Set returned may see the older one",
+			[]Op{v1, v5, r("b", "k", 1, 15, 31)}, ""},
+		{"a later version than known (a write whose process died)",
+			[]Op{v5, r("b", "k", 9, 30, 31)}, ""},
+		{"not found after a create returned",
+			[]Op{v5, r("b", "k", NotFound, 30, 31)}, FalseNotFound},
+		{"not found while a delete ran",
+			[]Op{v5, w("a", "k", 6, false, 29, 40, 0, ""), r("b", "k", NotFound, 30, 31)}, ""},
+		{"not found while a write of unknown outcome ran",
+			[]Op{v5, {Proc: "a", Kind: Intent, ID: "k", Start: ms(29)}, r("b", "k", NotFound, 30, 31)}, ""},
+		{"a value after a delete returned",
+			[]Op{v5, w("a", "k", 6, false, 21, 22, 0, ""), r("b", "k", 5, 30, 31)}, ValueOfGone},
+		{"a value after a TRUNCATE returned",
+			[]Op{v5, w("sql", AllIDs, 6, false, 21, 22, 0, Outside), r("b", "k", 5, 400, 401)}, ""},
+		{"a value after a TRUNCATE the follower confirmed",
+			[]Op{v5, w("sql", AllIDs, 6, false, 21, 22, 15, Outside), r("b", "k", 5, 400, 401)}, ValueOfGone},
+		{"an outside write before the follower confirmed it",
+			[]Op{v1, w("sql", "k", 5, true, 10, 20, 15, Outside), r("b", "k", 1, 200, 201)}, ""},
+		{"an outside write after the follower confirmed it",
+			[]Op{v1, w("sql", "k", 5, true, 10, 20, 15, Outside), r("b", "k", 1, 301, 302)}, StaleValue},
+		{"a failed Guard call counts from the follower's confirmation",
+			[]Op{v1, w("a", "k", 5, true, 10, 20, 5, "unavailable"), r("b", "k", 1, 50, 51), r("b", "k", 1, 101, 102)}, StaleValue},
+		{"a Local process within its window",
+			[]Op{v1, v5, r("local1", "k", 1, 500, 501)}, ""},
+		{"a Local process past its window",
+			[]Op{v1, v5, r("local1", "k", 1, 1021, 1022)}, StaleValue},
+		{"a Local process's own write",
+			[]Op{w("local1", "k", 1, true, 0, 1, 0, ""), w("local1", "k", 5, true, 10, 20, 0, ""), r("local1", "k", 1, 30, 31)}, StaleValue},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -125,7 +125,8 @@ func deploy(ctx context.Context, t *testing.T, cfg config) *deployment {
 // seedRows inserts the rows "i0".."i1999" that are missing, each a write.
 func (d *deployment) seedRows(ctx context.Context, rec *Recorder) error {
 	start := time.Now().UnixNano()
-	rows, err := d.pool.Query(ctx, "INSERT INTO items SELECT 'i' || g, nextval('ver') FROM generate_series(0, $1) g ON CONFLICT DO NOTHING RETURNING id, v", seeded-1)
+	rows, err := d.pool.Query(ctx, "INSERT INTO items SELECT 'i' || g, nextval('ver') FROM generate_series(0, $1) g "+
+		"ON CONFLICT DO NOTHING RETURNING id, v", seeded-1)
 	if err != nil {
 		return err
 	}

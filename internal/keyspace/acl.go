@@ -19,8 +19,9 @@ const (
 		"+info +eval +evalsha +script|load +getrange +setrange +bitfield +bitop +bitcount +getbit " +
 		"+hget +hmget +hset +hdel +hexists +hgetall +hincrby +hkeys +incr +scan +memory|usage"
 	// ACLFollower is cacheguard-pgfollow: a Guard's writes (no load, no
-	// subscription; Delete's script reads the entry's fields, HKEYS) and rebuild, dropping every entry after a reset (SCAN),
-	// its position and the inspector's reads (TIME), Info (MEMORY USAGE).
+	// subscription; Delete's script reads the entry's fields, HKEYS) and
+	// rebuild, dropping every entry after a reset (SCAN), its position and
+	// the inspector's reads (TIME), Info (MEMORY USAGE).
 	ACLFollower = "+get +set +del +unlink +exists +pexpire +pttl +time +publish +info " +
 		"+eval +evalsha +script|load +getrange +setrange +bitfield +bitop +bitcount +getbit " +
 		"+hget +hset +hdel +hexists +hgetall +hincrby +hkeys +incr +scan +memory|usage"

@@ -147,11 +147,7 @@ func (g *Guard) rewrite(ctx context.Context, ids []string) error {
 	if err != nil {
 		return err
 	}
-	f, err := g.filter(ctx)
-	if err != nil {
-		return err
-	}
-	return g.invalidate(ctx, f, ids, keys)
+	return g.admit(ctx, ids, keys)
 }
 
 var errUnwritten = fmt.Errorf("%w: this ID's last write did not reach redis and is not replayed yet", ErrUnavailable)

@@ -42,12 +42,18 @@ var (
 // Each write waits for Redis at most Tuning.RedisTimeout, whatever ctx.
 func (g *Guard) Add(ctx context.Context, ids ...string) error {
 	return g.write(ctx, ids, func(ctx context.Context, keys []string) error {
-		f, err := g.filter(ctx)
-		if err == nil {
-			err = g.invalidate(ctx, f, ids, keys)
-		}
-		return g.fail(ctx, "add", one(ids), err)
+		return g.fail(ctx, "add", one(ids), g.admit(ctx, ids, keys))
 	})
+}
+
+// admit is Add's and Invalidate's write (and a failed write's replay):
+// ids join the filter, and their entries and load locks are dropped.
+func (g *Guard) admit(ctx context.Context, ids, keys []string) error {
+	f, err := g.filter(ctx)
+	if err != nil {
+		return err
+	}
+	return g.invalidate(ctx, f, ids, keys)
 }
 
 // Set writes v as the cached value of id: write-through, after the source of
@@ -206,11 +212,14 @@ func firstErr(err error, cmds []*redis.Cmd) error {
 // truth changed them. It deletes each ID's load lock too, so a load that
 // read the old data and is still running cannot write it (it loads again);
 // new callers in this process start a new flight, and every process's
-// in-memory copy is dropped. One round trip. Redis failures wrap
-// ErrUnavailable, and the write is replayed (see Stats.Unwritten).
+// in-memory copy is dropped. The IDs join the filter too, as with Add: a
+// row changed here exists even if its creation has not reached the filter
+// yet (an outside INSERT within the follower's lag), and a deleted one only
+// loads once more. One round trip (two while a filter rebuild runs). Redis
+// failures wrap ErrUnavailable, and the write is replayed (Stats.Unwritten).
 func (g *Guard) Invalidate(ctx context.Context, ids ...string) error {
 	return g.write(ctx, ids, func(ctx context.Context, keys []string) error {
-		return g.fail(ctx, "invalidate", one(ids), g.invalidate(ctx, nil, ids, keys))
+		return g.fail(ctx, "invalidate", one(ids), g.admit(ctx, ids, keys))
 	})
 }
 

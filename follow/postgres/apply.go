@@ -54,8 +54,8 @@ const writeChunk = 1000
 // apply makes the Guards agree with txs, in commit order: the changes
 // between two TRUNCATEs are reduced to one final state per ID and written
 // in one Delete, one Invalidate and one Add per Guard (they commute: an
-// ID gets either Delete or the others, Add and Invalidate both drop the
-// entry, and Invalidate never a filter bit). A TRUNCATE ends the run before it.
+// ID gets either Delete or the others, which write alike: the entry
+// dropped, the filter told). A TRUNCATE ends the run before it.
 func (f *Follower) apply(ctx context.Context, txs []txn) error {
 	var run []change
 	var commits []time.Time // of run's changes, for the inspector

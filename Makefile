@@ -15,8 +15,9 @@
 #             schedule drawn from SEED, for DURATION, its history checked by
 #             chaos.Check; the report goes to chaos/latest.md (REPORT=...)
 #             and it fails on a violation, a false not-found or a 503 with
-#             Redis up (make chaos DURATION=10m SEED=7; a new seed if unset).
-#             make test runs it for a minute.
+#             Redis up (make chaos DURATION=10m SEED=7; a new seed if unset;
+#             CLUSTER=1 on a Redis Cluster, with master failovers and slot
+#             migrations). make test runs it for a minute.
 # make bench: the benchmarks, with allocations.
 # make miss-files: the library files one plain miss runs through (coverage).
 GO ?= go
@@ -89,8 +90,9 @@ test: deps fmt-check source-check
 DURATION ?= 10m
 SEED ?=
 REPORT ?= $(CURDIR)/chaos/latest.md
+CLUSTER ?=
 chaos: deps
-	cd chaos && CHAOS_DURATION=$(DURATION) CHAOS_SEED=$(SEED) CHAOS_REPORT=$(REPORT) \
+	cd chaos && CHAOS_DURATION=$(DURATION) CHAOS_SEED=$(SEED) CHAOS_REPORT=$(REPORT) CHAOS_CLUSTER=$(CLUSTER) \
 		$(GO) test -count=1 -run '^TestChaos$$' -timeout 0 -v .
 
 DEMO_ARGS ?=

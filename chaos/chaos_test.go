@@ -24,6 +24,8 @@ func TestMain(m *testing.M) {
 // Check. CHAOS_REPORT names the report's file (default latest.md here);
 // CHAOS_CONTROL=unsignalled is the control run: the services commit their
 // writes but do not tell the Guard, and the run must report violations.
+// CHAOS_CLUSTER=1 runs it on a Redis Cluster, whose faults add a master
+// failover and a slot migration.
 func TestChaos(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the deployment under faults for a minute: make test, make chaos")
@@ -46,6 +48,7 @@ func TestChaos(t *testing.T) {
 	if v := os.Getenv("CHAOS_REPORT"); v != "" {
 		cfg.report = v
 	}
+	cfg.cluster = os.Getenv(envCluster) == "1"
 	if cfg.control != "" && cfg.control != "unsignalled" {
 		t.Fatalf("CHAOS_CONTROL=%q: want unsignalled or nothing", cfg.control)
 	}
@@ -77,10 +80,15 @@ type config struct {
 	seed     uint64
 	report   string
 	control  string
+	cluster  bool // a Redis Cluster of 3 masters and 3 replicas (CHAOS_CLUSTER=1)
 }
 
 // line is the report's last line.
 func (r *result) line() string {
-	return fmt.Sprintf("chaos: seed %d, %v, %d reads checked, %d violations, %d false not-found, %d 503s with Redis up\n",
-		r.cfg.seed, r.cfg.duration, r.check.Reads, r.check.Violated(), r.check.FalseNotFounds(), r.check.UnavailableRedisUp)
+	where := ""
+	if r.cfg.cluster {
+		where = " on a Redis Cluster"
+	}
+	return fmt.Sprintf("chaos: seed %d, %v%s, %d reads checked, %d violations, %d false not-found, %d 503s with Redis up\n",
+		r.cfg.seed, r.cfg.duration, where, r.check.Reads, r.check.Violated(), r.check.FalseNotFounds(), r.check.UnavailableRedisUp)
 }

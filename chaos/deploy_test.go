@@ -33,11 +33,12 @@ type deployment struct {
 	dir  string // histories, logs, binaries
 	keep bool   // keep dir: the run failed
 
-	redis *redisserver.Server
-	admin *redis.Client // the default user: the faults' hand
-	pg    *pgserver.Server
-	pool  *pgxpool.Pool
-	url   func(user string) string // the Redis URL of a user
+	redis   *redisserver.Server   // one server, or
+	cluster *redisserver.Cluster  // 3 masters and 3 replicas
+	admin   redis.UniversalClient // the default user: the faults' hand
+	pg      *pgserver.Server
+	pool    *pgxpool.Pool
+	url     func(user string) string // the Redis URL of a user
 
 	mu        sync.Mutex // guards services, followers, incarnation and timeline
 	services  []*process
@@ -71,21 +72,37 @@ func deploy(ctx context.Context, t *testing.T, cfg config) *deployment {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	port, err := redisserver.FreePort(false)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var args []string
 	for user, cmds := range map[string]string{"app": keyspace.ACLService, "pgfollow": keyspace.ACLFollower, "ops": keyspace.ACLCommand} {
+		if cfg.cluster {
+			cmds += " " + keyspace.ACLCluster
+		}
 		args = append(append(args, "--user", user, "on", ">secret"), keyspace.ACLRule(prefix, cmds)...)
 	}
-	d.redis, err = redisserver.Start(ctx, &redisserver.Options{Port: port, Args: args})
-	if err != nil {
-		t.Fatal(err)
+	if cfg.cluster {
+		cl, err := redisserver.StartCluster(ctx, 3, 1, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.cluster = cl
+		t.Cleanup(cl.Stop)
+		addrs := cl.Addrs()
+		d.url = func(user string) string {
+			return fmt.Sprintf("redis://%s:secret@%s?addr=%s", user, addrs[0], strings.Join(addrs[1:], "&addr="))
+		}
+		d.admin = redis.NewClusterClient(cl.Options())
+	} else {
+		port, err := redisserver.FreePort(false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.redis, err = redisserver.Start(ctx, &redisserver.Options{Port: port, Args: args}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = d.redis.Stop() })
+		d.url = func(user string) string { return fmt.Sprintf("redis://%s:secret@%s", user, d.redis.Addr) }
+		d.admin = redis.NewClient(&redis.Options{Addr: d.redis.Addr, MaxRetries: -1})
 	}
-	t.Cleanup(func() { _ = d.redis.Stop() })
-	d.url = func(user string) string { return fmt.Sprintf("redis://%s:secret@%s", user, d.redis.Addr) }
-	d.admin = redis.NewClient(&redis.Options{Addr: d.redis.Addr, MaxRetries: -1})
 	t.Cleanup(func() { _ = d.admin.Close() })
 
 	d.pg, err = pgserver.Start("wal_level=logical", "max_wal_senders=10", "max_replication_slots=10")
@@ -221,7 +238,7 @@ func (d *deployment) service(slot int, kind string) *process {
 	return d.start(role, os.Args[0], []string{"-test.run=^$"}, []string{
 		envRole + "=service", envKind + "=" + kind, envProc + "=" + name, envSlot + "=" + strconv.Itoa(slot),
 		envHistory + "=" + d.history(name), envRedis + "=" + d.url("app"), envPG + "=" + d.pg.URL("postgres"),
-		envControl + "=" + d.cfg.control,
+		envControl + "=" + d.cfg.control, envCluster + "=" + d.clusterFlag(),
 	})
 }
 
@@ -234,7 +251,27 @@ func (d *deployment) follower(create bool) *process {
 	if create {
 		args = append(args, "-create")
 	}
+	if d.cfg.cluster {
+		args = append(args, "-cluster")
+	}
 	return d.start("follower", filepath.Join(d.dir, "bin", "cacheguard-pgfollow"), args, nil)
+}
+
+// clusterFlag is CHAOS_CLUSTER's value for the services.
+func (d *deployment) clusterFlag() string {
+	if d.cfg.cluster {
+		return "1"
+	}
+	return "0"
+}
+
+// eachMaster runs fn on every master of a cluster client, or on a client
+// of one server.
+func eachMaster(ctx context.Context, rdb redis.UniversalClient, fn func(context.Context, *redis.Client) error) error {
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, fn)
+	}
+	return fn(ctx, rdb.(*redis.Client))
 }
 
 // waitFor polls cond every 20 ms for at most a minute.
@@ -253,9 +290,10 @@ func (d *deployment) waitFor(ctx context.Context, what string, cond func() bool)
 // and the filter is ready (every 50 ms), and the slot's confirmed position
 // (every 20 ms).
 func (d *deployment) monitor(ctx context.Context, wg *sync.WaitGroup) {
-	opts, _ := redis.ParseURL(d.url("app"))
-	opts.ContextTimeoutEnabled, opts.DialerRetries, opts.MaxRetries = true, 1, -1
-	rdb := redis.NewClient(opts)
+	rdb, err := client(d.url("app"), d.cfg.cluster)
+	if err != nil {
+		d.t.Fatal(err)
+	}
 	g, err := guard.New(ctx, rdb, "item", &guard.Options{KeyPrefix: prefix, Filter: guard.FilterOptions{ExpectedItems: 50_000}})
 	if err != nil {
 		d.t.Fatal(err)
@@ -269,7 +307,7 @@ func (d *deployment) monitor(ctx context.Context, wg *sync.WaitGroup) {
 			<-tick.C
 			s := Sample{}
 			sctx, cancel := context.WithTimeout(ctx, 250*time.Millisecond)
-			if err := rdb.Ping(sctx).Err(); err != nil {
+			if err := eachMaster(sctx, rdb, func(ctx context.Context, c *redis.Client) error { return c.Ping(ctx).Err() }); err != nil {
 				s.Unreachable = err.Error()
 			} else if info, err := g.Info(sctx); err != nil {
 				s.Up, s.Unreachable = true, err.Error()

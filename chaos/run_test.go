@@ -18,6 +18,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/internal/redisserver"
 )
 
 // The faults, each drawn once per round of the schedule, in an order the
@@ -34,6 +37,20 @@ var faultKinds = []string{
 	"filter rebuild by the command",
 }
 
+// clusterFaultKinds are the cluster variant's: a whole-server restart has
+// no meaning there; a master failover and a slot migration do.
+var clusterFaultKinds = []string{
+	"master SIGKILL, its replica takes over",
+	"slot migration",
+	"master SIGSTOP",
+	"FLUSHALL",
+	"eviction burst",
+	"service SIGKILL and restart",
+	"follower SIGKILL, standby takes over",
+	"PostgreSQL fast restart",
+	"filter rebuild by the command",
+}
+
 // planned is one fault of the schedule.
 type planned struct {
 	kind   string
@@ -42,13 +59,14 @@ type planned struct {
 	target int           // which service
 }
 
-// schedule is fault i of seed's schedule: the same for the same seed.
-func schedule(seed uint64, n int) []planned {
+// schedule is the first n faults of seed's schedule of kinds: the same for
+// the same seed.
+func schedule(seed uint64, n int, kinds []string) []planned {
 	r := rand.New(rand.NewPCG(seed, 0x6368616f73))
 	var plan []planned
 	for len(plan) < n {
-		for _, i := range r.Perm(len(faultKinds)) {
-			plan = append(plan, planned{kind: faultKinds[i], gap: time.Second + time.Duration(r.Int64N(int64(2*time.Second))),
+		for _, i := range r.Perm(len(kinds)) {
+			plan = append(plan, planned{kind: kinds[i], gap: time.Second + time.Duration(r.Int64N(int64(2*time.Second))),
 				hold: time.Second + time.Duration(r.Int64N(int64(4*time.Second))), target: r.IntN(3)})
 		}
 	}
@@ -63,6 +81,7 @@ type result struct {
 	recent                  []string
 	byVia                   map[string]int
 	writes                  map[string]int // by process kind
+	kinds                   []string       // the variant's faults
 	ran                     time.Duration
 }
 
@@ -85,7 +104,7 @@ func (d *deployment) run(ctx context.Context) *result {
 	}
 	var writer sync.WaitGroup
 	writer.Go(func() { d.writeSQL(wctx, sql, rand.New(rand.NewPCG(d.cfg.seed, 1))) })
-	plan := schedule(d.cfg.seed, 1000)
+	plan := schedule(d.cfg.seed, 1000, d.kinds())
 	deadline := began.Add(d.cfg.duration)
 	for _, p := range plan {
 		if time.Until(deadline) < p.gap+p.hold {
@@ -125,7 +144,7 @@ func (d *deployment) run(ctx context.Context) *result {
 	stopMonitor()
 	monitors.Wait()
 
-	res := &result{cfg: d.cfg, ran: time.Since(began), byVia: map[string]int{}, writes: map[string]int{}}
+	res := &result{cfg: d.cfg, ran: time.Since(began), byVia: map[string]int{}, writes: map[string]int{}, kinds: d.kinds()}
 	files, _ := filepath.Glob(filepath.Join(d.dir, "history", "*.jsonl"))
 	var history []Op
 	for _, f := range files {
@@ -158,6 +177,14 @@ func (d *deployment) run(ctx context.Context) *result {
 	})
 	res.inspected, res.inconsistent, res.recent = d.inspector()
 	return res
+}
+
+// kinds are the faults of the deployment's variant.
+func (d *deployment) kinds() []string {
+	if d.cfg.cluster {
+		return clusterFaultKinds
+	}
+	return faultKinds
 }
 
 // inject runs fault p.
@@ -194,25 +221,55 @@ func (d *deployment) inject(ctx context.Context, p planned) Fault {
 		_ = syscall.Kill(pid, syscall.SIGCONT)
 	case "FLUSHALL":
 		f.Redis = true
-		if err := d.admin.FlushAll(ctx).Err(); err != nil {
+		if err := eachMaster(ctx, d.admin, func(ctx context.Context, c *redis.Client) error { return c.FlushAll(ctx).Err() }); err != nil {
 			t.Fatal(err)
 		}
 	case "eviction burst":
 		f.Redis = true
-		info, err := d.admin.InfoMap(ctx, "memory").Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		mem, _ := strconv.ParseInt(info["Memory"]["used_memory"], 10, 64)
-		if err := d.admin.ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err(); err != nil {
-			t.Fatal(err)
-		}
-		if err := d.admin.ConfigSet(ctx, "maxmemory", strconv.FormatInt(mem*3/4, 10)).Err(); err != nil {
+		if err := eachMaster(ctx, d.admin, func(ctx context.Context, c *redis.Client) error {
+			info, err := c.InfoMap(ctx, "memory").Result()
+			if err != nil {
+				return err
+			}
+			mem, _ := strconv.ParseInt(info["Memory"]["used_memory"], 10, 64)
+			if err := c.ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err(); err != nil {
+				return err
+			}
+			return c.ConfigSet(ctx, "maxmemory", strconv.FormatInt(mem*3/4, 10)).Err()
+		}); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(p.hold) // every write meanwhile evicts
-		_ = d.admin.ConfigSet(ctx, "maxmemory", "0").Err()
-		_ = d.admin.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err()
+		_ = eachMaster(ctx, d.admin, func(ctx context.Context, c *redis.Client) error {
+			_ = c.ConfigSet(ctx, "maxmemory", "0").Err()
+			return c.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err()
+		})
+	case "master SIGKILL, its replica takes over":
+		f.Redis = true
+		m := d.master(ctx, p.target)
+		if err := m.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.cluster.WaitHealthy(ctx, time.Minute); err != nil { // its replica promoted
+			t.Fatal(err)
+		}
+		if err := m.Restart(ctx); err != nil { // back as a replica
+			t.Fatal(err)
+		}
+		if err := d.cluster.WaitHealthy(ctx, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	case "master SIGSTOP":
+		f.Redis = true
+		m := d.master(ctx, p.target)
+		_ = syscall.Kill(m.PID(), syscall.SIGSTOP)
+		time.Sleep(p.hold) // frozen this long: past the node timeout (2 s) its replica takes over
+		_ = syscall.Kill(m.PID(), syscall.SIGCONT)
+		if err := d.cluster.WaitHealthy(ctx, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	case "slot migration":
+		d.migrate(ctx, p.target)
 	case "service SIGKILL and restart":
 		d.services[p.target].kill()
 		time.Sleep(p.hold / 4) // down for this long
@@ -228,7 +285,11 @@ func (d *deployment) inject(ctx context.Context, p planned) Fault {
 	case "filter rebuild by the command":
 		// As docs/operations.md gives it: the query runs once the rebuild began.
 		query := fmt.Sprintf("psql '%s' -At -c 'SELECT id FROM items'", d.pg.URL("postgres"))
-		cmd := exec.CommandContext(ctx, filepath.Join(d.dir, "bin", "cacheguard"), "-prefix", prefix, "-name", "item", "-exec", query, "rebuild")
+		args := []string{"-prefix", prefix, "-name", "item", "-exec", query, "rebuild"}
+		if d.cfg.cluster {
+			args = append([]string{"-cluster"}, args...)
+		}
+		cmd := exec.CommandContext(ctx, filepath.Join(d.dir, "bin", "cacheguard"), args...)
 		cmd.Env = append(os.Environ(), "REDIS_URL="+d.url("ops"))
 		out, err := cmd.CombinedOutput()
 		if err != nil {
@@ -237,6 +298,39 @@ func (d *deployment) inject(ctx context.Context, p planned) Fault {
 	}
 	f.End = time.Now().UnixNano()
 	return f
+}
+
+// master is one of the cluster's current masters, by i.
+func (d *deployment) master(ctx context.Context, i int) *redisserver.Server {
+	ms, err := d.cluster.Masters(ctx)
+	if err != nil || len(ms) == 0 {
+		d.t.Fatalf("the cluster's masters: %v", err)
+	}
+	return ms[i%len(ms)]
+}
+
+// migrate moves 200 slots from master i to the next one, keys and all, with
+// redis-cli --cluster reshard (MIGRATE, and ASK redirections meanwhile).
+func (d *deployment) migrate(ctx context.Context, i int) {
+	ms, err := d.cluster.Masters(ctx)
+	if err != nil || len(ms) < 2 {
+		d.t.Fatalf("the cluster's masters: %v", err)
+	}
+	from, to := ms[i%len(ms)], ms[(i+1)%len(ms)]
+	id := func(s *redisserver.Server) string {
+		c := redis.NewClient(&redis.Options{Addr: s.Addr})
+		defer c.Close()
+		v, err := c.ClusterMyID(ctx).Result()
+		if err != nil {
+			d.t.Fatal(err)
+		}
+		return v
+	}
+	out, err := exec.CommandContext(ctx, "redis-cli", "--cluster", "reshard", from.Addr, "--cluster-from", id(from), "--cluster-to", id(to),
+		"--cluster-slots", "200", "--cluster-yes").CombinedOutput()
+	if err != nil {
+		d.t.Fatalf("redis-cli --cluster reshard: %v\n%s", err, out)
+	}
 }
 
 // writeSQL is the writer outside the service: SQL on PostgreSQL that only
@@ -382,7 +476,7 @@ func (r *result) markdown() string {
 	fmt.Fprintf(&b, "| loads of IDs that never existed | %d |\n", c.UnknownLoads)
 	fmt.Fprintf(&b, "| longest a write took to take effect | %v |\n\n", c.LongestEffect.Round(time.Millisecond))
 	b.WriteString("| fault | times | slowest return to normal |\n|---|---|---|\n")
-	for _, k := range faultKinds {
+	for _, k := range r.kinds {
 		n, slowest := 0, time.Duration(0)
 		for _, f := range r.faults {
 			if f.Kind == k {

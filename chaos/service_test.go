@@ -42,6 +42,7 @@ const (
 	envRedis   = "CHAOS_REDIS"   // redis://app:secret@host:port
 	envPG      = "CHAOS_PG"
 	envControl = "CHAOS_CONTROL" // "unsignalled": the writer commits but does not tell the Guard
+	envCluster = "CHAOS_CLUSTER" // "1": CHAOS_REDIS is a cluster URL
 )
 
 // The IDs: "i<n>" for n < seeded exist at the start, owned by the writer of
@@ -76,13 +77,10 @@ func service() int {
 		return fail(err)
 	}
 	defer rec.Close()
-	ropts, err := redis.ParseURL(os.Getenv(envRedis))
+	rdb, err := client(os.Getenv(envRedis), os.Getenv(envCluster) == "1")
 	if err != nil {
 		return fail(err)
 	}
-	// README's client.
-	ropts.ContextTimeoutEnabled, ropts.DialerRetries, ropts.MaxRetries = true, 1, -1
-	rdb := redis.NewClient(ropts)
 	defer rdb.Close()
 	pool, err := pgxpool.New(ctx, os.Getenv(envPG))
 	if err != nil {
@@ -136,6 +134,25 @@ func service() int {
 	s.wg.Go(func() { s.write(ctx, rand.New(rand.NewPCG(uint64(slot), 99))) })
 	s.wg.Wait()
 	return 0
+}
+
+// client is README's client for url: one server, or with cluster a Redis
+// Cluster (a cluster URL, its nodes after the first in addr= parameters).
+func client(url string, cluster bool) (redis.UniversalClient, error) {
+	if !cluster {
+		o, err := redis.ParseURL(url)
+		if err != nil {
+			return nil, err
+		}
+		o.ContextTimeoutEnabled, o.DialerRetries, o.MaxRetries = true, 1, -1
+		return redis.NewClient(o), nil
+	}
+	o, err := redis.ParseClusterURL(url)
+	if err != nil {
+		return nil, err
+	}
+	o.ContextTimeoutEnabled, o.DialerRetries, o.MaxRetries = true, 1, -1
+	return redis.NewClusterClient(o), nil
 }
 
 type svc struct {

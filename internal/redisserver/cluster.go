@@ -19,8 +19,9 @@ type Cluster struct {
 
 // StartCluster starts masters × (1 + replicas) servers with cluster mode on
 // and joins them into a cluster (node timeout 2 s, so failover is quick), and
-// waits until every node reports cluster_state:ok.
-func StartCluster(ctx context.Context, masters, replicas int) (*Cluster, error) {
+// waits until every node reports cluster_state:ok. args are more
+// redis-server arguments for every node (ACL users, say).
+func StartCluster(ctx context.Context, masters, replicas int, args ...string) (*Cluster, error) {
 	cli, err := exec.LookPath("redis-cli")
 	if err != nil {
 		return nil, fmt.Errorf("redisserver: redis-cli not found on PATH (apt-get install -y redis-tools): %w", err)
@@ -33,7 +34,7 @@ func StartCluster(ctx context.Context, masters, replicas int) (*Cluster, error) 
 			c.Stop()
 			return nil, err
 		}
-		s, err := Start(ctx, &Options{Port: port, Args: []string{
+		s, err := Start(ctx, &Options{Port: port, Args: append([]string{
 			"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
 			"--cluster-node-timeout", "2000", "--cluster-require-full-coverage", "no",
 			// Replicas sync at once (the default waits 5 s for more
@@ -43,7 +44,7 @@ func StartCluster(ctx context.Context, masters, replicas int) (*Cluster, error) 
 			// 10): CLUSTER SLOTS lists a replica only once its offset has
 			// moved from 0, and WaitHealthy waits for that.
 			"--repl-ping-replica-period", "1",
-		}})
+		}, args...)})
 		if err != nil {
 			c.Stop()
 			return nil, err
@@ -51,9 +52,9 @@ func StartCluster(ctx context.Context, masters, replicas int) (*Cluster, error) 
 		c.Nodes = append(c.Nodes, s)
 		addrs = append(addrs, s.Addr)
 	}
-	args := append([]string{"--cluster", "create"}, addrs...)
-	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
-	if out, err := exec.CommandContext(ctx, cli, args...).CombinedOutput(); err != nil {
+	create := append([]string{"--cluster", "create"}, addrs...)
+	create = append(create, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
+	if out, err := exec.CommandContext(ctx, cli, create...).CombinedOutput(); err != nil {
 		c.Stop()
 		return nil, fmt.Errorf("redisserver: redis-cli --cluster create: %w\n%s", err, out)
 	}

@@ -97,6 +97,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	pg := fs.String("pg", "", "PostgreSQL URL of a REPLICATION role (default $DATABASE_URL)")
 	redisURL := fs.String("redis", "", "Redis URL (default $REDIS_URL, else redis://localhost:6379); the client is set up as "+
 		"README's (context_timeout_enabled=true, dialer_retries=1, max_retries=-1), which the URL may override")
+	cluster := fs.Bool("cluster", false, "Redis Cluster: -redis is a cluster URL, each node after the first in an addr= parameter "+
+		"(redis://user:pass@host1:6379?addr=host2:6379&addr=host3:6379)")
 	prefix := fs.String("prefix", "cg", "the Guards' KeyPrefix")
 	slot := fs.String("slot", "cacheguard", "the replication slot")
 	pub := fs.String("publication", "cacheguard", "the publication of the tables")
@@ -145,12 +147,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		fmt.Fprintln(stderr, "cacheguard-pgfollow: at least one -table TABLE=GUARD[:KEY] is required")
 		return 2
 	}
-	ropts, err := redisOptions(*redisURL)
+	rdb, err := redisClient(*redisURL, *cluster)
 	if err != nil {
 		fmt.Fprintf(stderr, "cacheguard-pgfollow: -redis: %v\n", err)
 		return 2
 	}
-	rdb := redis.NewClient(ropts)
 	defer rdb.Close()
 	var specs []pgfollow.Table
 	for _, t := range tables {
@@ -227,31 +228,41 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 }
 
+// redisClient is the follower's client: one server, or with cluster a
+// Redis Cluster, set up as README's client unless the URL says otherwise.
+func redisClient(raw string, cluster bool) (redis.UniversalClient, error) {
+	if !cluster {
+		o, err := redisOptions(raw)
+		if err != nil {
+			return nil, err
+		}
+		return redis.NewClient(o), nil
+	}
+	clean, ctxTimeouts, dialRetries, maxRetries, err := readmeParams(raw)
+	if err != nil {
+		return nil, err
+	}
+	o, err := redis.ParseClusterURL(clean)
+	if err != nil {
+		return nil, err
+	}
+	o.ContextTimeoutEnabled, o.DialerRetries = ctxTimeouts, dialRetries
+	if maxRetries {
+		o.MaxRetries = -1
+	}
+	return redis.NewClusterClient(o), nil
+}
+
 // redisOptions parses a Redis URL into README's client set-up
 // (ContextTimeoutEnabled, DialerRetries 1, MaxRetries -1) unless the URL
 // says otherwise: besides go-redis's parameters it takes
 // context_timeout_enabled and dialer_retries, which redis.ParseURL refuses.
 func redisOptions(raw string) (*redis.Options, error) {
-	u, err := url.Parse(raw)
+	clean, ctxTimeouts, dialRetries, maxRetries, err := readmeParams(raw)
 	if err != nil {
 		return nil, err
 	}
-	q := u.Query()
-	ctxTimeouts, dialRetries, maxRetries := true, 1, !q.Has("max_retries")
-	if v, ok := q["context_timeout_enabled"]; ok {
-		if ctxTimeouts, err = strconv.ParseBool(v[len(v)-1]); err != nil {
-			return nil, fmt.Errorf("context_timeout_enabled: %w", err)
-		}
-		q.Del("context_timeout_enabled")
-	}
-	if v, ok := q["dialer_retries"]; ok {
-		if dialRetries, err = strconv.Atoi(v[len(v)-1]); err != nil {
-			return nil, fmt.Errorf("dialer_retries: %w", err)
-		}
-		q.Del("dialer_retries")
-	}
-	u.RawQuery = q.Encode()
-	o, err := redis.ParseURL(u.String())
+	o, err := redis.ParseURL(clean)
 	if err != nil {
 		return nil, err
 	}
@@ -260,6 +271,31 @@ func redisOptions(raw string) (*redis.Options, error) {
 		o.MaxRetries = -1
 	}
 	return o, nil
+}
+
+// readmeParams takes README's parameters out of raw: the URL left, and
+// context_timeout_enabled, dialer_retries and whether max_retries is unset.
+func readmeParams(raw string) (clean string, ctxTimeouts bool, dialRetries int, maxRetries bool, err error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", false, 0, false, err
+	}
+	q := u.Query()
+	ctxTimeouts, dialRetries, maxRetries = true, 1, !q.Has("max_retries")
+	if v, ok := q["context_timeout_enabled"]; ok {
+		if ctxTimeouts, err = strconv.ParseBool(v[len(v)-1]); err != nil {
+			return "", false, 0, false, fmt.Errorf("context_timeout_enabled: %w", err)
+		}
+		q.Del("context_timeout_enabled")
+	}
+	if v, ok := q["dialer_retries"]; ok {
+		if dialRetries, err = strconv.Atoi(v[len(v)-1]); err != nil {
+			return "", false, 0, false, fmt.Errorf("dialer_retries: %w", err)
+		}
+		q.Del("dialer_retries")
+	}
+	u.RawQuery = q.Encode()
+	return u.String(), ctxTimeouts, dialRetries, maxRetries, nil
 }
 
 // inspectOptions checks the -inspect flags: pgfollow.Inspect, whose Rate 0

@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/cacheguard/cacheguard/guard"
 	"github.com/cacheguard/cacheguard/internal/keyspace"
@@ -450,4 +451,85 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(10 * time.Millisecond) // polling state the test does not own
 	}
+}
+
+// TestCommandOnACluster: with -cluster, -redis is a cluster URL, and an
+// UPDATE, a DELETE and an INSERT made in the database reach a Guard in
+// another process on the cluster (the chaos run's cluster variant runs the
+// command so).
+func TestCommandOnACluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster: make test")
+	}
+	ctx := context.Background()
+	srv, err := pgserver.Start("wal_level=logical")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Remove()
+	pool, err := pgxpool.New(ctx, srv.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, "CREATE TABLE products (id text PRIMARY KEY, v int); INSERT INTO products VALUES ('p1', 1)"); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := redisserver.StartCluster(ctx, 3, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Stop()
+	addrs := cl.Addrs()
+	rawURL := "redis://" + addrs[0] + "?addr=" + strings.Join(addrs[1:], "&addr=")
+	rdb := redis.NewClusterClient(cl.Options())
+	defer rdb.Close()
+	reader, err := guard.New(ctx, rdb, "product", &guard.Options{KeyPrefix: "pc"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+	load := func(ctx context.Context, id string) (int, error) {
+		var v int
+		err := pool.QueryRow(ctx, "SELECT v FROM products WHERE id = $1", id).Scan(&v)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return 0, guard.ErrNotFound
+		}
+		return v, err
+	}
+	cmdCtx, stop := context.WithCancel(ctx)
+	var stderr bytes.Buffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(cmdCtx, []string{"-pg", srv.URL("postgres"), "-redis", rawURL, "-cluster", "-prefix", "pc",
+			"-table", "products=product", "-create"}, func(string) string { return "" }, &stderr)
+	}()
+	defer func() {
+		stop()
+		if code := <-done; code != 0 {
+			t.Errorf("exit %d\n%s", code, stderr.String())
+		}
+	}()
+	waitFor(t, "the slot to be consumed", func() bool {
+		var active bool
+		return pool.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = 'cacheguard'").Scan(&active) == nil && active
+	})
+	if v, err := guard.Get(ctx, reader, "p1", load); err != nil || v != 1 {
+		t.Fatalf("Get p1 = %d, %v", v, err)
+	}
+	if _, err := pool.Exec(ctx, "UPDATE products SET v = 2 WHERE id = 'p1'; INSERT INTO products VALUES ('p2', 3)"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the UPDATE and the INSERT to reach the reader", func() bool {
+		v, err := guard.Get(ctx, reader, "p1", load)
+		v2, err2 := guard.Get(ctx, reader, "p2", load)
+		return err == nil && v == 2 && err2 == nil && v2 == 3
+	})
+	if _, err := pool.Exec(ctx, "DELETE FROM products WHERE id = 'p1'"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the DELETE to reach the reader", func() bool {
+		_, err := guard.Get(ctx, reader, "p1", load)
+		return errors.Is(err, guard.ErrNotFound)
+	})
 }

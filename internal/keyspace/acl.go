@@ -26,10 +26,11 @@ const (
 		"+eval +evalsha +script|load +getrange +setrange +bitfield +bitop +bitcount +getbit " +
 		"+hget +hset +hdel +hexists +hgetall +hincrby +hkeys +incr +scan +memory|usage"
 	// ACLCommand is the cacheguard command: info, rebuild, check, get and
-	// invalidate (no load, no subscription, no Add).
+	// invalidate, which registers the IDs in the filter as Add does
+	// (HINCRBY of its count); no load, no subscription.
 	ACLCommand = "+get +set +del +unlink +exists +pexpire +pttl +publish +info " +
 		"+eval +evalsha +script|load +getrange +setrange +bitfield +bitop +bitcount +getbit " +
-		"+hget +hset +hdel +hexists +hgetall +incr +memory|usage"
+		"+hget +hset +hdel +hexists +hgetall +hincrby +incr +memory|usage"
 	// ACLCluster is added on a Redis Cluster: the client reads the slot map
 	// and the commands' key positions (COMMAND; refused, it asks again at
 	// every command).

@@ -83,7 +83,7 @@ test: deps fmt-check source-check
 	cd faults && FAULTS_TABLE=$(CURDIR)/faults/latest.md $(TEST) -timeout 10m ./...
 	@cat faults/latest.md
 	cd chaos && $(TEST) -short ./...
-	@$(MAKE) --no-print-directory chaos DURATION=60s
+	@$(MAKE) --no-print-directory chaos DURATION=60s SEED=1
 
 # The deployment's processes run without -race: on two cores the race
 # detector's slowdown would be what the run measures.

@@ -366,9 +366,24 @@ func (d *deployment) normal(ctx context.Context, end int64, lsn uint64, limit ti
 	return 0
 }
 
-// inspector sums the follower processes' inspector counts: each one's
-// last summary line.
-func (d *deployment) inspector() (checked, inconsistent int, recent []string) {
+// inspection is what the followers' inspectors counted, and when.
+type inspection struct {
+	checked, inconsistent int
+	recent                []string
+	seconds               []counted // each summary line's last second
+}
+
+// counted is one summary line: the inconsistencies counted in the second
+// before at.
+type counted struct {
+	at           int64
+	inconsistent int
+}
+
+// inspector sums the follower processes' inspector counts (each one's last
+// summary line) and keeps each line's count of its second.
+func (d *deployment) inspector() inspection {
+	var in inspection
 	logs, _ := filepath.Glob(filepath.Join(d.dir, "log", "follower.*.log"))
 	for _, path := range logs {
 		b, _ := os.ReadFile(path)
@@ -379,13 +394,42 @@ func (d *deployment) inspector() (checked, inconsistent int, recent []string) {
 			}
 			last = line
 			if i := strings.Index(line, "recent_inconsistent="); i >= 0 {
-				recent = append(recent, strings.Split(strings.Fields(line[i+len("recent_inconsistent="):])[0], ",")...)
+				in.recent = append(in.recent, strings.Split(strings.Fields(line[i+len("recent_inconsistent="):])[0], ",")...)
+			}
+			ts, _, _ := strings.Cut(strings.TrimPrefix(line, "time="), " ")
+			if at, err := time.Parse(time.RFC3339Nano, ts); err == nil {
+				in.seconds = append(in.seconds, counted{at: at.UnixNano(), inconsistent: field(line, "window_inconsistent")})
 			}
 		}
-		checked += field(last, "checked")
-		inconsistent += field(last, "inconsistent")
+		in.checked += field(last, "checked")
+		in.inconsistent += field(last, "inconsistent")
 	}
-	return checked, inconsistent, recent
+	return in
+}
+
+// calm is how many of the inspector's inconsistencies were counted in a
+// second that no fault or its recovery (until the deployment was back to
+// normal, the follower caught up, and a second more: the read-back's
+// delay) overlapped.
+func (in inspection) calm(faults []Fault) int {
+	n := 0
+	for _, s := range in.seconds {
+		from := s.at - int64(time.Second)
+		busy := false
+		for _, f := range faults {
+			end := max(f.End, f.Ready, f.Normal) + int64(2*time.Second)
+			if f.Normal == 0 {
+				end = never
+			}
+			if f.Start-int64(time.Second) <= s.at && end >= from {
+				busy = true
+			}
+		}
+		if !busy {
+			n += s.inconsistent
+		}
+	}
+	return n
 }
 
 // field is the number of name=N in a log line.

@@ -74,15 +74,14 @@ func schedule(seed uint64, n int, kinds []string) []planned {
 }
 
 type result struct {
-	cfg                     config
-	check                   Report
-	faults                  []Fault
-	inspected, inconsistent int
-	recent                  []string
-	byVia                   map[string]int
-	writes                  map[string]int // by process kind
-	kinds                   []string       // the variant's faults
-	ran                     time.Duration
+	cfg        config
+	check      Report
+	faults     []Fault
+	inspection inspection
+	byVia      map[string]int
+	writes     map[string]int // by process kind
+	kinds      []string       // the variant's faults
+	ran        time.Duration
 }
 
 func (d *deployment) run(ctx context.Context) *result {
@@ -175,7 +174,7 @@ func (d *deployment) run(ctx context.Context) *result {
 		RepairWindow: time.Second,
 		Reaction:     reaction,
 	})
-	res.inspected, res.inconsistent, res.recent = d.inspector()
+	res.inspection = d.inspector()
 	return res
 }
 
@@ -468,7 +467,9 @@ func (r *result) markdown() string {
 		ValueOfGone, c.Violations[ValueOfGone], FalseNotFound, c.Violations[FalseNotFound])
 	fmt.Fprintf(&b, "| allowed by a documented window | %d in the Local copy's (1 s), %d in a rollback's repair (1 s after Redis answers) |\n",
 		c.InLocalWindow, c.InRepairWindow)
-	fmt.Fprintf(&b, "| the follower's inspector | %d checked at 1 s, %d inconsistent %v |\n", r.inspected, r.inconsistent, r.recent)
+	in := r.inspection
+	fmt.Fprintf(&b, "| the follower's inspector | %d checked at 1 s, %d inconsistent, %d of them counted in a second no fault "+
+		"or its recovery overlapped (the last named: %s) |\n", in.checked, in.inconsistent, in.calm(r.faults), strings.Join(in.recent, " "))
 	fmt.Fprintf(&b, "| 503s | %d: %d while Redis answered and its filter was ready, %d within %v of Redis answering again, its filter ready "+
 		"(the clients' and the Guards' circuit breakers probing), the rest while Redis did not answer or its filter was not ready |\n",
 		c.Unavailable, c.UnavailableRedisUp, c.Reacting, reaction)

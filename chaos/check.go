@@ -55,6 +55,9 @@ type Fault struct {
 	// Database: PostgreSQL did not answer from Start to End: a load then
 	// fails.
 	Database bool `json:",omitempty"`
+	// Note: what the fault's action answered, when worth saying (a rebuild
+	// the command refused).
+	Note string `json:",omitempty"`
 	// Normal: when the deployment was back to normal after it (Redis
 	// answering, the filter ready, the follower past the WAL at End); 0 if
 	// it never was before the next fault or the end.

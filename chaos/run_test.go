@@ -124,8 +124,8 @@ func (d *deployment) run(ctx context.Context) *result {
 			}
 		}
 		d.mu.Unlock()
-		t.Logf("chaos: %s at %s, %v, normal %v after", f.Kind, at(f.Start), time.Duration(f.End-f.Start).Round(time.Millisecond),
-			time.Duration(f.Normal-f.End).Round(time.Millisecond))
+		t.Logf("chaos: %s at %s, %v, normal %v after %s", f.Kind, at(f.Start), time.Duration(f.End-f.Start).Round(time.Millisecond),
+			time.Duration(f.Normal-f.End).Round(time.Millisecond), f.Note)
 		d.mu.Lock()
 		d.timeline.Faults = append(d.timeline.Faults, f)
 		d.mu.Unlock()
@@ -291,7 +291,12 @@ func (d *deployment) inject(ctx context.Context, p planned) Fault {
 		cmd := exec.CommandContext(ctx, filepath.Join(d.dir, "bin", "cacheguard"), args...)
 		cmd.Env = append(os.Environ(), "REDIS_URL="+d.url("ops"))
 		out, err := cmd.CombinedOutput()
-		if err != nil {
+		switch {
+		case err != nil && strings.Contains(string(out), "far fewer IDs"):
+			// Taken while a TRUNCATE's refill had not committed: refused,
+			// and the filter keeps its generation, as operations.md says.
+			f.Note = "refused: " + strings.TrimSpace(string(out))
+		case err != nil:
 			t.Fatalf("cacheguard rebuild: %v\n%s", err, out)
 		}
 	}

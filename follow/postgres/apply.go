@@ -43,7 +43,7 @@ type change struct {
 type final struct {
 	inserted bool      // created in the batch: Add
 	changed  bool      // updated or deleted in the batch: Invalidate
-	gone     bool      // the last change deleted it: Delete instead
+	gone     bool      // the last change deleted it: Invalidate alone
 	last     op        // the last change (for the inspector's log)
 	commit   time.Time // its commit, on the server's clock (likewise)
 }
@@ -53,9 +53,8 @@ const writeChunk = 1000
 
 // apply makes the Guards agree with txs, in commit order: the changes
 // between two TRUNCATEs are reduced to one final state per ID and written
-// in one Delete, one Invalidate and one Add per Guard (they commute: an
-// ID gets either Delete or the others, which write alike: the entry
-// dropped, the filter told). A TRUNCATE ends the run before it. A table's
+// in one Invalidate and one Add per Guard (they commute: both drop the
+// entry and tell the filter). A TRUNCATE ends the run before it. A table's
 // changes before its last TRUNCATE in txs are left out: that TRUNCATE
 // drops every entry and rebuilds the filter from the table as it is now,
 // and writing them first would show readers older states (a replay after a
@@ -118,28 +117,29 @@ func (f *Follower) write(ctx context.Context, run []change, commits []time.Time)
 		}
 	}
 	for t, ids := range byTable {
-		var del, inv, add []string
+		var inv, add []string
 		for id, st := range ids {
 			if f.insp != nil {
 				f.wrote = append(f.wrote, written{t: t, id: id, st: *st})
 			}
-			switch {
-			case st.gone:
-				del = append(del, id)
-			default:
-				if st.changed {
-					inv = append(inv, id)
-				}
-				if st.inserted {
-					add = append(add, id)
-				}
+			// A deleted row is invalidated, not marked "not found": the
+			// change may be re-sent after the row was created again (a
+			// reconnect resumes from the slot's confirmed position, a
+			// replay after a rollback), and a marker would then hide the
+			// new row until the INSERT is applied again (chaos seed 7).
+			// The next Get reads the row's absence from the table.
+			if st.changed || st.gone {
+				inv = append(inv, id)
+			}
+			if st.inserted && !st.gone {
+				add = append(add, id)
 			}
 		}
 		for _, w := range []struct {
 			name string
 			fn   func(context.Context, ...string) error
 			ids  []string
-		}{{"delete", t.Guard.Delete, del}, {"invalidate", t.Guard.Invalidate, inv}, {"add", t.Guard.Add, add}} {
+		}{{"invalidate", t.Guard.Invalidate, inv}, {"add", t.Guard.Add, add}} {
 			if err := f.writeIDs(ctx, t, w.name, w.fn, w.ids); err != nil {
 				return err
 			}

@@ -2,8 +2,8 @@
 // visible through their Guards, whoever wrote it: a follower reads the
 // tables' publication through a logical replication slot (pgoutput) and
 // turns each change into the Guard's write, by a key column. INSERT → Add;
-// UPDATE → Invalidate (a changed key: Delete of the old, Add of the new);
-// DELETE → Delete; TRUNCATE → InvalidateAll and a Rebuild of the filter from
+// UPDATE → Invalidate (a changed key: Invalidate of the old, Add of the
+// new); DELETE → Invalidate; TRUNCATE → InvalidateAll and a Rebuild of the filter from
 // the table's keys. The slot's confirmed position advances only once the writes
 // of every transaction up to it have landed in Redis, so a follower that
 // crashes, or loses Redis or PostgreSQL, resumes from the slot with nothing

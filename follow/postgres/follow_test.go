@@ -42,8 +42,8 @@ func newOn(t *testing.T, rows int) *fixture {
 // TestMapping: each kind of row change, written straight into the table
 // (outside any service), reaches a Guard in another process: INSERT → Add
 // (the filter, built before, would reject the new ID; a marker of a deleted
-// ID is cleared), UPDATE → Invalidate, DELETE → Delete (answered "not
-// found" without a load), a changed key → Delete of the old and Add of the
+// ID is cleared), UPDATE → Invalidate, DELETE → Invalidate (answered "not
+// found" by one load, then its marker), a changed key → Invalidate of the old and Add of the
 // new, TRUNCATE → every entry dropped and the filter rebuilt from Table.IDs
 // (its line counts each: the entries dropped, the IDs in the new filter). A
 // key the Guard refuses is logged with it and left out.
@@ -77,11 +77,15 @@ func TestMapping(t *testing.T) {
 		if n != nil {
 			before = *n.(*int64)
 		}
-		if _, err := fx.get(id); !errors.Is(err, guard.ErrNotFound) {
-			t.Fatalf("Get %s: %v, want ErrNotFound", id, err)
+		// A deleted row is invalidated: the first Get reads its absence
+		// (one load at most) and caches the marker, which answers the next.
+		for range 2 {
+			if _, err := fx.get(id); !errors.Is(err, guard.ErrNotFound) {
+				t.Fatalf("Get %s: %v, want ErrNotFound", id, err)
+			}
 		}
-		if n, _ := fx.loads.Load(id); n != nil && *n.(*int64) != before {
-			t.Fatalf("Get %s loaded: want it answered from the marker or the filter", id)
+		if n, _ := fx.loads.Load(id); n != nil && *n.(*int64) > before+1 {
+			t.Fatalf("Get %s loaded %d times: want at most once, then the marker", id, *n.(*int64)-before)
 		}
 	}
 	if _, err := fx.get("id10"); !errors.Is(err, guard.ErrNotFound) {
@@ -638,8 +642,11 @@ func TestNullKey(t *testing.T) {
 
 	step("UPDATE {t} SET email = NULL, v = 2 WHERE id = 'id2'") // a value → NULL: a delete of the old ID
 	before = loads
-	if _, err := guard.Get(ctx, reader, "m2@x", load); !errors.Is(err, guard.ErrNotFound) || loads != before {
-		t.Fatalf("Get m2@x after its key went to NULL: %v with %d loads; want ErrNotFound from the marker, no load", err, loads-before)
+	for range 2 {
+		if _, err := guard.Get(ctx, reader, "m2@x", load); !errors.Is(err, guard.ErrNotFound) || loads > before+1 {
+			t.Fatalf("Get m2@x after its key went to NULL: %v with %d loads; want ErrNotFound, one load, then the marker",
+				err, loads-before)
+		}
 	}
 
 	changes := f.Stats().Changes

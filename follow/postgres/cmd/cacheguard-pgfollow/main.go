@@ -41,8 +41,8 @@ const usage = `usage: cacheguard-pgfollow [flags] -table TABLE=GUARD[:KEY] ...
 Follows a logical replication slot of PostgreSQL and turns each committed
 row change of TABLE into the writes of the Guard GUARD (under -prefix), by
 the column KEY (default: the table's one-column primary key): INSERT → Add,
-UPDATE → Invalidate (a changed key: Delete of the old, Add of the new),
-DELETE → Delete, TRUNCATE → every entry dropped and the filter rebuilt from
+UPDATE → Invalidate (a changed key: Invalidate of the old, Add of the new),
+DELETE → Invalidate, TRUNCATE → every entry dropped and the filter rebuilt from
 SELECT KEY FROM TABLE. The slot's position advances only after the writes
 landed in Redis: a follower that dies resumes where it left off.
 

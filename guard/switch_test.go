@@ -59,7 +59,7 @@ func switchSha(t *testing.T) string {
 //     first one's re-read of the meta is held until the others found it too.
 //   - process: crowd, the rebuild made by another process (childSwitch).
 //   - auto: crowd, the switch made by b's automatic rebuild after Redis
-//     lost the filter (a probes generation 3, gone; the new one is 2).
+//     lost the filter (a probes its generation, gone; b's is new).
 //
 // Before this was fixed (a re-read at most every 100 ms, by one caller, the
 // others answering ErrNotReady; and none between drop and switch) both
@@ -93,12 +93,16 @@ func switchCase(t *testing.T, how string) *switchCounts {
 		t.Cleanup(func() { _ = g.Close() })
 		return g
 	}
-	a, b := open(ca), open(cb)
-	for range 2 { // generation 3: the automatic rebuild's after a loss is 2
+	a := open(ca)
+	for range 2 { // two generations, so that a's is not the first
 		if _, err := a.Rebuild(ctx, ids("p", 100), nil); err != nil {
 			t.Fatal(err)
 		}
 	}
+	// b opens on a built filter: in the auto case its automatic rebuild
+	// waits for the loss (opened before, it raced a's rebuilds from its
+	// own source).
+	b := open(cb)
 	if err := guard.RefreshCopy(ctx, a); err != nil {
 		t.Fatal(err)
 	}

@@ -26,18 +26,7 @@ import (
 // which the test sees.
 func TestApplySkipsWhatATruncateEnds(t *testing.T) {
 	ctx := context.Background()
-	url := os.Getenv("CG_TEST_PGFOLLOW_URL")
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	name := "t" + hex.EncodeToString(b)
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	if _, err := pool.Exec(ctx, fmt.Sprintf("CREATE TABLE %s (id text PRIMARY KEY); INSERT INTO %[1]s VALUES ('x')", name)); err != nil {
-		t.Fatal(err)
-	}
+	url, name, _ := tableOfX(t)
 	c := redistest.Connect(t)
 	rec := &scripts{}
 	rdb := redistest.NewClient()
@@ -117,18 +106,7 @@ func (s *scripts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 // right after a PostgreSQL restart (12 false not-found in 10 minutes).
 func TestResentDeleteHidesNoRow(t *testing.T) {
 	ctx := context.Background()
-	url := os.Getenv("CG_TEST_PGFOLLOW_URL")
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	name := "t" + hex.EncodeToString(b)
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	if _, err := pool.Exec(ctx, fmt.Sprintf("CREATE TABLE %s (id text PRIMARY KEY, v int); INSERT INTO %[1]s VALUES ('x', 7)", name)); err != nil {
-		t.Fatal(err)
-	}
+	url, name, pool := tableOfX(t)
 	c := redistest.Connect(t)
 	g, err := guard.New(ctx, c, "item", &guard.Options{KeyPrefix: c.Prefix, Filter: guard.FilterOptions{ExpectedItems: 1000}})
 	if err != nil {
@@ -159,4 +137,24 @@ func TestResentDeleteHidesNoRow(t *testing.T) {
 	if err != nil || v != 7 {
 		t.Fatalf("Get x after a re-sent DELETE: %d, %v; want 7 (the row exists)", v, err)
 	}
+}
+
+// tableOfX creates a table of its own on the package's server, holding the
+// row x (v 7), and returns the server's URL, the table's name and a pool.
+func tableOfX(t *testing.T) (url, name string, pool *pgxpool.Pool) {
+	t.Helper()
+	url = os.Getenv("CG_TEST_PGFOLLOW_URL")
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	name = "t" + hex.EncodeToString(b)
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	sql := fmt.Sprintf("CREATE TABLE %s (id text PRIMARY KEY, v int); INSERT INTO %[1]s VALUES ('x', 7)", name)
+	if _, err := pool.Exec(context.Background(), sql); err != nil {
+		t.Fatal(err)
+	}
+	return url, name, pool
 }

@@ -38,18 +38,13 @@ var faultKinds = []string{
 }
 
 // clusterFaultKinds are the cluster variant's: a whole-server restart has
-// no meaning there; a master failover and a slot migration do.
-var clusterFaultKinds = []string{
+// no meaning there; a master failover and a slot migration do. The faults
+// after the first three are the same.
+var clusterFaultKinds = append([]string{
 	"master SIGKILL, its replica takes over",
 	"slot migration",
 	"master SIGSTOP",
-	"FLUSHALL",
-	"eviction burst",
-	"service SIGKILL and restart",
-	"follower SIGKILL, standby takes over",
-	"PostgreSQL fast restart",
-	"filter rebuild by the command",
-}
+}, faultKinds[3:]...)
 
 // planned is one fault of the schedule.
 type planned struct {

@@ -22,7 +22,7 @@ import (
 	"github.com/cacheguard/cacheguard/internal/redisserver"
 )
 
-// The deployment: one redis-server whose users are docs/operations.md's
+// The deployment: one redis-server whose users are docs/usage.md's
 // (app for the services, pgfollow for the follower, ops for the command),
 // one PostgreSQL with the table items (id, v) and the sequence ver, the
 // follower and a standby (cacheguard-pgfollow, inspecting every write), the

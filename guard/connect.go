@@ -98,7 +98,7 @@ func (g *Guard) checkEviction(ctx context.Context) {
 	switch {
 	case reply(err):
 		g.log.InfoContext(ctx, "cacheguard: cannot read redis's eviction policy (INFO refused); if it is allkeys-*, "+
-			"it may evict the bloom filter (docs/operations.md, Eviction)", "err", err)
+			"it may evict the bloom filter (docs/usage.md, Redis users)", "err", err)
 	case err != nil:
 		g.bf.evictionChecked.Store(false) // down: look again at the next connect
 	default:
@@ -107,7 +107,7 @@ func (g *Guard) checkEviction(ctx context.Context) {
 				g.log.WarnContext(ctx, "cacheguard: redis evicts with maxmemory-policy "+p+": it may evict the bloom filter, "+
 					"which the Guard then rebuilds from Filter.IDs (a full read, at most once a minute); run the Guard's "+
 					"redis with volatile-lru or volatile-lfu, which evict only keys with a TTL (every value and marker has one, "+
-					"the filter none; docs/operations.md, Eviction)", "policy", p)
+					"the filter none; docs/usage.md, Redis users)", "policy", p)
 				return
 			}
 		}

@@ -198,7 +198,7 @@ func TestLeastPrivilegeACL(t *testing.T) {
 		})
 	}
 	if refused := c.Refused(t, user); len(refused) != 0 {
-		t.Fatalf("ACL LOG of the least-privilege user of docs/operations.md: %v", refused)
+		t.Fatalf("ACL LOG of the least-privilege user of docs/usage.md: %v", refused)
 	}
 	if st := g.Stats(); st.RedisErrors != 0 {
 		t.Fatalf("redis errors as a least-privilege user: %+v", st)
@@ -212,7 +212,7 @@ func TestLeastPrivilegeACL(t *testing.T) {
 		t.Fatalf("logs as the least-privilege user:\n%s", all)
 	}
 	if n := strings.Count(healthy, "WARN "); n != 0 || strings.Contains(all, "ERROR ") {
-		t.Fatalf("%d WARN lines before the incident, as the least-privilege user of docs/operations.md:\n%s", n, all)
+		t.Fatalf("%d WARN lines before the incident, as the least-privilege user of docs/usage.md:\n%s", n, all)
 	}
 	t.Logf("least-privilege Guard: %d WARN lines, all in the incident", strings.Count(all, "WARN "))
 	for k := range outside() {
@@ -291,7 +291,7 @@ func TestSentinelsNameThePackage(t *testing.T) {
 // TestRefusedCommandIsNamed: a user without a command the automatic
 // rebuild runs (HMGET, inside auto_rebuild.lua, where Redis names only the
 // script's line) gets one ERROR that names it, and no rebuild; the user of
-// docs/operations.md (TestLeastPrivilegeACL) rebuilds.
+// docs/usage.md (TestLeastPrivilegeACL) rebuilds.
 func TestRefusedCommandIsNamed(t *testing.T) {
 	clusterToo(t)
 	ctx := context.Background()

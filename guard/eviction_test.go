@@ -27,7 +27,7 @@ import (
 // row may answer "not found", whatever Redis evicts; full reads of the ID
 // source stay few (the meta is put back, rebuilds back off); an allkeys-*
 // policy is warned about at New, a volatile-* one is not.
-// docs/operations.md (Eviction) quotes the figures it logs.
+// docs/benchmarks.md (Eviction) quotes the figures it logs.
 func TestEvictingRedis(t *testing.T) {
 	if testing.Short() {
 		t.Skip("fills Redis to its maxmemory under each eviction policy: make test")
@@ -73,7 +73,7 @@ func TestEvictingRedis(t *testing.T) {
 				gs = append(gs, g)
 			}
 			scans.Store(0)         // the rebuild at New is not the eviction's
-			run := 5 * time.Second // CG_EVICTION_RUN=60s gives docs/operations.md its per-minute figures
+			run := 5 * time.Second // CG_EVICTION_RUN=60s gives docs/benchmarks.md its per-minute figures
 			if d, err := time.ParseDuration(os.Getenv("CG_EVICTION_RUN")); err == nil {
 				run = d
 			}

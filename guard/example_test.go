@@ -2,17 +2,24 @@ package guard_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"iter"
+	"log"
 	"log/slog"
+	"net/http"
+	"os"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"github.com/cacheguard/cacheguard/adapters/nethttp"
 	"github.com/cacheguard/cacheguard/guard"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
@@ -326,4 +333,67 @@ func ExampleGuard_Peek() {
 	// Output:
 	// 8 exists: false
 	// 7 exists: true row 7
+}
+
+// Example_service is docs/usage.md's service, in the order the page
+// builds it: the client, the Guard with its ID source in SQL and a local
+// copy, the cached repository call, the writes after each commit, and the
+// middleware. It is compiled, not run: it needs a database.
+func Example_service() {
+	ctx := context.Background()
+	var db *sql.DB // sql.Open("pgx", os.Getenv("DATABASE_URL")), for one
+
+	rdb := redis.NewClient(&redis.Options{
+		Addr:                  "redis.internal:6379",
+		Username:              "app", // the service's Redis user (docs/usage.md)
+		Password:              os.Getenv("REDIS_PASSWORD"),
+		ContextTimeoutEnabled: true, // a frozen Redis cannot hold a Get past its ctx deadline
+		DialerRetries:         1,    // nor can dial retries while Redis is down
+		MaxRetries:            -1,   // the guard loads through instead of retrying
+	})
+	g, err := guard.New(ctx, rdb, "product", &guard.Options{
+		Filter: guard.FilterOptions{
+			ExpectedItems: 2_000_000, // room for the rows you will have
+			IDs: func(ctx context.Context) iter.Seq2[string, error] { // rebuilt from it whenever Redis loses it
+				return guard.Rows(db.QueryContext(ctx, "SELECT id FROM products"))
+			},
+		},
+		Local: &guard.LocalOptions{}, // hot reads from memory: 10,000 values, 1 s each
+	})
+	if err != nil {
+		log.Fatal(err) // only bad options: New does not need Redis to be up
+	}
+	defer g.Close()
+
+	products, err := guard.For(g, func(ctx context.Context, id string) (Product, error) {
+		var p Product
+		err := db.QueryRowContext(ctx, "SELECT id, name, price FROM products WHERE id = $1", id).Scan(&p.ID, &p.Name, &p.Price)
+		if errors.Is(err, sql.ErrNoRows) {
+			return Product{}, guard.ErrNotFound // cached as a "not found" marker
+		}
+		return p, err // any other error: returned, nothing cached
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	// After the UPDATE commits: write the new value through.
+	p := Product{ID: "42", Name: "Desk lamp", Price: 2499}
+	if err := products.Set(ctx, p.ID, p); err != nil {
+		log.Print(err) // ErrUnavailable: replayed by the Guard when Redis answers
+	}
+
+	mux := http.NewServeMux()
+	mux.Handle("GET /products/{id}", nethttp.Middleware(g, nil)(http.HandlerFunc(
+		func(w http.ResponseWriter, r *http.Request) {
+			ctx, cancel := context.WithTimeout(r.Context(), 200*time.Millisecond)
+			defer cancel()
+			p, err := products.Get(ctx, r.PathValue("id"))
+			if err != nil {
+				nethttp.Error(w, r, err) // 404, 400, 503 with Retry-After, or 500
+				return
+			}
+			fmt.Fprintf(w, "%s %d\n", p.Name, p.Price)
+		})))
+	log.Fatal(http.ListenAndServe(":8080", mux))
 }

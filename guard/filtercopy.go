@@ -13,7 +13,7 @@ import (
 // filter is not ready or Redis cannot answer, an ID the copy has never seen
 // is answered ErrUnconfirmed, neither loaded nor ErrNotFound (another
 // process may have added it since the copy). A Guard that holds no copy, or
-// with Filter.NoLocalCopy, fails open as before. docs/incidents.md.
+// with Filter.NoLocalCopy, fails open as before. docs/operations.md.
 
 // A refresh runs every copyEvery, or less often for a filter so large that
 // fetching it then would average more than copyRate bytes a second.

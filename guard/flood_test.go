@@ -29,7 +29,7 @@ type floodCounts struct {
 	took                                  time.Duration
 }
 
-// TestFloodThroughIncidents is the flood of docs/incidents.md: 64 callers,
+// TestFloodThroughIncidents is the flood of docs/benchmarks.md (Incidents): 64 callers,
 // 90% of them asking for IDs that do not exist, against a Guard whose
 // loader and ID source are as slow as a SELECT (1.5 ms a call; 2 ms per
 // 1,000 IDs streamed), through an empty restart of Redis (the filter lost,
@@ -78,7 +78,7 @@ func flood(t *testing.T, noCopy bool) (restart, freeze *floodCounts) {
 	ctx := context.Background()
 	srv, _ := redistest.Private(t)
 	o := srv.Options()
-	o.ContextTimeoutEnabled, o.DialerRetries = true, 1 // docs/incidents.md's client
+	o.ContextTimeoutEnabled, o.DialerRetries = true, 1 // docs/usage.md's client
 	rdb := redis.NewClient(o)
 	defer rdb.Close()
 	const known = 100_000

@@ -811,7 +811,7 @@ func TestLocalPeekThenAWriteHeard(t *testing.T) {
 // frozen is bounded by RedisTimeout, so Close (which waits for it) returns
 // well before Redis resumes, on README's client with no read timeout of its
 // own (a client whose ctx does not bound its reads holds them until its
-// ReadTimeout, renewal or not: docs/incidents.md).
+// ReadTimeout, renewal or not: docs/operations.md).
 func TestLocalRenewalUnderAFrozenRedis(t *testing.T) {
 	if testing.Short() {
 		t.Skip("freezes Redis")

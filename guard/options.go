@@ -71,7 +71,7 @@ type FilterOptions struct {
 	// the filter's size). With the copy, while the filter is not ready or
 	// Redis cannot answer, an ID it has never seen (a row created since in
 	// another process too) is answered ErrUnconfirmed, a 503, not loaded.
-	// Without it, such IDs load through (fail open). docs/incidents.md.
+	// Without it, such IDs load through (fail open). docs/operations.md.
 	NoLocalCopy bool
 }
 

@@ -254,7 +254,7 @@ func TestResizeDoesNotBreakStarts(t *testing.T) {
 // go-redis client as new users build it, Redis SIGKILLed and
 // restarted empty, three times: unknown IDs reach the loader while the
 // filter is gone, and are rejected again once the Guard has rebuilt it by
-// itself (the time it took is logged; docs/incidents.md quotes it).
+// itself (the time it took is logged; docs/operations.md describes it).
 func TestFilterHealsAfterRestart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("restarts Redis: make test")

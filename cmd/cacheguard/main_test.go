@@ -254,7 +254,7 @@ func TestUsageErrors(t *testing.T) {
 	cli(t, down, "", "-name", "x", "-timeout", "300ms", "info").want(t, exitFailed, "nothing listening")
 }
 
-// TestACLUser: the command's least-privilege user of docs/operations.md
+// TestACLUser: the command's least-privilege user of docs/usage.md
 // (keyspace.ACLCommand), from REDIS_URL (and from -user with
 // REDIS_PASSWORD), runs every subcommand with nothing in ACL LOG; a wrong
 // password, and a prefix outside the user's keys, fail.

@@ -99,7 +99,7 @@ type rollback struct {
 	repairOn bool             // the follower started after the crash repairs
 	flush    bool             // Redis was flushed, not restarted from the dump
 	unrepair *positionsHidden // on the followers' client (fol): a second follower has a client of its own
-	fol      *redis.Client    // the followers' client, as the follower's user of docs/operations.md
+	fol      *redis.Client    // the followers' client, as the follower's user of docs/usage.md
 }
 
 // followerUser is the followers' Redis user (keyspace.ACLFollower).

@@ -7,7 +7,7 @@ import "strings"
 // directly or from its Lua scripts (Redis checks those too). One is
 // @dangerous: INFO, read-only, which a Guard reads at connect to warn of an
 // allkeys-* eviction policy (refused, it says once that it cannot tell).
-// docs/operations.md shows these lines (TestACLDoc compares
+// docs/usage.md shows these lines (TestACLDoc compares
 // them), and each component's tests run their whole life under its user,
 // incidents included, with ACL LOG checked for refusals.
 const (
@@ -44,7 +44,7 @@ func ACLRule(prefix, cmds string) []string {
 }
 
 // ACLSetUser is the ACL SETUSER command that creates user for prefix with
-// cmds, as docs/operations.md shows it: its commands wrapped at 80 columns.
+// cmds, as docs/usage.md shows it: its commands wrapped at 80 columns.
 func ACLSetUser(user, prefix, cmds string) string {
 	rule := ACLRule(prefix, cmds)
 	var b strings.Builder

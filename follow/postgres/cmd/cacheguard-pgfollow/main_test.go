@@ -93,7 +93,7 @@ func TestCommand(t *testing.T) {
 	}
 	// A DELETE and an INSERT, under the follower's user: the Delete's
 	// script reads the entry's fields (HKEYS), which the user of
-	// docs/operations.md lacked until chaos seed 1 found every DELETE refused
+	// docs/usage.md lacked until chaos seed 1 found every DELETE refused
 	// and the follower stuck retrying it.
 	if _, err := pool.Exec(ctx, "DELETE FROM products WHERE id = 'p1'; INSERT INTO products VALUES ('p2', 3)"); err != nil {
 		t.Fatal(err)
@@ -128,7 +128,7 @@ func newProducts(t *testing.T, settings ...string) (*pgserver.Server, *pgxpool.P
 		}
 	}
 	c := redistest.Connect(t)
-	// The reader and the follower run as the users of docs/operations.md;
+	// The reader and the follower run as the users of docs/usage.md;
 	// whatever either is refused fails the test when it ends.
 	svc := "svc-" + c.Prefix
 	rdb := c.ACLUser(t, svc, c.Prefix, keyspace.ACLService)

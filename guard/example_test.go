@@ -342,6 +342,8 @@ func ExampleGuard_Peek() {
 func Example_service() {
 	ctx := context.Background()
 	var db *sql.DB // sql.Open("pgx", os.Getenv("DATABASE_URL")), for one
+	logger := slog.Default()
+	redis.SetLogger(guard.RedisLogger(logger)) // go-redis's own lines, limited as the Guard's are
 
 	rdb := redis.NewClient(&redis.Options{
 		Addr:                  "redis.internal:6379",
@@ -358,7 +360,8 @@ func Example_service() {
 				return guard.Rows(db.QueryContext(ctx, "SELECT id FROM products"))
 			},
 		},
-		Local: &guard.LocalOptions{}, // hot reads from memory: 10,000 values, 1 s each
+		Local:  &guard.LocalOptions{}, // hot reads from memory: 10,000 values, 1 s each
+		Logger: logger,
 	})
 	if err != nil {
 		log.Fatal(err) // only bad options: New does not need Redis to be up

@@ -14,6 +14,7 @@ import (
 
 	"github.com/cacheguard/cacheguard/adapters"
 	cgecho "github.com/cacheguard/cacheguard/adapters/echov5"
+	"github.com/cacheguard/cacheguard/adapters/internal/adaptertest"
 	"github.com/cacheguard/cacheguard/guard"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
@@ -22,16 +23,7 @@ import (
 // ProblemDetailsHTTPErrorHandler gets the same problem for a rejected ID as
 // the adapter's ErrorHandler renders.
 func TestEchoOwnProblemHandler(t *testing.T) {
-	c := redistest.Connect(t)
-	ctx := context.Background()
-	g, err := guard.New(ctx, c, "product", &guard.Options{KeyPrefix: c.Prefix, Filter: guard.FilterOptions{ExpectedItems: 1000}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
-	if _, err := g.Rebuild(ctx, func(yield func(string, error) bool) { yield("1", nil) }, nil); err != nil {
-		t.Fatal(err)
-	}
+	g := adaptertest.Guard(t, "1")
 	serve := func(h labecho.HTTPErrorHandler) *httptest.ResponseRecorder {
 		e := labecho.New()
 		e.HTTPErrorHandler = h

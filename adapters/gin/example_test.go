@@ -25,8 +25,25 @@ func ExampleMiddleware() {
 	_, _ = g.Rebuild(ctx, func(yield func(string, error) bool) { yield("42", nil) }, nil)
 
 	gingonic.SetMode(gingonic.ReleaseMode)
-	r := gingonic.New()
-	r.GET("/products/:id", cggin.Middleware(g), func(c *gingonic.Context) {
+	r := newRouter(g)
+
+	for _, path := range []string{"/products/42", "/products/7", "/products/a%2Fb"} {
+		rec := httptest.NewRecorder()
+		r.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
+		fmt.Println(rec.Code, rec.Body.String())
+	}
+	// Output:
+	// 200 Desk lamp
+	// 404 {"type":"about:blank","title":"Not Found","status":404}
+	// 400 {"type":"about:blank","title":"Bad Request","status":400,"detail":"malformed id"}
+}
+
+// newRouter is the application's router: a product route behind the
+// middleware, on an engine from newEngine.
+func newRouter(g *guard.Guard) *gingonic.Engine {
+	r := newEngine()
+	// GET and HEAD, as net/http's "GET /products/{id}": a HEAD of an unknown ID is the 404 of a GET.
+	r.Match([]string{http.MethodGet, http.MethodHead}, "/products/:id", cggin.Middleware(g), func(c *gingonic.Context) {
 		name, err := guard.Get(c.Request.Context(), g, c.Param("id"), func(ctx context.Context, id string) (string, error) {
 			return "Desk lamp", nil // SELECT name FROM products WHERE id = $1
 		})
@@ -36,14 +53,16 @@ func ExampleMiddleware() {
 		}
 		c.String(http.StatusOK, name)
 	})
+	return r
+}
 
-	for _, path := range []string{"/products/42", "/products/7", "/products/%7Bx%7D"} {
-		rec := httptest.NewRecorder()
-		r.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
-		fmt.Println(rec.Code, rec.Body.String())
-	}
-	// Output:
-	// 200 Desk lamp
-	// 404 {"type":"about:blank","title":"Not Found","status":404}
-	// 400 {"type":"about:blank","title":"Bad Request","status":400,"detail":"malformed id"}
+// newEngine is gin.New with the settings under which Gin answers as
+// net/http's ServeMux does (TestExampleRouterAnswersAsNetHTTP compares them).
+func newEngine() *gingonic.Engine {
+	r := gingonic.New()
+	r.UseRawPath = true             // route the raw path: "a%2Fb" reaches the middleware (400), not Gin's 404
+	r.UnescapePathValues = true     // the default: c.Param is decoded, as r.PathValue ("%34%32" is "42")
+	r.RedirectTrailingSlash = false // "/products/1/" is a 404, as on net/http, not a 301 to "/products/1"
+	r.HandleMethodNotAllowed = true // a POST is a 405 with Allow: GET, HEAD, as on net/http, not a 404
+	return r
 }

@@ -1,14 +1,18 @@
 // Package gin puts cacheguard's bloom filter in front of Gin handlers:
 // unknown IDs get 404 and malformed ones 400 before the handler runs, and a
 // hit through the middleware stays one Redis round trip (the handler's Get
-// reuses the middleware's read).
+// reuses the middleware's read). Set up as the package example's newEngine,
+// Gin answers an encoded slash, a trailing slash, a HEAD and a POST as
+// net/http's ServeMux does:
 //
-//	r.GET("/products/:id", cggin.Middleware(g), getProduct)
+//	r.UseRawPath = true // "a%2Fb" reaches the middleware (400), not Gin's text 404
+//	r.RedirectTrailingSlash, r.HandleMethodNotAllowed = false, true // 404 and 405, no 301
+//	r.Match([]string{"GET", "HEAD"}, "/products/:id", cggin.Middleware(g), getProduct)
 //	// in the handler: if err != nil { cggin.Error(c, err); return }
 //
-// Import it under another name than Gin's own package (cggin). It shares
-// its decisions and its answers, byte for byte, with the net/http and Echo
-// adapters (adapters/internal/core); docs/usage.md has the details.
+// Import it as cggin. It shares its decisions and its answers, byte for
+// byte, with the net/http and Echo adapters (adapters/internal/core);
+// docs/usage.md has the details.
 package gin
 
 import (

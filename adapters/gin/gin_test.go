@@ -36,11 +36,7 @@ func config(c adaptertest.Config) cggin.Config {
 }
 
 func (framework) New(g *guard.Guard, c adaptertest.Config, get func(r *http.Request, id string) (string, error)) adaptertest.Router {
-	e := gingonic.New()
-	// Routed on the raw path, as Echo routes: by default Gin routes the
-	// decoded one, and "/products/..%2Fx" matches no route (Gin's own 404)
-	// instead of reaching the middleware's 400.
-	e.UseRawPath, e.UnescapePathValues = true, true
+	e := newEngine() // the example's settings: "/products/..%2Fx" reaches the middleware's 400
 	e.GET("/products/:id", cggin.MiddlewareWithConfig(g, config(c)), func(c *gingonic.Context) {
 		name, err := get(c.Request, c.Param("id"))
 		if err != nil {

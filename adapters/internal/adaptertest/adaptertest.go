@@ -295,6 +295,23 @@ func newApp(t *testing.T, f Framework, rdb redis.UniversalClient, opts *guard.Op
 	return a
 }
 
+// Guard returns a Guard on a connection of the test's own, closed with the
+// test, whose filter holds id: for an adapter's tests outside the suite.
+func Guard(t *testing.T, id string) *guard.Guard {
+	t.Helper()
+	c := redistest.Connect(t)
+	ctx := context.Background()
+	g, err := guard.New(ctx, c, "product", defaults(c.Prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = g.Close() })
+	if _, err := g.Rebuild(ctx, func(yield func(string, error) bool) { yield(id, nil) }, nil); err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
 func defaults(prefix string) *guard.Options {
 	return &guard.Options{KeyPrefix: prefix, Filter: guard.FilterOptions{ExpectedItems: 1000}}
 }

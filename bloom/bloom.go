@@ -3,7 +3,7 @@
 // and [Filter.Rebuild] fills a new generation from the source of truth and
 // switches to it atomically, so no existing ID is ever reported absent. A
 // filter that is not ready (never built, or lost by Redis) answers
-// ErrNotReady, and its users fail open. docs/design-notes.md has the layout.
+// ErrNotReady, and its users fail open. docs/design.md has the layout.
 package bloom
 
 import (

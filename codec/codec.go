@@ -158,7 +158,7 @@ var errTruncated = errors.New("msgpack: truncated")
 // CheckMsgpack reports whether data is exactly one well-formed msgpack object
 // whose every length prefix fits in the bytes that follow it, nested at most
 // MaxDepth deep: msgpack/v5 trusts length prefixes, and five bytes could make
-// it allocate 64 GiB (docs/design-notes.md). It allocates nothing for depth
+// it allocate 64 GiB (docs/design.md, Small mechanisms). It allocates nothing for depth
 // <= 32.
 func CheckMsgpack(data []byte) error {
 	var stackBuf [32]uint64

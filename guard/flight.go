@@ -307,7 +307,7 @@ func (g *Guard) ran(ctx context.Context, vkey string, r coord.Ran) {
 // (Options.Local) the flight keeps for that long at most (see keep):
 // without it, a copy that expired in memory before its entry did in Redis
 // sent every Get of the key to a flight of its own until the entry expired
-// there too (docs/design-notes.md has the figures).
+// there too (docs/design.md, Local cache).
 func (c *miss[T]) accept(ctx context.Context, raw []byte, ttl time.Duration) bool {
 	if !c.decode(ctx, raw) {
 		return false

@@ -30,7 +30,7 @@ import (
 // message arrives (milliseconds; a lost one is bounded by the subscription's
 // reconnection, which drops every copy, and by TTL): without Local the
 // guarantee is exact. Copies are kept decoded where the type allows, each
-// caller getting its own (docs/design-notes.md).
+// caller getting its own (docs/design.md, Local cache).
 type LocalOptions struct {
 	// Size caps the values kept; when full, otter's adaptive W-TinyLFU picks
 	// what goes (it keeps what is read often and recently). Default 10,000.

@@ -118,7 +118,7 @@ const growFrame = 12 << 10
 // grow grows a new goroutine's stack to 16 KB in one copy of one small
 // frame, before deep calls (a go-redis pipeline, a database driver) would
 // make the runtime double it two or three times, copying a deep stack each
-// time (CockroachDB's pkg/util/growstack; docs/design-notes.md has the
+// time (CockroachDB's pkg/util/growstack; docs/benchmarks.md has the
 // figures). Every goroutine of the supervisor's runs it first.
 //
 //go:noinline

@@ -262,7 +262,7 @@ func (l *Lock) run(ctx context.Context, op string, script *redis.Script, args ..
 // until stop is called or ctx is done; its goroutine, started only when the
 // first refresh is due, ends by the time stop returns. If a refresh finds
 // the lock gone, or refreshes fail until it must have expired, it calls
-// onLost once (if non-nil) and stops. docs/design-notes.md has the details.
+// onLost once (if non-nil) and stops. docs/design.md (The lock package) has the details.
 func (l *Lock) KeepAlive(ctx context.Context, ttl time.Duration, onLost func(error)) (stop func()) {
 	quit := make(chan struct{})
 	done := make(chan struct{})

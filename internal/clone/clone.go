@@ -2,7 +2,7 @@
 // once per type from reflect (guard's in-process cache hands each caller its
 // own copy). Strings and time.Time values are shared; slices, maps and
 // pointers get fresh storage. For reports a type it cannot copy safely (see
-// docs/design-notes.md), and values must be trees (no pointer cycle).
+// docs/design.md), and values must be trees (no pointer cycle).
 package clone
 
 import (

@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"testing"
 )
 
 // Doc is one Markdown file: its fenced blocks and inline code spans.
@@ -279,6 +280,25 @@ func CheckMetrics(docs []*Doc, served map[string]bool, source string, prefixes .
 		}
 	}
 	return problems, checked
+}
+
+// TestMetrics is a module's whole-docs metric test: CheckMetrics of the
+// docs under the repository's root, each problem an error of t.
+func TestMetrics(t testing.TB, served map[string]bool, source string, prefixes ...string) {
+	t.Helper()
+	root, err := Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs, err := Load(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	problems, n := CheckMetrics(docs, served, source, prefixes...)
+	for _, p := range problems {
+		t.Error(p)
+	}
+	t.Logf("%d metric names of the docs (%s) checked against the %d that %s serves", n, strings.Join(prefixes, ", "), len(served), source)
 }
 
 // near is the served names that share the documented name's first two

@@ -308,6 +308,8 @@ func TestDriftFlags(t *testing.T) {
 func TestDriftLogs(t *testing.T) {
 	src := `package drift
 
+import "errors"
+
 func f() {
 	g.log.Warn("cacheguard: bloom filter saturated; rebuild it", "n", 1)
 	log.Info("cacheguard: slot " + name + " dropped")
@@ -328,7 +330,7 @@ func f() {
 	want := []string{
 		`docs/operations.md:1: "cacheguard: bloom filter saturated, rebuild it": the code logs no such message and makes no such error ` +
 			`(nearest: "cacheguard: bloom filter saturated; rebuild it")`,
-		`drift/drift.go:4: WARN "cacheguard: bloom filter saturated; rebuild it" is quoted in no code span of docs/operations.md`,
+		`drift/drift.go:6: WARN "cacheguard: bloom filter saturated; rebuild it" is quoted in no code span of docs/operations.md`,
 	}
 	if fmt.Sprint(problems) != fmt.Sprint(want) {
 		t.Errorf("a changed message: %q, want %q", problems, want)

@@ -521,38 +521,48 @@ func chain(e ast.Expr) ([]step, bool) {
 	return nil, false
 }
 
-// roots is what a dotted name's first element may be: a package of ours,
-// or any type, field or func/method of that name.
+// roots is what a dotted name's first element may be: a package of ours;
+// else our types, fields, methods and funcs of that name (guard's first),
+// those of outside types, which accept any selector, only if none is ours.
 func (idx *Index) roots(s step) []target {
-	var out []target
-	if !s.call {
-		for _, p := range idx.pkgs[s.name] {
+	if ps := idx.pkgs[s.name]; len(ps) > 0 && !s.call {
+		var out []target
+		for _, p := range ps {
 			out = append(out, target{pkg: p, label: s.name})
 		}
+		return out
 	}
-	var paths []string
-	for p := range idx.byPath {
-		paths = append(paths, p)
-	}
-	sort.Strings(paths)
+	var types, members, outside []target
+	paths := keys(idx.byPath)
+	sort.SliceStable(paths, func(i, j int) bool { return paths[i] == module+"/guard" && paths[j] != module+"/guard" })
 	for _, ip := range paths {
 		p := idx.byPath[ip]
-		if t := p.types[s.name]; t != nil && t.expr != nil && !s.call {
-			out = append(out, target{typ: t, label: s.name})
+		if t := p.types[s.name]; t != nil && t.expr != nil && !s.call && ast.IsExported(s.name) {
+			types = append(types, target{typ: t, label: s.name})
 		}
+		var found []target
 		if f := p.funcs[s.name]; f != nil && ast.IsExported(s.name) {
-			out = append(out, idx.call(target{fn: f, label: s.name}, s))
+			found = append(found, idx.call(target{fn: f, label: s.name}, s))
 		}
-		for _, t := range p.types {
-			if !ast.IsExported(s.name) || t.expr == nil {
-				continue
+		for _, tn := range keys(p.types) {
+			if t := p.types[tn]; ast.IsExported(s.name) && t.expr != nil {
+				if r, ok := idx.member(t, s.name, s.name, 0); ok {
+					found = append(found, idx.call(r, s))
+				}
 			}
-			if r, ok := idx.member(t, s.name, s.name, 0); ok {
-				out = append(out, idx.call(r, s))
+		}
+		for _, r := range found {
+			if r.ext {
+				outside = append(outside, r)
+			} else {
+				members = append(members, r)
 			}
 		}
 	}
-	return out
+	if len(types)+len(members) > 0 {
+		return append(types, members...)
+	}
+	return outside
 }
 
 // call applies s's call, if any, to t: a func's first result.
@@ -642,11 +652,23 @@ func (idx *Index) resolve(steps []step, vars map[string]bool) (why string, check
 		if w == "" {
 			return "", true
 		}
-		if why == "" {
+		if why == "" || rank(w) > rank(why) {
 			why = w
 		}
 	}
 	return why, true
+}
+
+// rank orders the reasons a reading fails: the one that names what exists
+// instead first.
+func rank(why string) int {
+	switch {
+	case strings.Contains(why, "did you mean"):
+		return 2
+	case strings.HasPrefix(why, "no field or method"):
+		return 1
+	}
+	return 0
 }
 
 // composite checks the keys of a composite literal of one of our types.
@@ -900,13 +922,16 @@ var levels = map[string]string{"Debug": "Debug", "Info": "Info", "Warn": "Warn",
 	"DebugContext": "Debug", "InfoContext": "Info", "WarnContext": "Warn", "ErrorContext": "Error"}
 
 // harness is code that runs only under tests: its lines are no user's.
-var harness = regexp.MustCompile(`^(benchmarks|faults|chaos|scripts)/|^internal/(redistest|redisserver|pgserver|testcert|redisfail)/|/internal/adaptertest/`)
+var harness = regexp.MustCompile(`^(benchmarks|faults|chaos|scripts)/` +
+	`|^internal/(redistest|redisserver|pgserver|testcert|redisfail|doccheck)/|/internal/adaptertest/`)
 
 // Messages collects the slog calls' messages (x.Warn("..."), WarnContext
 // too) and the errors.New and fmt.Errorf texts of the non-test code.
 func Messages(files map[string][]string) ([]Message, error) {
 	fset := token.NewFileSet()
 	var out []Message
+	var parsed []*ast.File
+	passed := map[string]passedOn{} // funcs that log a parameter, by name
 	for _, f := range keys(files) {
 		if !strings.HasSuffix(f, ".go") || strings.HasSuffix(f, "_test.go") || harness.MatchString(f) {
 			continue
@@ -915,7 +940,21 @@ func Messages(files map[string][]string) ([]Message, error) {
 		if err != nil {
 			return nil, err
 		}
+		parsed = append(parsed, file)
+		pkgs := map[string]string{} // the file's imports by name: http.Error is no log call
+		for _, im := range file.Imports {
+			ip, _ := strconv.Unquote(im.Path.Value)
+			name := path.Base(ip)
+			if im.Name != nil {
+				name = im.Name.Name
+			}
+			pkgs[name] = ip
+		}
+		var fn *ast.FuncDecl
 		ast.Inspect(file, func(n ast.Node) bool {
+			if d, ok := n.(*ast.FuncDecl); ok {
+				fn = d
+			}
 			call, ok := n.(*ast.CallExpr)
 			if !ok {
 				return true
@@ -928,23 +967,70 @@ func Messages(files map[string][]string) ([]Message, error) {
 			if strings.HasSuffix(sel.Sel.Name, "Context") {
 				arg = 1
 			}
-			if x, ok := sel.X.(*ast.Ident); ok && (x.Name == "errors" && sel.Sel.Name == "New" || x.Name == "fmt" && sel.Sel.Name == "Errorf") {
-				level = "error"
+			if x, ok := sel.X.(*ast.Ident); ok {
+				switch ip := pkgs[x.Name]; {
+				case ip == "errors" && sel.Sel.Name == "New", ip == "fmt" && sel.Sel.Name == "Errorf":
+					level = "error"
+				case ip != "" && ip != "log/slog":
+					level = ""
+				}
 			}
 			if level == "" || len(call.Args) <= arg {
+				return true
+			}
+			if k := param(fn, call.Args[arg]); k >= 0 && level != "error" { // g.log.Warn(why): its callers say
+				passed[fn.Name.Name] = passedOn{arg: k, level: level}
 				return true
 			}
 			text := pattern(call.Args[arg])
 			if level == "error" {
 				text = verb.ReplaceAllString(text, "*")
 			}
-			if len(strings.ReplaceAll(text, "*", "")) >= 8 {
+			if len(strings.ReplaceAll(text, "*", "")) >= 8 || text == "*" && (level == "Warn" || level == "Error") {
 				out = append(out, Message{Level: level, Text: text, At: At(f, fset.Position(call.Pos()).Line)})
 			}
 			return true
 		})
 	}
+	for _, file := range parsed { // the messages passed to funcs that log them
+		ast.Inspect(file, func(n ast.Node) bool {
+			if call, ok := n.(*ast.CallExpr); ok {
+				if p, ok := passed[baseName(call.Fun)]; ok && len(call.Args) > p.arg && pattern(call.Args[p.arg]) != "*" {
+					out = append(out, Message{Level: p.level, Text: pattern(call.Args[p.arg]),
+						At: At(fset.Position(call.Pos()).Filename, fset.Position(call.Pos()).Line)})
+				}
+			}
+			return true
+		})
+	}
 	return out, nil
+}
+
+// passedOn is a func that logs its parameter arg at level.
+type passedOn struct {
+	arg   int
+	level string
+}
+
+// param is the index of fn's parameter that e names, -1 if none.
+func param(fn *ast.FuncDecl, e ast.Expr) int {
+	id, ok := e.(*ast.Ident)
+	if !ok || fn == nil {
+		return -1
+	}
+	k := 0
+	for _, f := range fn.Type.Params.List {
+		for _, n := range f.Names {
+			if n.Name == id.Name {
+				return k
+			}
+			k++
+		}
+		if len(f.Names) == 0 {
+			k++
+		}
+	}
+	return -1
 }
 
 var verb = regexp.MustCompile(`%[-+# 0-9.]*[a-zA-Z]`)
@@ -983,6 +1069,9 @@ func wild(s string) *regexp.Regexp {
 
 // matches reports whether a quoted text and a message can be the same.
 func matches(doc string, m Message) bool {
+	if m.Text == "*" { // all variable: unknown, not anything
+		return false
+	}
 	return doc == m.Text || wild(doc).MatchString(m.Text) || wild(m.Text).MatchString(doc)
 }
 
@@ -1061,7 +1150,7 @@ func CheckLogs(docs []*Doc, msgs []Message, runbook string) (problems []string, 
 		seen[m.Level+m.Text] = true
 		warns = append(warns, m)
 		if m.Text == "*" {
-			continue // a message that is all variable: nothing to quote
+			continue // all variable: nothing to quote (TestDocsLogs lists it)
 		}
 		found := false
 		for _, s := range runbookSpans {

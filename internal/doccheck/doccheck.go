@@ -434,7 +434,7 @@ func CheckFlags(docs []*Doc, flags map[string]map[string]bool) (problems []strin
 				continue
 			}
 			checked++
-			if !flags[cmd][m[1]] {
+			if !flags[cmd][m[1]] && m[1] != "h" && m[1] != "help" { // every Go command has -h
 				problems = append(problems, fmt.Sprintf("%s: %s has no flag -%s (its flags: -%s)", at[i], cmd, m[1],
 					strings.Join(keys(flags[cmd]), ", -")))
 			}

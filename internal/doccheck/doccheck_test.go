@@ -285,8 +285,8 @@ func TestDriftFlags(t *testing.T) {
 		"shop":       UsageFlags("Usage of shop:\n  -exit\n    \tdemo: exit\n"),
 	}
 	doc := Parse("f.md", "```sh\n$ REDIS_URL=redis://x cacheguard -name product -exec 'a -b' rebuild  # -not this\n"+
-		"go run ./examples/shop demo \\\n  -exit\n```\n`-cluster`, `-race`, `shop demo -exit`, `go test -short ./...`\n")
-	if problems, n := CheckFlags([]*Doc{doc}, flags); len(problems) != 0 || n != 6 {
+		"go run ./examples/shop demo \\\n  -exit\nshop -h\n```\n`-cluster`, `-race`, `shop demo -exit`, `go test -short ./...`\n")
+	if problems, n := CheckFlags([]*Doc{doc}, flags); len(problems) != 0 || n != 7 {
 		t.Errorf("the commands' own flags: %d checked, %q", n, problems)
 	}
 	doc = Parse("f.md", "```\ncacheguard -nme product info\n```\n`-clusters` or `shop demo -exits`\n")
@@ -324,6 +324,13 @@ func f() {
 		"`cacheguard: no such guard`\n```\ntime=x level=WARN msg=\"cacheguard: bloom filter saturated; rebuild it\" n=1\n```\n")
 	if problems, n, warns := CheckLogs([]*Doc{good}, msgs, "docs/operations.md"); len(problems) != 0 || n != 4 || len(warns) != 1 {
 		t.Errorf("quoted as logged: %d quotes, %d warns, %q", n, len(warns), problems)
+	}
+	for quote, want := range map[string]bool{"cacheguard: bloom filter saturated;": true, "cacheguard: slot ": true,
+		"cacheguard: bloom filter saturated": true, "cacheguard: bloom filter": false, "cacheguard: sl": false,
+		"cacheguard: ": false, "cacheguard: ...": false, "cacheguard": false} {
+		if got := matches(quote, msgs[0]) || matches(quote, msgs[1]); got != want {
+			t.Errorf("%q quotes the start of a message: %v, want %v", quote, got, want)
+		}
 	}
 	drifted := Parse("docs/operations.md", "`cacheguard: bloom filter saturated, rebuild it`\n")
 	problems, _, _ := CheckLogs([]*Doc{drifted}, msgs, "docs/operations.md")

@@ -1069,10 +1069,29 @@ func wild(s string) *regexp.Regexp {
 
 // matches reports whether a quoted text and a message can be the same.
 func matches(doc string, m Message) bool {
-	if m.Text == "*" { // all variable: unknown, not anything
+	if m.Text == "*" || !substantive(doc) { // all variable, or a quote of the prefix alone: not anything
+		return doc == m.Text || doc == strings.TrimSuffix(m.Text, "*") && doc != ""
+	}
+	return doc == m.Text || wild(doc).MatchString(m.Text) || wild(m.Text).MatchString(doc) || starts(doc, m.Text)
+}
+
+var prefixes = regexp.MustCompile(`^([a-z][a-z-]*: )+`)
+
+// substantive reports whether a quote says more than a prefix
+// ("cacheguard: ...").
+func substantive(doc string) bool {
+	return strings.TrimSpace(prefixes.ReplaceAllString(wildPart.ReplaceAllString(doc, ""), "")) != ""
+}
+
+// starts reports whether doc quotes the start of msg up to a clause's end
+// (a table of messages that "start with"): doc ends in : ; , or ( or msg
+// goes on with one of them or a variable part.
+func starts(doc, msg string) bool {
+	if !strings.HasPrefix(msg, doc) || !prefixes.MatchString(doc) { // `cacheguard` is the command
 		return false
 	}
-	return doc == m.Text || wild(doc).MatchString(m.Text) || wild(m.Text).MatchString(doc)
+	d, rest := strings.TrimSpace(doc), strings.TrimLeft(msg[len(doc):], " ")
+	return strings.ContainsAny(d[len(d)-1:], ":;,(") || rest == "" || strings.ContainsAny(rest[:1], ":;,(*")
 }
 
 var (

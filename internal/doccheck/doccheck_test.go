@@ -216,7 +216,8 @@ func driftIndex(t *testing.T) (map[string][]string, *Index) {
 func TestDriftNames(t *testing.T) {
 	_, idx := driftIndex(t)
 	good := Parse("good.md", "`Options.Local`, `drift.ErrUnconfirmed`, `Stats().CorruptValues`, `Filter.IDs`,\n"+
-		"`Options.Telemetry.TracerProvider`, `drift.Options{Local: nil}`, `ErrUnconfirmed`, `redis.Options.Addr`")
+		"`Options.Telemetry.TracerProvider`, `drift.Options{Local: nil}`, `ErrUnconfirmed`, `redis.Options.Addr`,\n"+
+		"`github.com/cacheguard/cacheguard/guard`, `redis://h:6379/0`")
 	if problems, n := CheckNames([]*Doc{good}, idx); len(problems) != 0 || n != 7 { // redis.Options.Addr is not ours: not counted
 		t.Errorf("good names: %d checked, problems %q", n, problems)
 	}

@@ -710,6 +710,9 @@ func (idx *Index) composite(lit *ast.CompositeLit, vars map[string]bool) []strin
 
 var fileName = regexp.MustCompile(`\.(go|md|txt|json|png|svg|pdf|sql|conf|yaml|yml|sh|mod|sum|csv|html|js|css|pem|rdb|aof|lua)$`)
 
+// importPath is an import path or a URL (github.com/..., redis://...).
+var importPath = regexp.MustCompile(`^[a-z][\w.-]*\.[a-z]{2,}/|://`)
+
 // AllowedNames are CamelCase names the docs may use bare that are not ours,
 // each with where it is from.
 var AllowedNames = map[string]string{
@@ -730,7 +733,7 @@ func CheckNames(docs []*Doc, idx *Index) (problems []string, checked int) {
 	for _, d := range docs {
 		for _, s := range d.Spans {
 			text := strings.TrimSpace(s.Text)
-			if fileName.MatchString(text) || otelName.MatchString(text) || strings.HasPrefix(text, "-") {
+			if fileName.MatchString(text) || otelName.MatchString(text) || strings.HasPrefix(text, "-") || importPath.MatchString(text) {
 				continue
 			}
 			e, err := parser.ParseExpr(strings.ReplaceAll(text, "...", "_"))

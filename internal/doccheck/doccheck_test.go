@@ -50,6 +50,50 @@ func report(t *testing.T, problems []string) {
 	}
 }
 
+// TestDocsNameNoTests: the user pages speak of what the code does, not of
+// the tests that hold it.
+func TestDocsNameNoTests(t *testing.T) {
+	report(t, CheckNoTests(load(t).docs))
+}
+
+// TestDriftNoTests: a test's name on a user page is caught; on
+// docs/guarantees.md it is not.
+func TestDriftNoTests(t *testing.T) {
+	text := "Held by `TestStampedeAcrossProcesses`, measured by BenchmarkLag.\n"
+	got := CheckNoTests([]*Doc{Parse("docs/usage.md", text), Parse("docs/guarantees.md", text)})
+	want := []string{
+		"docs/usage.md:1: TestStampedeAcrossProcesses: a user page names no test (docs/guarantees.md does)",
+		"docs/usage.md:1: BenchmarkLag: a user page names no test (docs/guarantees.md does)",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("got %q, want %q", got, want)
+	}
+}
+
+// TestDocsQuoteTheBenchmarks: README's results are docs/benchmarks.md's.
+func TestDocsQuoteTheBenchmarks(t *testing.T) {
+	docs := map[string]*Doc{}
+	for _, d := range load(t).docs {
+		docs[d.Path] = d
+	}
+	problems, n := CheckQuotedNumbers(docs["README.md"], docs["docs/benchmarks.md"])
+	report(t, problems)
+	if n < 10 {
+		t.Errorf("%d numbers checked in README's Results: is the table still there?", n)
+	}
+	t.Logf("%d numbers of README's Results checked against docs/benchmarks.md", n)
+}
+
+// TestDriftQuotedNumbers: a figure README changed alone is caught.
+func TestDriftQuotedNumbers(t *testing.T) {
+	bench := Parse("docs/benchmarks.md", "| cacheguard | 161124 | 3.65× |\n")
+	readme := Parse("README.md", "## Results\n\n| hits | 161,124 (3.65×) |\n| memory | 1,310,840 |\n\n## Read more\n| 999 |\n")
+	problems, n := CheckQuotedNumbers(readme, bench)
+	if want := "README.md:4: 1310840: not in docs/benchmarks.md"; n != 3 || len(problems) != 1 || problems[0] != want {
+		t.Errorf("%d checked, problems %q; want 3 and %q", n, problems, want)
+	}
+}
+
 // TestDocsGoBlocks: each go block of README.md and docs/ is a copy of a
 // tracked Go file, which make test compiles (and runs, for examples).
 func TestDocsGoBlocks(t *testing.T) {

@@ -208,11 +208,15 @@ var Aliases = map[string][]string{
 var External = strings.Fields(`redis http slog otel prometheus promhttp collectors gin echo sql errors context time fmt
 	chi pgx pgxpool pgconn os io strings sync iter maps slices log json trace metric sdkmetric sdktrace otelprom
 	signal atomic testing math rand runtime pprof flag net url tls bytes strconv exec sort filepath errgroup
-	goleak otter gobreaker msgpack xxhash bitset httptest`)
+	goleak otter gobreaker msgpack xxhash bitset httptest cache rueidis syscall`)
 
 // importable reports whether a tracked file is in a package the docs may
 // name: any but commands (package main), internal ones included.
 func importable(file string) bool { return !strings.HasSuffix(file, "_test.go") }
+
+// header is an HTTP header's name (Retry-After), which parses as a
+// subtraction.
+var header = regexp.MustCompile(`^[A-Z][a-z]+(-[A-Z][a-z]+)+$`)
 
 var tRun = regexp.MustCompile(`\bt\.Run\("([A-Za-z0-9_]+)"`)
 
@@ -733,7 +737,8 @@ func CheckNames(docs []*Doc, idx *Index) (problems []string, checked int) {
 	for _, d := range docs {
 		for _, s := range d.Spans {
 			text := strings.TrimSpace(s.Text)
-			if fileName.MatchString(text) || otelName.MatchString(text) || strings.HasPrefix(text, "-") || importPath.MatchString(text) {
+			if fileName.MatchString(text) || otelName.MatchString(text) || strings.HasPrefix(text, "-") || importPath.MatchString(text) ||
+				header.MatchString(text) {
 				continue
 			}
 			e, err := parser.ParseExpr(strings.ReplaceAll(text, "...", "_"))

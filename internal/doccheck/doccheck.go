@@ -2,7 +2,7 @@
 // code: their Go blocks are copies of compiled files, and the names, metric
 // names, flags and log messages they quote exist. The whole-docs tests are
 // in this package's tests; the modules that serve metrics or own commands
-// check theirs with the helpers here (issue 62).
+// check theirs with the helpers here.
 package doccheck
 
 import (

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -29,6 +31,7 @@ type copyCounts struct {
 	manyUnknownLoads  int
 	peek, mayExist    error // of an unknown ID
 	stats             guard.Stats
+	notReady          string // the line the Guard logged when it found the filter not ready
 }
 
 const copyUnknowns = 300
@@ -71,6 +74,8 @@ func copyIncident(t *testing.T, o guard.Options, freeze, noCopy bool) copyCounts
 	rdb.AddHook(holdCopy{}) // the copy is taken below, and only then
 	o.Filter.ExpectedItems = 1000
 	other, err := guard.New(ctx, redis.NewClient(srv.Options()), "product", &o)
+	var logs redistest.Logs // the Guard's own, not other's
+	o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,7 +199,27 @@ func copyIncident(t *testing.T, o guard.Options, freeze, noCopy bool) copyCounts
 	_, n.mayExist = g.MayExist(c, "u0")
 	cancel()
 	n.stats = g.Stats()
+	for line := range strings.SplitSeq(logs.String(), "\n") {
+		if strings.Contains(line, "bloom filter not ready") {
+			n.notReady = line
+		}
+	}
 	return n
+}
+
+// saysWhatHappened checks, after an empty restart, that the line that says
+// the filter is not ready says what unknown IDs got: ErrUnconfirmed, or a
+// load.
+func (n copyCounts) saysWhatHappened(t *testing.T) {
+	t.Helper()
+	switch {
+	case n.notReady == "":
+		t.Error("no line says the filter is not ready")
+	case n.unconfirmed > 0 && !strings.Contains(n.notReady, "answer ErrUnconfirmed (503)"):
+		t.Errorf("%d unknown IDs answered ErrUnconfirmed, but the log says:\n%s", n.unconfirmed, n.notReady)
+	case n.unconfirmed == 0 && !strings.Contains(n.notReady, "unknown IDs reach the database"):
+		t.Errorf("every unknown ID loaded, but the log says:\n%s", n.notReady)
+	}
 }
 
 // TestCopyThroughIncidents: while Redis is restarted empty (the filter
@@ -242,6 +267,9 @@ func TestCopyThroughIncidents(t *testing.T) {
 			if n.stats.Unconfirmed < uint64(n.unconfirmed) {
 				t.Errorf("Stats().Unconfirmed = %d, %d answered", n.stats.Unconfirmed, n.unconfirmed)
 			}
+			if !freeze {
+				n.saysWhatHappened(t)
+			}
 		})
 		for _, control := range []string{"NoLocalCopy", "never saw the filter"} {
 			t.Run(incident+", "+control, func(t *testing.T) {
@@ -258,6 +286,9 @@ func TestCopyThroughIncidents(t *testing.T) {
 				}
 				if n.knownNotFound != 0 || n.knownOther != 0 {
 					t.Errorf("known IDs: %d ErrNotFound, %d other", n.knownNotFound, n.knownOther)
+				}
+				if !freeze {
+					n.saysWhatHappened(t)
 				}
 			})
 		}

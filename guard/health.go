@@ -175,7 +175,12 @@ type unwritten struct {
 	seq        uint64
 	overflowed bool   // IDs were dropped: every ID counts as unwritten (see has)
 	overflows  uint64 // IDs dropped so far: a drop of the entries clears overflowed only if none was since
-	replaying  bool   // the replay goroutine runs (started by keep, ended by replayOnce)
+	replaying  bool   // the replay goroutine runs (started by holdUnwritten, ended by replayOnce)
+	// this replay's IDs rewritten, batches and whether it dropped every
+	// entry so far: one line says them when it ends (a line per batch would
+	// be held back by the rate limit).
+	replayedIDs, batches int
+	droppedAll           bool
 	// wake, made by New (buffer 1), starts a replay attempt now: reads
 	// succeed again, so the replay need not wait out its backoff.
 	wake chan struct{}

@@ -226,13 +226,22 @@ func (m *marks) lostLocked(slot uint16, at, hi int64) (ids []string, overflow bo
 
 // writesLost replays the writes Redis lost (all the Guard's entries, with
 // overflow), and rebuilds the filter from Filter.IDs: the bits of lost Adds
-// are gone too.
+// are gone too. ids has an ID once per lost write: one replay covers an ID
+// written more than once.
 func (g *Guard) writesLost(ids []string, overflow bool) {
 	g.stats.writesLost.Add(uint64(len(ids)) + uint64(b2i(overflow)))
+	h := g.holdUnwritten(ids, overflow)
+	filter := ", and the filter rebuilt from Filter.IDs"
+	if g.opts.Filter.IDs == nil {
+		filter = "; the filter is not rebuilt (no Filter.IDs)"
+	}
 	g.log.Warn("cacheguard: redis lost acknowledged writes (a restart from an older dump, or a failover to a lagging "+
-		"replica): they are replayed, and the filter rebuilt", "ids", len(ids), "all_entries", overflow,
-		"filter_ids", g.opts.Filter.IDs != nil)
-	g.rememberUnwritten(ids, overflow, "cacheguard: writes lost by redis are replayed", nil)
+		"replica): their IDs are replayed"+filter, "writes", len(ids), "ids", h.added,
+		"repeats", len(ids)-h.added-h.already-h.past, "already_held", h.already, "past_capacity", h.past,
+		"all_entries", overflow, "filter_ids", g.opts.Filter.IDs != nil)
+	if h.start {
+		g.startReplay()
+	}
 	g.bf.stale.Store(true)
 	g.autoRebuild("redis lost writes")
 }

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -375,5 +378,63 @@ func TestIdleGuardRepairsLostWrites(t *testing.T) {
 				t.Fatalf("%d stale answers after the repair", n)
 			}
 		})
+	}
+}
+
+// TestLostWritesLogAddsUp: 1,500 Invalidates of 1,200 IDs (300 of them
+// twice), then Redis restarts empty. The WARN that says Redis lost them
+// counts the writes and the IDs they come to, and the INFO line that ends
+// the replay (two batches) counts those IDs.
+func TestLostWritesLogAddsUp(t *testing.T) {
+	var logs redistest.Logs
+	srv, _, g := privateGuard(t, &guard.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		Filter: guard.FilterOptions{ExpectedItems: 10_000}})
+	ctx := context.Background()
+	const distinct, twice = 1200, 300
+	for i := range distinct + twice {
+		if err := g.Invalidate(ctx, pid(i%distinct)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	crash(t, srv) // no dump: Redis restarts empty
+	field := func(line, name string) int {
+		m := regexp.MustCompile(` ` + name + `=(\d+)`).FindStringSubmatch(line)
+		if m == nil {
+			return -1
+		}
+		n, _ := strconv.Atoi(m[1])
+		return n
+	}
+	var lost []string
+	replayed, batches := 0, 0
+	// The WARN, then INFO lines until they add up to its IDs (or 10 s).
+	redistest.Poll(10*time.Second, func() bool {
+		lost, replayed, batches = nil, 0, 0
+		for line := range strings.SplitSeq(logs.String(), "\n") {
+			switch {
+			case strings.Contains(line, "redis lost acknowledged writes"):
+				lost = append(lost, line)
+			case strings.Contains(line, "failed writes replayed"):
+				replayed += field(line, "ids")
+				batches += field(line, "batches")
+			}
+		}
+		return len(lost) == 1 && replayed >= field(lost[0], "ids")+max(field(lost[0], "already_held"), 0)
+	})
+	if len(lost) != 1 {
+		t.Fatalf("want one WARN of lost writes, got %d:\n%s", len(lost), logs.String())
+	}
+	ids, already := field(lost[0], "ids"), field(lost[0], "already_held")
+	if replayed != ids+max(already, 0) || batches != 2 {
+		t.Fatalf("the WARN says %d IDs (and %d already held), the replay's INFO lines %d replayed in %d batches, want 2:\n%s",
+			ids, already, replayed, batches, logs.String())
+	}
+	writes, repeats, past := field(lost[0], "writes"), field(lost[0], "repeats"), field(lost[0], "past_capacity")
+	if writes != distinct+twice || ids != distinct || repeats != twice || already != 0 || past != 0 {
+		t.Fatalf("the WARN says writes=%d ids=%d repeats=%d already_held=%d past_capacity=%d; want %d, %d, %d, 0, 0:\n%s",
+			writes, ids, repeats, already, past, distinct+twice, distinct, twice, lost[0])
+	}
+	if st := g.Stats(); st.WritesLost != uint64(writes) || st.Unwritten != 0 {
+		t.Fatalf("Stats: WritesLost %d (the WARN's writes %d), Unwritten %d", st.WritesLost, writes, st.Unwritten)
 	}
 }

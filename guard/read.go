@@ -382,12 +382,7 @@ func (g *Guard) filterSays(ctx context.Context, id string, maybe bool, err error
 	case errors.Is(err, bloom.ErrNotReady):
 		g.stats.bypasses.Add(1)
 		if g.bf.bypassing.CompareAndSwap(false, true) {
-			if g.opts.Filter.IDs == nil {
-				g.log.ErrorContext(ctx, "cacheguard: bloom filter not ready (never rebuilt, or lost by Redis) and Options.Filter.IDs is not set: "+
-					"unknown IDs reach the database until you call Rebuild")
-			} else {
-				g.log.WarnContext(ctx, "cacheguard: bloom filter not ready (never rebuilt, or lost by Redis); failing open while it is rebuilt")
-			}
+			g.logNotReady(ctx)
 		}
 		g.autoRebuild("filter not ready")
 		g.wakeCopy() // a new generation may follow: the copy fetches it as soon as it is ready
@@ -395,6 +390,25 @@ func (g *Guard) filterSays(ctx context.Context, id string, maybe bool, err error
 	default:
 		return false, g.readFailed(ctx, "bloom probe", id, err)
 	}
+}
+
+// logNotReady says what reads get while the filter is not ready: with the
+// copy of the filter this process holds (it saw the filter ready), IDs it
+// has never seen answer ErrUnconfirmed and the others load; without one,
+// every ID loads (fails open). Without Filter.IDs that lasts until Rebuild
+// is called: an ERROR.
+func (g *Guard) logNotReady(ctx context.Context) {
+	const lost = "cacheguard: bloom filter not ready (never rebuilt, or lost by Redis): "
+	held := g.copyHeld()
+	reads := "unknown IDs reach the database (this process holds no copy of the filter)"
+	if held {
+		reads = "IDs this process's copy of the filter has not seen answer ErrUnconfirmed (503), the others reach the database"
+	}
+	if g.opts.Filter.IDs == nil {
+		g.log.ErrorContext(ctx, lost+reads+" until you call Rebuild (Options.Filter.IDs is not set)", "local_copy", held)
+		return
+	}
+	g.log.WarnContext(ctx, lost+reads+" while it is rebuilt from Options.Filter.IDs", "local_copy", held)
 }
 
 // readReq is one read in a batch (read, runReads): what to send, then the

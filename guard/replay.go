@@ -26,17 +26,30 @@ const (
 // lost.go). It returns err.
 func (g *Guard) unwrittenAfter(ctx context.Context, ids []string, err error) error {
 	if errors.Is(err, ErrUnavailable) && ctx.Err() == nil {
-		g.rememberUnwritten(ids, false, "cacheguard: a write did not reach redis; this process loads those IDs through until it is replayed", err)
+		if h := g.holdUnwritten(ids, false); h.start {
+			g.log.Warn("cacheguard: a write did not reach redis; this process loads those IDs through until it is replayed",
+				"ids", h.added, "already_held", h.already, "past_capacity", h.past, "err", err)
+			g.startReplay()
+		}
 	}
 	return err
 }
 
-// rememberUnwritten adds ids to the unwritten set (with overflow, every ID: the Guard's
-// entries are dropped) and starts the replay if it is not running (logging
-// why, once per replay).
-func (g *Guard) rememberUnwritten(ids []string, overflow bool, why string, err error) {
+// held is what holdUnwritten did with the IDs it was given: added to the
+// set, already in it (one replay covers both writes), or past its capacity
+// (covered by dropping every entry), each ID counted once; start says that
+// no replay runs yet (the caller logs why one starts, then startReplay).
+type held struct {
+	added, already, past int
+	start                bool
+}
+
+// holdUnwritten adds ids to the unwritten set (with overflow, every ID: the
+// Guard's entries are dropped) and counts what it did with them.
+func (g *Guard) holdUnwritten(ids []string, overflow bool) held {
 	u := &g.unw
 	u.mu.Lock()
+	defer u.mu.Unlock()
 	if u.ids == nil {
 		u.ids = map[string]uint64{}
 	}
@@ -44,24 +57,37 @@ func (g *Guard) rememberUnwritten(ids []string, overflow bool, why string, err e
 		u.overflowed = true
 		u.overflows++
 	}
+	var h held
+	seen := make(map[string]bool, len(ids))
 	for _, id := range ids {
-		if _, ok := u.ids[id]; !ok && len(u.ids) >= maxUnwritten {
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		_, ok := u.ids[id]
+		switch {
+		case ok:
+			h.already++
+		case len(u.ids) >= maxUnwritten:
 			u.overflowed = true
 			u.overflows++
+			h.past++
 			continue
+		default:
+			h.added++
 		}
 		u.seq++
 		u.ids[id] = u.seq
 	}
 	u.n.Store(int64(len(u.ids)) + b2i(u.overflowed))
-	start := !u.replaying
+	h.start = !u.replaying
 	u.replaying = true
-	u.mu.Unlock()
-	if start {
-		g.log.Warn(why, "ids", len(ids), "err", err)
-		g.retry(g.replayOnce, func() {}, u.wake)
-	}
+	return h
 }
+
+// startReplay starts the replay of the unwritten set, after holdUnwritten
+// said none runs.
+func (g *Guard) startReplay() { g.retry(g.replayOnce, func() {}, g.unw.wake) }
 
 func b2i(b bool) int64 {
 	if b {
@@ -73,7 +99,7 @@ func b2i(b bool) int64 {
 // replayOnce replays the unwritten IDs, replayBatch at a time (and, after an
 // overflow, deletes the Guard's entries once the held IDs are replayed). It
 // reports done when none is left; it then ends the replay under the mutex,
-// so an ID kept after that starts a new one. A failed round trip returns
+// so an ID kept after that starts a new one, and logs what it did. A failed round trip returns
 // false: retry waits, then calls it again.
 func (g *Guard) replayOnce(ctx context.Context) (done bool) {
 	u := &g.unw
@@ -90,7 +116,10 @@ func (g *Guard) replayOnce(ctx context.Context) (done bool) {
 		dropAll := u.overflowed && len(batch) == len(u.ids)
 		if len(batch) == 0 && !u.overflowed {
 			u.replaying = false
+			n, batches, dropped := u.replayedIDs, u.batches, u.droppedAll
+			u.replayedIDs, u.batches, u.droppedAll = 0, 0, false
 			u.mu.Unlock()
+			g.log.Info("cacheguard: failed writes replayed", "ids", n, "batches", batches, "all_entries_dropped", dropped)
 			return true
 		}
 		u.mu.Unlock()
@@ -108,6 +137,7 @@ func (g *Guard) replayOnce(ctx context.Context) (done bool) {
 			u.overflowed = false
 		}
 		u.n.Store(int64(len(u.ids)) + b2i(u.overflowed))
+		u.replayedIDs, u.batches, u.droppedAll = u.replayedIDs+len(batch), u.batches+1, u.droppedAll || dropAll
 		u.mu.Unlock()
 	}
 }
@@ -135,7 +165,6 @@ func (g *Guard) replayBatch(ctx context.Context, batch map[string]uint64, dropAl
 		g.bf.stale.Store(true)
 		g.autoRebuild("writes dropped past the replay's capacity")
 	}
-	g.log.Info("cacheguard: failed writes replayed", "ids", len(batch), "all_entries_dropped", dropAll)
 	return true
 }
 

@@ -58,7 +58,8 @@ func printInfo(ctx context.Context, c *config, g *guard.Guard, stdout io.Writer)
 	state := "ready"
 	switch {
 	case !in.Ready:
-		state = "not ready (never rebuilt, or lost by Redis): Gets fail open until a rebuild"
+		state = "not ready (never rebuilt, or lost by Redis): until a rebuild, Gets of IDs a Guard's copy of the filter has not seen " +
+			"answer ErrUnconfirmed (503), the others load (all load in a Guard with no copy: NoLocalCopy)"
 	case in.Rebuilding:
 		state = "ready; a rebuild is under way"
 	}

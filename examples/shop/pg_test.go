@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"database/sql"
-	"io"
 	"log/slog"
 	"net/http/httptest"
 	"testing"
@@ -60,27 +59,4 @@ func TestProductLifecyclePostgres(t *testing.T) {
 	hs := httptest.NewServer(shop.Handler(5))
 	t.Cleanup(func() { hs.Close(); shop.Close() })
 	lifecycle(t, shop, hs)
-}
-
-// TestOutsideWrites: the demo's scenario "writes from outside the
-// service". Rows updated and deleted straight in PostgreSQL are stale in
-// the shop without the follower (every one of them: the control), and none
-// is stale with it.
-func TestOutsideWrites(t *testing.T) {
-	results, err := outside(context.Background(), io.Discard, slog.New(slog.DiscardHandler), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(results) != 2 {
-		t.Fatalf("results %+v: want a round with the follower and one without", results)
-	}
-	for _, r := range results {
-		want := 0
-		if !r.follower {
-			want = r.changed
-		}
-		if r.changed != outsideChanged || r.stale != want {
-			t.Errorf("follower %v: %d of %d rows stale, want %d", r.follower, r.stale, r.changed, want)
-		}
-	}
 }

@@ -84,7 +84,9 @@ func newVariant(
 // newShop opens the guards (creating their bloom filters) and rebuilds them
 // from the database.
 func newShop(ctx context.Context, db *sql.DB, redisOpts *redis.Options, dbLatency time.Duration, log *slog.Logger) (*Shop, error) {
-	// Both paths get the same client, set up as README's (readme).
+	// Both paths get the same client, set up as README's (readme), whoever
+	// passed redisOpts.
+	redisOpts = readme(redisOpts)
 	s := &Shop{
 		store:      &Store{db: db, latency: dbLatency},
 		naiveStore: &Store{db: db, latency: dbLatency},

@@ -187,9 +187,9 @@ func lifecycle(t *testing.T, shop *Shop, hs *httptest.Server) {
 	}
 }
 
-// TestDemoTable runs `shop demo -exit` briefly and checks the figures of the
-// table it prints against what the guard promises, and that it logs no
-// warning.
+// TestDemoTable runs the whole `shop demo -exit` briefly, its PostgreSQL
+// scenario included, and checks the figures of the tables it prints against
+// what the guard promises, and that it logs no warning and no error.
 func TestDemoTable(t *testing.T) {
 	t.Setenv("REDIS_URL", "")
 	t.Setenv("DATABASE_URL", "")
@@ -198,15 +198,14 @@ func TestDemoTable(t *testing.T) {
 	dir, tmp := t.TempDir(), t.TempDir()
 	t.Setenv("TMPDIR", tmp) // where the demo's temporary SQLite file goes
 	chart := filepath.Join(dir, "demo.png")
-	// The scenario "outside" has a test of its own (TestOutsideWrites).
-	err := runServe(context.Background(), true, []string{"-exit", "-duration", "700ms", "-chart", chart,
-		"-only", strings.Join(scenarioNames, ",")}, &out, &logs)
+	err := runServe(context.Background(), true, []string{"-exit", "-duration", "700ms", "-chart", chart}, &out, &logs)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
-	if strings.Contains(logs.String(), "level=WARN") {
+	if regexp.MustCompile(`level=(WARN|ERROR)`).MatchString(logs.String()) {
 		t.Errorf("the demo logged warnings (its clients and Guards set up as README says, it has none to give):\n%s", logs.String())
 	}
+	outsideRounds(t, out.String())
 	if left, _ := os.ReadDir(tmp); len(left) != 0 {
 		t.Fatalf("the demo left files behind in TMPDIR: %v", left)
 	}
@@ -264,6 +263,27 @@ func TestDemoTable(t *testing.T) {
 			`\(median of 3 alternated rounds: (\d+\.\d\d× ){2}\d+\.\d\d×; load (\d+\.\d\d|n/a)\)`)
 		if !re.MatchString(out.String()) {
 			t.Errorf("no median of alternated rounds for %s", pair)
+		}
+	}
+}
+
+// outsideRounds checks the demo's table of the scenario "writes from
+// outside the service": rows updated and deleted straight in PostgreSQL are
+// stale in the shop without the follower (every one of them: the control),
+// and none is stale with it.
+func outsideRounds(t *testing.T, out string) {
+	t.Helper()
+	rounds := regexp.MustCompile(`(?m)^\| (on|off) \| (\d+) \| (\d+) \| [^|]+ \|$`).FindAllStringSubmatch(out, -1)
+	if len(rounds) != 2 || rounds[0][1] != "on" || rounds[1][1] != "off" {
+		t.Fatalf("want the scenario outside's round with the follower, then one without:\n%s", out)
+	}
+	for _, r := range rounds {
+		want := "0"
+		if r[1] == "off" {
+			want = r[2]
+		}
+		if r[2] != strconv.Itoa(outsideChanged) || r[3] != want {
+			t.Errorf("follower %s: %s of %s rows stale, want %s", r[1], r[3], r[2], want)
 		}
 	}
 }

@@ -2,10 +2,22 @@ package pgserver_test
 
 import (
 	"fmt"
+	"os"
 	"strings"
+	"testing"
 
 	"github.com/cacheguard/cacheguard/internal/pgserver"
 )
+
+// TestMain checks first for PostgreSQL: without it, one line says what to
+// install instead of the example's mismatched output.
+func TestMain(m *testing.M) {
+	if err := pgserver.Installed(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	os.Exit(m.Run())
+}
 
 // A private server with logical decoding on, removed at the end.
 func Example() {

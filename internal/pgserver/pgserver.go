@@ -27,6 +27,14 @@ type Server struct {
 	Port           int
 }
 
+// Installed returns ErrNoServer if PostgreSQL's binaries cannot be found.
+func Installed() error {
+	if bins, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb"); len(bins) == 0 {
+		return ErrNoServer
+	}
+	return nil
+}
+
 // Start runs initdb and starts a server with trust authentication for the
 // user postgres, fsync off, and settings (each "name=value", e.g.
 // "wal_level=logical").

@@ -3,11 +3,23 @@ package redisserver_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"testing"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cacheguard/cacheguard/internal/redisserver"
 )
+
+// TestMain checks first for what the examples run, which cannot fail but
+// by a panic: without it, one line says what to install.
+func TestMain(m *testing.M) {
+	if err := redisserver.Need("redis-server", "redis-sentinel"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	os.Exit(m.Run())
+}
 
 func Example() {
 	ctx := context.Background()

@@ -29,6 +29,9 @@ type Replicated struct {
 // Sentinels (quorum: a majority) that fail it over one second after it stops
 // answering, and waits until every Sentinel knows every replica.
 func StartReplicated(ctx context.Context, name string, replicas, sentinels int) (*Replicated, error) {
+	if _, err := exec.LookPath("redis-sentinel"); err != nil { // before any server is started
+		return nil, ErrNoSentinel
+	}
 	r := &Replicated{Name: name}
 	start := func(o *Options) (*Server, error) {
 		port, err := FreePort(false)

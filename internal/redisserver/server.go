@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -243,6 +244,26 @@ func (s *Server) cleanup() {
 	if s.ownsDir {
 		_ = os.RemoveAll(s.Dir)
 	}
+}
+
+// packages are the Debian packages of the binaries Need checks.
+var packages = map[string]string{"redis-server": "redis-server", "redis-sentinel": "redis-sentinel", "redis-cli": "redis-tools"}
+
+// Need returns nil if every one of bins (redis-server, redis-sentinel,
+// redis-cli) is on PATH, and otherwise one line naming the missing ones and
+// what installs them: `make deps` (scripts/ensure-deps.sh), or apt-get.
+func Need(bins ...string) error {
+	var missing, pkgs []string
+	for _, b := range bins {
+		if _, err := exec.LookPath(b); err != nil {
+			missing, pkgs = append(missing, b), append(pkgs, packages[b])
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	return fmt.Errorf("redisserver: %s not found on PATH: run `make deps` (as root it installs them), or apt-get install -y %s",
+		strings.Join(missing, ", "), strings.Join(pkgs, " "))
 }
 
 // FreePort asks the kernel for a free TCP port on 127.0.0.1. When bus is

@@ -16,11 +16,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"net/http"
 	"net/url"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -65,7 +67,8 @@ tables' Guards and rebuilds their filters, and follows.
 The inspector samples the IDs written (-inspect-rate) and reads each back
 from Redis at each of -inspect-delays after its write, as a Get elsewhere
 would; it counts those found inconsistent with the table, per table and
-delay (-metrics, and -summary's log line), and -inspect-repair repairs them.
+delay (-metrics; -summary logs a line per delay, summed over the tables),
+and -inspect-repair repairs them.
 
 Flags:
 `
@@ -204,7 +207,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if *summary > 0 {
 		sctx, cancel := context.WithCancel(ctx)
 		var wg sync.WaitGroup
-		wg.Go(func() { summarize(sctx, log, f, *summary) }) // run's: ended and waited for below
+		var delays []time.Duration // none: the inspector is off
+		if inspect.Rate > 0 {
+			delays = inspect.Delays
+		}
+		wg.Go(func() { summarize(sctx, log, f, *summary, delays) }) // run's: ended and waited for below
 		defer func() {
 			cancel()
 			wg.Wait()
@@ -321,17 +328,19 @@ func inspectOptions(rate float64, delays string, repair bool) (pgfollow.Inspect,
 	return in, nil
 }
 
-// summarize logs the inspector's counts, summed over tables and delays,
-// and the lag every interval until ctx ends.
+// summarize logs the inspector's counts and the lag every interval until
+// ctx ends: a line per delay of delays, its counts summed over the tables
+// (as sum by (delay) over -metrics' series; each ID is read back once per
+// delay), or one line with no delay if there is none (the inspector off).
 // Each line has the counts since the start and in its window (since the
 // line before), the nines once an inconsistency was found (before, the
 // bound the checks show: nines_at_least, none before any check), and the
-// last IDs found inconsistent in the window, by table.
-func summarize(ctx context.Context, log *slog.Logger, f *pgfollow.Follower, every time.Duration) {
+// last IDs found inconsistent at that delay in the window, by table.
+func summarize(ctx context.Context, log *slog.Logger, f *pgfollow.Follower, every time.Duration, delays []time.Duration) {
 	tick := time.NewTicker(every)
 	defer tick.Stop()
-	var last pgfollow.Inspection // the sums at the line before
-	seen := map[string]uint64{}  // inconsistencies at the line before, by table and delay
+	last := map[time.Duration]pgfollow.Inspection{} // the sums at the line before, by delay
+	seen := map[string]uint64{}                     // inconsistencies at the line before, by table and delay
 	for {
 		select {
 		case <-ctx.Done():
@@ -339,30 +348,49 @@ func summarize(ctx context.Context, log *slog.Logger, f *pgfollow.Follower, ever
 		case <-tick.C:
 		}
 		st := f.Stats()
-		var sum pgfollow.Inspection
-		var recent []string
+		sums := map[time.Duration]pgfollow.Inspection{}
+		for _, d := range delays { // a line for each before its first check too
+			sums[d] = pgfollow.Inspection{}
+		}
+		recent := map[time.Duration][]string{}
 		for _, in := range st.Inspections {
+			sum := sums[in.Delay]
 			sum.Checked, sum.Inconsistent, sum.Repaired = sum.Checked+in.Checked, sum.Inconsistent+in.Inconsistent, sum.Repaired+in.Repaired
+			sums[in.Delay] = sum
 			key := in.Table + " " + in.Delay.String()
 			for _, id := range in.Recent[max(0, len(in.Recent)-int(in.Inconsistent-seen[key])):] {
-				recent = append(recent, in.Table+":"+id)
+				recent[in.Delay] = append(recent[in.Delay], in.Table+":"+id)
 			}
 			seen[key] = in.Inconsistent
 		}
-		attrs := []any{"checked", sum.Checked, "inconsistent", sum.Inconsistent, "repaired", sum.Repaired,
-			"window_checked", sum.Checked - last.Checked, "window_inconsistent", sum.Inconsistent - last.Inconsistent}
-		switch {
-		case sum.Inconsistent > 0:
-			attrs = append(attrs, "nines", math.Round(sum.Nines()*100)/100)
-		case sum.Checked > 0:
-			attrs = append(attrs, "nines_at_least", math.Round(sum.AtLeast()*100)/100)
+		if len(sums) == 0 { // the inspector is off
+			log.Info("cacheguard-pgfollow: inspector", inspectorAttrs(pgfollow.Inspection{}, pgfollow.Inspection{}, nil, st.LagBytes)...)
+			continue
 		}
-		if len(recent) > 0 {
-			attrs = append(attrs, "recent_inconsistent", strings.Join(recent, ","))
+		for _, d := range slices.Sorted(maps.Keys(sums)) {
+			attrs := append([]any{"delay", d.String()}, inspectorAttrs(sums[d], last[d], recent[d], st.LagBytes)...)
+			log.Info("cacheguard-pgfollow: inspector", attrs...)
 		}
-		log.Info("cacheguard-pgfollow: inspector", append(attrs, "lag_bytes", st.LagBytes)...)
-		last = sum
+		last = sums
 	}
+}
+
+// inspectorAttrs are the attributes of a summary line: the counts of sum,
+// those since last, the nines (or their bound), the recent inconsistent IDs
+// and the lag.
+func inspectorAttrs(sum, last pgfollow.Inspection, recent []string, lag uint64) []any {
+	attrs := []any{"checked", sum.Checked, "inconsistent", sum.Inconsistent, "repaired", sum.Repaired,
+		"window_checked", sum.Checked - last.Checked, "window_inconsistent", sum.Inconsistent - last.Inconsistent}
+	switch {
+	case sum.Inconsistent > 0:
+		attrs = append(attrs, "nines", math.Round(sum.Nines()*100)/100)
+	case sum.Checked > 0:
+		attrs = append(attrs, "nines_at_least", math.Round(sum.AtLeast()*100)/100)
+	}
+	if len(recent) > 0 {
+		attrs = append(attrs, "recent_inconsistent", strings.Join(recent, ","))
+	}
+	return append(attrs, "lag_bytes", lag)
 }
 
 func or(a, b string) string {

@@ -238,10 +238,10 @@ func TestBadFlags(t *testing.T) {
 	}
 }
 
-// TestInspector: with every ID inspected 200 ms after its write, the
-// command's -summary line sums the checks of 100 changes (100 checks, none
-// inconsistent: at least 2 nines), and -metrics serves them by table and
-// delay.
+// TestInspector: with every ID inspected 200 ms and 400 ms after its
+// write, the command's -summary logs a line per delay with the checks of
+// 100 changes (100 checks, none inconsistent: at least 2 nines), as
+// -metrics serves them by table and delay.
 func TestInspector(t *testing.T) {
 	ctx := context.Background()
 	srv, pool, c, _, _ := newProducts(t, "wal_level=logical")
@@ -252,7 +252,7 @@ func TestInspector(t *testing.T) {
 	rs := redistest.Server(t)
 	args := []string{"-pg", srv.URL("postgres"), "-redis", "unix://" + rs.Addr, "-prefix", c.Prefix,
 		"-table", "products=product", "-create", "-metrics", fmt.Sprintf("127.0.0.1:%d", port),
-		"-inspect-rate", "1", "-inspect-delays", "200ms", "-summary", "200ms"}
+		"-inspect-rate", "1", "-inspect-delays", "200ms,400ms", "-summary", "200ms"}
 	cmdCtx, stop := context.WithCancel(ctx)
 	stderr, lines := logPipe()
 	var seen []string
@@ -290,15 +290,20 @@ func TestInspector(t *testing.T) {
 		}
 	}
 	// Before any check: counts, no figure.
-	waitLine("level=INFO", `msg="cacheguard-pgfollow: inspector" checked=0 inconsistent=0 repaired=0 window_checked=0 window_inconsistent=0 lag_bytes=`)
+	for _, d := range []string{"200ms", "400ms"} {
+		waitLine("level=INFO", `msg="cacheguard-pgfollow: inspector" delay=`+d+
+			` checked=0 inconsistent=0 repaired=0 window_checked=0 window_inconsistent=0 lag_bytes=`)
+	}
 	positioned(t, c)
 	for _, sql := range []string{"INSERT INTO products SELECT 'n' || i, i FROM generate_series(1, 99) i", "UPDATE products SET v = 2 WHERE id = 'p1'"} {
 		if _, err := pool.Exec(ctx, sql); err != nil {
 			t.Fatal(err)
 		}
 	}
-	// None found in 100 checks: at least 2 nines, no more said.
-	waitLine(`msg="cacheguard-pgfollow: inspector" checked=100 inconsistent=0 repaired=0 window_checked=`, "nines_at_least=2 lag_bytes=")
+	// None found in 100 checks at each delay: at least 2 nines, no more said.
+	for _, d := range []string{"200ms", "400ms"} {
+		waitLine(`msg="cacheguard-pgfollow: inspector" delay=`+d+` checked=100 inconsistent=0 repaired=0 window_checked=`, "nines_at_least=2 lag_bytes=")
+	}
 
 	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
 	if err != nil {
@@ -310,6 +315,7 @@ func TestInspector(t *testing.T) {
 		`cacheguard_pgfollow_inspected_total{delay="200ms",table="public.products"} 100`,
 		`cacheguard_pgfollow_inconsistent_total{delay="200ms",table="public.products"} 0`,
 		`cacheguard_pgfollow_inspect_repaired_total{delay="200ms",table="public.products"} 0`,
+		`cacheguard_pgfollow_inspected_total{delay="400ms",table="public.products"} 100`,
 		"cacheguard_pgfollow_changes_total 100",
 		"cacheguard_pgfollow_rollbacks_total 1",
 	} {

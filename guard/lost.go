@@ -251,7 +251,7 @@ func (g *Guard) writesLost(ids []string, overflow bool) {
 // the command on the line Redis names).
 func (g *Guard) refused(ctx context.Context, what string, err error) {
 	g.log.ErrorContext(ctx, "cacheguard: redis refuses a command the Guard needs (ACL): "+what+" cannot work "+
-		"until the Guard's user may run it (docs/operations.md, Redis ACL)", "command", g.refusal(err), "err", redisfail.Wrap(err))
+		"until the Guard's user may run it (docs/usage.md, Redis users)", "command", g.refusal(err), "err", redisfail.Wrap(err))
 }
 
 // refusal is the command an ACL refused in err, "" if err is no refusal

@@ -23,7 +23,7 @@ import (
 // with the bloom probe and the key's lock pipelined when the read plan
 // expects a miss), shared with concurrent Gets' reads but never sent before
 // the Get started. The plan (lock with the read, seen table, lock bias,
-// probe credit) learns from what reads found; docs/cost.md has the figures.
+// probe credit) learns from what reads found; docs/design.md has the reasons.
 
 // reader is the read path's state (Guard.rd).
 type reader struct {
@@ -150,7 +150,7 @@ func (g *Guard) read(ctx context.Context, id, vkey string, lockable bool) (readR
 // there or the Get joined a flight of its process (giveBack), left to lapse
 // after a reject. The lease is short, so such a lock blocks nobody for long;
 // a load that outlasts a third of it has it extended by the watchdog.
-// docs/cost.md has the measurements.
+// docs/benchmarks.md has the measurements.
 const readLockLease = 500 * time.Millisecond
 
 // seenTable remembers the IDs this process read lately: 8,192 sets of 4
@@ -433,7 +433,7 @@ type readReq struct {
 // reads of one key share one HGET (and one probe, whichever of them asks for
 // it; a read that takes the lock goes alone): a hot key costs one command
 // per round trip, not one per caller. The system calls and Redis event-loop
-// turns per read fall with the batch (docs/cost.md has the figures).
+// turns per read fall with the batch (docs/benchmarks.md, Read batching).
 // readBatchMax bounds one pipeline.
 const (
 	readsInFlight = 2

@@ -15,7 +15,7 @@ import (
 // the ID joins the filter, and its entries and load lock are deleted.
 // Past maxUnwritten IDs the set overflows: every Get loads through until
 // the held IDs are replayed and all the Guard's entries are deleted, and
-// the filter is rebuilt from Filter.IDs (docs/incidents.md).
+// the filter is rebuilt from Filter.IDs (docs/operations.md).
 const (
 	maxUnwritten = 10_000
 	replayBatch  = 1_000

@@ -149,6 +149,17 @@ func pattern(e ast.Expr) string {
 		}
 	case *ast.ParenExpr:
 		return pattern(e.X)
+	case *ast.Ident: // a constant declared beside the call
+		if e.Obj == nil || e.Obj.Kind != ast.Con {
+			break
+		}
+		if spec, ok := e.Obj.Decl.(*ast.ValueSpec); ok {
+			for i, n := range spec.Names {
+				if n.Name == e.Name && i < len(spec.Values) {
+					return pattern(spec.Values[i])
+				}
+			}
+		}
 	}
 	return "*"
 }

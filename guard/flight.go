@@ -20,12 +20,12 @@ import (
 // predate a write), after its write landed; each caller decodes its own
 // copy. Load-through (Redis cannot answer) runs the load alone.
 
-// fill runs a miss (step 5) through a flight shared with the other callers
-// of the ID in this process (see join). held is the key's lock if the
-// caller's read took it (see lockWithRead): the flight the caller starts
-// loads under it; if the caller joins a flight already under way instead,
+// fill runs the call's miss (step 5) through a flight shared with the other
+// callers of the ID in this process (see join). held is the key's lock if
+// the call's read took it (see lockWithRead): the flight the call starts
+// loads under it; if the call joins a flight already under way instead,
 // it gives the lock back.
-func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T], from since, held *lock.Lock) (T, error) {
+func (c *call[T]) fill(ctx context.Context, held *lock.Lock) (T, error) {
 	// Between rounds: the flight that ended has written its answer (or
 	// another's write deleted it), and a read that starts now usually finds
 	// it, one round trip where a flight would take two. The callers in this
@@ -37,46 +37,59 @@ func fill[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T
 		err error
 	}
 	reread := func() bool {
-		if r, err := g.readShared(ctx, id, vkey, from, false); err == nil {
-			early.v, early.ok, early.err = answerRead(ctx, g, id, vkey, r, load, from)
+		if r, err := c.g.readShared(ctx, c.id, c.vkey, c.from, false); err == nil {
+			early.v, early.ok, early.err = c.answer(ctx, r)
 		}
 		return early.ok
 	}
-	c := &miss[T]{flight: flight[T]{g: g, id: id, vkey: vkey, load: load}, held: held}
-	j, err := join(ctx, g, flightKey{vkey: vkey}, from, &c.flight, c.run, func() { c.giveBack(ctx) }, reread)
+	m := &miss[T]{flight: c.flight(), held: held}
+	j, err := c.join(ctx, offer[T]{fl: &m.flight, run: m.run, giveBack: func() { m.giveBack(ctx) }}, reread)
 	switch {
 	case early.ok:
 		return early.v, early.err
 	case downOrRefusing(err): // the lock or the re-check failed: Redis cannot fill
-		return loadThrough(ctx, g, id, vkey, load, from, err)
+		return c.loadThrough(ctx, err)
 	}
-	return answerJoined(ctx, g, id, j, err, false)
+	return c.answerJoined(ctx, j, err)
 }
 
-// join runs c as the flight key in this process (run), or joins the one
-// under way, for a caller that started at from; giveBack gives up what the
-// caller holds that the flight under way may wait for (the lock its read
-// took). A flight's answer serves a caller only if the flight (or its load)
-// started after the caller did: otherwise a write that returned between the
+// flight is a new flight of the call's ID, with its load function.
+func (c *call[T]) flight() flight[T] {
+	return flight[T]{g: c.g, id: c.id, vkey: c.vkey, load: c.load}
+}
+
+// offer is the flight a caller offers to join: it runs, keyed by its kind
+// and value key, unless one is under way; giveBack gives up what the caller
+// holds that the flight under way may wait for (the lock its read took).
+type offer[T any] struct {
+	kind     flightKind
+	fl       *flight[T]
+	run      func(ctx context.Context) (flightResult, error)
+	giveBack func()
+}
+
+// join runs o's flight in this process, or joins the one under way, for the
+// call. A flight's answer serves the call only if the flight (or its load)
+// started after the call did: otherwise a write that returned between the
 // two could be missing from it (older), and join goes again, four rounds at
-// most (c ran only in the last: an older flight is never the caller's own);
+// most (o ran only in the last: an older flight is never the caller's own);
 // between two rounds reread, if set, may answer instead (it reports whether
 // it did). With Options.Local an older flight serves too when the ID's
 // local epoch did not move (no write of its stripe made or heard since). Every caller is
 // answered when the flight ends, after its write, release and publish ran
 // in Redis: a process may exit as soon as its Gets return, and must not
 // leave the lock behind.
-func join[T any](ctx context.Context, g *Guard, key flightKey, from since, c *flight[T],
-	run func(ctx context.Context) (flightResult, error), giveBack func(), reread func() bool,
-) (j joined[T], err error) {
+func (c *call[T]) join(ctx context.Context, o offer[T], reread func() bool) (j joined[T], err error) {
+	g := c.g
 	serves := func(fl flightResult) bool { // the rule above
-		return !from.startedBefore(fl.started) || g.noWriteHeard(c.id, fl.epoch)
+		return !c.from.startedBefore(fl.started) || g.noWriteHeard(c.id, fl.epoch)
 	}
+	key := flightKey{kind: o.kind, vkey: c.vkey}
 	for attempt := 0; ; attempt++ {
-		j = joined[T]{c: c}
-		j.fl, j.shared, err = g.flights.DoOnJoin(ctx, key, run, giveBack)
-		giveBack()                 // or it left before its own flight took the lock
-		j.mine = j.fl.by == any(c) // this caller's flight ran
+		j = joined[T]{c: o.fl, through: o.kind == throughFlight}
+		j.fl, j.shared, err = g.flights.DoOnJoin(ctx, key, o.run, o.giveBack)
+		o.giveBack()                  // or it left before its own flight took the lock
+		j.mine = j.fl.by == any(o.fl) // this caller's flight ran
 		answered := err == nil || errors.Is(err, ErrNotFound)
 		j.older = j.fl.by != nil && answered && !serves(j.fl)
 		if !j.older || attempt == 3 || reread != nil && reread() {
@@ -88,22 +101,23 @@ func join[T any](ctx context.Context, g *Guard, key flightKey, from since, c *fl
 // joined is a caller's part in a flight: the core of the flight it
 // offered, what the flight that answered found, and how the caller stood to it.
 type joined[T any] struct {
-	c      *flight[T]
-	fl     flightResult
-	shared bool // the answer went to more than one caller
-	mine   bool // this caller's flight (c) ran
-	older  bool // the flight started before the caller: its answer may predate a write
+	c       *flight[T]
+	fl      flightResult
+	shared  bool // the answer went to more than one caller
+	mine    bool // this caller's flight (c) ran
+	older   bool // the flight started before the caller: its answer may predate a write
+	through bool // a load-through's flight
 }
 
-// answerJoined is a caller's answer from its flight: counted, a panic made
-// ErrLoaderPanic, and its own copy of the value. through: a load-through.
-func answerJoined[T any](ctx context.Context, g *Guard, id string, j joined[T], err error, through bool) (T, error) {
-	g.answered(ctx, j.fl.outcome, j.shared && !j.mine, through)
+// answerJoined is the call's answer from its flight: counted, a panic made
+// ErrLoaderPanic, and its own copy of the value.
+func (c *call[T]) answerJoined(ctx context.Context, j joined[T], err error) (T, error) {
+	c.g.answered(ctx, j.fl.outcome, j.shared && !j.mine, j.through)
 	if err != nil {
 		var zero T
-		return zero, panicked(g, id, err)
+		return zero, panicked(c.g, c.id, err)
 	}
-	return joinedValue(g, id, j)
+	return joinedValue(c.g, c.id, j)
 }
 
 // joinedValue is a caller's own copy of the value its flight found.
@@ -146,11 +160,10 @@ const (
 type flightResult struct {
 	frame   []byte
 	outcome outcome
-	ttl     time.Duration // the TTL it wrote the frame with, or the re-check found it with (0: unknown)
-	sent    time.Time     // with ttl: a clock read before the round trip that wrote or read it (see local.put)
-	epoch   uint64        // the local cache's epoch when the flight began
-	started uint64        // its number from Guard.starts, taken before the reads it answers from (see since)
-	by      any           // the *flight[T] that ran
+	life    lifetime // the TTL it wrote the frame with, or the re-check found it with
+	epoch   uint64   // the local cache's epoch when the flight began
+	started uint64   // its number from Guard.starts, taken before the reads it answers from (see since)
+	by      any      // the *flight[T] that ran
 }
 
 // flight is the core every role of a flight shares (a miss, a
@@ -215,7 +228,7 @@ func (c *miss[T]) run(ctx context.Context) (flightResult, error) {
 // a marker is not (as on the read path).
 func (c *miss[T]) keep(fl flightResult) {
 	g := c.g
-	if fl.ttl <= 0 {
+	if fl.life.ttl <= 0 {
 		return
 	}
 	var value any
@@ -229,7 +242,7 @@ func (c *miss[T]) keep(fl flightResult) {
 		}
 		value = kept(g, c.v) // c.v goes to the caller that started the flight
 	}
-	g.local.put(c.id, fl.frame, value, fl.ttl, fl.sent, fl.epoch)
+	g.local.put(c.id, fl.frame, value, fl.life, fl.epoch)
 	c.kept = true
 }
 
@@ -313,7 +326,7 @@ func (c *miss[T]) accept(ctx context.Context, raw []byte, ttl time.Duration) boo
 		return false
 	}
 	if ttl > 0 && c.err == nil {
-		c.found.ttl, c.found.sent = ttl, c.began
+		c.found.life = lifetime{ttl: ttl, sent: c.began}
 	}
 	return true
 }
@@ -372,9 +385,9 @@ func (c *flight[T]) loadFrame(ctx context.Context, traced bool) (_ []byte, _ tim
 		c.found, c.err = flightResult{outcome: outFailed}, fmt.Errorf("cacheguard: %s %q: %w", g.name, c.id, err)
 		return nil, 0, c.err
 	}
-	c.found, c.err = flightResult{frame: frame, outcome: outLoaded, ttl: ttl}, nil
+	c.found, c.err = flightResult{frame: frame, outcome: outLoaded, life: lifetime{ttl: ttl}}, nil
 	if g.local != nil {
-		c.found.sent = time.Now() // before the write: its TTL counts from later (see local.put)
+		c.found.life.sent = time.Now() // before the write: its TTL counts from later (see local.put)
 	}
 	return frame, ttl, nil
 }
@@ -432,18 +445,19 @@ func (c *flight[T]) bounded(ctx context.Context) (T, error) {
 	}
 }
 
-// loadThrough answers a Get from the load function alone, without Redis:
-// the outage policy. cause is the Redis failure that sent it here. Loads are
-// merged per ID in this process (a flight keyed apart from the fill flights)
-// under the same started-after rule as fill (join), and capped by MaxLoads.
-func loadThrough[T any](ctx context.Context, g *Guard, id, vkey string, load LoadFunc[T], from since, cause error) (T, error) {
-	var zero T
-	if g.outage.failFast || ctx.Err() != nil { // a caller whose ctx ended (its read timed out) gets nothing from a load
+// loadThrough answers the call from the load function alone, without
+// Redis: the outage policy. cause is why (Redis cannot answer, or the ID's
+// write has not landed). Loads are merged per ID in this process (a flight
+// keyed apart from the fill flights) under the same started-after rule as
+// fill (join), and capped by MaxLoads.
+func (c *call[T]) loadThrough(ctx context.Context, cause error) (T, error) {
+	if c.g.outage.failFast || ctx.Err() != nil { // a caller whose ctx ended (its read timed out) gets nothing from a load
+		var zero T
 		return zero, cause
 	}
-	c := &flight[T]{g: g, id: id, vkey: vkey, load: load}
-	j, err := join(ctx, g, flightKey{kind: throughFlight, vkey: vkey}, from, c, c.through, func() {}, nil)
-	return answerJoined(ctx, g, id, j, err, true)
+	fl := c.flight()
+	j, err := c.join(ctx, offer[T]{kind: throughFlight, fl: &fl, run: fl.through, giveBack: func() {}}, nil)
+	return c.answerJoined(ctx, j, err)
 }
 
 // through is the flight of a load-through: one load, no Redis.

@@ -58,20 +58,30 @@ func getTraced[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]
 	return v, err
 }
 
+// call is one Get, built once by get: the Guard, the ID, its value key, the
+// load function, and when the Get started (see since). The steps of a miss
+// are its methods: read, answer, fill (flight.go) or loadThrough.
+type call[T any] struct {
+	g    *Guard
+	id   string
+	vkey string
+	load LoadFunc[T]
+	from since
+}
+
 // get is the five steps of a Get, top-down (g and load are not nil: Get
-// checked them).
+// checked them): memory, then one read, then the read's answer, a fill or a
+// load-through.
 func get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, error) {
 	var zero T
 	if err := bind[T](g); err != nil {
 		return zero, err
 	}
-	// Before the local copy too: a read made after a failover, before the
-	// Guard knew of it, may have kept the entry a lost write had replaced.
-	if g.unw.has(id) { // its write has not reached Redis yet: the entry may be the one it replaces
-		return getUnwritten(ctx, g, id, load)
-	}
 	gone := false // the local copy expired with its Redis entry
-	if g.local != nil {
+	// Not for an ID whose write Redis has not taken: a read made after a
+	// failover, before the Guard knew of it, may have kept the entry a lost
+	// write had replaced (read sends it to load through).
+	if g.local != nil && !g.unw.has(id) {
 		v, st := localHit[T](ctx, g, id)
 		if st == localFresh {
 			return v, nil
@@ -87,61 +97,76 @@ func get[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, 
 	if err != nil {
 		return zero, err
 	}
-	from := since{at: g.starts.Load()} // a flight that answers this Get must have started after it (join)
-	replays := g.unw.replayed.Load()   // a replay landing during the read: see below
+	c := &call[T]{g: g, id: id, vkey: vkey, load: load, from: since{at: g.starts.Load()}}
 	if g.local != nil {
-		from.epoch = g.local.epoch.Load() // before the read: see local.put
+		c.from.epoch = g.local.epoch.Load() // before the read: see local.put
 	}
-	// Step 3 in this goroutine: a hit, a reject or a marker is answered
-	// from a read made after this Get started, never from another caller's
-	// (with Local, from one shared with the ID's other callers if no write
-	// was heard since it started: see readShared).
-	var r readResult
-	p := peekedFor(ctx, g, id)
-	if p != nil && p.answered { // counted by Peek
-		return zero, ErrNotFound
+	r, err := c.read(ctx, gone)
+	switch {
+	case err != nil: // answered without a load
+		return zero, err
+	case r.through != nil:
+		return c.loadThrough(ctx, r.through)
 	}
-	if p != nil && p.failed != nil { // Peek found Redis unable to answer (it asked the copy): do not wait for it twice
-		return loadThrough(ctx, g, id, vkey, load, from, p.failed)
+	if v, ok, err := c.answer(ctx, r); ok {
+		return v, err
 	}
-	ok := p != nil
-	if ok {
+	return c.fill(ctx, r.held)
+}
+
+// read is step 3 for the call: a hit, a reject or a marker is read after
+// the Get started, never taken from another caller's read (with Local, one
+// shared with the ID's other callers if no write was heard since it
+// started: see readShared); Peek's read on ctx counts as the Get's, and a
+// local copy that expired with its entry (gone) skips to the miss, whose
+// lock attempt re-checks. r.through says why the Get must load through
+// instead: Redis cannot answer, or the ID's write has not landed. err is an
+// answer without a load: a reject Peek counted, ErrUnconfirmed from the
+// filter's copy, or a failure.
+func (c *call[T]) read(ctx context.Context, gone bool) (r readResult, err error) {
+	g := c.g
+	if g.unw.has(c.id) { // its write has not reached Redis yet: the entry may be the one it replaces
+		return readResult{through: c.unwritten()}, nil
+	}
+	replays := g.unw.replayed.Load() // a replay landing during the read: see below
+	switch p := peekedFor(ctx, g, c.id); {
+	case p != nil && p.answered: // counted by Peek
+		return r, ErrNotFound
+	case p != nil && p.failed != nil: // Peek found Redis unable to answer (it asked the copy): do not wait for it twice
+		return readResult{through: p.failed}, nil
+	case p != nil:
 		r, replays = p.r, p.replays // the replays that landed since Peek's read count too
-		from.epoch = p.epoch        // and the writes heard since it (see local.put)
-	}
-	if !ok && gone && !g.outage.troubled.Load() {
-		// The entry has expired in Redis: a read would miss. The lock
-		// attempt's re-check reads whatever another process stored since.
-		r, ok = readResult{verdict: verdictMiss}, true
-	}
-	if !ok {
+		c.from.epoch = p.epoch      // and the writes heard since it (see local.put)
+	case gone && !g.outage.troubled.Load():
+		r = readResult{verdict: verdictMiss}
+	default:
 		done, err := g.outage.before()
 		if err != nil { // the breaker is open: Redis is not asked (nor counted as failing)
-			err = fmt.Errorf("cacheguard: %s %q: read: %w", g.name, id, err)
+			err = fmt.Errorf("cacheguard: %s %q: read: %w", g.name, c.id, err)
 		} else {
-			r, err = g.readFor(ctx, id, vkey, from)
+			r, err = g.readFor(ctx, c.id, c.vkey, c.from)
 			g.outage.after(done, err)
 		}
 		if downOrRefusing(err) {
-			if err := g.absentInCopy(ctx, id, err); err != nil {
-				return zero, err
-			}
-			return loadThrough(ctx, g, id, vkey, load, from, err)
+			return readResult{through: err}, g.absentInCopy(ctx, c.id, err)
 		}
 		if err != nil {
-			return zero, err
+			return r, err
 		}
 	}
 	// The read's check found the ID's write lost by Redis (lost.go), or a
 	// replay landed while it read: the entry may be the one a write replaced.
-	if g.unw.has(id) || g.unw.replayed.Load() != replays {
-		g.giveBack(ctx, r.held, vkey)
-		return loadThrough(ctx, g, id, vkey, load, from, fmt.Errorf("cacheguard: %s %q: %w", g.name, id, errUnwritten))
+	if g.unw.has(c.id) || g.unw.replayed.Load() != replays {
+		g.giveBack(ctx, r.held, c.vkey)
+		return readResult{through: c.unwritten()}, nil
 	}
-	if v, ok, err := answerRead(ctx, g, id, vkey, r, load, from); ok {
-		return v, err
-	}
-	return fill(ctx, g, id, vkey, load, from, r.held)
+	return r, nil
+}
+
+// unwritten is why a Get of an ID whose last write did not reach Redis
+// loads through, as in an outage, until the write is replayed (replay.go).
+func (c *call[T]) unwritten() error {
+	return fmt.Errorf("cacheguard: %s %q: %w", c.g.name, c.id, errUnwritten)
 }
 
 // peekedFor is the read a Peek left in ctx for this Get, if any (nil: none).
@@ -151,25 +176,6 @@ func peekedFor(ctx context.Context, g *Guard, id string) *peeked {
 		return nil
 	}
 	return p
-}
-
-// getUnwritten answers a Get of an ID whose last write did not reach Redis
-// from the load function alone, as in an outage, until the write is
-// replayed (replay.go).
-func getUnwritten[T any](ctx context.Context, g *Guard, id string, load LoadFunc[T]) (T, error) {
-	pass, err := g.sup.enter()
-	if err != nil {
-		var zero T
-		return zero, err
-	}
-	defer g.sup.leave(pass)
-	vkey, err := g.keys.Value(id)
-	if err != nil {
-		var zero T
-		return zero, err
-	}
-	cause := fmt.Errorf("cacheguard: %s %q: %w", g.name, id, errUnwritten)
-	return loadThrough(ctx, g, id, vkey, load, since{at: g.starts.Load()}, cause)
 }
 
 // since is when a caller started: Guard.starts then, and the local cache's
@@ -197,25 +203,26 @@ func (g *Guard) readFor(ctx context.Context, id, vkey string, from since) (readR
 	return g.read(ctx, id, vkey, true)
 }
 
-// answerRead answers a Get from a read: a reject or a marker
+// answer answers the call from its read: a reject or a marker
 // (ErrNotFound) or a value, which it keeps in the local cache and perhaps
 // refreshes. ok is false when the read answers nothing (a miss, or a
 // corrupt entry, dropped): load.
-func answerRead[T any](ctx context.Context, g *Guard, id, vkey string, r readResult, load LoadFunc[T], from since) (v T, ok bool, err error) {
+func (c *call[T]) answer(ctx context.Context, r readResult) (v T, ok bool, err error) {
+	g := c.g
 	switch r.verdict {
 	case verdictRejected:
 		g.answered(ctx, outRejected, false, false)
 		return v, true, ErrNotFound
 	case verdictUnconfirmed:
-		return v, true, g.unconfirmed(ctx, id, nil)
+		return v, true, g.unconfirmed(ctx, c.id, nil)
 	case verdictEntry:
-		if e := decodeEntry[T](ctx, g, vkey, r.raw); e.ok {
+		if e := decodeEntry[T](ctx, g, c.vkey, r.raw); e.ok {
 			g.answered(ctx, e.found.outcome, false, false)
 			if e.err == nil && g.local != nil {
-				g.local.put(id, r.raw, kept(g, e.v), r.ttl, r.sent, from.epoch)
+				g.local.put(c.id, r.raw, kept(g, e.v), r.life, c.from.epoch)
 			}
 			if e.err == nil && g.opts.RefreshAhead {
-				refresh(g, id, vkey, r.raw, load)
+				refresh(g, c.id, c.vkey, r.raw, c.load)
 			}
 			return e.v, true, e.err
 		}

@@ -276,18 +276,26 @@ func (l *local) get(id string) (localFound, localState) {
 	return localFound{e, left <= e.dueLeft}, localFresh
 }
 
-// put keeps a copy for min(TTL, what is left of redisTTL), unless an
-// invalidation of id's stripe (or a resubscription) came after epoch was
-// read (before the read that found frame). redisTTL is counted from since,
-// a clock read before the round trip that wrote or read it: Redis counts it
-// from later, so the copy never outlives its entry. The epoch check and the
-// store are one step under the key's lock in otter, which drop's Invalidate
-// takes after raising the epoch: no copy read before a write is ever served
-// after it, not even for an instant.
-func (l *local) put(id string, frame []byte, value any, redisTTL time.Duration, since time.Time, epoch uint64) {
-	now := time.Now() // one reading: the copy ends by since + redisTTL
+// lifetime is what Redis said of an entry's TTL: ttl (0: unknown),
+// counted from sent, a clock read before the round trip that wrote or read it.
+type lifetime struct {
+	ttl  time.Duration
+	sent time.Time
+}
+
+// put keeps a copy for min(TTL, what is left of the entry's lifetime in
+// Redis), unless an invalidation of id's stripe (or a resubscription) came
+// after epoch was read (before the read that found frame). The lifetime
+// counts from its sent, a clock read before the round trip that wrote or
+// read it: Redis counts it from later, so the copy never outlives its
+// entry. The epoch check and the store are one step under the key's lock
+// in otter, which drop's Invalidate takes after raising the epoch: no copy
+// read before a write is ever served after it, not even for an instant.
+func (l *local) put(id string, frame []byte, value any, entry lifetime, epoch uint64) {
+	now := time.Now() // one reading: the copy ends by sent + ttl
+	redisTTL := entry.ttl
 	if redisTTL > 0 {
-		redisTTL -= now.Sub(since)
+		redisTTL -= now.Sub(entry.sent)
 	}
 	stripe := l.stripe(id)
 	if l.sub.Load() == nil || redisTTL <= 0 || l.changed(stripe, epoch) {
@@ -364,7 +372,7 @@ func renew[T any](g *Guard, id string) {
 		case err != nil: // the copy lapses at its end
 		case g.unw.has(id), g.unw.replayed.Load() != replays: // the entry may be one a lost write replaced: get skips the copy
 		case codec.Decode(g.opts.Codec, raw, &v) == nil:
-			g.local.put(id, raw, kept(g, v), ttl, sent, epoch)
+			g.local.put(id, raw, kept(g, v), lifetime{ttl: ttl, sent: sent}, epoch)
 		default: // no entry, a marker, or one this T cannot read: the next Get reads it
 			g.local.c.Invalidate(id)
 		}

@@ -29,7 +29,7 @@ func armedLocal(t *testing.T, ttl time.Duration) *local {
 func TestLocalCopyCountsFromBeforeTheRoundTrip(t *testing.T) {
 	l := armedLocal(t, time.Minute)
 	since := time.Now().Add(-250 * time.Millisecond)
-	l.put("p1", []byte("v"), nil, 300*time.Millisecond, since, l.epoch.Load())
+	l.put("p1", []byte("v"), nil, lifetime{ttl: 300 * time.Millisecond, sent: since}, l.epoch.Load())
 	e, st := l.get("p1")
 	if st != localFresh {
 		t.Fatalf("state %v, want a fresh copy", st)
@@ -37,7 +37,7 @@ func TestLocalCopyCountsFromBeforeTheRoundTrip(t *testing.T) {
 	if end := since.Add(300 * time.Millisecond); !e.gone || e.end.After(end) {
 		t.Fatalf("the copy lives until %v, past its entry's end %v (gone %v)", e.end, end, e.gone)
 	}
-	l.put("p2", []byte("v"), nil, 300*time.Millisecond, time.Now().Add(-time.Second), l.epoch.Load())
+	l.put("p2", []byte("v"), nil, lifetime{ttl: 300 * time.Millisecond, sent: time.Now().Add(-time.Second)}, l.epoch.Load())
 	if _, st := l.get("p2"); st != localNone {
 		t.Fatalf("a copy whose entry has already expired was kept (%v)", st)
 	}
@@ -63,7 +63,7 @@ func TestLocalRenewsOnlyWhatTheTTLBounds(t *testing.T) {
 		{"entry", []byte("v"), 800 * time.Millisecond, 0},
 		{"refresh-at", refreshing, time.Minute, 0},
 	} {
-		l.put(tc.id, tc.frame, nil, tc.redisTTL, time.Now(), l.epoch.Load())
+		l.put(tc.id, tc.frame, nil, lifetime{ttl: tc.redisTTL, sent: time.Now()}, l.epoch.Load())
 		f, st := l.get(tc.id)
 		if st != localFresh || f.due || f.dueLeft > tc.dueLeft || f.dueLeft < tc.dueLeft/2 {
 			t.Fatalf("%s: state %v, due now %v, due with %v left; want fresh, not due now, due with %v left",
@@ -83,7 +83,7 @@ func TestLocalEpochIsPerKey(t *testing.T) {
 		other = fmt.Sprint("p", i)
 	}
 	put := func(id string, epoch uint64) localState {
-		l.put(id, []byte("v"), nil, time.Minute, time.Now(), epoch)
+		l.put(id, []byte("v"), nil, lifetime{ttl: time.Minute, sent: time.Now()}, epoch)
 		_, st := l.get(id)
 		return st
 	}

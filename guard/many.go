@@ -45,6 +45,16 @@ func GetMany[T any](ctx context.Context, g *Guard, ids []string, load BatchLoadF
 	return out, err
 }
 
+// manyCall is one GetMany, built once by getMany: the Guard, the batch load
+// function, the map its answers go into, and when the call started (see
+// since). Its steps are methods, as a Get's are (call).
+type manyCall[T any] struct {
+	g    *Guard
+	load BatchLoadFunc[T]
+	out  map[string]T
+	from since
+}
+
 // getMany is GetMany without its span.
 func getMany[T any](ctx context.Context, g *Guard, ids []string, load BatchLoadFunc[T]) (map[string]T, error) {
 	pass, err := g.sup.enter()
@@ -60,13 +70,14 @@ func getMany[T any](ctx context.Context, g *Guard, ids []string, load BatchLoadF
 	if err != nil {
 		return nil, err
 	}
-	out := make(map[string]T, len(ids))
-	if err := manyUnwritten(ctx, g, &ids, &keys, nil, load, out); err != nil { // before the local copies too: see get
+	c := &manyCall[T]{g: g, load: load, out: make(map[string]T, len(ids))}
+	out := c.out
+	if err := c.unwritten(ctx, &ids, &keys, nil); err != nil { // before the local copies too: see get
 		return out, err
 	}
-	from := since{at: g.starts.Load()} // a flight that answers a miss must have started after this (join)
+	c.from = since{at: g.starts.Load()} // a flight that answers a miss must have started after this (join)
 	if g.local != nil {
-		from.epoch = g.local.epoch.Load() // before the local lookups and the read: see local.put
+		c.from.epoch = g.local.epoch.Load() // before the local lookups and the read: see local.put
 		ids, keys = localMany(ctx, g, ids, keys, out)
 	}
 	if len(ids) == 0 {
@@ -79,15 +90,15 @@ func getMany[T any](ctx context.Context, g *Guard, ids []string, load BatchLoadF
 		if len(through) == 0 {
 			return out, uerr
 		}
-		return out, errors.Join(uerr, loadManyThrough(ctx, g, through, load, out, err))
+		return out, errors.Join(uerr, c.loadThrough(ctx, through, err))
 	}
 	if err != nil {
 		return nil, err
 	}
 	if g.unw.replayed.Load() != replays { // a replay landed during the read: any entry read may be one it deleted
-		return out, loadManyThrough(ctx, g, ids, load, out, fmt.Errorf("cacheguard: %s: %w", g.name, errUnwritten))
+		return out, c.loadThrough(ctx, ids, fmt.Errorf("cacheguard: %s: %w", g.name, errUnwritten))
 	}
-	if err := manyUnwritten(ctx, g, &ids, &keys, &reads, load, out); err != nil { // the read's check may have found some lost
+	if err := c.unwritten(ctx, &ids, &keys, &reads); err != nil { // the read's check may have found some lost
 		return out, err
 	}
 	var missIDs, missKeys []string
@@ -107,7 +118,7 @@ func getMany[T any](ctx context.Context, g *Guard, ids []string, load BatchLoadF
 				if e.err == nil {
 					out[ids[i]] = e.v
 					if g.local != nil {
-						g.local.put(ids[i], r.raw, kept(g, e.v), r.ttl, r.sent, from.epoch)
+						g.local.put(ids[i], r.raw, kept(g, e.v), r.life, c.from.epoch)
 					}
 				}
 				continue
@@ -118,13 +129,14 @@ func getMany[T any](ctx context.Context, g *Guard, ids []string, load BatchLoadF
 	if len(missIDs) == 0 {
 		return out, errors.Join(unconfirmed...)
 	}
-	return out, errors.Join(append(unconfirmed, fillMany(ctx, g, missIDs, missKeys, load, out, from))...)
+	return out, errors.Join(append(unconfirmed, c.fill(ctx, missIDs, missKeys))...)
 }
 
-// manyUnwritten loads through (as in an outage) the IDs whose writes have
+// unwritten loads through (as in an outage) the IDs whose writes have
 // not reached Redis, or were lost by it, and takes them out of ids, keys
 // and reads (nil: not read yet).
-func manyUnwritten[T any](ctx context.Context, g *Guard, ids, keys *[]string, reads *[]readResult, load BatchLoadFunc[T], out map[string]T) error {
+func (c *manyCall[T]) unwritten(ctx context.Context, ids, keys *[]string, reads *[]readResult) error {
+	g := c.g
 	if g.unw.n.Load() == 0 {
 		return nil
 	}
@@ -148,7 +160,7 @@ func manyUnwritten[T any](ctx context.Context, g *Guard, ids, keys *[]string, re
 	if len(through) == 0 {
 		return nil
 	}
-	return loadManyThrough(ctx, g, through, load, out, fmt.Errorf("cacheguard: %s: %w", g.name, errUnwritten))
+	return c.loadThrough(ctx, through, fmt.Errorf("cacheguard: %s: %w", g.name, errUnwritten))
 }
 
 // localMany answers the IDs that the in-process cache holds (into out) and
@@ -214,7 +226,7 @@ func (g *Guard) readManyOnce(ctx context.Context, ids, keys []string) ([]readRes
 		case err == nil:
 			out[i] = readResult{verdict: verdictEntry, raw: raw}
 			if pttls != nil {
-				out[i].ttl, out[i].sent = max(pttls[i].Val(), 0), sent
+				out[i].life = lifetime{ttl: max(pttls[i].Val(), 0), sent: sent}
 			}
 		case errors.Is(err, redis.Nil):
 			missed = append(missed, i)
@@ -246,13 +258,14 @@ func (g *Guard) readManyOnce(ctx context.Context, ids, keys []string) ([]readRes
 	return out, nil
 }
 
-// fillMany runs GetMany's misses as flights of the engine's one flight
-// group (join), one goroutine per ID, their loads gathered into one call
-// of load (batchLoad): a Get or GetMany of the same ID in this process
-// joins the flight, and the flight keeps what it loaded in the local
-// cache. It adds what the flights found to out.
-func fillMany[T any](ctx context.Context, g *Guard, ids, keys []string, load BatchLoadFunc[T], out map[string]T, from since) error {
-	b := newBatch(g, load, len(ids))
+// fill runs the call's misses as flights of the Guard's one flight group
+// (join), one goroutine per ID, their loads gathered into one call of
+// load (batchLoad): a Get or GetMany of the same ID in this process joins
+// the flight, and the flight keeps what it loaded in the local cache. It
+// adds what the flights found to out.
+func (mc *manyCall[T]) fill(ctx context.Context, ids, keys []string) error {
+	g := mc.g
+	b := newBatch(g, mc.load, len(ids))
 	type answer struct {
 		id  string
 		j   joined[T]
@@ -265,9 +278,10 @@ func fillMany[T any](ctx context.Context, g *Guard, ids, keys []string, load Bat
 		g.sup.spawn(func() {
 			m := &member[T]{b: b}
 			defer m.decide() // answered, loaded, failed or panicked: no longer undecided
-			c := &miss[T]{flight: flight[T]{g: g, id: ids[i], vkey: keys[i], load: m.load}, member: m}
+			c := &call[T]{g: g, id: ids[i], vkey: keys[i], load: m.load, from: mc.from}
+			fm := &miss[T]{flight: c.flight(), member: m}
 			jctx := context.WithoutCancel(ctx)
-			j, err := join(jctx, g, flightKey{vkey: keys[i]}, from, &c.flight, c.run, func() { c.giveBack(jctx) }, nil)
+			j, err := c.join(jctx, offer[T]{fl: &fm.flight, run: fm.run, giveBack: func() { fm.giveBack(jctx) }}, nil)
 			answers <- answer{id: ids[i], j: j, err: err}
 		})
 	}
@@ -283,7 +297,7 @@ func fillMany[T any](ctx context.Context, g *Guard, ids, keys []string, load Bat
 		if a.err == nil {
 			var v T
 			if v, a.err = joinedValue(g, a.id, a.j); a.err == nil {
-				out[a.id] = v
+				mc.out[a.id] = v
 			}
 		}
 		if a.err != nil && !errors.Is(a.err, ErrNotFound) {
@@ -293,9 +307,10 @@ func fillMany[T any](ctx context.Context, g *Guard, ids, keys []string, load Bat
 	return errors.Join(errs...)
 }
 
-// loadManyThrough answers GetMany without Redis (the outage policy): one
-// call of load for every ID, uncached, within the load-through cap.
-func loadManyThrough[T any](ctx context.Context, g *Guard, ids []string, load BatchLoadFunc[T], out map[string]T, cause error) error {
+// loadThrough answers the call's ids without Redis (the outage policy):
+// one call of load for every ID, uncached, within the load-through cap.
+func (c *manyCall[T]) loadThrough(ctx context.Context, ids []string, cause error) error {
+	g := c.g
 	if g.outage.failFast {
 		return cause
 	}
@@ -307,7 +322,7 @@ func loadManyThrough[T any](ctx context.Context, g *Guard, ids []string, load Ba
 	lctx, cancel := context.WithTimeout(ctx, g.opts.LoadTimeout)
 	defer cancel()
 	lctx, done := g.tel.load(lctx)
-	m, err := load(lctx, ids)
+	m, err := c.load(lctx, ids)
 	done(err)
 	g.loaded(len(ids), err)
 	o := outLoaded
@@ -322,7 +337,7 @@ func loadManyThrough[T any](ctx context.Context, g *Guard, ids []string, load Ba
 	}
 	for _, id := range ids {
 		if v, ok := m[id]; ok {
-			out[id] = v
+			c.out[id] = v
 		}
 	}
 	return nil

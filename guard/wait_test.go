@@ -29,7 +29,7 @@ const (
 )
 
 // joinedFlights is how many of root's goroutines joined a flight under way.
-func joinedFlights(root int) int { return redistest.Parked(root, inGroup, "guard.join[") }
+func joinedFlights(root int) int { return redistest.Parked(root, inGroup, "guard.(*call[...]).join") }
 
 // joinedReads is how many of root's goroutines joined a shared read.
 func joinedReads(root int) int { return redistest.Parked(root, inGroup, "guard.(*Guard).readShared") }
@@ -41,5 +41,5 @@ func readsWaiting(root int) int { return redistest.Parked(root, inBatch, "guard.
 // flight under way.
 func waitJoined(t *testing.T, n int) {
 	t.Helper()
-	redistest.WaitParked(t, n, inGroup, "guard.join[")
+	redistest.WaitParked(t, n, inGroup, "guard.(*call[...]).join")
 }

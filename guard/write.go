@@ -78,8 +78,8 @@ func Set[T any](ctx context.Context, g *Guard, id string, v T) error {
 		if err != nil {
 			return fmt.Errorf("cacheguard: %s %q: %w", g.name, id, err)
 		}
-		return g.replace(ctx, "set", ids, ids, keys, &localEntry{frame: frame, value: kept(g, v), life: ttl},
-			g.writeFrame(ctx, frame, func() time.Duration { return ttl }))
+		return g.replace(ctx, ids, keys, change{op: "set", add: ids, copy: &localEntry{frame: frame, value: kept(g, v), life: ttl},
+			queue: g.writeFrame(ctx, frame, func() time.Duration { return ttl })})
 	})
 }
 
@@ -91,42 +91,51 @@ func Set[T any](ctx context.Context, g *Guard, id string, v T) error {
 // wraps ErrUnavailable and is replayed (as an Invalidate).
 func (g *Guard) Delete(ctx context.Context, ids ...string) error {
 	return g.write(ctx, ids, func(ctx context.Context, keys []string) error {
-		return g.replace(ctx, "delete", nil, ids, keys, nil,
-			g.writeFrame(ctx, codec.Empty(), func() time.Duration { return g.jitter(g.opts.EmptyTTL) }))
+		return g.replace(ctx, ids, keys, change{op: "delete",
+			queue: g.writeFrame(ctx, codec.Empty(), func() time.Duration { return g.jitter(g.opts.EmptyTTL) })})
 	})
 }
 
-// replace runs one write's round trip: queue's command for each key (of
-// ids), whose errors count, the registration of add in the filter, and the
-// marks of ids. This process's copies are dropped, or replaced by localCopy.
-func (g *Guard) replace(ctx context.Context, op string, add, ids, keys []string, localCopy *localEntry,
-	queue func(pipe redis.Pipeliner, key string) *redis.Cmd) error {
+// change is what one write (op) does: queue's command for each key, the
+// IDs it registers in the filter (add), and this process's copy of each
+// value afterwards (copy; nil: dropped).
+type change struct {
+	op    string
+	add   []string
+	copy  *localEntry
+	queue func(pipe redis.Pipeliner, key string) *redis.Cmd
+}
+
+// replace runs one write's round trip: w's command for each key (of ids),
+// whose errors count, the registration of w.add in the filter, and the
+// marks of ids. This process's copies are dropped, or replaced by w.copy.
+func (g *Guard) replace(ctx context.Context, ids, keys []string, w change) error {
 	pipe := g.rdb.Pipeline()
 	var added *bloom.PendingAdd
-	if len(add) > 0 {
+	if len(w.add) > 0 {
 		f, err := g.filter(ctx)
 		if err != nil {
 			return err
 		}
-		added = f.QueueAdd(ctx, pipe, add)
+		added = f.QueueAdd(ctx, pipe, w.add)
 	}
 	cmds := make([]*redis.Cmd, len(keys))
 	var sent time.Time // before the write: its TTL counts from later (see local.put)
-	if localCopy != nil {
+	if w.copy != nil {
 		sent = time.Now()
 	}
 	for i, k := range keys {
-		cmds[i] = queue(pipe, k)
+		cmds[i] = w.queue(pipe, k)
 	}
 	marks := g.queueMarks(ctx, pipe, ids, keys)
 	_, _ = pipe.Exec(ctx) // errors are read per command
 	g.landed(ctx, marks)
-	g.forget(keys, localCopy, sent)
+	g.forget(keys, w.copy, sent)
 	var err error
 	if added != nil {
 		err = added.Result(ctx)
 	}
-	return g.fail(ctx, op, one(ids), firstErr(err, cmds))
+	return g.fail(ctx, w.op, one(ids), firstErr(err, cmds))
 }
 
 // writeFrame queues replace.lua, which makes frame the entry (for ttl(),
@@ -155,7 +164,7 @@ func (g *Guard) forget(keys []string, copy *localEntry, sent time.Time) {
 			if id, ok := g.keys.ID(k); ok {
 				g.local.drop(id)
 				if copy != nil {
-					g.local.put(id, copy.frame, copy.value, copy.life, sent, g.local.epoch.Load())
+					g.local.put(id, copy.frame, copy.value, lifetime{ttl: copy.life, sent: sent}, g.local.epoch.Load())
 				}
 			}
 		}

@@ -10,7 +10,7 @@ import (
 
 	"github.com/cacheguard/cacheguard/codec"
 	"github.com/cacheguard/cacheguard/internal/coord"
-	"github.com/cacheguard/cacheguard/internal/flightgroup"
+	"github.com/cacheguard/cacheguard/loader"
 	"github.com/cacheguard/cacheguard/lock"
 )
 
@@ -129,7 +129,7 @@ type flightKey struct {
 }
 
 // flightGroup runs the Guard's flights, one per flightKey at a time.
-type flightGroup = flightgroup.Group[flightKey, flightResult]
+type flightGroup = loader.Group[flightKey, flightResult]
 
 // flightKind tells the flights of one value key apart.
 type flightKind uint8
@@ -184,7 +184,7 @@ type miss[T any] struct {
 
 // run is the flight: step 5 of the package doc, once for the callers of the
 // ID in this process. It runs in its caller's goroutine or in one of the
-// supervisor's (flightgroup.Group.Spawn), so Close waits for it even when
+// supervisor's (loader.Group.Spawn), so Close waits for it even when
 // it outlives the caller that started it.
 func (c *miss[T]) run(ctx context.Context) (flightResult, error) {
 	g := c.g
@@ -380,7 +380,7 @@ func (c *flight[T]) loadFrame(ctx context.Context, traced bool) (_ []byte, _ tim
 }
 
 // loadPanic is a load's panic, raised again in the flight with the stack of
-// the load's goroutine, which flightgroup.Group reports instead of its own.
+// the load's goroutine, which loader.Group reports instead of its own.
 type loadPanic struct {
 	value any
 	stack []byte
@@ -401,7 +401,7 @@ type loaded[T any] struct {
 // result that comes later is dropped (never cached: nothing waits for it).
 // The goroutine is the supervisor's (Close waits for it) and ends when the
 // load function returns; a panic in it is carried back and raised again
-// here, in the flight, where flightgroup.Group turns it into ErrLoaderPanic.
+// here, in the flight, where loader.Group turns it into ErrLoaderPanic.
 func (c *flight[T]) bounded(ctx context.Context) (T, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.g.opts.LoadTimeout)
 	defer cancel()

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/cacheguard/cacheguard/codec"
-	"github.com/cacheguard/cacheguard/internal/coord"
 	"github.com/cacheguard/cacheguard/loader"
 	"github.com/cacheguard/cacheguard/lock"
 )
@@ -260,14 +259,14 @@ func (c *miss[T]) giveBack(ctx context.Context) {
 	}
 }
 
-// coordinate runs the miss through the Coordinator (see coord.Coordinator):
+// coordinate runs the miss through the Coordinator (see loader.Coordinator):
 // one load per ID across processes, written only while its lock is its own.
 // Under the lock the caller's read took, it starts at the load.
 func (c *miss[T]) coordinate(ctx context.Context) (flightResult, error) {
 	if c.g.local != nil {
 		c.began = time.Now()
 	}
-	f := coord.Fill{Accept: c.accept, Load: c.Load}
+	f := loader.Fill{Accept: c.accept, Load: c.Load}
 	if c.member != nil {
 		f.Waiting = c.member.decide // it waits for another holder: its load will not be the batch's now
 	}
@@ -280,7 +279,7 @@ func (c *miss[T]) coordinate(ctx context.Context) (flightResult, error) {
 	switch {
 	case err == nil:
 		return c.found, c.err // c.err is ErrNotFound after a marker
-	case errors.Is(err, coord.ErrBusy):
+	case errors.Is(err, loader.ErrBusy):
 		return flightResult{outcome: outFailed}, fmt.Errorf("cacheguard: %s %q: %w", c.g.name, c.id, ErrBusy)
 	case errors.Is(err, ErrUnavailable):
 		return flightResult{outcome: outFailed}, c.g.fail(ctx, "fill", c.id, err)
@@ -292,7 +291,7 @@ func (c *miss[T]) coordinate(ctx context.Context) (flightResult, error) {
 // ran records what a Run or TryRun of vkey met besides its answer: each
 // wait (telemetry), a write Redis failed (the load is served, not cached)
 // and entries of other schema versions.
-func (g *Guard) ran(ctx context.Context, vkey string, r coord.Ran) {
+func (g *Guard) ran(ctx context.Context, vkey string, r loader.Ran) {
 	for _, w := range r.Waits {
 		g.tel.waited(ctx, w.Began, w.Ended, w.Result) // a nil telemetry records nothing
 	}
@@ -302,7 +301,7 @@ func (g *Guard) ran(ctx context.Context, vkey string, r coord.Ran) {
 	g.otherSchemas(vkey, g.field(), r.Others)
 }
 
-// accept judges an entry the Coordinator read (coord.Fill.Accept): see
+// accept judges an entry the Coordinator read (loader.Fill.Accept): see
 // decodeEntry. One the lock attempt's re-check read with its TTL
 // (Options.Local) the flight keeps for that long at most (see keep):
 // without it, a copy that expired in memory before its entry did in Redis
@@ -318,7 +317,7 @@ func (c *miss[T]) accept(ctx context.Context, raw []byte, ttl time.Duration) boo
 	return true
 }
 
-// Load is the miss's load (coord.Fill.Load). A GetMany member's is its
+// Load is the miss's load (loader.Fill.Load). A GetMany member's is its
 // batch's, which records its one call (batchLoad.run).
 func (c *miss[T]) Load(ctx context.Context) ([]byte, time.Duration, error) {
 	c.kept = false
@@ -334,7 +333,7 @@ func (c *flight[T]) decode(ctx context.Context, raw []byte) bool {
 	return e.ok
 }
 
-// Load is loadFrame, recorded by the telemetry (coord.Fill.Load).
+// Load is loadFrame, recorded by the telemetry (loader.Fill.Load).
 func (c *flight[T]) Load(ctx context.Context) ([]byte, time.Duration, error) {
 	return c.loadFrame(ctx, true)
 }

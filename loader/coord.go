@@ -24,11 +24,12 @@ var ErrBusy = errors.New("loader: lock wait exceeded")
 // and perhaps passed to another holder); Run loads again.
 var errOvertaken = errors.New("loader: lock overtaken before the write")
 
-// Defaults of CoordinatorOptions (guard resolves its own options from these).
-const (
-	DefaultLockTTL  = 5 * time.Second
-	DefaultLockWait = 15 * time.Second
-)
+// DefaultLockTTL is the default of CoordinatorOptions.LockTTL, and of the
+// guard's Tuning.LockTTL.
+const DefaultLockTTL = 5 * time.Second
+
+// defaultLockWait is the default of CoordinatorOptions.LockWait.
+const defaultLockWait = 15 * time.Second
 
 var (
 	//go:embed lua/write_release.lua
@@ -47,7 +48,7 @@ type CoordinatorOptions struct {
 	// the others take over about LockTTL later. Default DefaultLockTTL.
 	LockTTL time.Duration
 	// LockWait bounds how long a flight waits for other processes' loads of
-	// its key before it gives up with ErrBusy. Default DefaultLockWait.
+	// its key before it gives up with ErrBusy. Default 15 seconds.
 	LockWait time.Duration
 	// LoadOnBusy makes a flight that waited LockWait load by itself, without
 	// writing the result, instead of returning ErrBusy.
@@ -139,7 +140,7 @@ func NewCoordinator(rdb redis.UniversalClient, channel string, opts *Coordinator
 		o.LockTTL = DefaultLockTTL
 	}
 	if o.LockWait <= 0 {
-		o.LockWait = DefaultLockWait
+		o.LockWait = defaultLockWait
 	}
 	if o.OpTimeout <= 0 {
 		o.OpTimeout = time.Second

@@ -53,7 +53,7 @@ vet:
 # (CG_TEST_CLUSTER=1). In guard that pass runs only the tests marked
 # clusterToo(t) (guard/cluster_test.go); the standalone pass runs them all.
 # A test that starts a cluster of its own and fails it over is in faults/.
-CLUSTER_PKGS := ./bloom ./lock ./loader ./internal/coord ./guard ./internal/cputime
+CLUSTER_PKGS := ./bloom ./lock ./loader ./guard ./internal/cputime
 
 # Modules of their own beside the root (so the root module needs neither Echo, Gin,
 # chi, Prometheus nor pgx), vetted and tested like the root.

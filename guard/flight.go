@@ -9,8 +9,7 @@ import (
 	"time"
 
 	"github.com/cacheguard/cacheguard/codec"
-	"github.com/cacheguard/cacheguard/internal/coord"
-	"github.com/cacheguard/cacheguard/internal/flightgroup"
+	"github.com/cacheguard/cacheguard/loader"
 	"github.com/cacheguard/cacheguard/lock"
 )
 
@@ -143,7 +142,7 @@ type flightKey struct {
 }
 
 // flightGroup runs the Guard's flights, one per flightKey at a time.
-type flightGroup = flightgroup.Group[flightKey, flightResult]
+type flightGroup = loader.Group[flightKey, flightResult]
 
 // flightKind tells the flights of one value key apart.
 type flightKind uint8
@@ -197,7 +196,7 @@ type miss[T any] struct {
 
 // run is the flight: step 5 of the package doc, once for the callers of the
 // ID in this process. It runs in its caller's goroutine or in one of the
-// supervisor's (flightgroup.Group.Spawn), so Close waits for it even when
+// supervisor's (loader.Group.Spawn), so Close waits for it even when
 // it outlives the caller that started it.
 func (c *miss[T]) run(ctx context.Context) (flightResult, error) {
 	g := c.g
@@ -273,14 +272,14 @@ func (c *miss[T]) giveBack(ctx context.Context) {
 	}
 }
 
-// coordinate runs the miss through the Coordinator (see coord.Coordinator):
+// coordinate runs the miss through the Coordinator (see loader.Coordinator):
 // one load per ID across processes, written only while its lock is its own.
 // Under the lock the caller's read took, it starts at the load.
 func (c *miss[T]) coordinate(ctx context.Context) (flightResult, error) {
 	if c.g.local != nil {
 		c.began = time.Now()
 	}
-	f := coord.Fill{Accept: c.accept, Load: c.Load}
+	f := loader.Fill{Accept: c.accept, Load: c.Load}
 	if c.member != nil {
 		f.Waiting = c.member.decide // it waits for another holder: its load will not be the batch's now
 	}
@@ -293,7 +292,7 @@ func (c *miss[T]) coordinate(ctx context.Context) (flightResult, error) {
 	switch {
 	case err == nil:
 		return c.found, c.err // c.err is ErrNotFound after a marker
-	case errors.Is(err, coord.ErrBusy):
+	case errors.Is(err, loader.ErrBusy):
 		return flightResult{outcome: outFailed}, fmt.Errorf("cacheguard: %s %q: %w", c.g.name, c.id, ErrBusy)
 	case errors.Is(err, ErrUnavailable):
 		return flightResult{outcome: outFailed}, c.g.fail(ctx, "fill", c.id, err)
@@ -305,7 +304,7 @@ func (c *miss[T]) coordinate(ctx context.Context) (flightResult, error) {
 // ran records what a Run or TryRun of vkey met besides its answer: each
 // wait (telemetry), a write Redis failed (the load is served, not cached)
 // and entries of other schema versions.
-func (g *Guard) ran(ctx context.Context, vkey string, r coord.Ran) {
+func (g *Guard) ran(ctx context.Context, vkey string, r loader.Ran) {
 	for _, w := range r.Waits {
 		g.tel.waited(ctx, w.Began, w.Ended, w.Result) // a nil telemetry records nothing
 	}
@@ -315,7 +314,7 @@ func (g *Guard) ran(ctx context.Context, vkey string, r coord.Ran) {
 	g.otherSchemas(vkey, g.field(), r.Others)
 }
 
-// accept judges an entry the Coordinator read (coord.Fill.Accept): see
+// accept judges an entry the Coordinator read (loader.Fill.Accept): see
 // decodeEntry. One the lock attempt's re-check read with its TTL
 // (Options.Local) the flight keeps for that long at most (see keep):
 // without it, a copy that expired in memory before its entry did in Redis
@@ -331,7 +330,7 @@ func (c *miss[T]) accept(ctx context.Context, raw []byte, ttl time.Duration) boo
 	return true
 }
 
-// Load is the miss's load (coord.Fill.Load). A GetMany member's is its
+// Load is the miss's load (loader.Fill.Load). A GetMany member's is its
 // batch's, which records its one call (batchLoad.run).
 func (c *miss[T]) Load(ctx context.Context) ([]byte, time.Duration, error) {
 	c.kept = false
@@ -347,7 +346,7 @@ func (c *flight[T]) decode(ctx context.Context, raw []byte) bool {
 	return e.ok
 }
 
-// Load is loadFrame, recorded by the telemetry (coord.Fill.Load).
+// Load is loadFrame, recorded by the telemetry (loader.Fill.Load).
 func (c *flight[T]) Load(ctx context.Context) ([]byte, time.Duration, error) {
 	return c.loadFrame(ctx, true)
 }
@@ -393,7 +392,7 @@ func (c *flight[T]) loadFrame(ctx context.Context, traced bool) (_ []byte, _ tim
 }
 
 // loadPanic is a load's panic, raised again in the flight with the stack of
-// the load's goroutine, which flightgroup.Group reports instead of its own.
+// the load's goroutine, which loader.Group reports instead of its own.
 type loadPanic struct {
 	value any
 	stack []byte
@@ -414,7 +413,7 @@ type loaded[T any] struct {
 // result that comes later is dropped (never cached: nothing waits for it).
 // The goroutine is the supervisor's (Close waits for it) and ends when the
 // load function returns; a panic in it is carried back and raised again
-// here, in the flight, where flightgroup.Group turns it into ErrLoaderPanic.
+// here, in the flight, where loader.Group turns it into ErrLoaderPanic.
 func (c *flight[T]) bounded(ctx context.Context) (T, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.g.opts.LoadTimeout)
 	defer cancel()

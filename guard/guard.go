@@ -28,8 +28,8 @@ import (
 
 	"github.com/cacheguard/cacheguard/bloom"
 	"github.com/cacheguard/cacheguard/internal/batch"
-	"github.com/cacheguard/cacheguard/internal/coord"
 	"github.com/cacheguard/cacheguard/internal/keyspace"
+	"github.com/cacheguard/cacheguard/loader"
 	"github.com/cacheguard/cacheguard/lock"
 )
 
@@ -55,7 +55,7 @@ type Guard struct {
 	rd           reader                      // the read of step 3 (read.go)
 	local        *local                      // the in-process cache, or nil
 	flights      flightGroup                 // one flight per value key in this process
-	coord        *coord.Coordinator          // one load per value key across processes
+	coord        *loader.Coordinator         // one load per value key across processes
 	bf           filterState                 // the bloom filter, once opened (connect.go)
 	outage       *outage                     // what Get does when Redis cannot answer
 	stats        counters
@@ -131,7 +131,7 @@ func New(ctx context.Context, rdb redis.UniversalClient, name string, opts *Opti
 		}
 	}
 	g.rd.locks = lock.New(rdb)
-	g.coord = coord.New(rdb, g.keys.Loaded(), &coord.Options{
+	g.coord = loader.NewCoordinator(rdb, g.keys.Loaded(), &loader.CoordinatorOptions{
 		LockTTL:    o.Tuning.LockTTL,
 		LockWait:   o.Tuning.LockWait,
 		LoadOnBusy: o.Tuning.LoadOnBusy,

@@ -13,8 +13,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/cacheguard/cacheguard/codec"
-	"github.com/cacheguard/cacheguard/internal/coord"
 	"github.com/cacheguard/cacheguard/internal/keyspace"
+	"github.com/cacheguard/cacheguard/loader"
 )
 
 // Options configures a Guard. A nil *Options means all defaults; a zero field
@@ -100,7 +100,8 @@ type Tuning struct {
 }
 
 // resolve fills in the defaults: the one place where a Guard's defaults are
-// decided (the loader's come from its exported constants).
+// decided (LockTTL's is loader.DefaultLockTTL; the Coordinator is given each
+// value resolved here, so loader's own defaults never apply to a Guard).
 func resolve(opts *Options) (Options, error) {
 	var o Options
 	if opts != nil {
@@ -139,7 +140,7 @@ func resolve(opts *Options) (Options, error) {
 	if o.Outage == nil {
 		o.Outage = &OutageOptions{}
 	}
-	o.Tuning.LockTTL = cmp.Or(o.Tuning.LockTTL, coord.DefaultLockTTL)
+	o.Tuning.LockTTL = cmp.Or(o.Tuning.LockTTL, loader.DefaultLockTTL)
 	o.Tuning.LockWait = cmp.Or(o.Tuning.LockWait, o.LoadTimeout+o.Tuning.LockTTL)
 	if o.LoadTimeout < 0 || o.Tuning.LockTTL < 10*time.Millisecond || o.Tuning.LockWait < 0 {
 		return bad("LoadTimeout %v, LockTTL %v (>= 10ms), LockWait %v", o.LoadTimeout, o.Tuning.LockTTL, o.Tuning.LockWait)

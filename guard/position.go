@@ -18,8 +18,9 @@ import (
 )
 
 // What a change feed that writes through a Guard (the PostgreSQL follower,
-// in a module of its own) reaches beyond the API, through internal/feed: its
-// position here, and the inspector's read (inspect.go).
+// in a module of its own) reaches beyond the API, through Feed's
+// internal/feed.Engine: its position here, and the inspector's read
+// (inspect.go).
 //
 // Positions: the feed keeps, beside the Guard's keys, the position up to
 // which its writes landed. It is set after those writes were acknowledged,
@@ -36,7 +37,10 @@ import (
 // struct, with the methods only the feed calls.
 type followed Guard
 
-func init() { feed.Of = func(g any) feed.Engine { return (*followed)(g.(*Guard)) } }
+// Feed is for change feeds (the PostgreSQL follower): it returns the Guard
+// as one sees it, and promises nothing else. The Engines of one Guard are
+// equal (the same pointer), so they can key a map.
+func (g *Guard) Feed() feed.Engine { return (*followed)(g) }
 
 var (
 	//go:embed lua/set_position.lua

@@ -8,8 +8,6 @@ import (
 	"testing"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/cacheguard/cacheguard/internal/feed"
 )
 
 // TestPositionOnEveryMaster: a change feed's position (the follower's) is
@@ -24,7 +22,7 @@ func TestPositionOnEveryMaster(t *testing.T) {
 	clusterToo(t)
 	ctx := context.Background()
 	c, g, _ := setup(t, 10, nil)
-	e := feed.Of(g)
+	e := g.Feed()
 	if pos, err := e.SetPosition(ctx, "f", 0, 100); err != nil || pos != 100 {
 		t.Fatalf("first SetPosition: %d, %v", pos, err)
 	}

@@ -16,7 +16,7 @@ import (
 // Lock with the read. While reads miss often (a cold cache), a read that is
 // likely to miss takes the key's lock itself: SET NX PX of a token goes in
 // the read's pipeline before the HGET, so that HGET is the re-check with the
-// lock taken, and the miss's flight starts at the load (coord.Coordinator.Run, held):
+// lock taken, and the miss's flight starts at the load (loader.Coordinator.Run, held):
 // two round trips instead of three. Likely to miss: reads carry the bloom
 // probe, reads that found nothing mostly loaded and their locks were mostly
 // used (Lock bias), and this process has not read the ID lately (seenTable).

@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/cacheguard/cacheguard/codec"
-	"github.com/cacheguard/cacheguard/internal/coord"
+	"github.com/cacheguard/cacheguard/loader"
 )
 
 // Refresh ahead (Options.RefreshAhead; stale-while-revalidate for expiry):
@@ -58,7 +58,7 @@ func refresh[T any](g *Guard, id, vkey string, raw []byte, load LoadFunc[T]) {
 			return !pastRefreshAt(raw) && c.decode(ctx, raw)
 		}
 		g.stats.refreshes.Add(1)
-		ran, err := g.coord.TryRun(ctx, vkey, g.field(), coord.Fill{Accept: fresh, Load: c.Load})
+		ran, err := g.coord.TryRun(ctx, vkey, g.field(), loader.Fill{Accept: fresh, Load: c.Load})
 		g.ran(ctx, vkey, ran)
 		if err != nil && g.sup.bg.Err() == nil { // not Close
 			g.log.Warn("cacheguard: refresh ahead failed; the value expires at its TTL", "id", id, "err", g.fail(ctx, "refresh", id, err))

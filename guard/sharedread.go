@@ -3,7 +3,7 @@ package guard
 import (
 	"context"
 
-	"github.com/cacheguard/cacheguard/internal/flightgroup"
+	"github.com/cacheguard/cacheguard/loader"
 )
 
 // The shared read: a key's concurrent callers in this process share one
@@ -12,7 +12,7 @@ import (
 // A lock the read took stays with the caller whose read it was.
 
 // readGroup runs the shared reads (reader.shared), one per value key at a time.
-type readGroup = flightgroup.Group[string, sharedRead]
+type readGroup = loader.Group[string, sharedRead]
 
 // sharedRead is one read shared by the callers of a value key (readShared).
 type sharedRead struct {
@@ -30,7 +30,7 @@ type sharedRead struct {
 // for the callers that waited for a flight older than them. The first
 // caller reads in its own goroutine, on its own ctx, as a Get without Local
 // does; each of the others leaves when its own ctx is done, and reads again
-// if the first one gave up (flightgroup.Group's InCaller). With lockable, the
+// if the first one gave up (loader.Group's InCaller). With lockable, the
 // read may take the key's lock (see lockWithRead); the result carries it to
 // the caller whose read it was, and to no other.
 func (g *Guard) readShared(ctx context.Context, id, vkey string, from since, lockable bool) (readResult, error) {

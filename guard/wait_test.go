@@ -24,7 +24,7 @@ func waitFor(t *testing.T, cond func() bool) { eventually(t, 20*time.Second, "co
 // waits in DoOnJoin too: the tests that count joins start it on
 // context.Background(), so that it runs the flight in its own goroutine.
 const (
-	inGroup = "flightgroup.(*Group[...]).DoOnJoin"
+	inGroup = "loader.(*Group[...]).DoOnJoin"
 	inBatch = "batch.(*Batcher[...]).Do"
 )
 

@@ -13,7 +13,6 @@ import (
 	"github.com/cacheguard/cacheguard/guard"
 	"github.com/cacheguard/cacheguard/internal/cmdcount"
 	"github.com/cacheguard/cacheguard/internal/cputime"
-	"github.com/cacheguard/cacheguard/internal/feed"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
@@ -180,7 +179,7 @@ func BenchmarkInspect(b *testing.B) {
 	var cnt cmdcount.Counter
 	rdb := redistest.Connect(b)
 	rdb.AddHook(&cnt)
-	e := feed.Of(fx.guard(rdb))
+	e := fx.guard(rdb).Feed()
 	fx.warm(rows)
 	ids := make([]string, batch)
 	ctx := context.Background()

@@ -264,7 +264,7 @@ func (f *Follower) inspectDue(ctx context.Context, due []sample) {
 	in := f.insp
 	byEngine := map[feed.Engine][]int{}
 	for i, s := range due {
-		e := feed.Of(s.t.Guard)
+		e := s.t.Guard.Feed()
 		byEngine[e] = append(byEngine[e], i)
 	}
 	for e, idx := range byEngine {

@@ -23,7 +23,6 @@ import (
 
 	pgfollow "github.com/cacheguard/cacheguard/follow/postgres"
 	"github.com/cacheguard/cacheguard/guard"
-	"github.com/cacheguard/cacheguard/internal/feed"
 	"github.com/cacheguard/cacheguard/internal/pgserver"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
@@ -246,7 +245,7 @@ func (fx *fixture) followOn(url string, g *guard.Guard, before ...func(*pgfollow
 func (fx *fixture) positioned() {
 	fx.t.Helper()
 	waitFor(fx.t, "the follower's position in redis", func() bool { // read as the follower reads it (every copy, on a Cluster)
-		pos, err := feed.Of(fx.reader).Position(context.Background(), "pgfollow:"+fx.name)
+		pos, err := fx.reader.Feed().Position(context.Background(), "pgfollow:"+fx.name)
 		return err == nil && pos > 0
 	})
 }

@@ -196,7 +196,7 @@ func (f *Follower) heldGuards() []*held {
 	var hs []*held
 	for _, name := range f.names() {
 		t := f.tables[name]
-		e := feed.Of(t.Guard)
+		e := t.Guard.Feed()
 		h := by[e]
 		if h == nil {
 			h = &held{e: e}

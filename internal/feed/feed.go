@@ -2,7 +2,8 @@
 // PostgreSQL follower, follow/postgres) reaches inside a Guard beyond
 // package guard's API: the feed's position, kept in each Guard's Redis, and
 // a read of what Redis holds of some IDs, for the follower's inspector. It
-// promises nothing to anyone else: package guard implements it and sets Of.
+// promises nothing to anyone else: package guard implements it, and a
+// Guard's Feed method returns it.
 package feed
 
 import (
@@ -10,8 +11,8 @@ import (
 	"time"
 )
 
-// Engine is a Guard as a change feed sees it. Of returns equal values for
-// the same Guard, so an Engine can key a map.
+// Engine is a Guard as a change feed sees it. Guard.Feed returns equal
+// values for the same Guard, so an Engine can key a map.
 type Engine interface {
 	// Position returns the position stored for feed (0: none).
 	Position(ctx context.Context, feed string) (uint64, error)
@@ -25,10 +26,6 @@ type Engine interface {
 	// nothing.
 	Inspect(ctx context.Context, ids []string) ([]Held, error)
 }
-
-// Of returns the Engine of a *guard.Guard. Package guard sets it when it
-// is initialised: a program that holds a Guard has it set.
-var Of func(guard any) Engine
 
 // Held is what Redis holds of one ID, read as a Get in another process
 // reads it (no local cache, no copy of the filter), for the follower's

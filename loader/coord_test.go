@@ -1,4 +1,4 @@
-package coord_test
+package loader_test
 
 import (
 	"context"
@@ -10,25 +10,23 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/cacheguard/cacheguard/internal/coord"
 	"github.com/cacheguard/cacheguard/internal/keyspace"
 	"github.com/cacheguard/cacheguard/internal/redistest"
+	"github.com/cacheguard/cacheguard/loader"
 	"github.com/cacheguard/cacheguard/lock"
 )
 
 // filler answers from any cached bytes and loads with load.
-func filler(load func(ctx context.Context) ([]byte, time.Duration, error)) coord.Fill {
-	return coord.Fill{Accept: func(context.Context, []byte, time.Duration) bool { return true }, Load: load}
+func filler(load func(ctx context.Context) ([]byte, time.Duration, error)) loader.Fill {
+	return loader.Fill{Accept: func(context.Context, []byte, time.Duration) bool { return true }, Load: load}
 }
-
-func TestMain(m *testing.M) { redistest.Main(m) }
 
 // newCoordinator connects to the test's Redis and opens a Coordinator on
 // the channel <prefix>:ch, closed when the test ends.
-func newCoordinator(t *testing.T) (*redistest.Conn, *coord.Coordinator) {
+func newCoordinator(t *testing.T) (*redistest.Conn, *loader.Coordinator) {
 	t.Helper()
 	c := redistest.Connect(t)
-	co := coord.New(c.UniversalClient, c.Prefix+":ch", nil)
+	co := loader.NewCoordinator(c.UniversalClient, c.Prefix+":ch", nil)
 	t.Cleanup(func() { _ = co.Close() })
 	return c, co
 }
@@ -66,7 +64,7 @@ func TestCoordinatorOneLoadManyCoordinators(t *testing.T) {
 	})
 	var wg sync.WaitGroup
 	for range 8 {
-		co := coord.New(redistest.Connect(t).UniversalClient, c.Prefix+":ch", nil)
+		co := loader.NewCoordinator(redistest.Connect(t).UniversalClient, c.Prefix+":ch", nil)
 		defer co.Close()
 		wg.Add(1)
 		go func() {
@@ -170,7 +168,7 @@ func TestCoordinatorPublishesOnlyWhenAwaited(t *testing.T) {
 		}
 		return msg.Payload
 	}
-	holder := coord.New(c.UniversalClient, channel, nil)
+	holder := loader.NewCoordinator(c.UniversalClient, channel, nil)
 	defer holder.Close()
 	key := c.Prefix + ":{k}"
 	value := filler(func(context.Context) ([]byte, time.Duration, error) { return []byte("v"), time.Minute, nil })
@@ -199,7 +197,7 @@ func TestCoordinatorPublishesOnlyWhenAwaited(t *testing.T) {
 	holding := make(chan error, 1)
 	go func() { holding <- errOf(holder.Run(ctx, key, "1", nil, slow)) }()
 	until(t, func() bool { return c.Exists(ctx, keyspace.Lock(key)).Val() == 1 }) // the holder's lock attempt
-	waiter := coord.New(redistest.Connect(t).UniversalClient, channel, nil)
+	waiter := loader.NewCoordinator(redistest.Connect(t).UniversalClient, channel, nil)
 	defer waiter.Close()
 	waiting := make(chan error, 1)
 	var got []byte
@@ -229,8 +227,8 @@ func TestCoordinatorPublishesOnlyWhenAwaited(t *testing.T) {
 }
 
 // cachedInto is a Fill that keeps what the cache answered in got and never loads.
-func cachedInto(got *[]byte) coord.Fill {
-	return coord.Fill{
+func cachedInto(got *[]byte) loader.Fill {
+	return loader.Fill{
 		Accept: func(_ context.Context, raw []byte, _ time.Duration) bool {
 			*got = append([]byte(nil), raw...)
 			return true
@@ -334,7 +332,7 @@ func TestCoordinatorFlightsShareRoundTrips(t *testing.T) {
 		run(i)
 	}
 	// 20 round trips wait to be sent (see runTrips) behind the held one.
-	until(t, func() bool { return redistest.Parked(root, "batch.(*Batcher[...]).Do", "coord.(*Coordinator)") == 20 })
+	until(t, func() bool { return redistest.Parked(root, "batch.(*Batcher[...]).Do", "loader.(*Coordinator)") == 20 })
 	close(h.release)
 	wg.Wait()
 	names := c.Counter.Names()
@@ -366,7 +364,7 @@ func TestCoordinatorFlightsShareRoundTrips(t *testing.T) {
 func TestRunHeld(t *testing.T) {
 	ctx := context.Background()
 	c, co := newCoordinator(t)
-	other := coord.New(redistest.Connect(t).UniversalClient, c.Prefix+":ch", nil)
+	other := loader.NewCoordinator(redistest.Connect(t).UniversalClient, c.Prefix+":ch", nil)
 	defer other.Close()
 	lc := lock.New(c)
 	take := func(key string) *lock.Lock {
@@ -444,7 +442,7 @@ func TestRunHeld(t *testing.T) {
 func TestWaitSeesALockReleasedUnwritten(t *testing.T) {
 	ctx := context.Background()
 	c := redistest.Connect(t)
-	co := coord.New(c.UniversalClient, c.Prefix+":ch", nil)
+	co := loader.NewCoordinator(c.UniversalClient, c.Prefix+":ch", nil)
 	defer co.Close()
 	key := c.Prefix + ":{gone}"
 	l, err := lock.New(c).Obtain(ctx, keyspace.Lock(key), time.Minute, nil)
@@ -485,4 +483,4 @@ func until(t *testing.T, cond func() bool) {
 func poll(cond func() bool) bool { return redistest.Poll(10*time.Second, cond) }
 
 // errOf is a Run's error alone, for a channel of errors.
-func errOf(_ coord.Ran, err error) error { return err }
+func errOf(_ loader.Ran, err error) error { return err }

@@ -1,12 +1,12 @@
-package coord_test
+package loader_test
 
 import (
 	"context"
 	"fmt"
 	"time"
 
-	"github.com/cacheguard/cacheguard/internal/coord"
 	"github.com/cacheguard/cacheguard/internal/redistest"
+	"github.com/cacheguard/cacheguard/loader"
 )
 
 // One Run: the lock, the re-check, the load, the checked write.
@@ -14,7 +14,7 @@ func ExampleCoordinator_Run() {
 	ctx := context.Background()
 	rdb := redistest.NewClient()
 	defer rdb.Close()
-	c := coord.New(rdb, "example:loaded", nil)
+	c := loader.NewCoordinator(rdb, "example:loaded", nil)
 	defer c.Close()
 	key := fmt.Sprintf("example:{k-%d}", time.Now().UnixNano())
 	_, err := c.Run(ctx, key, "v1", nil, filler(func(context.Context) ([]byte, time.Duration, error) {

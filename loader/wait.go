@@ -1,4 +1,4 @@
-package coord
+package loader
 
 import (
 	"context"
@@ -96,7 +96,7 @@ func (c *Coordinator) hget(ctx context.Context, key, field string) reading {
 }
 
 // errClosed is returned by register after close.
-var errClosed = errors.New("coord: coordinator closed")
+var errClosed = errors.New("loader: coordinator closed")
 
 // waker fans one Redis pub/sub subscription out to the flights of this
 // process that wait for a key: one SUBSCRIBE per Coordinator, opened on the
@@ -124,7 +124,7 @@ func (w *waker) register(ctx context.Context, key string) (ch <-chan struct{}, c
 	if w.sub == nil {
 		sub, err := pubsub.Subscribe(ctx, w.rdb, w.channel, w.dispatch, nil)
 		if err != nil {
-			return nil, nil, fmt.Errorf("coord: %w", err)
+			return nil, nil, fmt.Errorf("loader: %w", err)
 		}
 		w.sub, w.waiters = sub, map[string]map[chan struct{}]struct{}{}
 	}

@@ -1,4 +1,4 @@
-package flightgroup_test
+package loader_test
 
 import (
 	"context"
@@ -8,15 +8,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cacheguard/cacheguard/internal/flightgroup"
 	"github.com/cacheguard/cacheguard/internal/redistest"
+	"github.com/cacheguard/cacheguard/loader"
 )
 
 // TestMain checks that no goroutine outlives the tests.
 func TestMain(m *testing.M) { redistest.Main(m) }
 
 func TestOneFlightManyCallers(t *testing.T) {
-	var g flightgroup.Group[string, int]
+	var g loader.Group[string, int]
 	var calls atomic.Int32
 	release := make(chan struct{})
 	var wg sync.WaitGroup
@@ -55,7 +55,7 @@ func TestOneFlightManyCallers(t *testing.T) {
 }
 
 func TestPanicBecomesErrorForEveryCaller(t *testing.T) {
-	var g flightgroup.Group[string, int]
+	var g loader.Group[string, int]
 	start := make(chan struct{})
 	var wg sync.WaitGroup
 	var errs atomic.Int32
@@ -71,7 +71,7 @@ func TestPanicBecomesErrorForEveryCaller(t *testing.T) {
 				<-start
 				panic("boom")
 			}, func() { arrived <- struct{}{} })
-			if errors.Is(err, flightgroup.ErrPanic) {
+			if errors.Is(err, loader.ErrPanic) {
 				errs.Add(1)
 			}
 		}()
@@ -85,13 +85,13 @@ func TestPanicBecomesErrorForEveryCaller(t *testing.T) {
 		t.Fatalf("%d of 50 callers got ErrPanic", errs.Load())
 	}
 	// Uncancellable ctx takes the other path; same outcome.
-	if _, _, err := g.Do(context.Background(), "k2", func(context.Context) (int, error) { panic("x") }); !errors.Is(err, flightgroup.ErrPanic) {
+	if _, _, err := g.Do(context.Background(), "k2", func(context.Context) (int, error) { panic("x") }); !errors.Is(err, loader.ErrPanic) {
 		t.Fatalf("err = %v", err)
 	}
 }
 
 func TestCallerLeavesOnItsOwnCtxFlightContinues(t *testing.T) {
-	g := flightgroup.Group[string, string]{Timeout: 5 * time.Second}
+	g := loader.Group[string, string]{Timeout: 5 * time.Second}
 	release := make(chan struct{})
 	var sawCancel atomic.Bool
 	started := make(chan struct{})
@@ -132,7 +132,7 @@ func TestCallerLeavesOnItsOwnCtxFlightContinues(t *testing.T) {
 }
 
 func TestTimeoutBoundsFlight(t *testing.T) {
-	g := flightgroup.Group[string, int]{Timeout: 20 * time.Millisecond}
+	g := loader.Group[string, int]{Timeout: 20 * time.Millisecond}
 	_, _, err := g.Do(context.Background(), "k", func(ctx context.Context) (int, error) {
 		<-ctx.Done()
 		return 0, ctx.Err()
@@ -147,7 +147,7 @@ func TestTimeoutBoundsFlight(t *testing.T) {
 // onJoin, as a flight may wait for a lock a joiner holds), and never for
 // the caller that starts the flight.
 func TestDoOnJoin(t *testing.T) {
-	var g flightgroup.Group[string, int]
+	var g loader.Group[string, int]
 	const joiners = 5
 	var joined sync.WaitGroup
 	joined.Add(joiners)
@@ -194,7 +194,7 @@ func TestDoOnJoin(t *testing.T) {
 func TestSpawnStartsTheFlight(t *testing.T) {
 	var spawned atomic.Int32
 	var wg sync.WaitGroup
-	g := flightgroup.Group[string, int]{Spawn: func(run func()) {
+	g := loader.Group[string, int]{Spawn: func(run func()) {
 		spawned.Add(1)
 		wg.Go(run)
 	}}
@@ -211,7 +211,7 @@ func TestSpawnStartsTheFlight(t *testing.T) {
 // a Do that arrives meanwhile joins it (shared), and once it ended the next
 // Go starts another. A panic in it reaches nobody and crashes nothing.
 func TestGo(t *testing.T) {
-	var g flightgroup.Group[string, int]
+	var g loader.Group[string, int]
 	release := make(chan struct{})
 	ran := make(chan int, 4)
 	fn := func(n int) func(context.Context) (int, error) {
@@ -257,7 +257,7 @@ func TestGo(t *testing.T) {
 // inCaller drives a Group that runs flights InCaller: fn counts its runs,
 // says it started and returns what release sends (or its ctx's error).
 type inCaller struct {
-	g       flightgroup.Group[string, int]
+	g       loader.Group[string, int]
 	runs    atomic.Int32
 	started chan struct{}
 	release chan int
@@ -354,7 +354,7 @@ func TestInCallerLeaderGivesUp(t *testing.T) {
 // TestGoInCallerGroup: Go's flight runs detached in an InCaller Group too:
 // its starter's ctx ending does not end it.
 func TestGoInCallerGroup(t *testing.T) {
-	g := flightgroup.Group[string, int]{InCaller: true}
+	g := loader.Group[string, int]{InCaller: true}
 	ctx, cancel := context.WithCancel(context.Background())
 	release, ended := make(chan struct{}), make(chan error, 1)
 	g.Go(ctx, "k", func(fctx context.Context) (int, error) {

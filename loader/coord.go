@@ -1,10 +1,4 @@
-// Package coord makes the flights of different processes take turns through
-// a Redis lock per key: one holder loads and writes while the lock still
-// holds its token, the others wait for its PUBLISH and read what it stored.
-// It is the guard's alone: it writes the guard's layout (a hash per value
-// key, a field per schema version, the waiting mark, the filled marker);
-// docs/design.md says why it is not in package loader.
-package coord
+package loader
 
 import (
 	"context"
@@ -23,18 +17,19 @@ import (
 )
 
 // ErrBusy: another process held the key's lock for longer than LockWait.
-var ErrBusy = errors.New("coord: lock wait exceeded")
+var ErrBusy = errors.New("loader: lock wait exceeded")
 
 // errOvertaken: the holder's write was refused because its lock was no
 // longer its own (a write to the source of truth deleted it, or it expired
 // and perhaps passed to another holder); Run loads again.
-var errOvertaken = errors.New("coord: lock overtaken before the write")
+var errOvertaken = errors.New("loader: lock overtaken before the write")
 
-// Defaults of Options (guard resolves its own options from these).
-const (
-	DefaultLockTTL  = 5 * time.Second
-	DefaultLockWait = 15 * time.Second
-)
+// DefaultLockTTL is the default of CoordinatorOptions.LockTTL, and of the
+// guard's Tuning.LockTTL.
+const DefaultLockTTL = 5 * time.Second
+
+// defaultLockWait is the default of CoordinatorOptions.LockWait.
+const defaultLockWait = 15 * time.Second
 
 var (
 	//go:embed lua/write_release.lua
@@ -46,14 +41,14 @@ var (
 	releasePublish = redis.NewScript(releasePublishLua)
 )
 
-// Options tunes a Coordinator. A nil pointer means defaults.
-type Options struct {
+// CoordinatorOptions tunes a Coordinator. A nil pointer means defaults.
+type CoordinatorOptions struct {
 	// LockTTL is the lease of a key's lock; a watchdog renews it every
 	// LockTTL/3 while the load runs, so it only matters when the holder dies:
 	// the others take over about LockTTL later. Default DefaultLockTTL.
 	LockTTL time.Duration
 	// LockWait bounds how long a flight waits for other processes' loads of
-	// its key before it gives up with ErrBusy. Default DefaultLockWait.
+	// its key before it gives up with ErrBusy. Default 15 seconds.
 	LockWait time.Duration
 	// LoadOnBusy makes a flight that waited LockWait load by itself, without
 	// writing the result, instead of returning ErrBusy.
@@ -79,7 +74,7 @@ type Fill struct {
 	// Accept is given what the cache holds under the key; it reports
 	// whether that answers the call (false: load it, e.g. because it was
 	// corrupt). ttl is the entry's remaining TTL when the holder's re-check
-	// read it with the entry (Options.ReadTTL), else 0.
+	// read it with the entry (CoordinatorOptions.ReadTTL), else 0.
 	Accept func(ctx context.Context, raw []byte, ttl time.Duration) bool
 	// Load loads the key's value. What it returns is written under the key
 	// for ttl if the holder's lock is still its own. An error is returned
@@ -127,7 +122,7 @@ type Coordinator struct {
 	rdb     redis.UniversalClient
 	locks   *lock.Client
 	wake    waker
-	opts    Options
+	opts    CoordinatorOptions
 	channel string
 	trips   *batch.Batcher[queueFunc] // the lock attempts and writes of concurrent flights share round trips (see runTrips)
 
@@ -136,8 +131,8 @@ type Coordinator struct {
 
 // NewCoordinator returns a Coordinator that publishes on channel. Close it to
 // end its subscription.
-func New(rdb redis.UniversalClient, channel string, opts *Options) *Coordinator {
-	var o Options
+func NewCoordinator(rdb redis.UniversalClient, channel string, opts *CoordinatorOptions) *Coordinator {
+	var o CoordinatorOptions
 	if opts != nil {
 		o = *opts
 	}
@@ -145,7 +140,7 @@ func New(rdb redis.UniversalClient, channel string, opts *Options) *Coordinator 
 		o.LockTTL = DefaultLockTTL
 	}
 	if o.LockWait <= 0 {
-		o.LockWait = DefaultLockWait
+		o.LockWait = defaultLockWait
 	}
 	if o.OpTimeout <= 0 {
 		o.OpTimeout = time.Second
@@ -168,7 +163,7 @@ func New(rdb redis.UniversalClient, channel string, opts *Options) *Coordinator 
 func (c *Coordinator) LoadScripts(ctx context.Context) error {
 	for _, s := range []*redis.Script{writeRelease, releasePublish} {
 		if err := s.Load(ctx, c.rdb).Err(); err != nil {
-			return fmt.Errorf("coord: load scripts: %w", redisfail.Wrap(err))
+			return fmt.Errorf("loader: load scripts: %w", redisfail.Wrap(err))
 		}
 	}
 	return nil
@@ -259,7 +254,7 @@ func (c *Coordinator) Release(ctx context.Context, l *lock.Lock, key string) err
 	defer cancel()
 	err := releasePublish.Run(opCtx, c.rdb, []string{keyspace.Lock(key), keyspace.Waiting(key)}, l.Token(), c.channel, key).Err()
 	if err != nil {
-		return fmt.Errorf("coord: release %s: %w", key, redisfail.Wrap(err))
+		return fmt.Errorf("loader: release %s: %w", key, redisfail.Wrap(err))
 	}
 	return nil
 }
@@ -345,7 +340,7 @@ func (c *Coordinator) cached(ctx context.Context, r reading, f Fill) (done bool,
 	case errors.Is(err, redis.Nil):
 		return false, nil
 	case err != nil:
-		return true, fmt.Errorf("coord: read: %w", redisfail.Wrap(err))
+		return true, fmt.Errorf("loader: read: %w", redisfail.Wrap(err))
 	}
 	var ttl time.Duration
 	if r.pttl != nil {

@@ -1,16 +1,16 @@
-package flightgroup_test
+package loader_test
 
 import (
 	"context"
 	"fmt"
 
-	"github.com/cacheguard/cacheguard/internal/flightgroup"
+	"github.com/cacheguard/cacheguard/loader"
 )
 
 // DoOnJoin tells a caller that it joined a flight under way, before it
 // waits: the moment to give up what that flight may need.
 func ExampleGroup_DoOnJoin() {
-	var g flightgroup.Group[string, string]
+	var g loader.Group[string, string]
 	started, joined := make(chan struct{}), make(chan struct{})
 	done := make(chan string)
 	go func() {
@@ -32,7 +32,7 @@ func ExampleGroup_DoOnJoin() {
 // Go starts a flight nobody waits for, as a refresh ahead of expiry does: a
 // second Go of the key while it runs starts nothing, and a Do joins it.
 func ExampleGroup_Go() {
-	var g flightgroup.Group[string, string]
+	var g loader.Group[string, string]
 	release := make(chan struct{})
 	refresh := func(ctx context.Context) (string, error) {
 		<-release

@@ -1,11 +1,4 @@
-// Package flightgroup is the engine of package loader, with what only the
-// guard needs besides: a flight run in its first caller's goroutine
-// (InCaller, the guard's shared reads), a hook for a caller that joins a
-// flight under way (DoOnJoin: it gives back the lock its read took), a
-// flight nobody waits for (Go: a refresh ahead of expiry), and the
-// goroutines started by the caller's supervisor (Spawn). Package loader is
-// its public face: Do, Forget and Timeout, over this Group.
-package flightgroup
+package loader
 
 import (
 	"context"
@@ -17,12 +10,12 @@ import (
 )
 
 // ErrPanic is wrapped by the error every caller gets when a flight panicked.
-var ErrPanic = errors.New("loader: load panicked") // loader.ErrPanic
+var ErrPanic = errors.New("loader: load panicked")
 
-// Group merges concurrent flights per key (of a type of the caller's: the
-// guard's tell a fill from a load-through and a refresh). The zero value is
-// ready to use and flights have no timeout; set Timeout before first use to
-// bound them.
+// Group merges concurrent calls per key of type K (the guard's tell a fill
+// from a load-through and a refresh) into one flight whose result, of type
+// R, every caller gets. The zero value is ready to use and flights have no
+// timeout; set Timeout before first use to bound them.
 //
 // It is golang.org/x/sync/singleflight with what that package cannot do: the
 // flight runs on a context detached from the first caller's, each caller

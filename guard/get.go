@@ -396,3 +396,77 @@ var (
 	delIfEqualLua string
 	delIfEqual    = redis.NewScript(delIfEqualLua)
 )
+
+// How a Get is answered is counted: by outcome, in Stats (and, with
+// OpenTelemetry, on its counter and span).
+
+// outcome is how a flight ended, counted once per caller.
+type outcome uint8
+
+const (
+	outHit outcome = iota + 1
+	outEmpty
+	outRejected
+	outLoaded
+	outFailed
+	outLocalHit // answered from process memory (Options.Local); never a flight's
+)
+
+// counters is the live form of Stats; every field is updated atomically.
+// The outcomes every hit or reject counts are striped (see stripes); the
+// rest are rare.
+type counters struct {
+	hits, empty, rejects, localHits                   stripes
+	misses, coalesced                                 atomic.Uint64
+	loads, loadErrors, redisErrors, corrupt, bypasses atomic.Uint64
+	loadThroughs, shed, breakerOpens, abandonedLoads  atomic.Uint64
+	refreshes, schemaMisses, writesLost, unconfirmed  atomic.Uint64
+}
+
+func (c *counters) count(o outcome, coalesced bool) {
+	switch o {
+	case outHit:
+		c.hits.inc()
+	case outEmpty:
+		c.empty.inc()
+	case outRejected:
+		c.rejects.inc()
+	case outLoaded:
+		c.misses.Add(1)
+	case outLocalHit:
+		c.localHits.inc()
+	}
+	if coalesced {
+		c.coalesced.Add(1)
+	}
+}
+
+// answered counts how one Get was answered, in Stats and, with
+// OpenTelemetry on, on the gets counter and the Get's span: every count of
+// an answer goes through here (or answeredMany). coalesced: from another
+// caller's flight; through: loaded without Redis (the outage policy).
+func (g *Guard) answered(ctx context.Context, o outcome, coalesced, through bool) {
+	g.stats.count(o, coalesced)
+	if g.tel != nil {
+		g.tel.settled(ctx, o, coalesced, through, false)
+	}
+}
+
+// answeredMany is answered for one ID of a GetMany: its span is the
+// GetMany's, which gets no per-ID outcome.
+func (g *Guard) answeredMany(ctx context.Context, o outcome, coalesced, through bool) {
+	g.stats.count(o, coalesced)
+	if g.tel != nil {
+		g.tel.settled(ctx, o, false, through, true)
+	}
+}
+
+// loaded counts n IDs asked of a load function, and their failure if err
+// is one (ErrNotFound is an answer, not a failure): every load of every
+// entry point is counted here.
+func (g *Guard) loaded(n int, err error) {
+	g.stats.loads.Add(uint64(n))
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		g.stats.loadErrors.Add(uint64(n))
+	}
+}

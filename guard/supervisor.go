@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 )
 
 // The supervisor: every goroutine and flight of a Guard runs under it,
@@ -188,4 +189,47 @@ func (gt *gate) close() {
 		close(gt.drained)
 	})
 	<-gt.drained
+}
+
+// stripes is a number spread over cache lines, so that parallel calls do
+// not bounce one word between cores: each update goes to one stripe and sum
+// adds them up. The gate adds and takes back on the stripe a call entered
+// on; the hit counters add on any (inc).
+type stripes struct {
+	s [numStripes]struct {
+		n atomic.Int64
+		_ [56]byte // a cache line each
+	}
+}
+
+const (
+	stripeBits = 4
+	numStripes = 1 << stripeBits
+)
+
+// pick returns a stripe for this call, derived from the address of the
+// calling goroutine's stack: a goroutine keeps adding on the same stripe
+// (its cache line stays with its core), and goroutines mostly land on
+// different ones. The address is only hashed; a stack that moves just
+// picks another stripe.
+func (s *stripes) pick() int {
+	var onStack byte
+	a := uint64(uintptr(unsafe.Pointer(&onStack))) >> 10      // stacks are at least 2 KiB apart
+	return int((a * 0x9e3779b97f4a7c15) >> (64 - stripeBits)) // Fibonacci hashing onto the stripes
+}
+
+func (s *stripes) add(i int, d int64) { s.s[i].n.Add(d) }
+
+// inc counts one on this call's stripe; load is exact once the incs have
+// returned.
+func (s *stripes) inc()         { s.add(s.pick(), 1) }
+func (s *stripes) load() uint64 { return uint64(s.sum()) }
+
+// sum is exact once every add has returned.
+func (s *stripes) sum() int64 {
+	var n int64
+	for i := range s.s {
+		n += s.s[i].n.Load()
+	}
+	return n
 }

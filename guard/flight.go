@@ -127,6 +127,16 @@ func joinedValue[T any](g *Guard, id string, j joined[T]) (T, error) {
 	return decodeFrame[T](g, id, j.fl.frame)
 }
 
+// decodeFrame decodes a flight's frame into a caller's own copy.
+func decodeFrame[T any](g *Guard, id string, frame []byte) (T, error) {
+	var v T
+	if err := codec.Decode(g.opts.Codec, frame, &v); err != nil {
+		var zero T
+		return zero, fmt.Errorf("cacheguard: %s %q: decode: %w", g.name, id, err)
+	}
+	return v, nil
+}
+
 // noWriteHeard reports whether the local cache, armed, heard of no write
 // of id's stripe since the epoch was then (arming raises the floor, so an
 // epoch read before the subscription never passes).
@@ -311,7 +321,9 @@ func (g *Guard) ran(ctx context.Context, vkey string, r loader.Ran) {
 	if r.WriteErr != nil {
 		_ = g.fail(g.sup.ctx, "write", g.idOf(vkey), r.WriteErr)
 	}
-	g.otherSchemas(vkey, g.field(), r.Others)
+	if len(r.Others) > 0 {
+		g.otherSchemas(vkey, g.field(), r.Others)
+	}
 }
 
 // accept judges an entry the Coordinator read (loader.Fill.Accept): see

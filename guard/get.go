@@ -297,9 +297,6 @@ func (g *Guard) field() string {
 // first maxSchemaPairs pairs): a deploy that changed the value type, or
 // an entry of an earlier cacheguard format, read once as a miss.
 func (g *Guard) otherSchemas(key, field string, others []string) {
-	if len(others) == 0 {
-		return
-	}
 	g.stats.schemaMisses.Add(1)
 	for _, o := range others {
 		pair := field + " " + o
@@ -368,16 +365,6 @@ func decodeEntry[T any](ctx context.Context, g *Guard, vkey string, raw []byte) 
 		g.dropCorrupt(ctx, vkey, raw, err)
 	}
 	return e
-}
-
-// decodeFrame decodes a flight's frame into a caller's own copy.
-func decodeFrame[T any](g *Guard, id string, frame []byte) (T, error) {
-	var v T
-	if err := codec.Decode(g.opts.Codec, frame, &v); err != nil {
-		var zero T
-		return zero, fmt.Errorf("cacheguard: %s %q: decode: %w", g.name, id, err)
-	}
-	return v, nil
 }
 
 // dropCorrupt counts and logs (at warn level) an entry that does not decode,

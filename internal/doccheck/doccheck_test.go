@@ -136,7 +136,7 @@ func TestDocsMetricOwners(t *testing.T) {
 			t.Errorf("%s: metric %s: no source serves names like it (doccheck.MetricOwners)", m.At, m.Name)
 		}
 	}
-	t.Logf("%d metric names in the docs, checked against their sources in those modules' TestDocsMetrics", len(ms))
+	t.Logf("%d metric names in the docs, checked against their sources in those modules' tests (doccheck.MetricOwners)", len(ms))
 }
 
 // TestDocsLogs: the messages the docs quote are logged (or returned as

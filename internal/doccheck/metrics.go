@@ -18,7 +18,7 @@ import (
 // no owner fails in this package's tests.
 var MetricOwners = map[string]string{
 	"cacheguard_":          "guardprometheus (TestDocsMetrics: the collector over a Guard)",
-	"cacheguard_pgfollow_": "follow/postgres/cmd/cacheguard-pgfollow (TestDocsMetrics: -metrics)",
+	"cacheguard_pgfollow_": "follow/postgres/cmd/cacheguard-pgfollow (TestCommand: its -metrics)",
 	"otel_cacheguard_":     "examples/shop (TestDocsMetrics: /metrics)",
 	"shop_":                "examples/shop (TestDocsMetrics: /metrics)",
 }

@@ -91,6 +91,7 @@ func TestCommand(t *testing.T) {
 			t.Errorf("metrics lack %q:\n%s", m, body)
 		}
 	}
+	docsNameTheMetrics(t, string(body))
 	// A DELETE and an INSERT, under the follower's user: the Delete's
 	// script reads the entry's fields (HKEYS), which the user of
 	// docs/usage.md lacked until chaos seed 1 found every DELETE refused

@@ -33,6 +33,8 @@ type HotKeyResult struct {
 	Max            time.Duration // the slowest Get
 	Slow           int64         // Gets that took as long as a load (LoadTime) or longer: callers that waited for one
 	TTL, LoadTime  time.Duration // the key's TTL and the loader's time (-hot-ttl, -hot-load)
+	Clients        int           // how many clients asked (-hot-clients)
+	Errors         int64         // Gets that failed (asking at once only: otherwise the run fails)
 
 	GetsRuns []int64         // Gets of each round (medianHot)
 	MaxRuns  []time.Duration // the slowest Get of each round
@@ -60,8 +62,12 @@ func medianHot(runs []HotKeyResult) HotKeyResult {
 // table 4b runs with none (see hotKey).
 const hotPauseDefault = 100 * time.Microsecond
 
-// hotShape is the hot key's TTL and loader time for a run.
-type hotShape struct{ ttl, load time.Duration }
+// hotShape is the hot key's TTL and loader time for a run, and how many
+// clients ask for it (0: 32).
+type hotShape struct {
+	ttl, load time.Duration
+	clients   int
+}
 
 // check refuses a TTL that contender cannot keep: go-zero stores whole
 // seconds, and go-redis/cache replaces a TTL under a second with its
@@ -107,8 +113,10 @@ func hotKey(ctx context.Context, e *env, name string, d, pause time.Duration, sh
 	// waits in whole milliseconds), so with in-process caches that column
 	// counts timer wake-ups more than hits. With pause 0 (table 4b) each
 	// client yields between Gets instead: no goroutine holds a processor
-	// for long, and the column measures what a hit costs.
-	const workers = 32
+	// for long, and the column measures what a hit costs. Below 0
+	// (-hot-pause -1ns) each asks again at once, as a saturated service's
+	// handlers do: the slowest Get then includes the scheduler's slices.
+	workers := cmp.Or(shape.clients, 32)
 	// Warm: the first load is not one the row is about.
 	if _, err := c.Get(ctx, "hot", load); err != nil {
 		return HotKeyResult{}, fmt.Errorf("%s: warm-up: %w", name, err)
@@ -132,6 +140,7 @@ func hotKey(ctx context.Context, e *env, name string, d, pause time.Duration, sh
 	}
 	var gets atomic.Int64
 	var firstErr atomic.Value
+	var failed atomic.Int64 // asking at once (pause < 0), a contender's own timeouts can run out: counted, not fatal
 	runtime.GC()
 	stop := time.Now().Add(d)
 	var wg sync.WaitGroup
@@ -143,6 +152,7 @@ func hotKey(ctx context.Context, e *env, name string, d, pause time.Duration, sh
 			for time.Now().Before(stop) {
 				t := time.Now()
 				if _, err := c.Get(ctx, "hot", load); err != nil {
+					failed.Add(1)
 					firstErr.CompareAndSwap(nil, err)
 				}
 				took := time.Since(t)
@@ -152,16 +162,17 @@ func hotKey(ctx context.Context, e *env, name string, d, pause time.Duration, sh
 				}
 				samples[w].add(took)
 				gets.Add(1)
-				if pause > 0 {
+				switch {
+				case pause > 0:
 					time.Sleep(pause)
-				} else {
+				case pause == 0:
 					runtime.Gosched()
-				}
+				} // below 0: ask again at once (the scheduler's own preemption alone)
 			}
 		}()
 	}
 	wg.Wait()
-	if err, _ := firstErr.Load().(error); err != nil {
+	if err, _ := firstErr.Load().(error); err != nil && pause >= 0 {
 		return HotKeyResult{}, fmt.Errorf("%s: %w", name, err)
 	}
 	var slowest time.Duration
@@ -173,5 +184,5 @@ func hotKey(ctx context.Context, e *env, name string, d, pause time.Duration, sh
 	all := sorted(samples)
 	return HotKeyResult{Contender: name, Seconds: d.Seconds(), Gets: gets.Load(), LoaderCalls: calls.Load(),
 		LoadsPerSecond: float64(calls.Load()) / d.Seconds(), Expiries: d.Seconds() / ttl.Seconds(), P99: pct(all, 0.99), Max: slowest,
-		Slow: slow, TTL: ttl, LoadTime: loadTime}, nil
+		Slow: slow, TTL: ttl, LoadTime: loadTime, Clients: workers, Errors: failed.Load()}, nil
 }

@@ -69,7 +69,8 @@ func main() {
 	hotPause := flag.Duration(
 		"hot-pause",
 		hotPauseDefault,
-		"with -hot-only: each hot-key client's pause between Gets (0: it yields the processor instead); a full run shows both 100µs and 0",
+		"with -hot-only: each hot-key client's pause between Gets (0: it yields the processor instead; -1ns: it asks again at once); "+
+			"a full run shows both 100µs and 0",
 	)
 	hotTTL := flag.Duration(
 		"hot-ttl",
@@ -78,6 +79,7 @@ func main() {
 	)
 	hotLoad := flag.Duration("hot-load", hotLoadDefault, "the hot key's loader time")
 	hotOnly := flag.Bool("hot-only", false, "run the hot-key workload only and print its table (for quick comparisons)")
+	hotClients := flag.Int("hot-clients", 32, "with -hot-only: the hot key's clients")
 	staleOnly := flag.Bool("stale-only", false, "run the staleness workload only and print its table (table 7)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
@@ -109,7 +111,7 @@ func main() {
 	}
 	stopAfterHit, hotKeyOnly, staleKeyOnly = *hitOnly, *hotOnly, *staleOnly
 	hotOnlyPause = *hotPause
-	hotKeyShape = hotShape{ttl: *hotTTL, load: *hotLoad}
+	hotKeyShape = hotShape{ttl: *hotTTL, load: *hotLoad, clients: *hotClients}
 	if err := run(ctx, *hit, *hitRounds, *hot, *hotRounds, *jsonPath, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "benchmarks:", err)
 		pprof.StopCPUProfile()
@@ -211,8 +213,11 @@ func run(ctx context.Context, hitTime time.Duration, hitRounds int, hotTime time
 			return err
 		}
 		number := "4"
-		if hotOnlyPause <= 0 {
+		switch {
+		case hotOnlyPause == 0:
 			number = "4b"
+		case hotOnlyPause < 0:
+			number = "4c"
 		}
 		fmt.Fprint(w, markdownHot(number, rs, hotOnlyPause))
 		return nil

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"runtime"
@@ -104,20 +105,24 @@ func markdownHot(number string, rs []HotKeyResult, pause time.Duration) string {
 	if us := pause / time.Microsecond; pause < time.Millisecond && us*time.Microsecond == pause {
 		pacing = fmt.Sprintf("each asking again %d µs after its answer", us)
 	}
-	if pause <= 0 {
+	switch {
+	case pause == 0:
 		pacing = "each yielding the processor between Gets instead of pausing"
+	case pause < 0:
+		pacing = "each asking again at once"
 	}
-	shape := hotShape{ttl: hotTTLDefault, load: hotLoadDefault}
+	shape := hotShape{ttl: hotTTLDefault, load: hotLoadDefault, clients: 32}
 	if len(rs) > 0 && rs[0].TTL > 0 {
-		shape = hotShape{ttl: rs[0].TTL, load: rs[0].LoadTime}
+		shape = hotShape{ttl: rs[0].TTL, load: rs[0].LoadTime, clients: cmp.Or(rs[0].Clients, 32)}
 	}
 	ttl, load := shortDuration(shape.ttl), shortDuration(shape.load)
 	fmt.Fprintf(
 		&b,
-		"\n**%s. Hot key expiring under load** (32 clients, %s; one warm key, TTL %s, loader %s; "+
+		"\n**%s. Hot key expiring under load** (%d clients, %s; one warm key, TTL %s, loader %s; "+
 			"\"Gets ≥ %s\" counts the callers that took as long as a load: waiting for one, or a Redis "+
 			"round trip that slow)\n",
 		number,
+		shape.clients,
 		pacing,
 		ttl,
 		load,
@@ -138,6 +143,9 @@ func markdownHot(number string, rs []HotKeyResult, pause time.Duration) string {
 	for _, h := range rs {
 		fmt.Fprintf(&b, "| %s | %d (%s) | %d | %.1f | %.0f | %s | %s (%s) | %d |\n", h.Contender, h.Gets, joinInts(h.GetsRuns), h.LoaderCalls,
 			h.LoadsPerSecond, h.Expiries, ms(h.P99), ms(h.Max), joinDurations(h.MaxRuns), h.Slow)
+		if h.Errors > 0 {
+			fmt.Fprintf(&b, "|   (%s: %d Gets failed) | | | | | | | |\n", h.Contender, h.Errors)
+		}
 	}
 	return b.String()
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -212,11 +213,21 @@ func localHit[T any](ctx context.Context, g *Guard, id string) (T, localState) {
 		return zero, localNone
 	}
 	v, st := fromLocal[T](g, id)
-	if st == localFresh {
-		g.answered(ctx, outLocalHit, false, false)
+	if st == localFresh && g.answered(ctx, outLocalHit, false, false)%yieldEvery == 0 {
+		runtime.Gosched()
 	}
 	return v, st
 }
+
+// A local hit waits on nothing, so callers that ask again at once never
+// park: with more of them than processors the scheduler preempts each after
+// 10 ms, and a Get preempted in the middle waits for every other caller's
+// slice (hundreds of ms with 32 callers on 2 cores), as does the goroutine
+// that refills the entry. Every yieldEvery-th hit on a stripe of the count
+// (see stripes: about one per goroutine) yields the processor instead, so
+// each slice is a fraction of a millisecond; docs/benchmarks.md has the
+// cost and the effect (Hot key, clients asking at once).
+const yieldEvery = 1024
 
 // fromLocal is the copy of id in process memory, if there is one that
 // decodes (one that does not is dropped). The first hit that finds it due

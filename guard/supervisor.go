@@ -220,9 +220,9 @@ func (s *stripes) pick() int {
 
 func (s *stripes) add(i int, d int64) { s.s[i].n.Add(d) }
 
-// inc counts one on this call's stripe; load is exact once the incs have
-// returned.
-func (s *stripes) inc()         { s.add(s.pick(), 1) }
+// inc counts one on this call's stripe and returns the stripe's count;
+// load is exact once the incs have returned.
+func (s *stripes) inc() int64   { return s.s[s.pick()].n.Add(1) }
 func (s *stripes) load() uint64 { return uint64(s.sum()) }
 
 // sum is exact once every add has returned.

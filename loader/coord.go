@@ -196,18 +196,19 @@ func (c *Coordinator) Stats() Stats {
 // wrapping redisfail.ErrUnavailable; and, whatever the answer, what it did
 // on the way (Ran).
 func (c *Coordinator) Run(ctx context.Context, key, field string, held *lock.Lock, f Fill) (ran Ran, err error) {
+	t := targetOf(key, field)
 	if held != nil {
 		nothing := redis.NewStringResult("", redis.Nil) // what the caller's re-check found
-		if err := c.hold(ctx, held, key, field, reading{get: nothing}, f, &ran); !errors.Is(err, errOvertaken) {
+		if err := c.hold(ctx, held, t, reading{get: nothing}, f, &ran); !errors.Is(err, errOvertaken) {
 			return ran, err
 		}
 	}
 	deadline := time.Now().Add(c.opts.LockWait)
 	for {
-		l, get, lease, err := c.attempt(ctx, key, field, c.opts.ReadTTL)
+		l, get, lease, err := c.attempt(ctx, t, c.opts.ReadTTL)
 		switch {
 		case err == nil:
-			err = c.hold(ctx, l, key, field, get, f, &ran)
+			err = c.hold(ctx, l, t, get, f, &ran)
 			if !errors.Is(err, errOvertaken) {
 				return ran, err
 			}
@@ -226,7 +227,7 @@ func (c *Coordinator) Run(ctx context.Context, key, field string, held *lock.Loc
 			f.Waiting()
 		}
 		began := time.Now()
-		done, result, err := c.wait(ctx, key, field, lease, deadline, f)
+		done, result, err := c.wait(ctx, t, lease, deadline, f)
 		ran.Waits = append(ran.Waits, Wait{Began: began, Ended: time.Now(), Result: result})
 		if done || err != nil {
 			return ran, err
@@ -250,13 +251,28 @@ func (c *Coordinator) Run(ctx context.Context, key, field string, held *lock.Loc
 // filling key already). A lock that is no longer l (its lease ran out) is
 // left alone.
 func (c *Coordinator) Release(ctx context.Context, l *lock.Lock, key string) error {
+	return c.release(ctx, l, targetOf(key, ""))
+}
+
+func (c *Coordinator) release(ctx context.Context, l *lock.Lock, t target) error {
 	opCtx, cancel := c.op(ctx)
 	defer cancel()
-	err := releasePublish.Run(opCtx, c.rdb, []string{keyspace.Lock(key), keyspace.Waiting(key)}, l.Token(), c.channel, key).Err()
+	err := releasePublish.Run(opCtx, c.rdb, []string{t.lock, t.waiting}, l.Token(), c.channel, t.key).Err()
 	if err != nil {
-		return fmt.Errorf("loader: release %s: %w", key, redisfail.Wrap(err))
+		return fmt.Errorf("loader: release %s: %w", t.key, redisfail.Wrap(err))
 	}
 	return nil
+}
+
+// target is what one Run or TryRun works on: the value key, the field it
+// fills, and the key's lock and waiting mark, named once (internal/keyspace).
+type target struct {
+	key, field    string
+	lock, waiting string
+}
+
+func targetOf(key, field string) target {
+	return target{key: key, field: field, lock: keyspace.Lock(key), waiting: keyspace.Waiting(key)}
 }
 
 // TryRun is Run for a refresh ahead of expiry: one attempt on the lock and
@@ -265,14 +281,15 @@ func (c *Coordinator) Release(ctx context.Context, l *lock.Lock, key string) err
 // entry was invalidated or replaced), TryRun returns nil having written
 // nothing. Ran says what its write met.
 func (c *Coordinator) TryRun(ctx context.Context, key, field string, f Fill) (ran Ran, err error) {
-	l, get, _, err := c.attempt(ctx, key, field, false)
+	t := targetOf(key, field)
+	l, get, _, err := c.attempt(ctx, t, false)
 	switch {
 	case errors.Is(err, lock.ErrNotObtained):
 		return ran, nil
 	case err != nil:
 		return ran, err
 	}
-	if err := c.hold(ctx, l, key, field, get, f, &ran); !errors.Is(err, errOvertaken) {
+	if err := c.hold(ctx, l, t, get, f, &ran); !errors.Is(err, errOvertaken) {
 		return ran, err
 	}
 	return ran, nil
@@ -282,7 +299,7 @@ func (c *Coordinator) TryRun(ctx context.Context, key, field string, f Fill) (ra
 // queued behind it, in one round trip (and the key's PTTL behind that
 // withTTL). When another holder has the lock (lock.ErrNotObtained), lease
 // is what is left of its lease.
-func (c *Coordinator) attempt(ctx context.Context, key, field string, withTTL bool) (l *lock.Lock, get reading, lease time.Duration, err error) {
+func (c *Coordinator) attempt(ctx context.Context, t target, withTTL bool) (l *lock.Lock, get reading, lease time.Duration, err error) {
 	opCtx, cancel := c.op(ctx)
 	defer cancel()
 	// The closure writes only these locals: after a failed send it may
@@ -292,13 +309,13 @@ func (c *Coordinator) attempt(ctx context.Context, key, field string, withTTL bo
 	var lockTTL *redis.DurationCmd
 	var r reading
 	if err := c.send(opCtx, func(ctx context.Context, pipe redis.Pipeliner) {
-		q, qerr = c.locks.Queue(ctx, pipe, keyspace.Lock(key), c.opts.LockTTL)
+		q, qerr = c.locks.Queue(ctx, pipe, t.lock, c.opts.LockTTL)
 		if qerr == nil {
-			lockTTL = pipe.PTTL(ctx, keyspace.Lock(key)) // the holder's lease, if the attempt fails
+			lockTTL = pipe.PTTL(ctx, t.lock) // the holder's lease, if the attempt fails
 		}
-		r.get = pipe.HGet(ctx, key, field)
+		r.get = pipe.HGet(ctx, t.key, t.field)
 		if withTTL {
-			r.pttl = pipe.PTTL(ctx, key)
+			r.pttl = pipe.PTTL(ctx, t.key)
 		}
 	}); err != nil {
 		return nil, reading{}, 0, err
@@ -356,10 +373,10 @@ func (c *Coordinator) cached(ctx context.Context, r reading, f Fill) (done bool,
 // alone when it did not get that far (also when the load panics). It
 // returns errOvertaken when the write was refused, and records in ran what
 // the write met.
-func (c *Coordinator) hold(ctx context.Context, l *lock.Lock, key, field string, get reading, f Fill, ran *Ran) error {
+func (c *Coordinator) hold(ctx context.Context, l *lock.Lock, t target, get reading, f Fill, ran *Ran) error {
 	stop := l.KeepAlive(ctx, c.opts.LockTTL, func(err error) {
 		if c.opts.OnLockLost != nil {
-			c.opts.OnLockLost(key, err)
+			c.opts.OnLockLost(t.key, err)
 		}
 	})
 	released := false
@@ -368,7 +385,7 @@ func (c *Coordinator) hold(ctx context.Context, l *lock.Lock, key, field string,
 		if released {
 			return
 		}
-		_ = c.Release(context.WithoutCancel(ctx), l, key)
+		_ = c.release(context.WithoutCancel(ctx), l, t)
 	}()
 	if done, err := c.cached(ctx, get, f); done || err != nil {
 		return err
@@ -380,8 +397,8 @@ func (c *Coordinator) hold(ctx context.Context, l *lock.Lock, key, field string,
 	stop() // before the release: the watchdog must not renew a lock it no longer holds
 	opCtx, cancel := c.op(ctx)
 	defer cancel()
-	keys := []string{key, keyspace.Lock(key), keyspace.Waiting(key)}
-	args := []any{field, frame, max(ttl.Milliseconds(), 1), l.Token(), c.channel, keyspace.Filled}
+	keys := []string{t.key, t.lock, t.waiting}
+	args := []any{t.field, frame, max(ttl.Milliseconds(), 1), l.Token(), c.channel, keyspace.Filled}
 	var cmd *redis.Cmd
 	err = c.send(opCtx, func(ctx context.Context, pipe redis.Pipeliner) {
 		cmd = writeRelease.EvalSha(ctx, pipe, keys, args...)
@@ -403,7 +420,7 @@ func (c *Coordinator) hold(ctx context.Context, l *lock.Lock, key, field string,
 		return errOvertaken
 	case len(written) > 1:
 		for _, f := range written[1:] {
-			if s, ok := f.(string); ok && s != field {
+			if s, ok := f.(string); ok && s != t.field {
 				ran.Others = append(ran.Others, s)
 			}
 		}

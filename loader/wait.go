@@ -9,7 +9,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/cacheguard/cacheguard/internal/keyspace"
 	"github.com/cacheguard/cacheguard/internal/pubsub"
 )
 
@@ -23,13 +22,13 @@ import (
 // result says how the wait ended (see Wait).
 func (c *Coordinator) wait(
 	ctx context.Context,
-	key, field string,
+	tg target,
 	holderTTL time.Duration,
 	deadline time.Time,
 	f Fill,
 ) (done bool, result string, err error) {
 	opCtx, cancelOp := c.op(ctx)
-	woken, cancel, err := c.wake.register(opCtx, key)
+	woken, cancel, err := c.wake.register(opCtx, tg.key)
 	cancelOp()
 	if err != nil {
 		return true, "cancelled", err
@@ -50,7 +49,7 @@ func (c *Coordinator) wait(
 	// failed, or it was a read's lock given back: see Run's held) published to
 	// nobody: the lock's PTTL, read behind the mark, says it is gone, and
 	// the flight attempts again at once instead of waiting out the lease.
-	r, lockGone := c.markAndRead(ctx, key, field, lease)
+	r, lockGone := c.markAndRead(ctx, tg, lease)
 	if done, err := c.cached(ctx, r, f); done || err != nil {
 		return true, "woken", err
 	}
@@ -67,20 +66,20 @@ func (c *Coordinator) wait(
 	case <-ctx.Done():
 		return true, "cancelled", ctx.Err()
 	}
-	done, err = c.cached(ctx, c.hget(ctx, key, field), f)
+	done, err = c.cached(ctx, c.hget(ctx, tg), f)
 	return done, result, err
 }
 
 // markAndRead leaves key's waiting mark for a wait of lease and reads the
 // entry behind it, and whether key's lock is gone, in one round trip
 // bounded by OpTimeout.
-func (c *Coordinator) markAndRead(ctx context.Context, key, field string, lease time.Duration) (r reading, lockGone bool) {
+func (c *Coordinator) markAndRead(ctx context.Context, t target, lease time.Duration) (r reading, lockGone bool) {
 	opCtx, cancel := c.op(ctx)
 	defer cancel()
 	pipe := c.rdb.Pipeline()
-	mark := pipe.Set(opCtx, keyspace.Waiting(key), "1", lease+c.opts.OpTimeout)
-	get := pipe.HGet(opCtx, key, field)
-	pttl := pipe.PTTL(opCtx, keyspace.Lock(key))
+	mark := pipe.Set(opCtx, t.waiting, "1", lease+c.opts.OpTimeout)
+	get := pipe.HGet(opCtx, t.key, t.field)
+	pttl := pipe.PTTL(opCtx, t.lock)
 	_, _ = pipe.Exec(opCtx) // errors are read per command
 	if err := mark.Err(); err != nil && errors.Is(get.Err(), redis.Nil) {
 		get.SetErr(err) // nothing cached, and unmarked a wait could miss the publish: fail as a read would
@@ -89,10 +88,10 @@ func (c *Coordinator) markAndRead(ctx context.Context, key, field string, lease 
 }
 
 // hget reads the entry in a round trip of its own, bounded by OpTimeout.
-func (c *Coordinator) hget(ctx context.Context, key, field string) reading {
+func (c *Coordinator) hget(ctx context.Context, t target) reading {
 	opCtx, cancel := c.op(ctx)
 	defer cancel()
-	return reading{get: c.rdb.HGet(opCtx, key, field)}
+	return reading{get: c.rdb.HGet(opCtx, t.key, t.field)}
 }
 
 // errClosed is returned by register after close.

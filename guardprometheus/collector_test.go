@@ -34,16 +34,8 @@ func rebuild(t *testing.T, g *guard.Guard, ids ...string) {
 func TestKnownSequenceReadsBack(t *testing.T) {
 	c := redistest.Connect(t)
 	ctx := context.Background()
-	products, err := guard.New(ctx, c, "product", &guard.Options{KeyPrefix: c.Prefix, Filter: guard.FilterOptions{ExpectedItems: 1000}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer products.Close()
-	users, err := guard.New(ctx, c, "user", &guard.Options{KeyPrefix: c.Prefix, Filter: guard.FilterOptions{ExpectedItems: 1000}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer users.Close()
+	products := newGuard(t, c, "product")
+	users := newGuard(t, c, "user")
 	rebuild(t, products, "1", "2", "3")
 	rebuild(t, users, "7")
 
@@ -199,11 +191,7 @@ cacheguard_unwritten{guard="product"} 1
 func TestFilterReadyFollowsTheGuard(t *testing.T) {
 	ctx := context.Background()
 	c := redistest.Connect(t)
-	g, err := guard.New(ctx, c, "product", &guard.Options{KeyPrefix: c.Prefix, Filter: guard.FilterOptions{ExpectedItems: 1000}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
+	g := newGuard(t, c, "product")
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(guardprometheus.New(&guardprometheus.Options{SkipFilterInfo: true}, g))
 	ready := func() float64 {
@@ -233,4 +221,16 @@ func TestFilterReadyFollowsTheGuard(t *testing.T) {
 	if r := ready(); r != 1 {
 		t.Fatalf("filter_ready %v once rebuilt", r)
 	}
+}
+
+// newGuard is a Guard named name on c, under the test's key prefix, closed
+// when the test ends.
+func newGuard(t *testing.T, c *redistest.Conn, name string) *guard.Guard {
+	t.Helper()
+	g, err := guard.New(context.Background(), c, name, &guard.Options{KeyPrefix: c.Prefix, Filter: guard.FilterOptions{ExpectedItems: 1000}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = g.Close() })
+	return g
 }

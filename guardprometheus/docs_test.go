@@ -20,11 +20,7 @@ import (
 func TestDocsMetrics(t *testing.T) {
 	c := redistest.Connect(t)
 	ctx := context.Background()
-	g, err := guard.New(ctx, c, "product", &guard.Options{KeyPrefix: c.Prefix, Filter: guard.FilterOptions{ExpectedItems: 1000}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
+	g := newGuard(t, c, "product")
 	rebuild(t, g, "1")
 	_, _ = guard.Get(ctx, g, "1", func(context.Context, string) (string, error) { return "row", nil })
 	reg := prometheus.NewPedanticRegistry()

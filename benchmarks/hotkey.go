@@ -4,12 +4,17 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"os"
+	"os/exec"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Hot-key shape by default: the key's TTL and the loader's time. The TTL
@@ -35,9 +40,13 @@ type HotKeyResult struct {
 	TTL, LoadTime  time.Duration // the key's TTL and the loader's time (-hot-ttl, -hot-load)
 	Clients        int           // how many clients asked (-hot-clients)
 	Errors         int64         // Gets that failed (asking at once only: otherwise the run fails)
+	// Absent is the share of the run the key's Redis entry did not exist,
+	// from EXISTS every millisecond (absentShare); the median of AbsentRuns.
+	Absent float64
 
-	GetsRuns []int64         // Gets of each round (medianHot)
-	MaxRuns  []time.Duration // the slowest Get of each round
+	GetsRuns   []int64         // Gets of each round (medianHot)
+	MaxRuns    []time.Duration // the slowest Get of each round
+	AbsentRuns []float64       // each round's Absent
 }
 
 // medianHot is a contender's hot-key row over its rounds: the round with
@@ -48,19 +57,41 @@ func medianHot(runs []HotKeyResult) HotKeyResult {
 	slices.SortFunc(byGets, func(a, b HotKeyResult) int { return cmp.Compare(a.Gets, b.Gets) })
 	m := byGets[len(byGets)/2]
 	maxes := make([]time.Duration, len(runs))
+	absent := make([]float64, len(runs))
 	for i, r := range runs {
 		m.GetsRuns = append(m.GetsRuns, r.Gets)
-		maxes[i] = r.Max
+		maxes[i], absent[i] = r.Max, r.Absent
 	}
-	m.MaxRuns = slices.Clone(maxes)
+	m.MaxRuns, m.AbsentRuns = slices.Clone(maxes), slices.Clone(absent)
 	slices.Sort(maxes)
-	m.Max = maxes[len(maxes)/2]
+	slices.Sort(absent)
+	m.Max, m.Absent = maxes[len(maxes)/2], absent[len(absent)/2]
 	return m
 }
 
 // hotPauseDefault is each hot-key client's pause between Gets in table 4;
 // table 4b runs with none (see hotKey).
 const hotPauseDefault = 100 * time.Microsecond
+
+// Table 4c: the hot key of a saturated service, each client asking again
+// at once, at TTL 200 ms and a 20 ms load (25 expiries a run, a load a
+// tenth of the TTL), with 4 and with 32 clients. Its contenders are those
+// that keep a sub-second TTL and load once per expiry, rueidisaside the
+// peer among them (hotAtOnceNames).
+const (
+	hotAtOnceTTL  = 200 * time.Millisecond
+	hotAtOnceLoad = 20 * time.Millisecond
+)
+
+var (
+	hotAtOnceClients = []int{4, 32}
+	hotAtOnceOf      = []string{"rueidisaside", "cacheguard", "cacheguard+local", "cacheguard+refresh", "cacheguard+local+refresh"}
+)
+
+// hotAtOnceNames is table 4c's contenders among those that run (-only).
+func hotAtOnceNames() []string {
+	return slices.DeleteFunc(slices.Clone(hotAtOnceOf), func(n string) bool { return !slices.Contains(contenderNames, n) })
+}
 
 // hotShape is the hot key's TTL and loader time for a run, and how many
 // clients ask for it (0: 32).
@@ -144,6 +175,10 @@ func hotKey(ctx context.Context, e *env, name string, d, pause time.Duration, sh
 	runtime.GC()
 	stop := time.Now().Add(d)
 	var wg sync.WaitGroup
+	watch, err := startWatch(ctx, e.addr, c.RedisKey("hot"), stop)
+	if err != nil {
+		return HotKeyResult{}, err
+	}
 	for w := range workers {
 		wg.Add(1)
 		go func() {
@@ -175,6 +210,10 @@ func hotKey(ctx context.Context, e *env, name string, d, pause time.Duration, sh
 	if err, _ := firstErr.Load().(error); err != nil && pause >= 0 {
 		return HotKeyResult{}, fmt.Errorf("%s: %w", name, err)
 	}
+	absent, err := watch()
+	if err != nil {
+		return HotKeyResult{}, fmt.Errorf("%s: watching the entry: %w", name, err)
+	}
 	var slowest time.Duration
 	var slow int64
 	for _, tl := range tallies {
@@ -184,5 +223,60 @@ func hotKey(ctx context.Context, e *env, name string, d, pause time.Duration, sh
 	all := sorted(samples)
 	return HotKeyResult{Contender: name, Seconds: d.Seconds(), Gets: gets.Load(), LoaderCalls: calls.Load(),
 		LoadsPerSecond: float64(calls.Load()) / d.Seconds(), Expiries: d.Seconds() / ttl.Seconds(), P99: pct(all, 0.99), Max: slowest,
-		Slow: slow, TTL: ttl, LoadTime: loadTime, Clients: workers, Errors: failed.Load()}, nil
+		Slow: slow, TTL: ttl, LoadTime: loadTime, Clients: workers, Errors: failed.Load(), Absent: absent}, nil
+}
+
+// startWatch starts this binary again ("watch") to ask Redis every
+// millisecond until stop whether key exists; the returned func waits for
+// it and returns the share of the time the key did not. Another process:
+// the clients saturate this one's processors, and a watcher among them
+// would see the entry only between their slices (up to tens of ms late).
+func startWatch(ctx context.Context, addr, key string, stop time.Time) (func() (float64, error), error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	var out strings.Builder
+	cmd := exec.CommandContext(ctx, self, "watch", addr, key, strconv.FormatInt(stop.UnixNano(), 10))
+	cmd.Stdout, cmd.Stderr = &out, os.Stderr
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	return func() (float64, error) {
+		if err := cmd.Wait(); err != nil {
+			return 0, err
+		}
+		return strconv.ParseFloat(strings.TrimSpace(out.String()), 64)
+	}, nil
+}
+
+// runWatch is the "watch" child (startWatch): each EXISTS answer stands
+// for the time until the next one. A key holding a contender's lock
+// (rueidisaside keeps its lock in the value's key) counts as present.
+func runWatch(ctx context.Context, addr, key, stopNanos string) error {
+	ns, err := strconv.ParseInt(stopNanos, 10, 64)
+	if err != nil {
+		return err
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	var absent, total time.Duration
+	last, wasAbsent := time.Now(), false
+	for {
+		n, err := rdb.Exists(ctx, key).Result()
+		if err != nil {
+			return err
+		}
+		now := time.Now()
+		if wasAbsent {
+			absent += now.Sub(last)
+		}
+		total += now.Sub(last)
+		last, wasAbsent = now, n == 0
+		if now.UnixNano() >= ns {
+			_, err := fmt.Println(float64(absent) / float64(max(total, 1)))
+			return err
+		}
+		time.Sleep(time.Millisecond)
+	}
 }

@@ -15,6 +15,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
@@ -44,9 +45,12 @@ type Report struct {
 	Stampede    []StampedeResult
 	HotKey      []HotKeyResult // clients pause 100 µs between Gets
 	HotKeyYield []HotKeyResult // clients yield the processor between Gets instead
-	Avalanche   []AvalancheResult
-	Memory      []MemoryResult
-	Staleness   []StaleResult
+	// HotKeyAtOnce: clients ask again at once, TTL 200 ms, loader 20 ms,
+	// 4 clients then 32 (hotAtOnce).
+	HotKeyAtOnce [][]HotKeyResult
+	Avalanche    []AvalancheResult
+	Memory       []MemoryResult
+	Staleness    []StaleResult
 }
 
 func main() {
@@ -55,6 +59,13 @@ func main() {
 	if len(os.Args) == 5 && os.Args[1] == "child" {
 		if err := runChild(ctx, os.Args[2], os.Args[3], os.Args[4]); err != nil {
 			fmt.Fprintln(os.Stderr, "child:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if len(os.Args) == 5 && os.Args[1] == "watch" {
+		if err := runWatch(ctx, os.Args[2], os.Args[3], os.Args[4]); err != nil {
+			fmt.Fprintln(os.Stderr, "watch:", err)
 			os.Exit(1)
 		}
 		return
@@ -70,7 +81,7 @@ func main() {
 		"hot-pause",
 		hotPauseDefault,
 		"with -hot-only: each hot-key client's pause between Gets (0: it yields the processor instead; -1ns: it asks again at once); "+
-			"a full run shows both 100µs and 0",
+			"a full run shows 100µs and 0, then asking at once (table 4c: TTL 200ms, load 20ms, 4 and 32 clients)",
 	)
 	hotTTL := flag.Duration(
 		"hot-ttl",
@@ -156,18 +167,18 @@ func run(ctx context.Context, hitTime time.Duration, hitRounds int, hotTime time
 	// The hot key's rows differ by a few percent between contenders, less
 	// than one run's noise: the median of hotRounds. It runs twice, with
 	// the clients pausing between Gets and with them yielding (see hotKey).
-	hot := func(pause time.Duration) ([]HotKeyResult, error) {
+	hot := func(pause time.Duration, shape hotShape, names []string) ([]HotKeyResult, error) {
 		runs := map[string][]HotKeyResult{}
-		what := fmt.Sprintf("hot key (pause %v)", pause)
-		if err := rotated(what, contenderNames, hotRounds, func(_ int, name string) error {
-			r, err := hotKey(ctx, e, name, hotTime, pause, hotKeyShape)
+		what := fmt.Sprintf("hot key (pause %v, %d clients)", pause, cmp.Or(shape.clients, 32))
+		if err := rotated(what, names, hotRounds, func(_ int, name string) error {
+			r, err := hotKey(ctx, e, name, hotTime, pause, shape)
 			runs[name] = append(runs[name], r)
 			return err
 		}); err != nil {
 			return nil, err
 		}
 		var out []HotKeyResult
-		for _, name := range contenderNames {
+		for _, name := range names {
 			out = append(out, medianHot(runs[name]))
 		}
 		return out, nil
@@ -208,7 +219,7 @@ func run(ctx context.Context, hitTime time.Duration, hitRounds int, hotTime time
 		return nil
 	}
 	if hotKeyOnly {
-		rs, err := hot(hotOnlyPause)
+		rs, err := hot(hotOnlyPause, hotKeyShape, contenderNames)
 		if err != nil {
 			return err
 		}
@@ -268,11 +279,20 @@ func run(ctx context.Context, hitTime time.Duration, hitRounds int, hotTime time
 		}
 		rep.Stampede = append(rep.Stampede, r)
 	}
-	if rep.HotKey, err = hot(hotPauseDefault); err != nil {
+	if rep.HotKey, err = hot(hotPauseDefault, hotKeyShape, contenderNames); err != nil {
 		return err
 	}
-	if rep.HotKeyYield, err = hot(0); err != nil {
+	if rep.HotKeyYield, err = hot(0, hotKeyShape, contenderNames); err != nil {
 		return err
+	}
+	if names := hotAtOnceNames(); len(names) > 0 {
+		for _, clients := range hotAtOnceClients {
+			rs, err := hot(-time.Nanosecond, hotShape{ttl: hotAtOnceTTL, load: hotAtOnceLoad, clients: clients}, names)
+			if err != nil {
+				return err
+			}
+			rep.HotKeyAtOnce = append(rep.HotKeyAtOnce, rs)
+		}
 	}
 	if rep.Staleness, err = stale(); err != nil {
 		return err

@@ -134,17 +134,18 @@ func markdownHot(number string, rs []HotKeyResult, pause time.Duration) string {
 		"Each contender ran once per round, the order rotated between rounds. Gets and max are the "+
 			"medians of its rounds (each round in brackets); the other columns are from its median-Gets "+
 			"round. Max and \"Gets ≥ %s\" count every Get; p99 comes from a uniform sample of up to "+
-			"32,768 Gets per client.\n",
+			"32,768 Gets per client. \"Entry absent\" is the share of the run the key was not in Redis "+
+			"(EXISTS every millisecond), the median of the rounds.\n",
 		load,
 	)
 	fmt.Fprintln(&b)
-	fmt.Fprintf(&b, "| contender | Gets (rounds) | loader calls | loads/s | expiries | p99 | max (rounds) | Gets ≥ %s |\n", load)
-	fmt.Fprintln(&b, "|---|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintf(&b, "| contender | Gets (rounds) | loader calls | loads/s | expiries | p99 | max (rounds) | Gets ≥ %s | entry absent (rounds) |\n", load)
+	fmt.Fprintln(&b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, h := range rs {
-		fmt.Fprintf(&b, "| %s | %d (%s) | %d | %.1f | %.0f | %s | %s (%s) | %d |\n", h.Contender, h.Gets, joinInts(h.GetsRuns), h.LoaderCalls,
-			h.LoadsPerSecond, h.Expiries, ms(h.P99), ms(h.Max), joinDurations(h.MaxRuns), h.Slow)
+		fmt.Fprintf(&b, "| %s | %d (%s) | %d | %.1f | %.0f | %s | %s (%s) | %d | %s (%s) |\n", h.Contender, h.Gets, joinInts(h.GetsRuns),
+			h.LoaderCalls, h.LoadsPerSecond, h.Expiries, ms(h.P99), ms(h.Max), joinDurations(h.MaxRuns), h.Slow, percent(h.Absent), joinPercents(h.AbsentRuns))
 		if h.Errors > 0 {
-			fmt.Fprintf(&b, "|   (%s: %d Gets failed) | | | | | | | |\n", h.Contender, h.Errors)
+			fmt.Fprintf(&b, "|   (%s: %d Gets failed) | | | | | | | | |\n", h.Contender, h.Errors)
 		}
 	}
 	return b.String()
@@ -182,6 +183,9 @@ func markdown(r *Report) string {
 	}
 	b.WriteString(markdownHot("4", r.HotKey, hotPauseDefault))
 	b.WriteString(markdownHot("4b", r.HotKeyYield, 0))
+	for _, rs := range r.HotKeyAtOnce {
+		b.WriteString(markdownHot("4c", rs, -time.Nanosecond))
+	}
 	fmt.Fprintln(&b, "\n**5. Avalanche** (5,000 keys loaded at once, TTL 10 min)")
 	fmt.Fprintln(&b)
 	fmt.Fprintln(&b, "| contender | min TTL | max TTL | std dev | spread (max−min)/TTL |")
@@ -233,6 +237,17 @@ func joinDurations(v []time.Duration) string {
 	s := make([]string, len(v))
 	for i, d := range v {
 		s[i] = fmt.Sprintf("%.2f", float64(d)/float64(time.Millisecond))
+	}
+	return strings.Join(s, ", ")
+}
+
+// percent writes a share as the tables do: "9.1%".
+func percent(f float64) string { return fmt.Sprintf("%.1f%%", 100*f) }
+
+func joinPercents(v []float64) string {
+	s := make([]string, len(v))
+	for i, f := range v {
+		s[i] = percent(f)
 	}
 	return strings.Join(s, ", ")
 }

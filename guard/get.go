@@ -410,9 +410,7 @@ type counters struct {
 	refreshes, schemaMisses, writesLost, unconfirmed  atomic.Uint64
 }
 
-// count counts o; for a local hit it returns its stripe's count (see
-// localHit), else 0.
-func (c *counters) count(o outcome, coalesced bool) (local int64) {
+func (c *counters) count(o outcome, coalesced bool) {
 	switch o {
 	case outHit:
 		c.hits.inc()
@@ -423,24 +421,22 @@ func (c *counters) count(o outcome, coalesced bool) (local int64) {
 	case outLoaded:
 		c.misses.Add(1)
 	case outLocalHit:
-		local = c.localHits.inc()
+		c.localHits.inc()
 	}
 	if coalesced {
 		c.coalesced.Add(1)
 	}
-	return local
 }
 
 // answered counts how one Get was answered, in Stats and, with
 // OpenTelemetry on, on the gets counter and the Get's span: every count of
 // an answer goes through here (or answeredMany). coalesced: from another
 // caller's flight; through: loaded without Redis (the outage policy).
-func (g *Guard) answered(ctx context.Context, o outcome, coalesced, through bool) (local int64) {
-	local = g.stats.count(o, coalesced)
+func (g *Guard) answered(ctx context.Context, o outcome, coalesced, through bool) {
+	g.stats.count(o, coalesced)
 	if g.tel != nil {
 		g.tel.settled(ctx, o, coalesced, through, false)
 	}
-	return local
 }
 
 // answeredMany is answered for one ID of a GetMany: its span is the

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"hash/maphash"
 	"math/rand/v2"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -213,21 +212,11 @@ func localHit[T any](ctx context.Context, g *Guard, id string) (T, localState) {
 		return zero, localNone
 	}
 	v, st := fromLocal[T](g, id)
-	if st == localFresh && g.answered(ctx, outLocalHit, false, false)%yieldEvery == 0 {
-		runtime.Gosched()
+	if st == localFresh {
+		g.answered(ctx, outLocalHit, false, false)
 	}
 	return v, st
 }
-
-// A local hit waits on nothing, so callers that ask again at once never
-// park: with more of them than processors the scheduler preempts each after
-// 10 ms, and a Get preempted in the middle waits for every other caller's
-// slice (hundreds of ms with 32 callers on 2 cores), as does the goroutine
-// that refills the entry. Every yieldEvery-th hit on a stripe of the count
-// (see stripes: about one per goroutine) yields the processor instead, so
-// each slice is a fraction of a millisecond; docs/benchmarks.md has the
-// cost and the effect (Hot key, clients asking at once).
-const yieldEvery = 1024
 
 // fromLocal is the copy of id in process memory, if there is one that
 // decodes (one that does not is dropped). The first hit that finds it due
@@ -238,6 +227,7 @@ func fromLocal[T any](g *Guard, id string) (T, localState) {
 	if st != localFresh {
 		return zero, st
 	}
+	g.stats.localHits.pace(e.at)
 	if e.due && !e.renewing.Load() && g.local.renewals.Load() < renewsInFlight && e.renewing.CompareAndSwap(false, true) {
 		renew[T](g, id)
 	}
@@ -264,11 +254,24 @@ const (
 	localGone                    // a copy whose entry has expired in Redis (see goneGrace)
 )
 
-// localFound is a copy get found, and whether it is due for renewal.
+// localFound is a copy get found, whether it is due for renewal, and the
+// clock reading of the lookup (otter's: monotonic nanoseconds).
 type localFound struct {
 	*localEntry
 	due bool
+	at  int64
 }
+
+// A local hit waits on nothing, so callers that ask again at once never
+// park: with more of them than processors the scheduler preempts each after
+// 10 ms, and a Get preempted in the middle waits for every other caller's
+// slice (hundreds of ms with 32 callers on 2 cores), as does the goroutine
+// that refills the entry. So a hit yields the processor when goroutines
+// wait for one and its caller's stripe (see stripes.pace) has not looked for
+// yieldPeriod: slices are about that long, and the check costs the same per
+// second whatever the hit rate. docs/benchmarks.md has the cost and the
+// effect (Hot key, clients asking at once).
+const yieldPeriod = int64(500 * time.Microsecond)
 
 // get finds id's copy. What is left of its life comes from otter's clock
 // reading for the lookup: a hit reads no other clock.
@@ -284,7 +287,7 @@ func (l *local) get(id string) (localFound, localState) {
 	if e.gone && left <= goneGrace {
 		return localFound{}, localGone
 	}
-	return localFound{e, left <= e.dueLeft}, localFresh
+	return localFound{e, left <= e.dueLeft, oe.SnapshotAtNano}, localFresh
 }
 
 // lifetime is what Redis said of an entry's TTL: ttl (0: unknown),

@@ -2,6 +2,7 @@ package guard
 
 import (
 	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
@@ -134,4 +135,43 @@ func DueNow(g *Guard, id string) bool {
 func LocalDue(g *Guard, id string) bool {
 	f, st := g.local.get(id)
 	return st == localFresh && f.due
+}
+
+// TestPaceYieldsToWaitingGoroutines: with a goroutine waiting for the one
+// processor, pace yields once per yieldPeriod of the caller's stripe, and
+// not again within it (the control, which shows the test can tell).
+func TestPaceYieldsToWaitingGoroutines(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	yields := 0
+	defer func(y func()) { yield = y }(yield)
+	yield = func() { yields++ }
+	release := make(chan struct{})
+	waiting := make(chan struct{})
+	go func() { close(waiting); <-release }() // runnable until it runs: nothing here yields
+	defer func() { close(release); <-waiting }()
+	var s stripes
+	// Every stripe looked last at `at`: the goroutine's stack may move
+	// between calls, and its stripe with it.
+	lookedAt := func(at int64) {
+		for i := range s.s {
+			s.s[i].yielded.Store(at)
+		}
+	}
+	now := time.Now().UnixNano()
+	for _, c := range []struct {
+		last, now int64
+		yields    bool
+	}{
+		{now - yieldPeriod, now, true},
+		{now, now + yieldPeriod/2, false},
+		{now, now + yieldPeriod, true},
+		{now, now - time.Hour.Nanoseconds(), true}, // the clock went back
+	} {
+		lookedAt(c.last)
+		before := yields
+		s.pace(c.now)
+		if got := yields > before; got != c.yields {
+			t.Errorf("last look %d ns before, yielded %v, want %v", c.now-c.last, got, c.yields)
+		}
+	}
 }

@@ -2,6 +2,8 @@ package guard
 
 import (
 	"context"
+	"runtime"
+	"runtime/metrics"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -197,8 +199,9 @@ func (gt *gate) close() {
 // on; the hit counters add on any (inc).
 type stripes struct {
 	s [numStripes]struct {
-		n atomic.Int64
-		_ [56]byte // a cache line each
+		n       atomic.Int64
+		yielded atomic.Int64 // when a caller on this stripe last yielded (pace)
+		_       [48]byte     // a cache line each
 	}
 }
 
@@ -220,10 +223,33 @@ func (s *stripes) pick() int {
 
 func (s *stripes) add(i int, d int64) { s.s[i].n.Add(d) }
 
-// inc counts one on this call's stripe and returns the stripe's count;
-// load is exact once the incs have returned.
-func (s *stripes) inc() int64   { return s.s[s.pick()].n.Add(1) }
+// inc counts one on this call's stripe; load is exact once the incs have
+// returned.
+func (s *stripes) inc()         { s.add(s.pick(), 1) }
 func (s *stripes) load() uint64 { return uint64(s.sum()) }
+
+// pace yields the processor if goroutines wait for one and this caller's
+// stripe last looked yieldPeriod before now, a clock reading (or the clock
+// went back): the local hits' stripes pace the hits (see yieldPeriod), on
+// the line each hit counts on. With nobody waiting, a yield could leave a
+// processor idle.
+func (s *stripes) pace(now int64) {
+	p := &s.s[s.pick()].yielded
+	if last := p.Load(); (now-last >= yieldPeriod || now < last) && p.CompareAndSwap(last, now) && othersRunnable() {
+		yield()
+	}
+}
+
+// yield is runtime.Gosched, but in tests that count the yields.
+var yield = runtime.Gosched
+
+// othersRunnable reports whether goroutines are waiting for a processor
+// (about 50 ns: runtime/metrics).
+func othersRunnable() bool {
+	s := [1]metrics.Sample{{Name: "/sched/goroutines/runnable:goroutines"}}
+	metrics.Read(s[:])
+	return s[0].Value.Kind() == metrics.KindUint64 && s[0].Value.Uint64() > 0
+}
 
 // sum is exact once every add has returned.
 func (s *stripes) sum() int64 {

@@ -168,8 +168,9 @@ func (g *Guard) checkClient(ctx context.Context) {
 	if !ctxTimeouts {
 		g.log.WarnContext(
 			ctx,
-			"cacheguard: the redis client has ContextTimeoutEnabled off: each Get's read runs in a goroutine "+
-				"of its own so that its deadline holds (set ContextTimeoutEnabled: true to save that)",
+			"cacheguard: the redis client has ContextTimeoutEnabled off: each Get's read under a deadline runs "+
+				"apart from its caller, who waits on a timer, so that the deadline holds (set ContextTimeoutEnabled: "+
+				"true to save that)",
 		)
 	}
 	if dialRetries != 1 {

@@ -138,27 +138,22 @@ func (g *Guard) read(ctx context.Context, id, vkey string, lockable bool) (readR
 // that bounds its socket reads by the ctx (ContextTimeoutEnabled) runs it
 // in the caller's goroutine. With any other client a stalled Redis would
 // hold the caller until the client's ReadTimeout and retries, past its
-// deadline: a read under a deadline then runs in a goroutine of its own,
-// and the caller waits for it at most half the time it has left, keeping
-// the rest to load through (the supervisor's goroutine ends when the client
-// gives up).
+// deadline: a read under a deadline then runs detached, in a goroutine of
+// its own even alone (the supervisor's, which ends when the client gives
+// up), and the caller waits for it at most half the time it has left,
+// keeping the rest to load through.
 func (g *Guard) sendRead(ctx context.Context, c *batch.Call[readReq]) error {
 	deadline, ok := ctx.Deadline()
-	if g.rd.ctxBound || !ok {
-		return g.rd.batch.Do(ctx, c)
+	c.Detached, c.Until = false, time.Time{}
+	if !g.rd.ctxBound && ok {
+		now := time.Now()
+		c.Detached, c.Until = true, now.Add(deadline.Sub(now)/2)
 	}
-	done := make(chan error, 1)
-	g.sup.spawn(func() { done <- g.rd.batch.Do(ctx, c) })
-	t := time.NewTimer(time.Until(deadline) / 2)
-	defer t.Stop()
-	select {
-	case err := <-done:
-		return err
-	case <-t.C:
-		return fmt.Errorf("read: no answer in half the Get's time left: %w", context.DeadlineExceeded)
-	case <-ctx.Done():
-		return ctx.Err()
+	err := g.rd.batch.Do(ctx, c)
+	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+		return fmt.Errorf("read: no answer in half the Get's time left: %w", err)
 	}
+	return err
 }
 
 // readFailed is what a read that got no answer returns, whether it failed

@@ -4,12 +4,14 @@
 // were waiting; one that finds them all busy waits, and when a batch ends the
 // first waiting request leads all the waiting ones as the next. With no
 // contention nothing is added; under load the round trips per request fall.
-// A request that takes a free place while another batch is in flight, after
-// a shared batch ended, first yields the processor once, so that the
-// requests of the same burst (that batch's callers) join it.
+// A request that takes a free place after a shared batch ended first yields
+// the processor once, so that the requests of the same burst (that batch's
+// callers) join it; and while a shared batch is in flight, a request that
+// finds nobody waiting waits for the next batch rather than open a round
+// trip of its own (that batch's callers come back together).
 // A batch of several runs in a goroutine of its own, started by its leader
 // and ending when it has run, so that every caller can leave on its own ctx
-// while the others still get their answers.
+// while the others still get their answers; so does a Detached request's.
 package batch
 
 import (
@@ -17,6 +19,7 @@ import (
 	"errors"
 	"runtime"
 	"sync"
+	"time"
 )
 
 // ErrPanicked is what Do returns to the requests of a batch whose run
@@ -42,6 +45,14 @@ type Call[Q any] struct {
 	// Queued, if set, is called when the call starts waiting for a batch
 	// (after it is in the queue, outside the batcher's lock).
 	Queued func()
+	// Detached, if set, runs the call's batch in a goroutine of its own even
+	// when it runs alone, so that the caller can leave on its ctx, or at
+	// Until, while the run goes on (a run that ctx cannot stop).
+	Detached bool
+	// Until, if not zero, is when Do returns context.DeadlineExceeded if c
+	// is not answered by then, as if ctx had ended.
+	Until time.Time
+	timer *time.Timer // for Until; kept with the Call, reset at each Do
 
 	done     chan struct{} // buffered (1): sent once when the call is answered or must lead; made on first wait
 	lead     []*Call[Q]    // the batch this call must run (state leading)
@@ -58,8 +69,9 @@ type Batcher[Q any] struct {
 	max   int                                         // calls per batch at most
 	spawn func(func())                                // starts the goroutine of a shared batch (its owner's: see New)
 
-	mu       sync.Mutex // guards inflight, burst, pending, and the state of calls in pending
+	mu       sync.Mutex // guards inflight, shared, burst, pending, and the state of calls in pending
 	inflight int        // batches running
+	shared   int        // of them, those of several calls
 	burst    bool       // the last batch to end had several calls
 	pending  []*Call[Q] // calls waiting for a batch, oldest first
 }
@@ -84,7 +96,8 @@ func max1(n int) int { return max(n, 1) }
 // Do runs c, alone or in a batch, and returns when c.Req holds its result:
 // then the error is nil. If ctx ends first, Do returns ctx.Err() at once;
 // a batch that took c may still answer it afterwards, into nothing. A
-// request that runs alone runs in the caller's goroutine on ctx. A batch
+// request that runs alone runs in the caller's goroutine on ctx (unless
+// Detached). A batch
 // of several runs in a goroutine of its own, on the leading caller's ctx
 // without its cancellation (the others wait for it), which ends when run
 // returns; the leading caller waits for it as the others do, so no caller
@@ -92,12 +105,12 @@ func max1(n int) int { return max(n, 1) }
 func (b *Batcher[Q]) Do(ctx context.Context, c *Call[Q]) error {
 	c.err, c.lead, c.panicked = nil, nil, nil
 	b.mu.Lock()
-	if b.inflight < b.limit {
+	if b.inflight < b.limit && (b.shared == 0 || b.burst || len(b.pending) > 0) {
 		b.inflight++
-		if b.inflight > 1 && b.burst {
-			// Another batch is in flight and the last to end was shared:
-			// its callers, woken together, come back together. Yield once,
-			// and those that arrive meanwhile ride this batch, not one each.
+		if b.burst {
+			// The last batch to end was shared: its callers, woken
+			// together, come back together. Yield once, and those that
+			// arrive meanwhile ride this batch, not one each.
 			b.mu.Unlock()
 			runtime.Gosched()
 			b.mu.Lock()
@@ -115,30 +128,14 @@ func (b *Batcher[Q]) Do(ctx context.Context, c *Call[Q]) error {
 	if c.Queued != nil {
 		c.Queued()
 	}
+	until, stop := c.until()
+	defer stop()
 	select {
 	case <-c.done:
 	case <-ctx.Done():
-		b.mu.Lock()
-		switch c.state {
-		case waiting:
-			b.removeLocked(c)
-			b.mu.Unlock()
-			return ctx.Err()
-		case leading:
-			// Woken to lead as ctx ended: the others in the batch wait for
-			// it. (The wake-up may still be on its way: signal drops what
-			// a full done cannot take.)
-			b.mu.Unlock()
-			if len(c.lead) == 1 {
-				b.handOff(false)
-			} else {
-				b.spawn(func() { b.runShared(context.WithoutCancel(ctx), c.lead, nil) })
-			}
-			return ctx.Err()
-		default: // batched: answered by its batch, into nothing
-			b.mu.Unlock()
-			return ctx.Err()
-		}
+		return b.leave(ctx, c, ctx.Err())
+	case <-until:
+		return b.leave(ctx, c, context.DeadlineExceeded)
 	}
 	if c.state == leading { // written before done was sent
 		if len(c.lead) == 1 && ctx.Err() != nil {
@@ -152,10 +149,50 @@ func (b *Batcher[Q]) Do(ctx context.Context, c *Call[Q]) error {
 	return c.err
 }
 
-// lead runs batch, which self leads: alone in this goroutine, or shared in
-// a goroutine of its own that self waits for like the others (see Do).
+// leave is Do's return with err for c, whose ctx ended (or Until passed)
+// while it waited.
+func (b *Batcher[Q]) leave(ctx context.Context, c *Call[Q], err error) error {
+	b.mu.Lock()
+	switch c.state {
+	case waiting:
+		b.removeLocked(c)
+		b.mu.Unlock()
+	case leading:
+		// Woken to lead as it left: the others in the batch wait for it.
+		// (The wake-up may still be on its way: signal drops what a full
+		// done cannot take.)
+		b.mu.Unlock()
+		if len(c.lead) == 1 {
+			b.handOff(false)
+		} else {
+			b.spawn(func() { b.runShared(context.WithoutCancel(ctx), c.lead, nil) })
+		}
+	default: // batched: answered by its batch, into nothing
+		b.mu.Unlock()
+	}
+	return err
+}
+
+// until is the channel that fires at c.Until (nil: never), and what stops
+// its timer.
+func (c *Call[Q]) until() (<-chan time.Time, func()) {
+	if c.Until.IsZero() {
+		return nil, func() {}
+	}
+	d := time.Until(c.Until)
+	if c.timer == nil {
+		c.timer = time.NewTimer(d)
+	} else {
+		c.timer.Reset(d)
+	}
+	return c.timer.C, func() { c.timer.Stop() }
+}
+
+// lead runs batch, which self leads: alone in this goroutine, or shared (or
+// detached) in a goroutine of its own that self waits for like the others
+// (see Do).
 func (b *Batcher[Q]) lead(ctx context.Context, batch []*Call[Q], self *Call[Q]) error {
-	if len(batch) == 1 {
+	if len(batch) == 1 && !self.Detached {
 		defer b.handOff(false) // a panic in run goes on up this stack
 		b.run(ctx, batch)
 		return nil
@@ -165,10 +202,14 @@ func (b *Batcher[Q]) lead(ctx context.Context, batch []*Call[Q], self *Call[Q]) 
 	}
 	self.state = batched
 	b.spawn(func() { b.runShared(context.WithoutCancel(ctx), batch, self) })
+	until, stop := self.until()
+	defer stop()
 	select {
 	case <-self.done:
 	case <-ctx.Done():
 		return ctx.Err()
+	case <-until:
+		return context.DeadlineExceeded
 	}
 	if self.panicked != nil {
 		panic(self.panicked) // the leader's stack is where a panic of a run of its own would have gone
@@ -176,13 +217,13 @@ func (b *Batcher[Q]) lead(ctx context.Context, batch []*Call[Q], self *Call[Q]) 
 	return self.err
 }
 
-// runShared runs a shared batch led by leader (nil: its leader left),
+// runShared runs a shared (or detached) batch led by leader (nil: its leader left),
 // answers every call in it, and hands its place in flight on. If run
 // panics, the leader is handed the panic to raise and the others get
 // ErrPanicked; the batcher goes on. It is the goroutine that lead starts
 // and it ends here.
 func (b *Batcher[Q]) runShared(ctx context.Context, batch []*Call[Q], leader *Call[Q]) {
-	defer b.handOff(true)
+	defer b.handOff(len(batch) > 1)
 	p := b.runRecovering(ctx, batch)
 	for _, c := range batch {
 		if p != nil {
@@ -221,6 +262,7 @@ func (b *Batcher[Q]) takeLocked(self *Call[Q]) []*Call[Q] {
 		return self.one[:]
 	}
 	n := min(len(b.pending), b.max-1)
+	b.shared++
 	batch := make([]*Call[Q], 0, n+1)
 	for _, c := range b.pending[:n] {
 		c.state = batched
@@ -267,6 +309,9 @@ func (b *Batcher[Q]) Release() { b.handOff(false) }
 func (b *Batcher[Q]) handOff(shared bool) {
 	b.mu.Lock()
 	b.burst = shared
+	if shared {
+		b.shared--
+	}
 	if len(b.pending) == 0 {
 		b.inflight--
 		b.mu.Unlock()

@@ -3,6 +3,7 @@ package batch_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -376,5 +377,103 @@ func TestHoldGathersUntilRelease(t *testing.T) {
 		if c.Req.out != 2*i {
 			t.Fatalf("call %d: %d", i, c.Req.out)
 		}
+	}
+}
+
+// held is a run whose every batch waits until the test releases it: each
+// batch sends its gate on entered, in the order they start.
+type held struct {
+	double
+	entered chan chan struct{}
+}
+
+func (h *held) run(ctx context.Context, calls []*batch.Call[req]) {
+	gate := make(chan struct{})
+	h.entered <- gate
+	<-gate
+	h.double.run(ctx, calls)
+}
+
+// TestLoneCallerRidesTheNextBatchWhileASharedOneRuns: with a batch of
+// several in flight and nobody waiting, a caller does not open a round
+// trip for itself (the shared batch's callers come back together: it rides
+// with them); with only a batch of one in flight it does (the control).
+func TestLoneCallerRidesTheNextBatchWhileASharedOneRuns(t *testing.T) {
+	h := &held{entered: make(chan chan struct{}, 8)}
+	b := batch.New(2, 16, h.run, nil)
+	errs := make(chan error, 8)
+	do := func(in int) { go func() { errs <- b.Do(context.Background(), &batch.Call[req]{Req: req{in: in}}) }() }
+	do(1)
+	gateA := <-h.entered
+	do(2) // a batch of one in flight: it leads its own (the control)
+	gateB := <-h.entered
+	do(3)
+	do(4)
+	waitPending(t, b, 2)
+	close(gateA) // 3 and 4 go as one batch, held
+	gateCD := <-h.entered
+	close(gateB) // in flight now: the batch of two alone
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+	do(5)
+	waitPending(t, b, 1) // it waits for the shared batch, with a place free
+	select {
+	case g := <-h.entered:
+		close(g)
+		t.Fatal("a lone caller opened a batch of its own while a shared one ran")
+	case <-time.After(20 * time.Millisecond): // nothing to wait on for a batch that must not start
+	}
+	close(gateCD)
+	close(<-h.entered) // 5, after the shared batch ended
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if want := []int{1, 1, 2, 1}; !slices.Equal(h.sizes, want) {
+		t.Fatalf("batches = %v, want %v", h.sizes, want)
+	}
+}
+
+// TestDetachedCallerLeavesAtUntil: a detached call that runs alone runs in
+// a goroutine of its own, and its caller leaves at Until while the run is
+// held; without Detached the caller runs it and stays (the control).
+func TestDetachedCallerLeavesAtUntil(t *testing.T) {
+	for _, detached := range []bool{true, false} {
+		h := &held{entered: make(chan chan struct{}, 1)}
+		b := batch.New(1, 16, h.run, nil)
+		c := &batch.Call[req]{Req: req{in: 7}, Detached: detached, Until: time.Now().Add(50 * time.Millisecond)}
+		errs := make(chan error, 1)
+		go func() { errs <- b.Do(context.Background(), c) }()
+		gate := <-h.entered
+		wait := 200 * time.Millisecond // the control: a caller that must stay
+		if detached {
+			wait = 5 * time.Second
+		}
+		select {
+		case err := <-errs:
+			if !detached {
+				t.Fatalf("a call run in its caller's goroutine returned (%v) while its run was held", err)
+			}
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("detached: Do returned %v at Until, want context.DeadlineExceeded", err)
+			}
+			close(gate)
+		case <-time.After(wait):
+			if detached {
+				t.Fatal("detached: the caller stayed past Until while its run was held")
+			}
+			close(gate)
+			if err := <-errs; err != nil || c.Req.out != 14 {
+				t.Fatalf("not detached: %v, answered %d", err, c.Req.out)
+			}
+		}
+		until(t, func() bool { h.mu.Lock(); defer h.mu.Unlock(); return len(h.sizes) == 1 })
 	}
 }

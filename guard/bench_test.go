@@ -68,12 +68,12 @@ func warm(b *testing.B, g *guard.Guard, d *db) []string {
 	return keys
 }
 
-// hits times Gets of warm keys, in one goroutine or in GOMAXPROCS.
-func hits(b *testing.B, g *guard.Guard, d *db, keys []string, parallel bool) {
-	ctx := context.Background()
+// hits times Gets of warm keys on ctx, in the benchmark's goroutine
+// (workers 0) or in workers goroutines.
+func hits(ctx context.Context, b *testing.B, g *guard.Guard, d *db, keys []string, workers int) {
 	b.ReportAllocs()
 	b.ResetTimer() // the warm-up's misses are not hits
-	if !parallel {
+	if workers == 0 {
 		i := 0
 		for b.Loop() {
 			if _, err := guard.Get(ctx, g, keys[i%len(keys)], d.load); err != nil {
@@ -89,7 +89,7 @@ func hits(b *testing.B, g *guard.Guard, d *db, keys []string, parallel bool) {
 	// which moved the 80 ns of a local hit by a quarter from build to build.
 	var next atomic.Int64
 	var wg sync.WaitGroup
-	for range runtime.GOMAXPROCS(0) {
+	for range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -115,7 +115,7 @@ func BenchmarkGet(b *testing.B) {
 	ctx := context.Background()
 	b.Run("hit", func(b *testing.B) {
 		_, g, d := benchGuard(b, 1000, nil)
-		hits(b, g, d, warm(b, g, d), false)
+		hits(ctx, b, g, d, warm(b, g, d), 0)
 	})
 	// hit-otel is hit with OpenTelemetry on: an SDK tracer provider that
 	// samples every span (and exports none) and an SDK meter provider
@@ -125,7 +125,7 @@ func BenchmarkGet(b *testing.B) {
 		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
 		b.Cleanup(func() { _ = tp.Shutdown(ctx); _ = mp.Shutdown(ctx) })
 		_, g, d := benchGuard(b, 1000, &guard.Options{Telemetry: guard.TelemetryOptions{TracerProvider: tp, MeterProvider: mp}})
-		hits(b, g, d, warm(b, g, d), false)
+		hits(ctx, b, g, d, warm(b, g, d), 0)
 	})
 	b.Run("reject", func(b *testing.B) {
 		_, g, d := benchGuard(b, 1000, nil)
@@ -176,11 +176,20 @@ func BenchmarkGet(b *testing.B) {
 	})
 	b.Run("local-hit-parallel", func(b *testing.B) {
 		_, g, d := benchGuard(b, 1000, &guard.Options{Local: &guard.LocalOptions{TTL: time.Minute}})
-		hits(b, g, d, warm(b, g, d), true)
+		hits(ctx, b, g, d, warm(b, g, d), runtime.GOMAXPROCS(0))
 	})
 	b.Run("hit-parallel", func(b *testing.B) {
 		_, g, d := benchGuard(b, 1000, nil)
-		hits(b, g, d, warm(b, g, d), true)
+		hits(ctx, b, g, d, warm(b, g, d), runtime.GOMAXPROCS(0))
+	})
+	// hit-deadline-64: 64 goroutines whose Gets carry a request's deadline,
+	// on a client without ContextTimeoutEnabled (redistest's): each read
+	// runs detached and its caller waits at most half its time (sendRead).
+	b.Run("hit-deadline-64", func(b *testing.B) {
+		_, g, d := benchGuard(b, 1000, nil)
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+		defer cancel()
+		hits(ctx, b, g, d, warm(b, g, d), 64)
 	})
 }
 

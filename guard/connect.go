@@ -169,7 +169,7 @@ func (g *Guard) checkClient(ctx context.Context) {
 		g.log.WarnContext(
 			ctx,
 			"cacheguard: the redis client has ContextTimeoutEnabled off: each Get's read under a deadline runs "+
-				"apart from its caller, who waits on a timer, so that the deadline holds (set ContextTimeoutEnabled: "+
+				"apart from its caller (a goroutine switch), so that the deadline holds (set ContextTimeoutEnabled: "+
 				"true to save that)",
 		)
 	}

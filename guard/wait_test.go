@@ -25,7 +25,7 @@ func waitFor(t *testing.T, cond func() bool) { eventually(t, 20*time.Second, "co
 // context.Background(), so that it runs the flight in its own goroutine.
 const (
 	inGroup = "loader.(*Group[...]).DoOnJoin"
-	inBatch = "batch.(*Batcher[...]).Do"
+	inBatch = "batch.(*Batcher[...]).await"
 )
 
 // joinedFlights is how many of root's goroutines joined a flight under way.

@@ -332,7 +332,9 @@ func TestCoordinatorFlightsShareRoundTrips(t *testing.T) {
 		run(i)
 	}
 	// 20 round trips wait to be sent (see runTrips) behind the held one.
-	until(t, func() bool { return redistest.Parked(root, "batch.(*Batcher[...]).Do", "loader.(*Coordinator)") == 20 })
+	until(t, func() bool {
+		return redistest.Parked(root, "batch.(*Batcher[...]).await", "loader.(*Coordinator)") == 20
+	})
 	close(h.release)
 	wg.Wait()
 	names := c.Counter.Names()

@@ -52,7 +52,6 @@ type Call[Q any] struct {
 	// Until, if not zero, is when Do returns context.DeadlineExceeded if c
 	// is not answered by then, as if ctx had ended.
 	Until time.Time
-	timer *time.Timer // for Until; kept with the Call, reset at each Do
 
 	done     chan struct{} // buffered (1): sent once when the call is answered or must lead; made on first wait
 	lead     []*Call[Q]    // the batch this call must run (state leading)
@@ -69,11 +68,20 @@ type Batcher[Q any] struct {
 	max   int                                         // calls per batch at most
 	spawn func(func())                                // starts the goroutine of a shared batch (its owner's: see New)
 
-	mu       sync.Mutex // guards inflight, shared, burst, pending, and the state of calls in pending
+	mu       sync.Mutex // guards inflight, shared, burst, pending, the state of calls in pending, and the alarm
 	inflight int        // batches running
 	shared   int        // of them, those of several calls
 	burst    bool       // the last batch to end had several calls
 	pending  []*Call[Q] // calls waiting for a batch, oldest first
+
+	// The alarm wakes the calls that wait with an Until: one timer for
+	// them all, not one each (each wait on a timer of its own would put it
+	// in the runtime's timer heap and take it out: docs/design.md). It
+	// rings (closes ring) at the earliest Until armed since it last rang;
+	// a call it wakes before its own Until arms it again.
+	alarm  *time.Timer
+	ringAt time.Time     // when the alarm rings; zero: not armed
+	ring   chan struct{} // closed when it rings, then replaced
 }
 
 // New returns a Batcher that runs up to limit batches at once, each of at
@@ -116,26 +124,22 @@ func (b *Batcher[Q]) Do(ctx context.Context, c *Call[Q]) error {
 			b.mu.Lock()
 		}
 		batch := b.takeLocked(c)
+		ring := b.armLocked(c.Until)
 		b.mu.Unlock()
-		return b.lead(ctx, batch, c)
+		return b.lead(ctx, batch, c, ring)
 	}
 	if c.done == nil {
 		c.done = make(chan struct{}, 1)
 	}
 	c.state = waiting
 	b.pending = append(b.pending, c)
+	ring := b.armLocked(c.Until)
 	b.mu.Unlock()
 	if c.Queued != nil {
 		c.Queued()
 	}
-	until, stop := c.until()
-	defer stop()
-	select {
-	case <-c.done:
-	case <-ctx.Done():
-		return b.leave(ctx, c, ctx.Err())
-	case <-until:
-		return b.leave(ctx, c, context.DeadlineExceeded)
+	if err := b.await(ctx, c, ring); err != nil {
+		return b.leave(ctx, c, err)
 	}
 	if c.state == leading { // written before done was sent
 		if len(c.lead) == 1 && ctx.Err() != nil {
@@ -144,7 +148,7 @@ func (b *Batcher[Q]) Do(ctx context.Context, c *Call[Q]) error {
 			b.handOff(false)
 			return ctx.Err()
 		}
-		return b.lead(ctx, c.lead, c)
+		return b.lead(ctx, c.lead, c, ring)
 	}
 	return c.err
 }
@@ -173,25 +177,64 @@ func (b *Batcher[Q]) leave(ctx context.Context, c *Call[Q], err error) error {
 	return err
 }
 
-// until is the channel that fires at c.Until (nil: never), and what stops
-// its timer.
-func (c *Call[Q]) until() (<-chan time.Time, func()) {
-	if c.Until.IsZero() {
-		return nil, func() {}
+// await waits until c is answered or must lead (nil), ctx ends (its error)
+// or c.Until passes (context.DeadlineExceeded). ring is the alarm's, armed
+// for c.Until (nil, which never closes: no Until).
+func (b *Batcher[Q]) await(ctx context.Context, c *Call[Q], ring <-chan struct{}) error {
+	for {
+		select {
+		case <-c.done:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-ring:
+			if !time.Now().Before(c.Until) {
+				return context.DeadlineExceeded
+			}
+			b.mu.Lock() // rung for another call's Until: arm it for this one's
+			ring = b.armLocked(c.Until)
+			b.mu.Unlock()
+		}
 	}
-	d := time.Until(c.Until)
-	if c.timer == nil {
-		c.timer = time.NewTimer(d)
-	} else {
-		c.timer.Reset(d)
+}
+
+// armLocked arms the alarm to ring at until or before, and returns the
+// channel it closes then (nil for a zero until). b.mu is held.
+func (b *Batcher[Q]) armLocked(until time.Time) <-chan struct{} {
+	if until.IsZero() {
+		return nil
 	}
-	return c.timer.C, func() { c.timer.Stop() }
+	if b.ring == nil {
+		b.ring = make(chan struct{})
+	}
+	if b.ringAt.IsZero() || until.Before(b.ringAt) {
+		b.ringAt = until
+		if b.alarm == nil {
+			b.alarm = time.AfterFunc(time.Until(until), b.rang)
+		} else {
+			b.alarm.Reset(time.Until(until))
+		}
+	}
+	return b.ring
+}
+
+// rang is the alarm's: it wakes every call waiting with an Until. (It may
+// ring early, if armed earlier while it was ringing: the calls it wakes
+// before their Until arm it again.)
+func (b *Batcher[Q]) rang() {
+	b.mu.Lock()
+	if b.ring != nil {
+		close(b.ring)
+		b.ring = nil
+	}
+	b.ringAt = time.Time{}
+	b.mu.Unlock()
 }
 
 // lead runs batch, which self leads: alone in this goroutine, or shared (or
 // detached) in a goroutine of its own that self waits for like the others
-// (see Do).
-func (b *Batcher[Q]) lead(ctx context.Context, batch []*Call[Q], self *Call[Q]) error {
+// (see Do); ring is the alarm's, armed for self.Until.
+func (b *Batcher[Q]) lead(ctx context.Context, batch []*Call[Q], self *Call[Q], ring <-chan struct{}) error {
 	if len(batch) == 1 && !self.Detached {
 		defer b.handOff(false) // a panic in run goes on up this stack
 		b.run(ctx, batch)
@@ -202,14 +245,8 @@ func (b *Batcher[Q]) lead(ctx context.Context, batch []*Call[Q], self *Call[Q]) 
 	}
 	self.state = batched
 	b.spawn(func() { b.runShared(context.WithoutCancel(ctx), batch, self) })
-	until, stop := self.until()
-	defer stop()
-	select {
-	case <-self.done:
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-until:
-		return context.DeadlineExceeded
+	if err := b.await(ctx, self, ring); err != nil {
+		return err
 	}
 	if self.panicked != nil {
 		panic(self.panicked) // the leader's stack is where a panic of a run of its own would have gone

@@ -3,6 +3,7 @@ package batch_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -475,5 +476,52 @@ func TestDetachedCallerLeavesAtUntil(t *testing.T) {
 			}
 		}
 		until(t, func() bool { h.mu.Lock(); defer h.mu.Unlock(); return len(h.sizes) == 1 })
+	}
+}
+
+// TestEachWaiterLeavesAtItsOwnUntil: calls waiting with Untils share one
+// alarm. Queued latest Until first, then an earlier one (the alarm is armed
+// earlier), then a later one, while a run is held: each leaves with
+// context.DeadlineExceeded, none before its own Until (the alarm rang for
+// another's), and a call without an Until stays for its answer.
+func TestEachWaiterLeavesAtItsOwnUntil(t *testing.T) {
+	g := newGated()
+	b := batch.New(1, 16, g.run, nil)
+	first := make(chan error, 1)
+	go func() { first <- b.Do(context.Background(), &batch.Call[req]{}) }()
+	<-g.entered
+	t0 := time.Now()
+	untils := []time.Duration{200 * time.Millisecond, 100 * time.Millisecond, 300 * time.Millisecond}
+	left := make(chan error, len(untils))
+	for i, d := range untils {
+		c := &batch.Call[req]{Req: req{in: i}, Until: t0.Add(d)}
+		go func() {
+			err := b.Do(context.Background(), c)
+			if now := time.Now(); now.Before(c.Until) {
+				err = fmt.Errorf("call %d (Until %v) left %v before it: %v", i, d, c.Until.Sub(now), err)
+			}
+			left <- err
+		}()
+		waitPending(t, b, i+1)
+	}
+	stay := &batch.Call[req]{Req: req{in: 8}}
+	stayed := make(chan error, 1)
+	go func() { stayed <- b.Do(context.Background(), stay) }()
+	for range untils {
+		select {
+		case err := <-left:
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("a waiter with an Until: %v, want context.DeadlineExceeded at its Until", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("a waiter stayed past its Until while the run was held")
+		}
+	}
+	close(g.release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-stayed; err != nil || stay.Req.out != 16 {
+		t.Fatalf("the waiter without an Until: %v, answered %d", err, stay.Req.out)
 	}
 }

@@ -2,7 +2,7 @@
 // pick through the same workloads, on the same Redis, data and machine, in
 // one run, and prints markdown tables (and writes JSON).
 //
-//	go run . [-hit 3s] [-hit-rounds 3] [-hot 5s] [-hot-rounds 3] [-json FILE]  (make bench)
+//	go run . [-hit 3s] [-hit-rounds 5] [-hot 5s] [-hot-rounds 3] [-json FILE]  (make bench)
 //	go run . -hot-only | -stale-only [-only cacheguard+local,...]  (table 4 or 7 alone)
 //
 // Contenders: raw (go-redis GET, on a miss load + SET), the same on rueidis,
@@ -71,7 +71,7 @@ func main() {
 		return
 	}
 	hit := flag.Duration("hit", 3*time.Second, "length of the hit-path run per contender")
-	hitRounds := flag.Int("hit-rounds", 3, "hit-path rounds, the contenders' order rotated each round; the table shows the medians")
+	hitRounds := flag.Int("hit-rounds", 5, "hit-path rounds, the contenders' order rotated each round; the table shows the medians")
 	hot := flag.Duration("hot", 5*time.Second, "length of the hot-key run per contender")
 	hotRounds := flag.Int("hot-rounds", 3, "hot-key and staleness rounds, the order rotated each round; the tables show the medians")
 	jsonPath := flag.String("json", filepath.Join("results", "latest.json"), "where to write the JSON report")

@@ -240,6 +240,9 @@ func run(ctx context.Context, hitTime time.Duration, hitRounds int, hotTime time
 	byRound := make([]map[string]HitResult, max(hitRounds, 1))
 	if err := rotated("hit path", hitNames, hitRounds, func(round int, name string) error {
 		r, err := hitPath(ctx, e, name, round)
+		if err == nil { // each round's, to tell a slow round's cause (the tables keep the median's)
+			step(fmt.Sprintf("  %.0f ops/s, %.3f round trips/Get, CPU/Get %v + %v", r.OpsPerSec, r.TripsPerGet, r.ClientCPU, r.ServerCPU))
+		}
 		if byRound[round] == nil {
 			byRound[round] = map[string]HitResult{}
 		}

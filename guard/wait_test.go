@@ -23,6 +23,9 @@ func waitFor(t *testing.T, cond func() bool) { eventually(t, 20*time.Second, "co
 // read queued for a round trip. A flight's first caller whose ctx can end
 // waits in DoOnJoin too: the tests that count joins start it on
 // context.Background(), so that it runs the flight in its own goroutine.
+// The leader of a shared or detached read batch waits in await too: the
+// tests that count queued reads hold reads that run alone, in their
+// callers' goroutines (ctx without a deadline).
 const (
 	inGroup = "loader.(*Group[...]).DoOnJoin"
 	inBatch = "batch.(*Batcher[...]).await"

@@ -331,7 +331,8 @@ func TestCoordinatorFlightsShareRoundTrips(t *testing.T) {
 	for i := 2; i < 22; i++ {
 		run(i)
 	}
-	// 20 round trips wait to be sent (see runTrips) behind the held one.
+	// 20 round trips wait to be sent (see runTrips) behind the held one
+	// (which runs alone, in its caller's goroutine: not waiting in await).
 	until(t, func() bool {
 		return redistest.Parked(root, "batch.(*Batcher[...]).await", "loader.(*Coordinator)") == 20
 	})

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"errors"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -61,22 +63,51 @@ func TestMedianStale(t *testing.T) {
 }
 
 func TestVsReference(t *testing.T) {
-	byRound := []map[string]HitResult{
-		{"cacheguard": {OpsPerSec: 90}, "go-redis+autopipeline": {OpsPerSec: 100}},
-		{"cacheguard": {OpsPerSec: 120}, "go-redis+autopipeline": {OpsPerSec: 100}},
-		{"cacheguard": {OpsPerSec: 100}, "go-redis+autopipeline": {OpsPerSec: 100}},
-	}
 	h := HitResult{Contender: "cacheguard"}
-	vsReference(&h, byRound)
-	if h.Reference != "go-redis+autopipeline" || h.VsRef != 1.0 || !slices.Equal(h.VsRefRuns, []float64{0.9, 1.2, 1.0}) {
-		t.Errorf("got %s %v %v, want go-redis+autopipeline, the median 1.00 of same-round ratios 0.9, 1.2, 1.0", h.Reference, h.VsRef, h.VsRefRuns)
+	vsReference(&h, []float64{0.9, 1.2, 1.0, 1.3})
+	if h.Reference != "go-redis+autopipeline" || h.VsRef != 1.2 || !slices.Equal(h.VsRefRuns, []float64{0.9, 1.2, 1.0, 1.3}) {
+		t.Errorf("got %s %v %v, want go-redis+autopipeline, the median 1.20 of pairs' ratios 0.9, 1.2, 1.0, 1.3", h.Reference, h.VsRef, h.VsRefRuns)
 	}
-	raw := HitResult{Contender: "raw"}
-	if vsReference(&raw, byRound); raw.Reference != "" {
-		t.Errorf("raw has no reference, got %q", raw.Reference)
+	out := markdownHit(&Report{Hit: []HitResult{{Contender: "raw"}, h}})
+	want := "cacheguard against go-redis+autopipeline, interleaved: 1.20× its ops/s (median of 4 pairs of 250ms slices, middle half 1.00 to 1.20)"
+	if !strings.Contains(out, want) || strings.Contains(out, "raw against") {
+		t.Errorf("table 1 lacks the ratio to the reference (or raw has one):\n%s", out)
 	}
-	out := markdownHit(&Report{Hit: []HitResult{raw, h}})
-	if !strings.Contains(out, "cacheguard against go-redis+autopipeline: 1.00× its ops/s (each round's: 0.90, 1.20, 1.00)") {
-		t.Errorf("table 1 lacks the ratio to the reference:\n%s", out)
+}
+
+// TestAlternate: the order alternates, the first pair is dropped, and each
+// ratio is a's over b's: a twice as fast as b on a machine slowing by a
+// tenth at every slice gives ratios on both sides of 2, their median 2.
+func TestAlternate(t *testing.T) {
+	speed, order := 1.0, ""
+	slice := func(name string, ops float64) func() (float64, error) {
+		return func() (float64, error) {
+			order += name
+			speed *= 0.9
+			return ops * speed, nil
+		}
+	}
+	ratios, err := alternate(4, slice("a", 2), slice("b", 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if order != "abbaabbaab" {
+		t.Errorf("slices ran %s, want abbaabbaab", order)
+	}
+	if len(ratios) != 4 {
+		t.Fatalf("%d ratios, want 4 (5 pairs, the first dropped): %v", len(ratios), ratios)
+	}
+	for i, r := range ratios {
+		want := 2 / 0.9 // a ran first: b ran on a slower machine
+		if i%2 == 0 {
+			want = 2 * 0.9
+		}
+		if math.Abs(r-want) > 1e-9 {
+			t.Errorf("pair %d: ratio %v, want %v (%v)", i+1, r, want, ratios)
+		}
+	}
+	boom := errors.New("boom")
+	if _, err := alternate(2, slice("a", 2), func() (float64, error) { return 0, boom }); !errors.Is(err, boom) {
+		t.Errorf("a slice's error: got %v, want boom", err)
 	}
 }

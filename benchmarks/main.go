@@ -237,7 +237,7 @@ func run(ctx context.Context, hitTime time.Duration, hitRounds int, hotTime time
 	// the median of its same-round ratios to raw.
 	hitNames := append(slices.Clone(contenderNames), hitReferences...)
 	runs := map[string][]HitResult{}
-	byRound := make([]map[string]HitResult, max(hitRounds, 1))
+	byRound := make([]map[string]HitResult, max(hitRounds, 1)) // for the same-round ratios to raw
 	if err := rotated("hit path", hitNames, hitRounds, func(round int, name string) error {
 		r, err := hitPath(ctx, e, name, round)
 		if err == nil { // each round's, to tell a slow round's cause (the tables keep the median's)
@@ -259,7 +259,14 @@ func run(ctx context.Context, hitTime time.Duration, hitRounds int, hotTime time
 	}
 	for _, name := range hitNames {
 		h := medianHit(runs[name])
-		vsReference(&h, byRound)
+		if ref := hitReferenceOf[name]; slices.Contains(hitNames, ref) {
+			step(fmt.Sprintf("hit path, interleaved: %s against %s", name, ref))
+			ratios, err := interleaved(ctx, e, name, ref)
+			if err != nil {
+				return err
+			}
+			vsReference(&h, ratios)
+		}
 		rep.Hit = append(rep.Hit, h)
 	}
 	if stopAfterHit {

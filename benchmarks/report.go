@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -92,7 +93,9 @@ func markdownHit(r *Report) string {
 	)
 	for _, h := range r.Hit {
 		if h.Reference != "" {
-			fmt.Fprintf(&b, "\n%s against %s: %.2f× its ops/s (each round's: %s)\n", h.Contender, h.Reference, h.VsRef, joinFloats(h.VsRefRuns))
+			q := slices.Sorted(slices.Values(h.VsRefRuns))
+			fmt.Fprintf(&b, "\n%s against %s, interleaved: %.2f× its ops/s (median of %d pairs of %v slices, middle half %.2f to %.2f)\n",
+				h.Contender, h.Reference, h.VsRef, len(q), hitSlice, q[len(q)/4], q[(3*len(q)-1)/4])
 		}
 	}
 	return b.String()

@@ -111,3 +111,41 @@ func TestAlternate(t *testing.T) {
 		t.Errorf("a slice's error: got %v, want boom", err)
 	}
 }
+
+// TestAbsence: on Redis's clock, an entry is absent from its expiry (one
+// ms past its PEXPIRETIME) to its fill time, however late the probes
+// around them ran; without a fill time, to the midpoint of the probes
+// around its return. Probes every ms (µs below), an entry expiring at
+// 10 ms: the probe that finds it back runs 5 ms after the refill.
+func TestAbsence(t *testing.T) {
+	ms := func(n int64) int64 { return n * 1000 }
+	var a absence
+	a.add(probe{at: ms(9), present: true, expiresMs: 10, filled: ms(1)})
+	a.add(probe{at: ms(12), present: false, expiresMs: -2})
+	a.add(probe{at: ms(20), present: false, expiresMs: -2})
+	a.add(probe{at: ms(35), present: true, expiresMs: 130, filled: ms(30)}) // refilled at 30, found at 35
+	a.add(probe{at: ms(109), present: true, expiresMs: 130, filled: ms(30)})
+	if a.absent != ms(30-11) {
+		t.Errorf("absent %d µs, want 19 ms: from 11 (expiry) to 30 (fill), not to 35 (the probe)", a.absent)
+	}
+	if got, want := a.share(), 19.0/100; math.Abs(got-want) > 1e-9 {
+		t.Errorf("share %v, want %v (19 ms of the 100 from the first probe to the last)", got, want)
+	}
+
+	// No fill time (another library's entry): its return counts at the
+	// midpoint of the probes around it; expired and refilled between two
+	// probes that both found it, at the two Redis times.
+	var b absence
+	b.add(probe{at: ms(9), present: true, expiresMs: 10})
+	b.add(probe{at: ms(14), present: false, expiresMs: -2})
+	b.add(probe{at: ms(20), present: true, expiresMs: 200})
+	if b.absent != ms(17-11) {
+		t.Errorf("absent %d µs, want 6 ms: from 11 to 17, the midpoint of 14 and 20", b.absent)
+	}
+	var c absence
+	c.add(probe{at: ms(9), present: true, expiresMs: 10, filled: ms(1)})
+	c.add(probe{at: ms(40), present: true, expiresMs: 230, filled: ms(30)})
+	if c.absent != ms(30-11) {
+		t.Errorf("absent %d µs, want 19 ms: expired at 11 and refilled at 30, between two probes", c.absent)
+	}
+}

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/internal/keyspace"
 )
 
 // Hot-key shape by default: the key's TTL and the loader's time. The TTL
@@ -41,7 +43,7 @@ type HotKeyResult struct {
 	Clients        int           // how many clients asked (-hot-clients)
 	Errors         int64         // Gets that failed (asking at once only: otherwise the run fails)
 	// Absent is the share of the run the key's Redis entry did not exist,
-	// from EXISTS every millisecond (absentShare); the median of AbsentRuns.
+	// on Redis's clock (absence); the median of AbsentRuns.
 	Absent float64
 
 	GetsRuns   []int64         // Gets of each round (medianHot)
@@ -250,8 +252,9 @@ func startWatch(ctx context.Context, addr, key string, stop time.Time) (func() (
 	}, nil
 }
 
-// runWatch is the "watch" child (startWatch): each EXISTS answer stands
-// for the time until the next one. A key holding a contender's lock
+// runWatch is the "watch" child (startWatch): it asks Redis every
+// millisecond about key and prints the share of the time it was absent, on
+// Redis's clock (see absence). A key holding a contender's lock
 // (rueidisaside keeps its lock in the value's key) counts as present.
 func runWatch(ctx context.Context, addr, key, stopNanos string) error {
 	ns, err := strconv.ParseInt(stopNanos, 10, 64)
@@ -260,23 +263,99 @@ func runWatch(ctx context.Context, addr, key, stopNanos string) error {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer rdb.Close()
-	var absent, total time.Duration
-	last, wasAbsent := time.Now(), false
+	var a absence
 	for {
-		n, err := rdb.Exists(ctx, key).Result()
+		var exists *redis.IntCmd
+		var expireAt *redis.Cmd
+		var filled *redis.StringCmd
+		var now *redis.TimeCmd
+		_, _ = rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			exists = p.Exists(ctx, key)
+			expireAt = p.Do(ctx, "pexpiretime", key)
+			filled = p.HGet(ctx, key, keyspace.Filled) // WRONGTYPE on a string: no stamp
+			now = p.Time(ctx)
+			return nil
+		})
+		n, err := exists.Result()
 		if err != nil {
 			return err
 		}
-		now := time.Now()
-		if wasAbsent {
-			absent += now.Sub(last)
+		t, err := now.Result()
+		if err != nil {
+			return err
 		}
-		total += now.Sub(last)
-		last, wasAbsent = now, n == 0
-		if now.UnixNano() >= ns {
-			_, err := fmt.Println(float64(absent) / float64(max(total, 1)))
+		at, _ := expireAt.Int64()
+		stamp, _ := filled.Int64()
+		a.add(probe{at: t.UnixMicro(), present: n == 1, expiresMs: at, filled: stamp})
+		if time.Now().UnixNano() >= ns {
+			_, err := fmt.Println(a.share())
 			return err
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// probe is what one watcher round trip read, on Redis's clock: when it
+// ran (µs), whether the key existed, when it expires (PEXPIRETIME, ms; -1:
+// never, -2: no key), and the fill time cacheguard's writes stamp in the
+// entry (µs; 0: none).
+type probe struct {
+	at        int64
+	present   bool
+	expiresMs int64
+	filled    int64
+}
+
+// absence adds up the time a key was absent between probes, on Redis's
+// clock. An entry's end is Redis's own: it expires once the clock passes
+// its PEXPIRETIME. Its refill is the fill time the entry carries
+// (cacheguard's), else the midpoint between the probe that missed it and
+// the one that found it. Timing the probes on the watcher's clock made a
+// contender that saturates the processors after a refill (a local copy's
+// hits) look absent longer: the watcher's next probe waited for a
+// processor, and the time until its answer counted as absent (1 point of
+// the run in docs/benchmarks.md's table 4c).
+type absence struct {
+	first, last probe
+	started     bool
+	absent      int64 // µs
+}
+
+func (a *absence) add(p probe) {
+	if !a.started {
+		a.first, a.last, a.started = p, p, true
+		return
+	}
+	q := a.last
+	a.last = p
+	within := func(t int64) int64 { return min(max(t, q.at), p.at) }
+	mid := (q.at + p.at) / 2
+	switch {
+	case q.present && p.present:
+		// Expired and refilled between the probes: both ends are Redis's
+		// (without a fill time there is no telling: counted present).
+		if p.filled != 0 && p.filled != q.filled && q.expiresMs > 0 {
+			a.absent += max(within(p.filled)-within((q.expiresMs+1)*1000), 0)
+		}
+	case q.present: // it went
+		from := mid
+		if q.expiresMs > 0 {
+			from = within((q.expiresMs + 1) * 1000)
+		}
+		a.absent += p.at - from
+	case p.present: // it came back
+		to := mid
+		if p.filled != 0 {
+			to = within(p.filled)
+		}
+		a.absent += to - q.at
+	default:
+		a.absent += p.at - q.at
+	}
+}
+
+// share is the share of the time from the first probe to the last that the
+// key was absent.
+func (a *absence) share() float64 {
+	return float64(a.absent) / float64(max(a.last.at-a.first.at, 1))
 }

@@ -139,7 +139,9 @@ func markdownHot(number string, rs []HotKeyResult, pause time.Duration) string {
 			"medians of its rounds (each round in brackets); the other columns are from its median-Gets "+
 			"round. Max and \"Gets ≥ %s\" count every Get; p99 comes from a uniform sample of up to "+
 			"32,768 Gets per client. \"Entry absent\" is the share of the run the key was not in Redis "+
-			"(EXISTS every millisecond), the median of the rounds.\n",
+			"on Redis's clock (a probe every millisecond): from its expiry to its refill, the fill time "+
+			"cacheguard's entries carry or, for the others, the midpoint of the probes around it; the "+
+			"median of the rounds.\n",
 		load,
 	)
 	fmt.Fprintln(&b)

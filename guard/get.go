@@ -333,12 +333,15 @@ func (g *Guard) valueFrame(v any) ([]byte, time.Duration, error) {
 	return frame, ttl, err
 }
 
-// jitter returns d spread uniformly over d·(1 ± Jitter), at least 1ms.
+// jitter returns d spread uniformly over d·(1 ± Jitter), in whole
+// milliseconds, at least 1: the TTL Redis is sent. A local copy counts the
+// same TTL; a fraction of a millisecond Redis never kept would let the copy
+// outlive its entry.
 func (g *Guard) jitter(d time.Duration) time.Duration {
 	if j := g.opts.Jitter; j > 0 {
 		d = time.Duration(float64(d) * (1 + j*(2*rand.Float64()-1)))
 	}
-	return max(d, time.Millisecond)
+	return max(d.Truncate(time.Millisecond), time.Millisecond)
 }
 
 // entry is a cache entry judged.

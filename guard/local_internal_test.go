@@ -44,6 +44,27 @@ func TestLocalCopyCountsFromBeforeTheRoundTrip(t *testing.T) {
 	}
 }
 
+// TestJitterIsWholeMilliseconds: the TTL a write sends Redis (in whole
+// ms) is the one a local copy of it counts, so the copy never outlives
+// its entry by the fraction Redis drops. It used to count the fraction:
+// up to a millisecond past the entry's end.
+func TestJitterIsWholeMilliseconds(t *testing.T) {
+	const d = 200*time.Millisecond + 456*time.Microsecond
+	for _, j := range []float64{0, 0.1, 0.9} {
+		g := &Guard{opts: Options{Jitter: j}}
+		lo, hi := time.Duration(float64(d)*(1-j)).Truncate(time.Millisecond), time.Duration(float64(d)*(1+j))
+		for range 1000 {
+			got := g.jitter(d)
+			if got%time.Millisecond != 0 || got < lo || got > hi {
+				t.Fatalf("jitter %v of %v: %v, want whole milliseconds within [%v, %v]", j, d, got, lo, hi)
+			}
+		}
+	}
+	if got := (&Guard{}).jitter(time.Microsecond); got != time.Millisecond {
+		t.Fatalf("jitter of 1µs: %v, want the 1 ms minimum", got)
+	}
+}
+
 // TestLocalRenewsOnlyWhatTheTTLBounds: a copy whose life the local TTL
 // bounds is due for renewal in its last fifth; one that dies with its Redis
 // entry, or at its refresh-at time, is never due (a read would find the

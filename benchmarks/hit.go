@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"runtime"
 	"slices"
@@ -67,7 +68,8 @@ type HitResult struct {
 	VsRaw           float64       // the median of VsRawRuns
 	VsRawRuns       []float64     // each run's ratio to raw's ops/s in the same round
 	// Reference is the reference this contender is set against (hitReferenceOf),
-	// VsRef the median of VsRefRuns, its same-round ratios to it in ops/s.
+	// VsRef the median of VsRefRuns, its ratios to it in ops/s in the pairs
+	// of slices interleaved (see interleaved).
 	Reference string    `json:",omitempty"`
 	VsRef     float64   `json:",omitempty"`
 	VsRefRuns []float64 `json:",omitempty"`
@@ -86,6 +88,12 @@ func vsReference(h *HitResult, ratios []float64) {
 	h.Reference, h.VsRefRuns = hitReferenceOf[h.Contender], slices.Clone(ratios)
 	sorted := slices.Sorted(slices.Values(ratios))
 	h.VsRef = sorted[len(sorted)/2]
+	if len(sorted)%2 == 0 {
+		// Of an even count, the geometric mean of the middle two: the AB
+		// pairs and the BA pairs lean opposite ways when the machine's
+		// speed drifts, and either middle one alone takes a side.
+		h.VsRef = math.Sqrt(sorted[len(sorted)/2-1] * h.VsRef)
+	}
 }
 
 // medianHit returns the median run by ops/s, with VsRaw the median of the
@@ -141,14 +149,18 @@ func hitLoad(ctx context.Context, id string) (Value, error) { return value(id), 
 // returns how many Gets they made and how long they took. samples, if not
 // nil, gets one reservoir per worker: every 8th Get is timed (a uniform
 // sample for the percentiles). A tight loop: the count is added once at the
-// end. A clock reading and a shared counter at every Get had cost each
-// contender about 40% of its ops/s, which made the loop measure the harness
-// as much as the contenders.
+// end, and the stop is a flag read at every Get. A clock reading and a
+// shared counter at every Get had cost each contender about 40% of its
+// ops/s, which made the loop measure the harness as much as the contenders;
+// a clock read every 64th Get let the last workers run on alone for up to
+// a tenth of a 250 ms slice.
 func (h *hitClient) loop(ctx context.Context, d time.Duration, samples []*reservoir) (int64, time.Duration, error) {
 	var ops, errs atomic.Int64
 	var firstErr atomic.Value
-	stop := time.Now().Add(d)
+	var stopped atomic.Bool // read at every Get: all stop within a Get of d
 	start := time.Now()
+	alarm := time.AfterFunc(d, func() { stopped.Store(true) })
+	defer alarm.Stop()
 	var wg sync.WaitGroup
 	for w := range hitWorkers {
 		wg.Add(1)
@@ -157,7 +169,7 @@ func (h *hitClient) loop(ctx context.Context, d time.Duration, samples []*reserv
 			r := rand.New(rand.NewPCG(uint64(w), 7))
 			timed := samples != nil
 			n := 0
-			for ; n%64 != 0 || time.Now().Before(stop); n++ {
+			for ; !stopped.Load(); n++ {
 				var t time.Time
 				if timed && n%8 == 0 {
 					t = time.Now()

@@ -65,11 +65,11 @@ func TestMedianStale(t *testing.T) {
 func TestVsReference(t *testing.T) {
 	h := HitResult{Contender: "cacheguard"}
 	vsReference(&h, []float64{0.9, 1.2, 1.0, 1.3})
-	if h.Reference != "go-redis+autopipeline" || h.VsRef != 1.2 || !slices.Equal(h.VsRefRuns, []float64{0.9, 1.2, 1.0, 1.3}) {
-		t.Errorf("got %s %v %v, want go-redis+autopipeline, the median 1.20 of pairs' ratios 0.9, 1.2, 1.0, 1.3", h.Reference, h.VsRef, h.VsRefRuns)
+	if h.Reference != "go-redis+autopipeline" || math.Abs(h.VsRef-math.Sqrt(1.2)) > 1e-9 || !slices.Equal(h.VsRefRuns, []float64{0.9, 1.2, 1.0, 1.3}) {
+		t.Errorf("got %s %v %v, want go-redis+autopipeline, the median √(1.0·1.2) of pairs' ratios 0.9, 1.2, 1.0, 1.3", h.Reference, h.VsRef, h.VsRefRuns)
 	}
 	out := markdownHit(&Report{Hit: []HitResult{{Contender: "raw"}, h}})
-	want := "cacheguard against go-redis+autopipeline, interleaved: 1.20× its ops/s (median of 4 pairs of 250ms slices, middle half 1.00 to 1.20)"
+	want := "cacheguard against go-redis+autopipeline, interleaved: 1.10× its ops/s (median of 4 pairs of 250ms slices, middle half 1.00 to 1.20)"
 	if !strings.Contains(out, want) || strings.Contains(out, "raw against") {
 		t.Errorf("table 1 lacks the ratio to the reference (or raw has one):\n%s", out)
 	}
@@ -105,6 +105,10 @@ func TestAlternate(t *testing.T) {
 		if math.Abs(r-want) > 1e-9 {
 			t.Errorf("pair %d: ratio %v, want %v (%v)", i+1, r, want, ratios)
 		}
+	}
+	h := HitResult{Contender: "cacheguard"}
+	if vsReference(&h, ratios); math.Abs(h.VsRef-2) > 1e-9 {
+		t.Errorf("median %v of %v, want 2: the drift leans the AB and BA pairs opposite ways", h.VsRef, ratios)
 	}
 	boom := errors.New("boom")
 	if _, err := alternate(2, slice("a", 2), func() (float64, error) { return 0, boom }); !errors.Is(err, boom) {
@@ -147,5 +151,16 @@ func TestAbsence(t *testing.T) {
 	c.add(probe{at: ms(40), present: true, expiresMs: 230, filled: ms(30)})
 	if c.absent != ms(30-11) {
 		t.Errorf("absent %d µs, want 19 ms: expired at 11 and refilled at 30, between two probes", c.absent)
+	}
+
+	// Deleted before its expiry, or an entry without a TTL (-1) deleted:
+	// gone at the midpoint of the probes around it.
+	for _, expiresMs := range []int64{500, -1} {
+		var d absence
+		d.add(probe{at: ms(9), present: true, expiresMs: expiresMs})
+		d.add(probe{at: ms(13), present: false, expiresMs: -2})
+		if d.absent != ms(2) {
+			t.Errorf("PEXPIRETIME %d: absent %d µs, want 2 ms: from 11, the midpoint of 9 and 13", expiresMs, d.absent)
+		}
 	}
 }

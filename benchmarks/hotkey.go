@@ -284,8 +284,11 @@ func runWatch(ctx context.Context, addr, key, stopNanos string) error {
 		if err != nil {
 			return err
 		}
-		at, _ := expireAt.Int64()
-		stamp, _ := filled.Int64()
+		at, err := expireAt.Int64() // -2 for no key: never an error but a real one
+		if err != nil {
+			return fmt.Errorf("PEXPIRETIME (Redis 7.0 or later): %w", err)
+		}
+		stamp, _ := filled.Int64() // redis.Nil or WRONGTYPE: no fill time
 		a.add(probe{at: t.UnixMicro(), present: n == 1, expiresMs: at, filled: stamp})
 		if time.Now().UnixNano() >= ns {
 			_, err := fmt.Println(a.share())
@@ -337,10 +340,10 @@ func (a *absence) add(p probe) {
 		if p.filled != 0 && p.filled != q.filled && q.expiresMs > 0 {
 			a.absent += max(within(p.filled)-within((q.expiresMs+1)*1000), 0)
 		}
-	case q.present: // it went
+	case q.present: // it went: expired, or deleted before its time (no telling when: the midpoint)
 		from := mid
-		if q.expiresMs > 0 {
-			from = within((q.expiresMs + 1) * 1000)
+		if end := (q.expiresMs + 1) * 1000; q.expiresMs > 0 && end <= p.at {
+			from = within(end)
 		}
 		a.absent += p.at - from
 	case p.present: // it came back

@@ -69,7 +69,11 @@ func refreshAheadHotKey(t *testing.T, local *guard.LocalOptions) {
 	if local != nil && st.LocalHits == 0 {
 		t.Fatalf("no Get was served from memory: %+v", st)
 	}
-	if st.Misses > 2 { // the first Get; one more at most if a refresh came late on a slow machine
+	// The first Get; and one expiry at most, if a refresh came late on a
+	// slow machine: its callers, the 16 goroutines at most, wait for one load
+	// (make test's -race run beside other tests saw it once in 2026-12). A
+	// Guard that never refreshed would make them wait at each of 4 expiries.
+	if st.Misses > 1+16 {
 		t.Fatalf("%d Gets waited for a load: refresh-ahead did not keep the key warm (%+v)", st.Misses, st)
 	}
 	if max := int64(1.2*float64(run/(500*time.Millisecond))) + 1; d.calls.Load() > max || st.Refreshes == 0 {

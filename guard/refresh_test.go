@@ -12,11 +12,12 @@ import (
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
-// TestRefreshAheadHotKey: 16 goroutines on one key for 2.5 s, TTL 500 ms,
+// TestRefreshAheadHotKey: 16 goroutines on one key for 3 s, TTL 1 s,
 // refreshed from 85% of it (the default), loader 20 ms: after the first Get
 // no caller is answered by a load it waited for (every Get is a hit), and
 // the loads stay at most 1.2 per TTL. The callers never pause, so with Local
-// the refresh runs beside goroutines that never block.
+// the refresh runs beside goroutines that never block. (At TTL 500 ms the
+// refresh's 75 ms window was missed once under make test's -race run.)
 func TestRefreshAheadHotKey(t *testing.T) {
 	t.Parallel() // its own keys or servers: runs beside the other slow ones
 	for _, local := range []*guard.LocalOptions{nil, {TTL: time.Minute}} {
@@ -32,12 +33,13 @@ func TestRefreshAheadHotKey(t *testing.T) {
 
 func refreshAheadHotKey(t *testing.T, local *guard.LocalOptions) {
 	ctx := context.Background()
-	_, g, d := setup(t, 10, &guard.Options{TTL: 500 * time.Millisecond, Jitter: -1, RefreshAhead: true, Local: local})
+	const ttl = time.Second
+	_, g, d := setup(t, 10, &guard.Options{TTL: ttl, Jitter: -1, RefreshAhead: true, Local: local})
 	d.delay = 20 * time.Millisecond
 	if _, err := guard.Get(ctx, g, "p3", d.load); err != nil {
 		t.Fatal(err)
 	}
-	const run = 2500 * time.Millisecond
+	const run = 3 * time.Second
 	stop := time.Now().Add(run)
 	var wg sync.WaitGroup
 	var wrong atomic.Int32
@@ -69,15 +71,11 @@ func refreshAheadHotKey(t *testing.T, local *guard.LocalOptions) {
 	if local != nil && st.LocalHits == 0 {
 		t.Fatalf("no Get was served from memory: %+v", st)
 	}
-	// The first Get; and one expiry at most, if a refresh came late on a
-	// slow machine: its callers, the 16 goroutines at most, wait for one load
-	// (make test's -race run beside other tests saw it once in 2026-12). A
-	// Guard that never refreshed would make them wait at each of 4 expiries.
-	if st.Misses > 1+16 {
+	if st.Misses > 2 { // the first Get; one more at most if a refresh came late on a slow machine
 		t.Fatalf("%d Gets waited for a load: refresh-ahead did not keep the key warm (%+v)", st.Misses, st)
 	}
-	if max := int64(1.2*float64(run/(500*time.Millisecond))) + 1; d.calls.Load() > max || st.Refreshes == 0 {
-		t.Fatalf("%d loads, %d refreshes in %d TTLs: want at most %d loads", d.calls.Load(), st.Refreshes, run/(500*time.Millisecond), max)
+	if max := int64(run/ttl)*6/5 + 1; d.calls.Load() > max || st.Refreshes == 0 {
+		t.Fatalf("%d loads, %d refreshes in %d TTLs: want at most %d loads", d.calls.Load(), st.Refreshes, run/ttl, max)
 	}
 }
 

@@ -198,10 +198,12 @@ func (g *Guard) Logger() *slog.Logger { return g.log }
 // their cache writes land before the caller closes the Redis client.
 // Closing again returns the first Close's result.
 func (g *Guard) Close() error {
-	// The supervisor first (the gate, then every goroutine), then the
-	// subscriptions and instruments.
+	// The supervisor first (the gate, then every goroutine), then the read
+	// batcher's alarm (no read waits past the gate), the subscriptions and
+	// instruments.
 	g.closeOnce.Do(func() {
 		g.sup.close()
+		g.rd.batch.Stop()
 		var errs []error
 		if g.local != nil {
 			errs = append(errs, g.local.close())

@@ -80,8 +80,11 @@ type Batcher[Q any] struct {
 	// rings (closes ring) at the earliest Until armed since it last rang;
 	// a call it wakes before its own Until arms it again.
 	alarm  *time.Timer
-	ringAt time.Time     // when the alarm rings; zero: not armed
-	ring   chan struct{} // closed when it rings, then replaced
+	ringAt time.Time      // when the alarm rings; zero: not armed
+	ring   chan struct{}  // closed when it rings, then replaced
+	rings  sync.WaitGroup // one per ring scheduled and not yet over: Stop waits for them
+
+	testRang func() // if set (by a test, before the first Do), runs as the alarm rings, before it takes mu
 }
 
 // New returns a Batcher that runs up to limit batches at once, each of at
@@ -210,9 +213,10 @@ func (b *Batcher[Q]) armLocked(until time.Time) <-chan struct{} {
 	if b.ringAt.IsZero() || until.Before(b.ringAt) {
 		b.ringAt = until
 		if b.alarm == nil {
+			b.rings.Add(1)
 			b.alarm = time.AfterFunc(time.Until(until), b.rang)
-		} else {
-			b.alarm.Reset(time.Until(until))
+		} else if !b.alarm.Reset(time.Until(until)) { // it had rung: this schedules one more ring
+			b.rings.Add(1)
 		}
 	}
 	return b.ring
@@ -222,6 +226,10 @@ func (b *Batcher[Q]) armLocked(until time.Time) <-chan struct{} {
 // ring early, if armed earlier while it was ringing: the calls it wakes
 // before their Until arm it again.)
 func (b *Batcher[Q]) rang() {
+	defer b.rings.Done()
+	if b.testRang != nil {
+		b.testRang()
+	}
 	b.mu.Lock()
 	if b.ring != nil {
 		close(b.ring)
@@ -229,6 +237,20 @@ func (b *Batcher[Q]) rang() {
 	}
 	b.ringAt = time.Time{}
 	b.mu.Unlock()
+}
+
+// Stop disarms the alarm and waits for a ring under way, so that nothing of
+// b's runs after it returns (an alarm armed for a call that was answered
+// would otherwise ring up to that call's Until later). Call it once no Do
+// runs and none will: its owner's Close, past the owner's gate.
+func (b *Batcher[Q]) Stop() {
+	b.mu.Lock()
+	if b.alarm != nil && b.alarm.Stop() { // the ring it held will not come
+		b.rings.Done()
+	}
+	b.ringAt = time.Time{}
+	b.mu.Unlock()
+	b.rings.Wait()
 }
 
 // lead runs batch, which self leads: alone in this goroutine, or shared (or

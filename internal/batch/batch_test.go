@@ -525,3 +525,56 @@ func TestEachWaiterLeavesAtItsOwnUntil(t *testing.T) {
 		t.Fatalf("the waiter without an Until: %v, answered %d", err, stay.Req.out)
 	}
 }
+
+// TestStopDisarmsTheAlarm: a call answered long before its Until leaves the
+// alarm armed for it; Stop disarms it, so nothing of the batcher's runs at
+// that Until. Control: without Stop the alarm is still set.
+func TestStopDisarmsTheAlarm(t *testing.T) {
+	for _, stop := range []bool{false, true} {
+		var d double
+		b := batch.New(1, 16, d.run, nil)
+		c := &batch.Call[req]{Req: req{in: 3}, Until: time.Now().Add(time.Hour)}
+		if err := b.Do(context.Background(), c); err != nil || c.Req.out != 6 {
+			t.Fatalf("Do: %v, answered %d", err, c.Req.out)
+		}
+		if stop {
+			b.Stop()
+		}
+		if armed := b.Disarm(); armed == stop {
+			t.Fatalf("stopped %v: the alarm was armed %v after the answer", stop, armed)
+		}
+	}
+}
+
+// TestStopWaitsForARingUnderWay: Stop returns only once a ring that had
+// begun is over (held here before it takes the batcher's lock).
+func TestStopWaitsForARingUnderWay(t *testing.T) {
+	var d double
+	b := batch.New(1, 16, d.run, nil)
+	ringing, release := make(chan struct{}), make(chan struct{})
+	var over atomic.Bool
+	b.OnRing(func() {
+		close(ringing)
+		<-release
+		over.Store(true)
+	})
+	c := &batch.Call[req]{Until: time.Now().Add(time.Millisecond)}
+	if err := b.Do(context.Background(), c); err != nil {
+		t.Fatal(err)
+	}
+	<-ringing
+	stopped := make(chan bool, 1)
+	go func() {
+		b.Stop()
+		stopped <- over.Load()
+	}()
+	select {
+	case <-stopped:
+		t.Fatal("Stop returned while the alarm was still ringing")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	if !<-stopped {
+		t.Fatal("Stop returned before the ring was over")
+	}
+}

@@ -166,6 +166,34 @@ func TestCloseWaitsForEveryJob(t *testing.T) {
 	})
 }
 
+// TestCloseDisarmsTheReadAlarm: on a client without ContextTimeoutEnabled
+// (redistest's), a Get under a deadline waits for its read until half its
+// time, on the read batcher's shared alarm, which an answered Get leaves
+// armed; Close disarms it, so nothing of the Guard's runs at that time.
+// Control: the first Get's alarm, stopped here, was armed.
+func TestCloseDisarmsTheReadAlarm(t *testing.T) {
+	c := redistest.Connect(t)
+	g := openRebuilt(t, c, guard.Options{KeyPrefix: c.Prefix}, 1000, 10)
+	get := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+		defer cancel()
+		if _, err := guard.Get(ctx, g, "p1", func(context.Context, string) (product, error) { return product{ID: "p1"}, nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	get()
+	if !guard.StopReadAlarm(g) {
+		t.Fatal("a Get under a deadline left no alarm armed: the test checks nothing")
+	}
+	get()
+	if err := g.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if guard.StopReadAlarm(g) {
+		t.Fatal("the read alarm was still armed after Close")
+	}
+}
+
 // TestCallInsideCloseStillLoads: a Get that entered before Close, whose
 // flight reaches its load only after Close began, loads and answers: Close
 // waits for the calls inside and for what they start (the load's

@@ -98,3 +98,7 @@ func CopyGeneration(g *Guard) int64 {
 	}
 	return 0
 }
+
+// StopReadAlarm stops the read batcher's alarm (see batch.Batcher.Stop) and
+// reports whether it was set to ring.
+func StopReadAlarm(g *Guard) bool { return g.rd.batch.Stop() }

@@ -215,7 +215,9 @@ func (b *Batcher[Q]) armLocked(until time.Time) <-chan struct{} {
 		if b.alarm == nil {
 			b.rings.Add(1)
 			b.alarm = time.AfterFunc(time.Until(until), b.rang)
-		} else if !b.alarm.Reset(time.Until(until)) { // it had rung: this schedules one more ring
+		} else if !b.alarm.Reset(time.Until(until)) {
+			// It had rung (or was stopped): this schedules one more ring.
+			// Counted after Reset, safely: a ring takes mu before it ends.
 			b.rings.Add(1)
 		}
 	}
@@ -241,16 +243,19 @@ func (b *Batcher[Q]) rang() {
 
 // Stop disarms the alarm and waits for a ring under way, so that nothing of
 // b's runs after it returns (an alarm armed for a call that was answered
-// would otherwise ring up to that call's Until later). Call it once no Do
-// runs and none will: its owner's Close, past the owner's gate.
-func (b *Batcher[Q]) Stop() {
+// would otherwise ring up to that call's Until later), and reports whether
+// the alarm was set to ring. Call it once no Do runs and none will: its
+// owner's Close, past the owner's gate.
+func (b *Batcher[Q]) Stop() (armed bool) {
 	b.mu.Lock()
 	if b.alarm != nil && b.alarm.Stop() { // the ring it held will not come
 		b.rings.Done()
+		armed = true
 	}
 	b.ringAt = time.Time{}
 	b.mu.Unlock()
 	b.rings.Wait()
+	return armed
 }
 
 // lead runs batch, which self leads: alone in this goroutine, or shared (or

@@ -527,22 +527,35 @@ func TestEachWaiterLeavesAtItsOwnUntil(t *testing.T) {
 }
 
 // TestStopDisarmsTheAlarm: a call answered long before its Until leaves the
-// alarm armed for it; Stop disarms it, so nothing of the batcher's runs at
-// that Until. Control: without Stop the alarm is still set.
+// alarm armed for it; Stop disarms it (and says it was armed), so nothing of
+// the batcher's runs at that Until: a second Stop finds it disarmed.
+// Control: a Stop that leaves the timer set waits out the hour.
 func TestStopDisarmsTheAlarm(t *testing.T) {
-	for _, stop := range []bool{false, true} {
-		var d double
-		b := batch.New(1, 16, d.run, nil)
-		c := &batch.Call[req]{Req: req{in: 3}, Until: time.Now().Add(time.Hour)}
-		if err := b.Do(context.Background(), c); err != nil || c.Req.out != 6 {
-			t.Fatalf("Do: %v, answered %d", err, c.Req.out)
-		}
-		if stop {
-			b.Stop()
-		}
-		if armed := b.Disarm(); armed == stop {
-			t.Fatalf("stopped %v: the alarm was armed %v after the answer", stop, armed)
-		}
+	var d double
+	b := batch.New(1, 16, d.run, nil)
+	c := &batch.Call[req]{Req: req{in: 3}, Until: time.Now().Add(time.Hour)}
+	if err := b.Do(context.Background(), c); err != nil || c.Req.out != 6 {
+		t.Fatalf("Do: %v, answered %d", err, c.Req.out)
+	}
+	if !stopWithin(t, b) {
+		t.Fatal("Stop: the alarm was not armed after a call with an Until")
+	}
+	if stopWithin(t, b) {
+		t.Fatal("a second Stop found the alarm still armed")
+	}
+}
+
+// stopWithin is b.Stop(), failing the test if it takes over 5 s.
+func stopWithin(t *testing.T, b *batch.Batcher[req]) bool {
+	t.Helper()
+	armed := make(chan bool, 1)
+	go func() { armed <- b.Stop() }()
+	select {
+	case a := <-armed:
+		return a
+	case <-time.After(5 * time.Second):
+		t.Fatal("Stop still waits after 5 s: the alarm it should have disarmed is set")
+		return false
 	}
 }
 
@@ -558,6 +571,8 @@ func TestStopWaitsForARingUnderWay(t *testing.T) {
 		<-release
 		over.Store(true)
 	})
+	var releaseOnce sync.Once
+	defer releaseOnce.Do(func() { close(release) }) // a failed run leaves no ring blocked
 	c := &batch.Call[req]{Until: time.Now().Add(time.Millisecond)}
 	if err := b.Do(context.Background(), c); err != nil {
 		t.Fatal(err)
@@ -573,7 +588,7 @@ func TestStopWaitsForARingUnderWay(t *testing.T) {
 		t.Fatal("Stop returned while the alarm was still ringing")
 	case <-time.After(50 * time.Millisecond):
 	}
-	close(release)
+	releaseOnce.Do(func() { close(release) })
 	if !<-stopped {
 		t.Fatal("Stop returned before the ring was over")
 	}

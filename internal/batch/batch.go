@@ -5,10 +5,10 @@
 // first waiting request leads all the waiting ones as the next. With no
 // contention nothing is added; under load the round trips per request fall.
 // A request that takes a free place after a shared batch ended first yields
-// the processor once, so that the requests of the same burst (that batch's
-// callers) join it; and while a shared batch is in flight, a request that
-// finds nobody waiting waits for the next batch rather than open a round
-// trip of its own (that batch's callers come back together).
+// the processor while its yields bring requests, so that the requests of the
+// same burst (that batch's callers) join it; and while a shared batch is in
+// flight, a request that finds nobody waiting waits for the next batch rather
+// than open a round trip of its own (that batch's callers come back together).
 // A batch of several runs in a goroutine of its own, started by its leader
 // and ending when it has run, so that every caller can leave on its own ctx
 // while the others still get their answers; so does a Detached request's.
@@ -84,7 +84,8 @@ type Batcher[Q any] struct {
 	ring   chan struct{}  // closed when it rings, then replaced
 	rings  sync.WaitGroup // one per ring scheduled and not yet over: Stop waits for them
 
-	testRang func() // if set (by a test, before the first Do), runs as the alarm rings, before it takes mu
+	testRang  func() // if set (by a test, before the first Do), runs as the alarm rings, before it takes mu
+	testYield func() // if set (by a test, before the first Do), runs instead of runtime.Gosched in gatherBurstLocked
 }
 
 // New returns a Batcher that runs up to limit batches at once, each of at
@@ -119,12 +120,7 @@ func (b *Batcher[Q]) Do(ctx context.Context, c *Call[Q]) error {
 	if b.inflight < b.limit && (b.shared == 0 || b.burst || len(b.pending) > 0) {
 		b.inflight++
 		if b.burst {
-			// The last batch to end was shared: its callers, woken
-			// together, come back together. Yield once, and those that
-			// arrive meanwhile ride this batch, not one each.
-			b.mu.Unlock()
-			runtime.Gosched()
-			b.mu.Lock()
+			b.gatherBurstLocked()
 		}
 		batch := b.takeLocked(c)
 		ring := b.armLocked(c.Until)
@@ -154,6 +150,40 @@ func (b *Batcher[Q]) Do(ctx context.Context, c *Call[Q]) error {
 		return b.lead(ctx, c.lead, c, ring)
 	}
 	return c.err
+}
+
+// burstYields bounds gatherBurstLocked's yields: the delay it adds to a
+// batch is at most this many turns of the scheduler.
+const burstYields = 8
+
+// gatherBurstLocked is for a request that took a free place right after a
+// shared batch ended: that batch's callers, woken together, come back
+// together, over several turns of the scheduler (each decodes its answer
+// first). It yields while its yields bring requests, and those ride its
+// batch, not one round trip each; a yield that brings none ends it, so
+// without a burst it costs one. b.mu is held, and released while it yields.
+func (b *Batcher[Q]) gatherBurstLocked() {
+	for range burstYields {
+		n := len(b.pending)
+		if n >= b.max-1 { // the batch is full
+			return
+		}
+		b.mu.Unlock()
+		b.yield()
+		b.mu.Lock()
+		if len(b.pending) <= n {
+			return
+		}
+	}
+}
+
+// yield gives the processor to the runnable goroutines (a test's hook, if set).
+func (b *Batcher[Q]) yield() {
+	if b.testYield != nil {
+		b.testYield()
+		return
+	}
+	runtime.Gosched()
 }
 
 // leave is Do's return with err for c, whose ctx ended (or Until passed)

@@ -442,6 +442,115 @@ func TestLoneCallerRidesTheNextBatchWhileASharedOneRuns(t *testing.T) {
 	}
 }
 
+// TestBurstGathersWhileItArrives: a caller that takes the free place right
+// after a shared batch ended yields while its yields bring callers (the
+// shared batch's, coming back), and they ride its batch; a yield that brings
+// none ends it, and so do burstYields yields, and a full batch. The hook
+// that stands for runtime.Gosched queues the callers itself, one per yield,
+// so the interleaving is forced. (Control: with the single yield of before,
+// the batch carried one waiting caller, not three.)
+func TestBurstGathersWhileItArrives(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		max       int
+		arrive    int // yields that each bring one caller
+		yields    int // yields expected
+		batchSize int // the gathering caller's batch, expected
+	}{
+		{"ends when a yield brings nobody", 16, 3, 4, 4},
+		{"at most burstYields", 64, 100, 8, 9},
+		{"ends when the batch is full", 4, 100, 3, 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := &held{entered: make(chan chan struct{}, 128)}
+			b := batch.New(1, tc.max, h.run, nil)
+			errs := make(chan error, 128)
+			do := func(in int) { go func() { errs <- b.Do(context.Background(), &batch.Call[req]{Req: req{in: in}}) }() }
+			yields := 0
+			b.OnYield(func() { // runs in the gathering caller's goroutine
+				yields++
+				if yields <= tc.arrive {
+					n := b.Waiting()
+					do(100 + yields)
+					for end := time.Now().Add(10 * time.Second); b.Waiting() == n; { // not waitPending: not the test's goroutine
+						if time.Now().After(end) {
+							t.Error("the caller queued in the hook never waited")
+							return
+						}
+						time.Sleep(time.Millisecond)
+					}
+				}
+			})
+			// A shared batch, then its end with nobody waiting: the burst.
+			do(1)
+			gate := entered(t, h)
+			do(2)
+			do(3)
+			waitPending(t, b, 2)
+			close(gate)
+			close(entered(t, h)) // 2 and 3
+			for range 3 {
+				answered(t, errs)
+			}
+			if yields != 0 {
+				t.Fatalf("%d yields before the shared batch ended", yields)
+			}
+			do(4) // takes the free place, and gathers
+			close(entered(t, h))
+			until(t, func() bool { h.mu.Lock(); defer h.mu.Unlock(); return len(h.sizes) == 3 })
+			if yields != tc.yields {
+				t.Errorf("yielded %d times, want %d", yields, tc.yields)
+			}
+			h.mu.Lock()
+			sizes := slices.Clone(h.sizes)
+			h.mu.Unlock()
+			if sizes[2] != tc.batchSize {
+				t.Errorf("batches = %v, want [1 2 %d]: the caller's batch with the %d that came while it yielded", sizes, tc.batchSize, tc.batchSize-1)
+			}
+			// Every call is answered, those the batch left too: they lead each other on.
+			for left := min(yields, tc.arrive) + 1; left > 0; {
+				select {
+				case g := <-h.entered:
+					close(g)
+				case err := <-errs:
+					if err != nil {
+						t.Fatal(err)
+					}
+					left--
+				case <-time.After(10 * time.Second):
+					t.Fatalf("%d calls never answered", left)
+				}
+			}
+		})
+	}
+}
+
+// answered fails the test unless a call returns nil from Do within 10 s.
+func answered(t *testing.T, errs <-chan error) {
+	t.Helper()
+	select {
+	case err := <-errs:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a call was not answered in 10 s")
+	}
+}
+
+// entered is the gate of the next batch h holds, failing the test if none
+// starts within 10 s.
+func entered(t *testing.T, h *held) chan struct{} {
+	t.Helper()
+	select {
+	case g := <-h.entered:
+		return g
+	case <-time.After(10 * time.Second):
+		t.Fatal("no batch started in 10 s")
+		return nil
+	}
+}
+
 // TestDetachedCallerLeavesAtUntil: a detached call that runs alone runs in
 // a goroutine of its own, and its caller leaves at Until while the run is
 // held; without Detached the caller runs it and stays (the control).

@@ -11,3 +11,7 @@ func (b *Batcher[Q]) Waiting() int {
 // OnRing sets a function that runs as the alarm rings, before it takes the
 // batcher's lock; set it before the first Do.
 func (b *Batcher[Q]) OnRing(f func()) { b.testRang = f }
+
+// OnYield sets a function that runs instead of runtime.Gosched when a
+// request gathers a burst; set it before the first Do.
+func (b *Batcher[Q]) OnYield(f func()) { b.testYield = f }

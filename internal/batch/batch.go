@@ -5,10 +5,11 @@
 // first waiting request leads all the waiting ones as the next. With no
 // contention nothing is added; under load the round trips per request fall.
 // A request that takes a free place after a shared batch ended first yields
-// the processor while its yields bring requests, so that the requests of the
-// same burst (that batch's callers) join it; and while a shared batch is in
-// flight, a request that finds nobody waiting waits for the next batch rather
-// than open a round trip of its own (that batch's callers come back together).
+// the processor while its yields bring requests (at most 8 times), so that
+// the requests of the same burst (that batch's callers) join it; and while a
+// shared batch is in flight, a request that finds nobody waiting waits for
+// the next batch rather than open a round trip of its own (that batch's
+// callers come back together).
 // A batch of several runs in a goroutine of its own, started by its leader
 // and ending when it has run, so that every caller can leave on its own ctx
 // while the others still get their answers; so does a Detached request's.
@@ -159,9 +160,11 @@ const burstYields = 8
 // gatherBurstLocked is for a request that took a free place right after a
 // shared batch ended: that batch's callers, woken together, come back
 // together, over several turns of the scheduler (each decodes its answer
-// first). It yields while its yields bring requests, and those ride its
-// batch, not one round trip each; a yield that brings none ends it, so
-// without a burst it costs one. b.mu is held, and released while it yields.
+// first). It yields while more requests wait after each yield than before
+// it, and those ride its batch, not one round trip each. It stops at a
+// yield after which no more wait (without a burst it costs one), at
+// burstYields, or when the batch is full. b.mu is held, and released while
+// it yields.
 func (b *Batcher[Q]) gatherBurstLocked() {
 	for range burstYields {
 		n := len(b.pending)
@@ -351,11 +354,11 @@ func signal[Q any](c *Call[Q]) {
 // runs it. b.mu is held.
 func (b *Batcher[Q]) takeLocked(self *Call[Q]) []*Call[Q] {
 	self.state = running
-	if len(b.pending) == 0 {
+	n := min(len(b.pending), b.max-1)
+	if n == 0 { // nobody waits, or a batch holds one call (max 1): not shared
 		self.one[0] = self
 		return self.one[:]
 	}
-	n := min(len(b.pending), b.max-1)
 	b.shared++
 	batch := make([]*Call[Q], 0, n+1)
 	for _, c := range b.pending[:n] {

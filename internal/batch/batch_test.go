@@ -388,6 +388,16 @@ type held struct {
 	entered chan chan struct{}
 }
 
+// newHeld returns a Batcher of limit and max whose batches h holds, the
+// channel its calls' Do return on, and do, which starts a Do of in.
+func newHeld(limit, max int) (*held, *batch.Batcher[req], chan error, func(in int)) {
+	h := &held{entered: make(chan chan struct{}, 128)}
+	b := batch.New(limit, max, h.run, nil)
+	errs := make(chan error, 128)
+	do := func(in int) { go func() { errs <- b.Do(context.Background(), &batch.Call[req]{Req: req{in: in}}) }() }
+	return h, b, errs, do
+}
+
 func (h *held) run(ctx context.Context, calls []*batch.Call[req]) {
 	gate := make(chan struct{})
 	h.entered <- gate
@@ -400,10 +410,7 @@ func (h *held) run(ctx context.Context, calls []*batch.Call[req]) {
 // trip for itself (the shared batch's callers come back together: it rides
 // with them); with only a batch of one in flight it does (the control).
 func TestLoneCallerRidesTheNextBatchWhileASharedOneRuns(t *testing.T) {
-	h := &held{entered: make(chan chan struct{}, 8)}
-	b := batch.New(2, 16, h.run, nil)
-	errs := make(chan error, 8)
-	do := func(in int) { go func() { errs <- b.Do(context.Background(), &batch.Call[req]{Req: req{in: in}}) }() }
+	h, b, errs, do := newHeld(2, 16)
 	do(1)
 	gateA := <-h.entered
 	do(2) // a batch of one in flight: it leads its own (the control)
@@ -462,10 +469,7 @@ func TestBurstGathersWhileItArrives(t *testing.T) {
 		{"ends when the batch is full", 4, 100, 3, 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := &held{entered: make(chan chan struct{}, 128)}
-			b := batch.New(1, tc.max, h.run, nil)
-			errs := make(chan error, 128)
-			do := func(in int) { go func() { errs <- b.Do(context.Background(), &batch.Call[req]{Req: req{in: in}}) }() }
+			h, b, errs, do := newHeld(1, tc.max)
 			yields := 0
 			b.OnYield(func() { // runs in the gathering caller's goroutine
 				yields++
@@ -482,12 +486,7 @@ func TestBurstGathersWhileItArrives(t *testing.T) {
 				}
 			})
 			// A shared batch, then its end with nobody waiting: the burst.
-			do(1)
-			gate := entered(t, h)
-			do(2)
-			do(3)
-			waitPending(t, b, 2)
-			close(gate)
+			queueTwoBehindOne(t, h, b, do)
 			close(entered(t, h)) // 2 and 3
 			for range 3 {
 				answered(t, errs)
@@ -495,6 +494,9 @@ func TestBurstGathersWhileItArrives(t *testing.T) {
 			if yields != 0 {
 				t.Fatalf("%d yields before the shared batch ended", yields)
 			}
+			// The shared batch answers its callers before it gives its
+			// place back: wait for that, or 4 would queue for it.
+			until(t, func() bool { return b.InFlight() == 0 })
 			do(4) // takes the free place, and gathers
 			close(entered(t, h))
 			until(t, func() bool { h.mu.Lock(); defer h.mu.Unlock(); return len(h.sizes) == 3 })
@@ -525,6 +527,18 @@ func TestBurstGathersWhileItArrives(t *testing.T) {
 	}
 }
 
+// queueTwoBehindOne starts call 1 and holds its batch, queues calls 2 and 3
+// behind it, and lets 1 end: 2 and 3 are handed the place.
+func queueTwoBehindOne(t *testing.T, h *held, b *batch.Batcher[req], do func(int)) {
+	t.Helper()
+	do(1)
+	gate := entered(t, h)
+	do(2)
+	do(3)
+	waitPending(t, b, 2)
+	close(gate)
+}
+
 // answered fails the test unless a call returns nil from Do within 10 s.
 func answered(t *testing.T, errs <-chan error) {
 	t.Helper()
@@ -548,6 +562,32 @@ func entered(t *testing.T, h *held) chan struct{} {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no batch started in 10 s")
 		return nil
+	}
+}
+
+// TestMaxOneLeavesNoSharedBatchBehind: with a batch of at most one call,
+// waiting calls each run alone, and afterwards a lone caller still runs at
+// once. (Control: counting such a batch as shared left the batcher
+// believing one in flight, and the lone caller waited for a next batch
+// that never came, until its ctx ended.)
+func TestMaxOneLeavesNoSharedBatchBehind(t *testing.T) {
+	h, b, errs, do := newHeld(1, 1)
+	queueTwoBehindOne(t, h, b, do)
+	close(entered(t, h))
+	close(entered(t, h))
+	for range 3 {
+		answered(t, errs)
+	}
+	until(t, func() bool { return b.InFlight() == 0 })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	go func() { errs <- b.Do(ctx, &batch.Call[req]{Req: req{in: 4}}) }()
+	close(entered(t, h))
+	answered(t, errs)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if want := []int{1, 1, 1, 1}; !slices.Equal(h.sizes, want) {
+		t.Fatalf("batches = %v, want %v", h.sizes, want)
 	}
 }
 

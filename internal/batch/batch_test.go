@@ -474,14 +474,13 @@ func TestBurstGathersWhileItArrives(t *testing.T) {
 			b.OnYield(func() { // runs in the gathering caller's goroutine
 				yields++
 				if yields <= tc.arrive {
-					n := b.Waiting()
-					do(100 + yields)
-					for end := time.Now().Add(10 * time.Second); b.Waiting() == n; { // not waitPending: not the test's goroutine
-						if time.Now().After(end) {
-							t.Error("the caller queued in the hook never waited")
-							return
-						}
-						time.Sleep(time.Millisecond)
+					queued := make(chan struct{})
+					c := &batch.Call[req]{Req: req{in: 100 + yields}, Queued: func() { close(queued) }}
+					go func() { errs <- b.Do(context.Background(), c) }()
+					select { // not waitPending: this is not the test's goroutine
+					case <-queued:
+					case <-time.After(10 * time.Second):
+						t.Error("the caller started in the hook never waited")
 					}
 				}
 			})

@@ -5,11 +5,11 @@
 // first waiting request leads all the waiting ones as the next. With no
 // contention nothing is added; under load the round trips per request fall.
 // A request that takes a free place after a shared batch ended first yields
-// the processor while its yields bring requests (at most 8 times), so that
-// the requests of the same burst (that batch's callers) join it; and while a
-// shared batch is in flight, a request that finds nobody waiting waits for
-// the next batch rather than open a round trip of its own (that batch's
-// callers come back together).
+// the processor while its yields bring requests (at most burstYields times),
+// so that the requests of the same burst (that batch's callers) join it; and
+// while a shared batch is in flight, a request that finds nobody waiting
+// waits for the next batch rather than open a round trip of its own (that
+// batch's callers come back together).
 // A batch of several runs in a goroutine of its own, started by its leader
 // and ending when it has run, so that every caller can leave on its own ctx
 // while the others still get their answers; so does a Detached request's.

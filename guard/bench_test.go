@@ -182,6 +182,13 @@ func BenchmarkGet(b *testing.B) {
 		_, g, d := benchGuard(b, 1000, nil)
 		hits(ctx, b, g, d, warm(b, g, d), runtime.GOMAXPROCS(0))
 	})
+	// hit-64: the tight loop docs/benchmarks.md compares with go-redis's
+	// AutoPipeline GET: 64 goroutines, no pause, no deadline. Its
+	// counterpart is BenchmarkRawGet/autopipeline-64.
+	b.Run("hit-64", func(b *testing.B) {
+		_, g, d := benchGuard(b, 1000, nil)
+		hits(ctx, b, g, d, warm(b, g, d), 64)
+	})
 	// hit-deadline-64: 64 goroutines whose Gets carry a request's deadline,
 	// on a client without ContextTimeoutEnabled (redistest's): each read
 	// runs detached and its caller waits at most half its time (sendRead).
@@ -222,29 +229,55 @@ func BenchmarkRawGet(b *testing.B) {
 		b.ReportAllocs()
 		i := 0
 		for b.Loop() {
-			raw, err := rdb.Get(ctx, keys[i%1000]).Bytes()
-			if err != nil {
-				b.Fatal(err)
-			}
-			var p product
-			if err := msgpack.Unmarshal(raw, &p); err != nil {
+			if err := decoded(rdb.Get(ctx, keys[i%1000])); err != nil {
 				b.Fatal(err)
 			}
 			i++
 		}
+	})
+	// autopipeline-64: the same GET and decoding through go-redis's
+	// AutoPipeline (default options) in 64 goroutines, hit-64's counterpart.
+	b.Run("autopipeline-64", func(b *testing.B) {
+		c, ok := rdb.(interface {
+			AutoPipeline() (*redis.AutoPipeliner, error)
+		})
+		if !ok {
+			b.Fatalf("%T has no AutoPipeline", rdb)
+		}
+		ap, err := c.AutoPipeline()
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer ap.Close()
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		b.ReportAllocs()
+		b.ResetTimer()
+		for range 64 { // as hits, with the AutoPipeliner's GET
+			wg.Go(func() {
+				const grain = 1000
+				for {
+					end := next.Add(grain)
+					for i := end - grain; i < min(end, int64(b.N)); i++ {
+						if err := decoded(ap.Get(ctx, keys[i%1000])); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+					if end >= int64(b.N) {
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
 	})
 	b.Run("decode-parallel", func(b *testing.B) {
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			i := 0
 			for pb.Next() {
-				raw, err := rdb.Get(ctx, keys[i%1000]).Bytes()
-				if err != nil {
-					b.Error(err)
-					return
-				}
-				var p product
-				if err := msgpack.Unmarshal(raw, &p); err != nil {
+				if err := decoded(rdb.Get(ctx, keys[i%1000])); err != nil {
 					b.Error(err)
 					return
 				}
@@ -252,6 +285,16 @@ func BenchmarkRawGet(b *testing.B) {
 			}
 		})
 	})
+}
+
+// decoded decodes a GET's reply into a product, as a cache-aside read does.
+func decoded(get *redis.StringCmd) error {
+	raw, err := get.Bytes()
+	if err != nil {
+		return err
+	}
+	var p product
+	return msgpack.Unmarshal(raw, &p)
 }
 
 // BenchmarkGetMany: a page of 100 warm IDs through GetMany (one round trip)

@@ -201,7 +201,8 @@ func BenchmarkGet(b *testing.B) {
 }
 
 // BenchmarkRawGet is the floor: a plain go-redis GET of the same bytes, with
-// and without decoding them.
+// and without decoding them; autopipeline-64 sends it through go-redis's
+// AutoPipeline, as hit-64's reference.
 func BenchmarkRawGet(b *testing.B) {
 	ctx := context.Background()
 	c := redistest.Connect(b)
